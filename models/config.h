@@ -1,0 +1,102 @@
+/* models/config.h: the model description, with MaxText's key names.
+ *
+ * A model is data: one decoder, configured by these fields (STYLE.md: no copy-paste
+ * variants per model). configs/models/<model_name>.yml sets them with the same key
+ * names (train/config.c parses them). Dimensions follow ../shared/REFERENCE.md and
+ * the published Hugging Face config.json of each model. */
+#ifndef MT_MODELS_CONFIG_H
+#define MT_MODELS_CONFIG_H
+
+#include <stdint.h>
+#include "kernels/ops.h"
+#include "runtime/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* MaxText's decoder_block values. llama2 covers Llama 2 and Llama 3 (which differ
+ * only in data: GQA, rope base and scaling, vocabulary). */
+typedef enum mt_decoder_block {
+    MT_DECODER_LLAMA2 = 0,
+    MT_DECODER_GEMMA = 1,
+    MT_DECODER_GEMMA2 = 2,
+    MT_DECODER_GEMMA3 = 3
+} mt_decoder_block;
+
+typedef enum mt_rope_type {
+    MT_ROPE_DEFAULT = 0, /* inv_freq[i] = base^(-2i/Dh) */
+    MT_ROPE_LLAMA3 = 1,  /* Llama 3.1 frequency scaling (REFERENCE.md) */
+    MT_ROPE_LINEAR = 2   /* positions divided by rope_factor (HF "linear") */
+} mt_rope_type;
+
+typedef struct mt_model_config {
+    char model_name[64];
+    mt_decoder_block decoder_block;   /* decoder_block */
+    int64_t vocab_size;               /* vocab_size */
+    int64_t emb_dim;                  /* base_emb_dim (d_model) */
+    int64_t num_query_heads;          /* base_num_query_heads */
+    int64_t num_kv_heads;             /* base_num_kv_heads */
+    int64_t head_dim;                 /* head_dim */
+    int64_t mlp_dim;                  /* base_mlp_dim */
+    int64_t num_decoder_layers;       /* base_num_decoder_layers */
+    mt_activation mlp_activation;     /* mlp_activations: silu | gelu */
+    float normalization_layer_epsilon;/* normalization_layer_epsilon */
+    int logits_via_embedding;         /* logits_via_embedding: tied unembedding */
+    float final_logits_soft_cap;      /* final_logits_soft_cap (0 = off) */
+    float attn_logits_soft_cap;       /* attn_logits_soft_cap (0 = off) */
+    int64_t sliding_window_size;      /* sliding_window_size (0 = off) on local layers */
+    int64_t sliding_window_pattern;   /* local layers per period: gemma2 2 (1 local, 1
+                                         global), gemma3 6 (5 local, 1 global); 0 = all
+                                         layers global (or all local if a window is set
+                                         on a gemma/llama block) */
+    float query_pre_attn_scalar;      /* attention scale = this^-0.5 (0 = head_dim) */
+    /* RoPE on global layers */
+    float rope_max_timescale;         /* rope_max_timescale (base theta) */
+    mt_rope_type rope_type;           /* rope_type: default | llama3 | linear */
+    float rope_factor;                /* rope_factor (llama3 8, gemma3 global 8) */
+    float rope_low_freq_factor;       /* rope_low_freq_factor (llama3 1) */
+    float rope_high_freq_factor;      /* rope_high_freq_factor (llama3 4) */
+    int64_t rope_original_max_position; /* rope_original_max_position (llama3 8192) */
+    /* RoPE on local (sliding) layers, gemma3: default rope with this base */
+    float local_rope_max_timescale;   /* local_rope_max_timescale (0 = same as global) */
+    int use_qk_norm;                  /* gemma3 QK-norm */
+    int use_post_attn_norm;           /* gemma2/3 post-attention norm */
+    int use_post_ffw_norm;            /* gemma2/3 post-feedforward norm */
+} mt_model_config;
+
+/* Fill the defaults of a decoder block (norm offsets, activation, scaling, eps);
+ * dimensions are left zero for the config file to set. */
+void mt_model_config_defaults(mt_model_config *c, mt_decoder_block block);
+
+/* Check a filled config: positive dimensions, num_query_heads % num_kv_heads == 0,
+ * even head_dim <= 256, known enums. Returns MT_ERR_INVALID naming the key and value. */
+mt_status mt_model_config_validate(const mt_model_config *c);
+
+/* Parse / print decoder_block ("llama2", "gemma", "gemma2", "gemma3"). */
+mt_status mt_decoder_block_parse(const char *s, mt_decoder_block *out);
+const char *mt_decoder_block_name(mt_decoder_block b);
+
+/* 1 for Gemma blocks (RMSNorm scale 1 + w, embedding scaled by sqrt(emb_dim)). */
+int mt_model_norm_unit_offset(const mt_model_config *c);
+float mt_model_embedding_scale(const mt_model_config *c);
+
+/* Whether decoder layer `layer` uses the sliding window (a "local" layer). */
+int mt_model_layer_is_local(const mt_model_config *c, int64_t layer);
+
+/* inv_freq[head_dim/2] for layer `layer`, including llama3 / linear scaling (linear
+ * scaling divides the frequencies by rope_factor, which equals dividing positions).
+ * Math: HF modeling_rope_utils.py (_compute_default_rope_parameters,
+ * _compute_llama3_parameters, _compute_linear_scaling_rope_parameters). */
+void mt_rope_inv_freq(const mt_model_config *c, int64_t layer, float *inv_freq);
+
+/* Attention score scale: query_pre_attn_scalar^-0.5 if set, else head_dim^-0.5. */
+float mt_model_attn_scale(const mt_model_config *c);
+
+/* Number of parameters (elements), counting the unembedding once when tied. */
+int64_t mt_model_num_parameters(const mt_model_config *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,102 @@
+/* models/model.h: the decoder, its parameters, and its hand-written backward.
+ *
+ * One decoder for every family (models/config.h). Per layer (Hugging Face order):
+ *   h = x + [post_attn_norm]( o_proj( attn( rope(q_proj(n1)), rope(k_proj(n1)), v_proj(n1) ) ) ),
+ *       n1 = input_layernorm(x)  (gemma3: q_norm / k_norm on each head before RoPE)
+ *   y = h + [post_ffw_norm]( down_proj( act(gate_proj(n2)) * up_proj(n2) ) ),
+ *       n2 = post_attention_layernorm(h)  (gemma2/3: pre_feedforward_layernorm)
+ * then model.norm and the vocab-tiled loss (kernels/tiled_loss.h) against
+ * lm_head.weight, or model.embed_tokens.weight when logits_via_embedding.
+ * References: HF transformers modeling_llama.py, modeling_gemma.py, modeling_gemma2.py,
+ * modeling_gemma3.py.
+ *
+ * Memory: the model contributes every buffer it uses to an mt_plan (parameters,
+ * gradients, saved activations per layer, scratch, loss tile, token buffers) and
+ * works only inside the arena the caller allocates from that plan.
+ *
+ * Phases of a step (lifetimes in the plan), for L layers:
+ *   0 embed, 1 + l forward of layer l, L + 1 loss, L + 2 + (L - 1 - l) backward of
+ *   layer l, 2L + 2 embedding backward, 2L + 3 optimizer.
+ * mt_model_phase_count() returns 2L + 4. */
+#ifndef MT_MODELS_MODEL_H
+#define MT_MODELS_MODEL_H
+
+#include <stdint.h>
+#include "kernels/ops.h"
+#include "models/config.h"
+#include "runtime/plan.h"
+#include "runtime/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MT_IGNORE_LABEL (-1) /* labels equal to this are padding: no loss, no gradient */
+#define MT_PARAM_NAME_MAX 96
+
+/* One named parameter tensor inside the flat parameter buffer. Names and shapes are
+ * Hugging Face's (linear weights [out, in]). */
+typedef struct mt_param_info {
+    char name[MT_PARAM_NAME_MAX];
+    int ndim;             /* 1 or 2 */
+    int64_t shape[2];
+    int64_t offset;       /* element offset in the flat buffer */
+    int64_t numel;
+    int weight_decay;     /* 1 for matrices (ndim == 2), 0 for norm scales */
+} mt_param_info;
+
+typedef struct mt_model mt_model;
+
+/* Create a model for micro-batches of `batch` sequences of `seq` tokens, with the
+ * loss cut into `num_vocab_tiling` row tiles. Allocates no tensor memory.
+ * Errors: MT_ERR_INVALID (config invalid, batch/seq/tiling < 1, tiling > batch*seq). */
+mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_ops *ops,
+                          int64_t batch, int64_t seq, int64_t num_vocab_tiling);
+void mt_model_free(mt_model *m);
+
+const mt_model_config *mt_model_get_config(const mt_model *m);
+int mt_model_phase_count(const mt_model *m);
+
+/* Add all of the model's buffers to `plan` (not yet finalised). */
+mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan);
+
+/* Point the model's buffers into `arena` (allocated from the finalised plan). */
+mt_status mt_model_bind(mt_model *m, const mt_arena *arena, const mt_plan *plan);
+
+/* Parameter table, flat parameter and gradient buffers (backend memory, float32,
+ * mt_model_numel elements each, same layout). */
+int mt_model_param_count(const mt_model *m);
+const mt_param_info *mt_model_param(const mt_model *m, int i);
+int mt_model_param_find(const mt_model *m, const char *name); /* index or -1 */
+int64_t mt_model_numel(const mt_model *m);
+float *mt_model_params(mt_model *m);
+float *mt_model_grads(mt_model *m);
+
+/* Deterministic initialisation from `seed`: matrices N(0, 0.02^2) (Philox stream =
+ * parameter index), norm scales 1 (Llama) or 0 (Gemma, scale 1 + w). */
+mt_status mt_model_init_params(mt_model *m, uint64_t seed);
+
+/* Forward and backward of one micro-batch. tokens and labels are host int32
+ * [batch * seq]; labels equal to MT_IGNORE_LABEL are ignored. Gradients of the
+ * *summed* token loss times `dscale` are ADDED to mt_model_grads (zero it first);
+ * *loss_sum gets the summed loss (fp64) and *count the number of labelled tokens.
+ * Errors: MT_ERR_INVALID naming a token or label outside [0, vocab_size). */
+mt_status mt_model_forward_backward(mt_model *m, const int32_t *tokens, const int32_t *labels,
+                                    float dscale, double *loss_sum, int64_t *count);
+
+/* Forward and loss only (evaluation). Same outputs, gradients untouched. */
+mt_status mt_model_loss(mt_model *m, const int32_t *tokens, const int32_t *labels,
+                        double *loss_sum, int64_t *count);
+
+/* Forward only; copies the final hidden states (after model.norm) to host
+ * hidden[batch * seq, emb_dim]. */
+mt_status mt_model_hidden(mt_model *m, const int32_t *tokens, float *hidden);
+
+/* Forward only; copies logits (after the final soft-cap) of every row to host
+ * logits[batch * seq, vocab_size], computed tile by tile. For tests and sampling. */
+mt_status mt_model_logits(mt_model *m, const int32_t *tokens, float *logits);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

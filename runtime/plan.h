@@ -1,0 +1,106 @@
+/* runtime/plan.h: the memory plan and the arena it sizes (DESIGN.md section 3).
+ *
+ * Every buffer of a training step is an entry with a name, a category, a size in
+ * bytes and a lifetime [first, last] measured in step phases (integers chosen by the
+ * caller, e.g. forward of layer l, loss, backward of layer l, optimizer). Finalising
+ * the plan assigns each entry an offset so that two entries whose lifetimes overlap
+ * never overlap in memory; the peak is the largest offset + size. The run then
+ * allocates one arena of exactly the peak and hands out base + offset.
+ *
+ * Offsets come from greedy-by-size packing (largest entry first, lowest offset that
+ * does not collide with an already placed entry of overlapping lifetime), as in
+ * Pisarchyk & Lee, "Efficient Memory Management for Deep Neural Net Inference"
+ * (2020), the strategy of TensorFlow Lite's arena planner. Offsets are aligned to
+ * MT_PLAN_ALIGN bytes. The result is deterministic for a given sequence of adds. */
+#ifndef MT_RUNTIME_PLAN_H
+#define MT_RUNTIME_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "runtime/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MT_PLAN_ALIGN 256
+#define MT_PLAN_NAME_MAX 96
+
+typedef enum mt_mem_category {
+    MT_MEM_PARAMS = 0,      /* master weights and compute copies */
+    MT_MEM_GRADS,           /* gradients and gradient accumulators */
+    MT_MEM_OPTIMIZER,       /* AdamW moments (and sharded masters) */
+    MT_MEM_ACTIVATIONS,     /* tensors saved by the forward for the backward */
+    MT_MEM_SCRATCH,         /* per-op temporaries and recompute buffers */
+    MT_MEM_LOSS_TILE,       /* one vocabulary tile of logits / dlogits */
+    MT_MEM_COMM,            /* communication buffers */
+    MT_MEM_WORKSPACE,       /* GEMM and library workspaces */
+    MT_MEM_CATEGORY_COUNT
+} mt_mem_category;
+
+/* Lower-case name of a category ("params", "grads", ...). */
+const char *mt_mem_category_name(mt_mem_category c);
+
+typedef struct mt_plan_entry {
+    char name[MT_PLAN_NAME_MAX];
+    mt_mem_category category;
+    size_t bytes;   /* requested size */
+    size_t offset;  /* assigned by mt_plan_finalize; multiple of MT_PLAN_ALIGN */
+    int first;      /* first phase in which the buffer is live (inclusive) */
+    int last;       /* last phase in which the buffer is live (inclusive) */
+} mt_plan_entry;
+
+typedef struct mt_plan mt_plan;
+
+/* Create an empty plan. Returns MT_ERR_OOM on allocation failure. */
+mt_status mt_plan_new(mt_plan **out);
+void mt_plan_free(mt_plan *p);
+
+/* Add an entry; *id receives its index (may be NULL). bytes may be 0 (the entry
+ * then takes no space). Errors: MT_ERR_INVALID if first > last, the name is empty or
+ * longer than MT_PLAN_NAME_MAX-1, or the plan is already finalised; MT_ERR_OOM. */
+mt_status mt_plan_add(mt_plan *p, const char *name, mt_mem_category cat, size_t bytes,
+                      int first, int last, int *id);
+
+/* Assign offsets. Idempotent. */
+mt_status mt_plan_finalize(mt_plan *p);
+
+/* Number of entries, and entry i (NULL if out of range). */
+int mt_plan_count(const mt_plan *p);
+const mt_plan_entry *mt_plan_entry_get(const mt_plan *p, int i);
+
+/* Index of the entry called `name`, or -1. */
+int mt_plan_find(const mt_plan *p, const char *name);
+
+/* Peak bytes: max(offset + aligned size) over entries; the arena size. Requires a
+ * finalised plan (0 otherwise). */
+size_t mt_plan_peak(const mt_plan *p);
+
+/* Live bytes per category at the phase where the total live bytes are largest
+ * (the "peak by category" breakdown), out[MT_MEM_CATEGORY_COUNT]. *phase gets that
+ * phase (may be NULL). The sum of out[] is <= mt_plan_peak (packing can leave gaps). */
+void mt_plan_live_by_category(const mt_plan *p, size_t out[MT_MEM_CATEGORY_COUNT], int *phase);
+
+/* Total bytes per category over all entries regardless of lifetime. */
+void mt_plan_total_by_category(const mt_plan *p, size_t out[MT_MEM_CATEGORY_COUNT]);
+
+/* One allocation sized by a finalised plan. `alloc`/`release` allocate device (or
+ * host) memory; NULL means aligned host malloc/free. */
+typedef struct mt_arena {
+    void *base;
+    size_t bytes;
+    void (*release)(void *);
+} mt_arena;
+
+/* Allocate exactly mt_plan_peak(p) bytes (zero-filled on the host path).
+ * Errors: MT_ERR_INVALID if p is not finalised; MT_ERR_OOM naming the byte count. */
+mt_status mt_arena_create(mt_arena *a, const mt_plan *p, void *(*alloc)(size_t), void (*release)(void *));
+void mt_arena_destroy(mt_arena *a);
+
+/* Pointer to entry `id` inside the arena, or NULL if id is out of range. */
+void *mt_arena_ptr(const mt_arena *a, const mt_plan *p, int id);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
