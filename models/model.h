@@ -55,6 +55,8 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_o
 void mt_model_free(mt_model *m);
 
 const mt_model_config *mt_model_get_config(const mt_model *m);
+/* The op table the model was created with (for host <-> backend copies of params). */
+const mt_ops *mt_model_ops(const mt_model *m);
 int mt_model_phase_count(const mt_model *m);
 
 /* Add all of the model's buffers to `plan` (not yet finalised). */

@@ -1,0 +1,581 @@
+/* tests/test_model.c: models/config.c and models/model.c on the CPU backend.
+ *
+ * - config: published parameter counts, local/global layer patterns, RoPE tables,
+ *   validation messages;
+ * - plan: lifetimes inside the step, layer entries inside their layer's phases, one
+ *   more layer adds exactly one layer's saved activations; and lifetimes are honest:
+ *   the packed plan (buffers sharing memory) gives bitwise the results of a plan where
+ *   every buffer lives the whole step, with the arena poisoned with NaN;
+ * - gradients against central finite differences (llama, gemma, gemma3-style);
+ * - bad tokens / labels rejected before any compute;
+ * - num_vocab_tiling 1 vs 3, tied and untied.
+ * The float64 PyTorch comparison is tests/test_torch_reference.sh. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/ops.h"
+#include "models/config.h"
+#include "models/model.h"
+#include "runtime/plan.h"
+#include "runtime/rng.h"
+
+/* ---------------------------------------------------------------------------- */
+/* fixtures                                                                       */
+
+typedef struct fixture {
+    mt_model *m;
+    mt_plan *plan;
+    mt_arena arena;
+    int64_t B, T;
+} fixture;
+
+static void fx_init(fixture *f, const mt_model_config *c, int64_t B, int64_t T, int64_t tiles) {
+    memset(f, 0, sizeof(*f));
+    f->B = B;
+    f->T = T;
+    const mt_ops *ops = mt_cpu_ops();
+    cr_assert_eq(mt_model_create(&f->m, c, ops, B, T, tiles), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_plan_new(&f->plan), MT_OK);
+    cr_assert_eq(mt_model_add_to_plan(f->m, f->plan), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_plan_finalize(f->plan), MT_OK);
+    cr_assert_eq(mt_arena_create(&f->arena, f->plan, ops->alloc, ops->release), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_model_bind(f->m, &f->arena, f->plan), MT_OK, "%s", mt_last_error());
+}
+
+static void fx_free(fixture *f) {
+    mt_arena_destroy(&f->arena);
+    mt_plan_free(f->plan);
+    mt_model_free(f->m);
+}
+
+/* Parameters that put every nonlinearity off its linear regime: matrices N(0, 0.16^2)
+ * (init x 8), norm scales moved by N(0, 0.2^2). */
+static void spread_params(mt_model *m, uint64_t seed) {
+    cr_assert_eq(mt_model_init_params(m, seed), MT_OK);
+    float *p = mt_model_params(m);
+    for (int i = 0; i < mt_model_param_count(m); i++) {
+        const mt_param_info *pi = mt_model_param(m, i);
+        float *w = p + pi->offset;
+        if (pi->ndim == 2) {
+            for (int64_t j = 0; j < pi->numel; j++) w[j] *= 8.0f;
+        } else {
+            float *noise = malloc((size_t)pi->numel * sizeof(float));
+            mt_rng_fill_normal(noise, (size_t)pi->numel, 0.2f, seed, 5000u + (uint64_t)i);
+            for (int64_t j = 0; j < pi->numel; j++) w[j] += noise[j];
+            free(noise);
+        }
+    }
+}
+
+static void make_batch(int64_t N, int64_t T, int64_t V, int32_t *tokens, int32_t *labels) {
+    for (int64_t n = 0; n < N; n++) {
+        uint32_t r[4];
+        mt_rng_u32x4(99, 1, (uint64_t)n, r);
+        tokens[n] = (int32_t)(r[0] % (uint32_t)V);
+        labels[n] = (int32_t)(r[1] % (uint32_t)V);
+        if ((n % T) == 1) labels[n] = MT_IGNORE_LABEL;
+    }
+}
+
+static mt_model_config tiny_llama(void) {
+    mt_model_config c;
+    mt_model_config_defaults(&c, MT_DECODER_LLAMA2);
+    c.vocab_size = 37;
+    c.emb_dim = 16;
+    c.num_query_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 8;
+    c.mlp_dim = 24;
+    c.num_decoder_layers = 2;
+    c.rope_type = MT_ROPE_LLAMA3;
+    c.rope_original_max_position = 64;
+    return c;
+}
+
+static mt_model_config tiny_gemma(void) {
+    mt_model_config c;
+    mt_model_config_defaults(&c, MT_DECODER_GEMMA);
+    c.vocab_size = 29;
+    c.emb_dim = 16;
+    c.num_query_heads = 2;
+    c.num_kv_heads = 1;
+    c.head_dim = 16;
+    c.mlp_dim = 32;
+    c.num_decoder_layers = 2;
+    return c;
+}
+
+/* Gemma 3 block with Gemma 2's soft-caps switched on too: every optional path. */
+static mt_model_config tiny_gemma3(void) {
+    mt_model_config c;
+    mt_model_config_defaults(&c, MT_DECODER_GEMMA3);
+    c.vocab_size = 31;
+    c.emb_dim = 16;
+    c.num_query_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 8;
+    c.mlp_dim = 24;
+    c.num_decoder_layers = 2;
+    c.sliding_window_size = 3;
+    c.sliding_window_pattern = 2;
+    c.attn_logits_soft_cap = 2.0f;
+    c.final_logits_soft_cap = 3.0f;
+    c.query_pre_attn_scalar = 12.0f;
+    return c;
+}
+
+/* ---------------------------------------------------------------------------- */
+/* config                                                                         */
+
+Test(config, published_parameter_counts) {
+    /* Hugging Face model cards / safetensors totals (independent of this code). */
+    mt_model_config c;
+    mt_model_config_defaults(&c, MT_DECODER_LLAMA2);
+    c.vocab_size = 32000; c.emb_dim = 4096; c.num_query_heads = 32; c.num_kv_heads = 32;
+    c.head_dim = 128; c.mlp_dim = 11008; c.num_decoder_layers = 32;
+    cr_expect_eq(mt_model_num_parameters(&c), 6738415616LL, "llama2-7b");
+    c.vocab_size = 128256; c.num_kv_heads = 8; c.mlp_dim = 14336;
+    cr_expect_eq(mt_model_num_parameters(&c), 8030261248LL, "llama3.1-8b");
+    mt_model_config_defaults(&c, MT_DECODER_GEMMA);
+    c.vocab_size = 256000; c.emb_dim = 2048; c.num_query_heads = 8; c.num_kv_heads = 1;
+    c.head_dim = 256; c.mlp_dim = 16384; c.num_decoder_layers = 18;
+    cr_expect_eq(mt_model_num_parameters(&c), 2506172416LL, "gemma-2b");
+    mt_model_config_defaults(&c, MT_DECODER_GEMMA2);
+    c.vocab_size = 256000; c.emb_dim = 2304; c.num_query_heads = 8; c.num_kv_heads = 4;
+    c.head_dim = 256; c.mlp_dim = 9216; c.num_decoder_layers = 26;
+    cr_expect_eq(mt_model_num_parameters(&c), 2614341888LL, "gemma-2-2b");
+}
+
+Test(config, local_global_patterns) {
+    mt_model_config c;
+    mt_model_config_defaults(&c, MT_DECODER_GEMMA2);
+    for (int l = 0; l < 6; l++) cr_expect_eq(mt_model_layer_is_local(&c, l), l % 2 == 0, "gemma2 layer %d", l);
+    mt_model_config_defaults(&c, MT_DECODER_GEMMA3);
+    for (int l = 0; l < 12; l++)
+        cr_expect_eq(mt_model_layer_is_local(&c, l), l != 5 && l != 11, "gemma3 layer %d", l);
+    c.sliding_window_pattern = 0; /* gemma3 block, no pattern: all global */
+    cr_expect_eq(mt_model_layer_is_local(&c, 0), 0);
+    mt_model_config_defaults(&c, MT_DECODER_LLAMA2);
+    cr_expect_eq(mt_model_layer_is_local(&c, 0), 0);
+    c.sliding_window_size = 16; /* a window on a llama block, no pattern: all local */
+    cr_expect_eq(mt_model_layer_is_local(&c, 0), 1);
+    cr_expect_eq(mt_model_layer_is_local(&c, 7), 1);
+}
+
+Test(config, rope_tables) {
+    mt_model_config c;
+    mt_model_config_defaults(&c, MT_DECODER_LLAMA2);
+    c.head_dim = 128;
+    c.rope_max_timescale = 500000.0f;
+    float f[64];
+    mt_rope_inv_freq(&c, 0, f);
+    /* default: base^(-2i/Dh) */
+    cr_expect_float_eq(f[0], 1.0f, 1e-7f);
+    cr_expect_float_eq(f[32], (float)pow(500000.0, -0.5), 1e-6f * f[32]);
+    /* llama3.1 (REFERENCE.md): wavelength < 8192/4 kept, > 8192 divided by 8 */
+    c.rope_type = MT_ROPE_LLAMA3;
+    float g[64];
+    mt_rope_inv_freq(&c, 0, g);
+    int kept = 0, divided = 0, blended = 0;
+    for (int i = 0; i < 64; i++) {
+        double wl = 2.0 * 3.14159265358979323846 / f[i];
+        if (wl < 2048.0) {
+            cr_expect_float_eq(g[i], f[i], 1e-6f * f[i], "i=%d", i);
+            kept++;
+        } else if (wl > 8192.0) {
+            cr_expect_float_eq(g[i], f[i] / 8.0f, 1e-6f * f[i], "i=%d", i);
+            divided++;
+        } else {
+            double s = (8192.0 / wl - 1.0) / 3.0;
+            double e = (1.0 - s) * f[i] / 8.0 + s * f[i];
+            cr_expect_float_eq(g[i], (float)e, 1e-5f * f[i], "i=%d", i);
+            blended++;
+        }
+    }
+    cr_expect(kept > 0 && divided > 0 && blended > 0);
+    /* gemma3: local layers use the local base without scaling, global the scaled one */
+    mt_model_config_defaults(&c, MT_DECODER_GEMMA3);
+    c.head_dim = 16;
+    mt_rope_inv_freq(&c, 0, f); /* local */
+    mt_rope_inv_freq(&c, 5, g); /* global */
+    cr_expect_float_eq(f[1], (float)pow(10000.0, -2.0 / 16.0), 1e-7f);
+    cr_expect_float_eq(g[1], (float)(pow(1e6, -2.0 / 16.0) / 8.0), 1e-9f);
+    /* attention and embedding scales */
+    mt_model_config_defaults(&c, MT_DECODER_GEMMA);
+    c.head_dim = 256;
+    c.emb_dim = 2048;
+    cr_expect_float_eq(mt_model_attn_scale(&c), 1.0f / 16.0f, 1e-9f);
+    cr_expect_eq(mt_model_embedding_scale(&c), (float)sqrt(2048.0));
+    c.query_pre_attn_scalar = 144.0f;
+    cr_expect_float_eq(mt_model_attn_scale(&c), 1.0f / 12.0f, 1e-9f);
+}
+
+Test(config, validation_names_the_key) {
+    mt_model_config c = tiny_llama();
+    cr_expect_eq(mt_model_config_validate(&c), MT_OK);
+    c.num_kv_heads = 3;
+    cr_expect_eq(mt_model_config_validate(&c), MT_ERR_INVALID);
+    cr_expect(strstr(mt_last_error(), "base_num_kv_heads=3") != NULL, "%s", mt_last_error());
+    c = tiny_llama();
+    c.head_dim = 7;
+    cr_expect_eq(mt_model_config_validate(&c), MT_ERR_INVALID);
+    cr_expect(strstr(mt_last_error(), "head_dim=7") != NULL, "%s", mt_last_error());
+    c = tiny_llama();
+    c.vocab_size = 0;
+    cr_expect_eq(mt_model_config_validate(&c), MT_ERR_INVALID);
+    cr_expect(strstr(mt_last_error(), "vocab_size=0") != NULL, "%s", mt_last_error());
+    mt_decoder_block b;
+    cr_expect_eq(mt_decoder_block_parse("gemma3", &b), MT_OK);
+    cr_expect_eq(b, MT_DECODER_GEMMA3);
+    cr_expect_eq(mt_decoder_block_parse("gpt2", &b), MT_ERR_INVALID);
+    cr_expect(strstr(mt_last_error(), "decoder_block=gpt2") != NULL);
+}
+
+/* ---------------------------------------------------------------------------- */
+/* plan                                                                           */
+
+static size_t layer_entry_bytes(const mt_plan *p, int64_t l, mt_mem_category cat) {
+    char prefix[32];
+    snprintf(prefix, sizeof(prefix), "layers.%lld.", (long long)l);
+    size_t s = 0;
+    for (int i = 0; i < mt_plan_count(p); i++) {
+        const mt_plan_entry *e = mt_plan_entry_get(p, i);
+        if (e->category == cat && strncmp(e->name, prefix, strlen(prefix)) == 0) s += e->bytes;
+    }
+    return s;
+}
+
+static void check_plan(const mt_model_config *c, int64_t B, int64_t T, size_t expect_layer_bytes) {
+    fixture f;
+    fx_init(&f, c, B, T, 2);
+    const int64_t L = c->num_decoder_layers;
+    const int P = mt_model_phase_count(f.m);
+    cr_assert_eq(P, 2 * L + 4);
+    cr_expect_eq(mt_model_numel(f.m), mt_model_num_parameters(c));
+    for (int i = 0; i < mt_plan_count(f.plan); i++) {
+        const mt_plan_entry *e = mt_plan_entry_get(f.plan, i);
+        cr_expect(e->first >= 0 && e->first <= e->last && e->last < P, "%s [%d, %d]", e->name, e->first, e->last);
+        long long l;
+        if (sscanf(e->name, "layers.%lld.", &l) == 1) {
+            /* written by the embedding / previous layer or the layer's forward, read last
+             * by its backward */
+            cr_expect(e->first == l || e->first == 1 + l, "%s first %d", e->name, e->first);
+            cr_expect_eq(e->last, (int)(2 * L + 1 - l), "%s last %d", e->name, e->last);
+            cr_expect_eq(e->category, MT_MEM_ACTIVATIONS, "%s", e->name);
+        }
+        if (strstr(e->name, "query_proj") || strstr(e->name, "mlpwi_0"))
+            cr_expect(strncmp(e->name, "layers.", 7) == 0);
+    }
+    const int tile = mt_plan_find(f.plan, "loss_tile");
+    cr_assert(tile >= 0);
+    cr_expect_eq(mt_plan_entry_get(f.plan, tile)->category, MT_MEM_LOSS_TILE);
+    cr_expect_eq(mt_plan_entry_get(f.plan, tile)->bytes, (size_t)((B * T + 1) / 2 * c->vocab_size) * sizeof(float));
+    cr_expect(mt_plan_find(f.plan, "layers.0.query_proj") >= 0);
+    cr_expect(mt_plan_find(f.plan, "layers.1.mlpwi_1") >= 0);
+    size_t one = layer_entry_bytes(f.plan, 0, MT_MEM_ACTIVATIONS);
+    cr_expect_eq(one, expect_layer_bytes, "layer bytes %zu, expected %zu", one, expect_layer_bytes);
+    size_t tot[MT_MEM_CATEGORY_COUNT];
+    mt_plan_total_by_category(f.plan, tot);
+
+    mt_model_config c2 = *c;
+    c2.num_decoder_layers = L + 1;
+    fixture g;
+    fx_init(&g, &c2, B, T, 2);
+    size_t tot2[MT_MEM_CATEGORY_COUNT];
+    mt_plan_total_by_category(g.plan, tot2);
+    cr_expect_eq(tot2[MT_MEM_ACTIVATIONS] - tot[MT_MEM_ACTIVATIONS], expect_layer_bytes);
+    cr_expect_eq(layer_entry_bytes(g.plan, L, MT_MEM_ACTIVATIONS), expect_layer_bytes);
+    fx_free(&g);
+    fx_free(&f);
+}
+
+Test(plan, lifetimes_and_layer_bytes) {
+    const int64_t B = 2, T = 5, N = B * T;
+    mt_model_config c = tiny_llama();
+    const int64_t D = c.emb_dim, QD = c.num_query_heads * c.head_dim, KVD = c.num_kv_heads * c.head_dim;
+    const int64_t F = c.mlp_dim, H = c.num_query_heads;
+    /* saved per layer: input, q, k, v, context, out_proj [N, D or heads]; logsumexp
+     * [B, H, T]; gate and up [N, F]; two norm rstd [N] */
+    size_t llama = sizeof(float) * (size_t)(N * D + N * QD + 2 * N * KVD + N * QD + B * H * T + N * D + 2 * N * F + 2 * N);
+    check_plan(&c, B, T, llama);
+    /* gemma3 adds the q/k-norm rstd, the post-attention and post-FFW norm rstd and mlpwo */
+    c = tiny_gemma3();
+    const int64_t QD3 = c.num_query_heads * c.head_dim, KVD3 = c.num_kv_heads * c.head_dim;
+    const int64_t Hk3 = c.num_kv_heads, H3 = c.num_query_heads;
+    size_t g3 = sizeof(float) * (size_t)(N * c.emb_dim + N * QD3 + 2 * N * KVD3 + N * QD3 + B * H3 * T +
+                                         N * c.emb_dim + 2 * N * c.mlp_dim + N * c.emb_dim + 4 * N + N * H3 +
+                                         N * Hk3);
+    check_plan(&c, B, T, g3);
+}
+
+/* Run forward_backward; returns the mean loss, grads in the model. */
+static double run_step(mt_model *m, const int32_t *tok, const int32_t *lab) {
+    double ls;
+    int64_t cnt;
+    cr_assert_eq(mt_model_loss(m, tok, lab, &ls, &cnt), MT_OK, "%s", mt_last_error());
+    cr_assert(cnt > 0);
+    memset(mt_model_grads(m), 0, (size_t)mt_model_numel(m) * sizeof(float));
+    double ls2;
+    int64_t cnt2;
+    cr_assert_eq(mt_model_forward_backward(m, tok, lab, (float)(1.0 / (double)cnt), &ls2, &cnt2), MT_OK, "%s",
+                 mt_last_error());
+    cr_assert_eq(cnt2, cnt);
+    cr_assert_eq(ls2, ls, "forward_backward and loss disagree: %.17g vs %.17g", ls2, ls);
+    return ls / (double)cnt;
+}
+
+static void poison(mt_arena *a) {
+    float *p = a->base;
+    size_t n = a->bytes / sizeof(float);
+    for (size_t i = 0; i < n; i++) p[i] = NAN;
+}
+
+static void check_honest_lifetimes(const mt_model_config *c) {
+    const int64_t B = 2, T = 6, N = B * T;
+    fixture f;
+    fx_init(&f, c, B, T, 3);
+    spread_params(f.m, 7);
+    const int64_t numel = mt_model_numel(f.m);
+    float *params = malloc((size_t)numel * sizeof(float));
+    memcpy(params, mt_model_params(f.m), (size_t)numel * sizeof(float));
+    int32_t tok[64], lab[64];
+    make_batch(N, T, c->vocab_size, tok, lab);
+
+    /* the same entries in the same order (so the same ids), each live the whole step */
+    mt_plan *flat;
+    cr_assert_eq(mt_plan_new(&flat), MT_OK);
+    const int P = mt_model_phase_count(f.m);
+    for (int i = 0; i < mt_plan_count(f.plan); i++) {
+        const mt_plan_entry *e = mt_plan_entry_get(f.plan, i);
+        cr_assert_eq(mt_plan_add(flat, e->name, e->category, e->bytes, 0, P - 1, NULL), MT_OK);
+    }
+    cr_assert_eq(mt_plan_finalize(flat), MT_OK);
+    cr_assert(mt_plan_peak(flat) > mt_plan_peak(f.plan), "packing shares nothing: test would be vacuous");
+
+    float *out[2];
+    double loss[2];
+    float *logits[2];
+    for (int k = 0; k < 2; k++) {
+        mt_arena arena;
+        const mt_plan *pl = k == 0 ? f.plan : flat;
+        cr_assert_eq(mt_arena_create(&arena, pl, NULL, NULL), MT_OK);
+        poison(&arena);
+        cr_assert_eq(mt_model_bind(f.m, &arena, pl), MT_OK, "%s", mt_last_error());
+        memcpy(mt_model_params(f.m), params, (size_t)numel * sizeof(float));
+        loss[k] = run_step(f.m, tok, lab);
+        out[k] = malloc((size_t)numel * sizeof(float));
+        memcpy(out[k], mt_model_grads(f.m), (size_t)numel * sizeof(float));
+        logits[k] = malloc((size_t)(N * c->vocab_size) * sizeof(float));
+        cr_assert_eq(mt_model_logits(f.m, tok, logits[k]), MT_OK);
+        mt_arena_destroy(&arena);
+    }
+    cr_expect(isfinite(loss[0]));
+    cr_expect_eq(loss[0], loss[1]);
+    cr_expect_eq(memcmp(out[0], out[1], (size_t)numel * sizeof(float)), 0, "grads differ between layouts");
+    cr_expect_eq(memcmp(logits[0], logits[1], (size_t)(N * c->vocab_size) * sizeof(float)), 0);
+    for (int64_t i = 0; i < numel; i++) cr_assert(isfinite(out[0][i]), "grad %lld not finite", (long long)i);
+    for (int k = 0; k < 2; k++) {
+        free(out[k]);
+        free(logits[k]);
+    }
+    free(params);
+    mt_plan_free(flat);
+    /* the model now points into a released arena; only the fixture is freed below */
+    fx_free(&f);
+}
+
+Test(plan, honest_lifetimes_llama) {
+    mt_model_config c = tiny_llama();
+    check_honest_lifetimes(&c);
+}
+
+Test(plan, honest_lifetimes_gemma3) {
+    mt_model_config c = tiny_gemma3();
+    check_honest_lifetimes(&c);
+}
+
+/* ---------------------------------------------------------------------------- */
+/* finite differences                                                             */
+
+/* For each listed tensor, the coordinate with the largest |gradient| is checked
+ * against (L(w + e) - L(w - e)) / 2e with e = 1e-2 on the mean loss (O(1)).
+ * Error budget: truncation e^2/6 |L'''| = 1.7e-5 |L'''|; |L'''| is O(1) for most
+ * weights but reaches O(10) for embedding rows (Gemma multiplies them by sqrt(D) = 4,
+ * and a token occurring at several positions feeds several paths): observed
+ * <= 8e-4 relative there, <= 2e-4 elsewhere. Rounding: the float32 loss (~1e-7
+ * relative of ~3.5) divided by 2e gives ~2e-5 worst case, observed ~1e-6 because the
+ * deterministic ops round both evaluations alike. Hence |fd - g| <= 1e-4 + 5e-3 |g|,
+ * with |g| >= 2e-2 required, so a backward that is off by a factor or misses a term
+ * (errors of 10% or more) cannot pass. */
+static void check_fd(const mt_model_config *c, const char *const *names, int nnames) {
+    const int64_t B = 2, T = 6, N = B * T;
+    fixture f;
+    fx_init(&f, c, B, T, 2);
+    spread_params(f.m, 11);
+    int32_t tok[64], lab[64];
+    make_batch(N, T, c->vocab_size, tok, lab);
+    run_step(f.m, tok, lab);
+    const int64_t numel = mt_model_numel(f.m);
+    float *g = malloc((size_t)numel * sizeof(float));
+    memcpy(g, mt_model_grads(f.m), (size_t)numel * sizeof(float));
+    float *p = mt_model_params(f.m);
+    const float e = 1e-2f;
+    for (int k = 0; k < nnames; k++) {
+        int idx = mt_model_param_find(f.m, names[k]);
+        cr_assert(idx >= 0, "no parameter %s", names[k]);
+        const mt_param_info *pi = mt_model_param(f.m, idx);
+        int64_t best = pi->offset;
+        for (int64_t j = pi->offset; j < pi->offset + pi->numel; j++)
+            if (fabsf(g[j]) > fabsf(g[best])) best = j;
+        const float w0 = p[best];
+        double lp, lm;
+        int64_t cnt;
+        p[best] = w0 + e;
+        cr_assert_eq(mt_model_loss(f.m, tok, lab, &lp, &cnt), MT_OK);
+        lp /= (double)cnt;
+        p[best] = w0 - e;
+        cr_assert_eq(mt_model_loss(f.m, tok, lab, &lm, &cnt), MT_OK);
+        lm /= (double)cnt;
+        p[best] = w0;
+        /* the perturbation actually applied, in float32 */
+        const double h = (double)(w0 + e) - (double)(w0 - e);
+        const double fd = (lp - lm) / h;
+        const double an = g[best];
+        cr_log_info("%s[%lld]: analytic %.6g, fd %.6g, |diff| %.2e", names[k], (long long)(best - pi->offset),
+                    an, fd, fabs(fd - an));
+        cr_expect(fabs(an) >= 2e-2, "%s: largest gradient %g too small for the check", names[k], an);
+        cr_expect(fabs(fd - an) <= 1e-4 + 5e-3 * fabs(an), "%s[%lld]: analytic %.6g, finite difference %.6g",
+                  names[k], (long long)(best - pi->offset), an, fd);
+    }
+    free(g);
+    fx_free(&f);
+}
+
+Test(gradients, finite_differences_llama) {
+    static const char *const names[] = {
+        "model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
+        "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+        "model.layers.0.self_attn.v_proj.weight", "model.layers.0.self_attn.o_proj.weight",
+        "model.layers.0.post_attention_layernorm.weight", "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.0.mlp.up_proj.weight", "model.layers.1.mlp.down_proj.weight", "model.norm.weight",
+        "lm_head.weight"};
+    mt_model_config c = tiny_llama();
+    check_fd(&c, names, (int)(sizeof(names) / sizeof(names[0])));
+}
+
+Test(gradients, finite_differences_gemma) {
+    static const char *const names[] = {
+        "model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
+        "model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.weight",
+        "model.layers.0.self_attn.v_proj.weight", "model.layers.1.self_attn.o_proj.weight",
+        "model.layers.1.post_attention_layernorm.weight", "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight", "model.norm.weight"};
+    mt_model_config c = tiny_gemma();
+    check_fd(&c, names, (int)(sizeof(names) / sizeof(names[0])));
+}
+
+Test(gradients, finite_differences_gemma3) {
+    static const char *const names[] = {
+        "model.embed_tokens.weight", "model.layers.0.self_attn.q_norm.weight",
+        "model.layers.0.self_attn.k_norm.weight", "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.1.self_attn.k_proj.weight", "model.layers.0.post_attention_layernorm.weight",
+        "model.layers.1.pre_feedforward_layernorm.weight", "model.layers.0.post_feedforward_layernorm.weight",
+        "model.layers.1.mlp.gate_proj.weight", "model.layers.0.mlp.down_proj.weight", "model.norm.weight"};
+    mt_model_config c = tiny_gemma3();
+    check_fd(&c, names, (int)(sizeof(names) / sizeof(names[0])));
+}
+
+/* ---------------------------------------------------------------------------- */
+/* input validation                                                               */
+
+Test(inputs, out_of_range_tokens_and_labels) {
+    mt_model_config c = tiny_llama();
+    fixture f;
+    fx_init(&f, &c, 2, 4, 1);
+    spread_params(f.m, 3);
+    int32_t tok[8], lab[8];
+    make_batch(8, 4, c.vocab_size, tok, lab);
+    float *g = mt_model_grads(f.m);
+    memset(g, 0, (size_t)mt_model_numel(f.m) * sizeof(float));
+    double ls = -1.0;
+    int64_t cnt = -1;
+
+    tok[5] = (int32_t)c.vocab_size;
+    cr_expect_eq(mt_model_forward_backward(f.m, tok, lab, 1.0f, &ls, &cnt), MT_ERR_INVALID);
+    cr_expect(strstr(mt_last_error(), "tokens[5]=37") != NULL, "%s", mt_last_error());
+    tok[5] = -1;
+    cr_expect_eq(mt_model_loss(f.m, tok, lab, &ls, &cnt), MT_ERR_INVALID);
+    cr_expect(strstr(mt_last_error(), "tokens[5]=-1") != NULL, "%s", mt_last_error());
+    float logits[8 * 37];
+    cr_expect_eq(mt_model_logits(f.m, tok, logits), MT_ERR_INVALID);
+    tok[5] = 0;
+    lab[2] = -2;
+    cr_expect_eq(mt_model_forward_backward(f.m, tok, lab, 1.0f, &ls, &cnt), MT_ERR_INVALID);
+    cr_expect(strstr(mt_last_error(), "labels[2]=-2") != NULL, "%s", mt_last_error());
+    lab[2] = 40;
+    cr_expect_eq(mt_model_forward_backward(f.m, tok, lab, 1.0f, &ls, &cnt), MT_ERR_INVALID);
+    /* rejected before any compute: gradients untouched, outputs untouched */
+    for (int64_t i = 0; i < mt_model_numel(f.m); i++) cr_assert_eq(g[i], 0.0f);
+    cr_expect_eq(ls, -1.0);
+    cr_expect_eq(cnt, -1);
+    lab[2] = MT_IGNORE_LABEL;
+    cr_expect_eq(mt_model_forward_backward(f.m, tok, lab, 1.0f, &ls, &cnt), MT_OK, "%s", mt_last_error());
+
+    mt_model *m2;
+    cr_expect_eq(mt_model_create(&m2, &c, mt_cpu_ops(), 2, 4, 9), MT_ERR_INVALID);
+    cr_expect_eq(mt_model_create(&m2, &c, mt_cpu_ops(), 0, 4, 1), MT_ERR_INVALID);
+    fx_free(&f);
+}
+
+/* ---------------------------------------------------------------------------- */
+/* vocab tiling                                                                   */
+
+/* num_vocab_tiling 1 and 3 must agree. The only difference is the summation order of
+ * dW (one GEMM over all rows vs three accumulated GEMMs) and of nothing else, so
+ * float32 roundoff (~1e-7 relative) is all that may separate them: 1e-6 relative per
+ * tensor (max|a - b| / max|b|). */
+static void check_tiling(const mt_model_config *c) {
+    const int64_t B = 2, T = 7, N = B * T; /* 14 rows: tiles of 4, 5, 5 */
+    int32_t tok[64], lab[64];
+    make_batch(N, T, c->vocab_size, tok, lab);
+    fixture f1, f3;
+    fx_init(&f1, c, B, T, 1);
+    fx_init(&f3, c, B, T, 3);
+    spread_params(f1.m, 5);
+    spread_params(f3.m, 5);
+    double l1 = run_step(f1.m, tok, lab), l3 = run_step(f3.m, tok, lab);
+    cr_expect(fabs(l1 - l3) <= 1e-6 * fabs(l1), "loss %.9g vs %.9g", l1, l3);
+    const float *g1 = mt_model_grads(f1.m), *g3 = mt_model_grads(f3.m);
+    for (int i = 0; i < mt_model_param_count(f1.m); i++) {
+        const mt_param_info *pi = mt_model_param(f1.m, i);
+        double dmax = 0.0, gmax = 0.0;
+        for (int64_t j = pi->offset; j < pi->offset + pi->numel; j++) {
+            dmax = fmax(dmax, fabs((double)g1[j] - g3[j]));
+            gmax = fmax(gmax, fabs((double)g1[j]));
+        }
+        cr_expect(gmax > 0.0, "%s: zero gradient", pi->name);
+        cr_expect(dmax <= 1e-6 * gmax, "%s: max diff %g, max |g| %g", pi->name, dmax, gmax);
+    }
+    float *z1 = malloc((size_t)(N * c->vocab_size) * sizeof(float));
+    float *z3 = malloc((size_t)(N * c->vocab_size) * sizeof(float));
+    cr_assert_eq(mt_model_logits(f1.m, tok, z1), MT_OK);
+    cr_assert_eq(mt_model_logits(f3.m, tok, z3), MT_OK);
+    for (int64_t i = 0; i < N * c->vocab_size; i++) cr_expect_float_eq(z1[i], z3[i], 1e-6f * (1.0f + fabsf(z1[i])));
+    free(z1);
+    free(z3);
+    fx_free(&f1);
+    fx_free(&f3);
+}
+
+Test(tiling, one_vs_three_untied) {
+    mt_model_config c = tiny_llama();
+    check_tiling(&c);
+}
+
+Test(tiling, one_vs_three_tied) {
+    mt_model_config c = tiny_gemma3();
+    check_tiling(&c);
+}
