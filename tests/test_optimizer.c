@@ -1,0 +1,152 @@
+/* tests/test_optimizer.c: the LR schedule (against MaxText's formula written out
+ * independently here), global-norm clipping, and AdamW over a parameter table
+ * (against a double-precision re-implementation of torch.optim.AdamW's update). */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/ops.h"
+#include "train/optimizer.h"
+
+static const double PI = 3.14159265358979323846;
+
+/* MaxText maxtext_utils.create_learning_rate_schedule, learning_rate_schedule_steps
+ * = steps: optax.linear_schedule(0, lr, W) joined with
+ * make_cos_schedule(lr, lr * f, steps - W) at boundary W. */
+static double ref_lr(double lr, double frac, double f, long steps, long s) {
+    long w = (long)(steps * frac);
+    if (s < w) return lr * (double)s / (double)w;
+    double pct = (double)(s - w) / (double)(steps - w);
+    double a = 0.5 * (cos(PI * pct) + 1.0);
+    return lr * a + lr * f * (1.0 - a);
+}
+
+/* Relative tolerance for doubles computed by the same formula in another
+ * association order: a few ulp. */
+#define DTOL 1e-14
+
+Test(schedule, warmup_and_cosine) {
+    const double lr = 3e-4, f = 0.1;
+    mt_lr_schedule s = mt_lr_schedule_make(lr, 0.1, f, 100);
+    cr_assert_eq(s.warmup_steps, 10);
+    cr_expect_eq(mt_lr_schedule_at(&s, 0), 0.0, "warmup starts at 0");
+    cr_expect_float_eq(mt_lr_schedule_at(&s, 5), lr * 0.5, lr * DTOL, "middle of warmup");
+    cr_expect_float_eq(mt_lr_schedule_at(&s, 9), lr * 0.9, lr * DTOL);
+    cr_expect_float_eq(mt_lr_schedule_at(&s, 10), lr, lr * DTOL, "end of warmup = peak");
+    cr_expect_float_eq(mt_lr_schedule_at(&s, 55), 0.5 * lr + 0.5 * lr * f, lr * DTOL, "cosine midpoint");
+    cr_expect_float_eq(mt_lr_schedule_at(&s, 100), lr * f, lr * DTOL, "final value at steps");
+    cr_expect_float_eq(mt_lr_schedule_at(&s, 1000), lr * f, lr * DTOL, "stays final past steps");
+    for (long i = 0; i <= 100; i++)
+        cr_expect_float_eq(mt_lr_schedule_at(&s, i), ref_lr(lr, 0.1, f, 100, i), lr * DTOL, "s=%ld", i);
+    /* Monotone decreasing after warmup. */
+    for (long i = 11; i <= 100; i++) cr_expect_lt(mt_lr_schedule_at(&s, i), mt_lr_schedule_at(&s, i - 1));
+}
+
+Test(schedule, truncation_and_edges) {
+    /* int(15 * 0.1) = 1 warmup step (truncation, as in MaxText). */
+    mt_lr_schedule s = mt_lr_schedule_make(1.0, 0.1, 0.0, 15);
+    cr_expect_eq(s.warmup_steps, 1);
+    cr_expect_eq(mt_lr_schedule_at(&s, 0), 0.0);
+    cr_expect_float_eq(mt_lr_schedule_at(&s, 1), 1.0, DTOL);
+    for (long i = 0; i <= 15; i++)
+        cr_expect_float_eq(mt_lr_schedule_at(&s, i), ref_lr(1.0, 0.1, 0.0, 15, i), DTOL, "s=%ld", i);
+    /* No warmup: the first update runs at the peak. */
+    mt_lr_schedule n = mt_lr_schedule_make(2.0, 0.0, 0.5, 10);
+    cr_expect_eq(mt_lr_schedule_at(&n, 0), 2.0);
+    cr_expect_float_eq(mt_lr_schedule_at(&n, 10), 1.0, DTOL);
+    /* Final fraction 1: constant after warmup. */
+    mt_lr_schedule c = mt_lr_schedule_make(2.0, 0.0, 1.0, 10);
+    for (long i = 0; i < 10; i++) cr_expect_eq(mt_lr_schedule_at(&c, i), 2.0);
+    /* Warmup over the whole run: linear ramp, never reaching the peak. */
+    mt_lr_schedule w = mt_lr_schedule_make(1.0, 1.0, 0.1, 4);
+    cr_expect_float_eq(mt_lr_schedule_at(&w, 3), 0.75, DTOL);
+}
+
+/* Two tensors: a matrix (weight decay) and a norm scale (none). */
+static mt_param_info table[2];
+static void make_table(void) {
+    memset(table, 0, sizeof table);
+    strcpy(table[0].name, "w");
+    table[0].ndim = 2, table[0].shape[0] = 7, table[0].shape[1] = 5;
+    table[0].offset = 0, table[0].numel = 35, table[0].weight_decay = 1;
+    strcpy(table[1].name, "norm");
+    table[1].ndim = 1, table[1].shape[0] = 9;
+    table[1].offset = 35, table[1].numel = 9, table[1].weight_decay = 0;
+}
+#define NUMEL 44
+
+Test(clip, global_norm_and_scale) {
+    make_table();
+    const mt_ops *ops = mt_cpu_ops();
+    float g[NUMEL];
+    long double ss = 0;
+    for (int i = 0; i < NUMEL; i++) {
+        g[i] = (float)(0.37 * sin(1.3 * i + 0.2) * (i % 3 + 1));
+        ss += (long double)g[i] * g[i];
+    }
+    double norm = mt_grad_global_norm(ops, g, table, 2);
+    /* fp64 sum of 44 squares of floats: relative error ~ 44 * 2^-53. */
+    cr_assert_float_eq(norm, (double)sqrtl(ss), 1e-14 * norm);
+    cr_expect_eq(mt_clip_scale(norm, 0.0), 1.0, "threshold 0 = off");
+    cr_expect_eq(mt_clip_scale(norm, norm * 2), 1.0, "below the threshold: untouched");
+    const double thr = norm / 3.0;
+    double sc = mt_clip_scale(norm, thr);
+    cr_expect_float_eq(sc, 1.0 / 3.0, 1e-15);
+    ops->scale(g, (float)sc, NUMEL);
+    double clipped = mt_grad_global_norm(ops, g, table, 2);
+    /* Scaling in float32 rounds each element once: relative error <= 2^-24 per
+     * element, so the norm is within ~1.2e-7 relative; allow 2e-7. */
+    cr_expect_float_eq(clipped, thr, 2e-7 * thr, "clipped norm %.9g vs threshold %.9g", clipped, thr);
+}
+
+/* torch.optim.AdamW.step (decoupled weight decay: p *= 1 - lr wd, then the Adam
+ * step), in double. Mathematically equal to the ops.h form. */
+static void ref_adamw(double *p, const double *g, double *m, double *v, int n, double lr, double b1, double b2,
+                      double eps, double wd, double gs, long t) {
+    for (int i = 0; i < n; i++) {
+        double gi = g[i] * gs;
+        double pd = p[i] * (1.0 - lr * wd);
+        m[i] = b1 * m[i] + (1 - b1) * gi;
+        v[i] = b2 * v[i] + (1 - b2) * gi * gi;
+        double mh = m[i] / (1 - pow(b1, (double)t)), vh = v[i] / (1 - pow(b2, (double)t));
+        p[i] = pd - lr * mh / (sqrt(vh) + eps);
+    }
+}
+
+Test(adamw, parameter_table) {
+    make_table();
+    const mt_ops *ops = mt_cpu_ops();
+    mt_adamw opt;
+    mt_adamw_init(&opt, ops, NUMEL, 0.9, 0.95, 1e-8, 0.1);
+    mt_plan *plan = NULL;
+    cr_assert_eq(mt_plan_new(&plan), MT_OK);
+    cr_assert_eq(mt_adamw_add_to_plan(&opt, plan, 4), MT_OK);
+    cr_assert_eq(mt_plan_finalize(plan), MT_OK);
+    size_t cat[MT_MEM_CATEGORY_COUNT];
+    mt_plan_total_by_category(plan, cat);
+    cr_expect_eq(cat[MT_MEM_OPTIMIZER], 2 * NUMEL * sizeof(float));
+    mt_arena arena;
+    cr_assert_eq(mt_arena_create(&arena, plan, NULL, NULL), MT_OK);
+    cr_assert_eq(mt_adamw_bind(&opt, &arena, plan), MT_OK);
+
+    float p[NUMEL], g[NUMEL];
+    double pr[NUMEL], gr[NUMEL], mr[NUMEL] = {0}, vr[NUMEL] = {0};
+    for (int i = 0; i < NUMEL; i++) pr[i] = p[i] = (float)(0.5 * cos(0.7 * i));
+    for (long t = 1; t <= 3; t++) {
+        for (int i = 0; i < NUMEL; i++) gr[i] = g[i] = (float)(0.1 * sin(0.9 * i + t) + 0.01 * t);
+        const double lr = 1e-2 * (double)t, gs = 0.5;
+        cr_assert_eq(mt_adamw_step(&opt, table, 2, p, g, (float)lr, (float)gs, t), MT_OK);
+        ref_adamw(pr, gr, mr, vr, 35, (double)(float)lr, 0.9, 0.95, 1e-8, 0.1, gs, t);
+        ref_adamw(pr + 35, gr + 35, mr + 35, vr + 35, 9, (double)(float)lr, 0.9, 0.95, 1e-8, 0.0, gs, t);
+    }
+    /* fp32 arithmetic over 3 steps of |update| <= lr: absolute error a few ulp of
+     * |p| <= 1, i.e. ~1e-6; a missing/misplaced weight decay would differ by
+     * lr * wd * p ~ 1e-3. */
+    for (int i = 0; i < NUMEL; i++)
+        cr_expect_float_eq(p[i], pr[i], 2e-6, "p[%d] = %.9g, reference %.9g", i, p[i], pr[i]);
+    cr_expect_eq(mt_adamw_step(&opt, table, 2, p, g, 0.1f, 1.0f, 0), MT_ERR_INVALID, "t must be >= 1");
+    mt_arena_destroy(&arena);
+    mt_plan_free(plan);
+}

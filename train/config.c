@@ -1,0 +1,735 @@
+/* train/config.c: the key table, YAML loading (libyaml), precedence and validation
+ * (see config.h). */
+#include "train/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+_Static_assert(sizeof(mt_dtype) == sizeof(int), "enum keys are stored as int");
+_Static_assert(sizeof(mt_backend_kind) == sizeof(int), "enum keys are stored as int");
+_Static_assert(sizeof(mt_decoder_block) == sizeof(int), "enum keys are stored as int");
+_Static_assert(sizeof(mt_rope_type) == sizeof(int), "enum keys are stored as int");
+_Static_assert(sizeof(mt_activation) == sizeof(int), "enum keys are stored as int");
+
+/* ---------------------------------------------------------------- key table ---- */
+
+static const char *const decoder_names[] = {"llama2", "gemma", "gemma2", "gemma3", NULL};
+static const int decoder_values[] = {MT_DECODER_LLAMA2, MT_DECODER_GEMMA, MT_DECODER_GEMMA2,
+                                     MT_DECODER_GEMMA3};
+static const char *const rope_names[] = {"default", "llama3", "linear", NULL};
+static const int rope_values[] = {MT_ROPE_DEFAULT, MT_ROPE_LLAMA3, MT_ROPE_LINEAR};
+static const char *const dtype_names[] = {"float32", "bfloat16", NULL};
+static const int dtype_values[] = {MT_F32, MT_BF16};
+static const char *const backend_names[] = {"auto", "cpu", "cuda", NULL};
+static const int backend_values[] = {MT_BACKEND_AUTO, MT_BACKEND_CPU, MT_BACKEND_CUDA};
+
+#define OFF(f) offsetof(mt_train_config, f)
+#define MOFF(f) (offsetof(mt_train_config, model) + offsetof(mt_model_config, f))
+#define SZ(f) sizeof(((mt_train_config *)0)->f)
+#define MSZ(f) sizeof(((mt_train_config *)0)->model.f)
+
+/* Model keys: no textual default (it comes from the decoder block). */
+#define MKEY_INT(n, f, lo, doc) {n, MT_KEY_INT, MOFF(f), 0, NULL, NULL, 1, NULL, 1, 0, lo, 0, doc}
+#define MKEY_FLT(n, f, lo, doc) {n, MT_KEY_FLOAT, MOFF(f), 0, NULL, NULL, 1, NULL, 1, 0, lo, 0, doc}
+#define MKEY_BOOL(n, f, doc) {n, MT_KEY_BOOL, MOFF(f), 0, NULL, NULL, 1, NULL, 0, 0, 0, 0, doc}
+/* Run keys. */
+#define RKEY_INT(n, def, lo, doc) {#n, MT_KEY_INT, OFF(n), 0, NULL, NULL, 0, def, 1, 0, lo, 0, doc}
+#define RKEY_DBL(n, def, hasmin, lo, hasmax, hi, doc) \
+    {#n, MT_KEY_DOUBLE, OFF(n), 0, NULL, NULL, 0, def, hasmin, hasmax, lo, hi, doc}
+#define RKEY_STR(n, def, doc) {#n, MT_KEY_STRING, OFF(n), SZ(n), NULL, NULL, 0, def, 0, 0, 0, 0, doc}
+#define RKEY_ENUM(n, names, values, def, doc) \
+    {#n, MT_KEY_ENUM, OFF(n), 0, names, values, 0, def, 0, 0, 0, 0, doc}
+
+static const mt_config_key mt_keys[] = {
+    /* ---- run keys (configs/base.yml documents each with the same default) ---- */
+    {"model_name", MT_KEY_STRING, MOFF(model_name), MSZ(model_name), NULL, NULL, 0, "llama3-tiny",
+     0, 0, 0, 0, "model file configs/models/<model_name>.yml"},
+    RKEY_STR(run_name, "run", "outputs go to <base_output_directory>/<run_name>/"),
+    RKEY_STR(base_output_directory, "outputs", "root directory of run outputs"),
+    RKEY_STR(dataset_path, "data/kjv", "directory holding train_*.bin and val_*.bin llm.c shards"),
+    RKEY_STR(tokenizer_path, "data/kjv/tokenizer.vocab",
+             "SentencePiece .vocab file (piece<TAB>score per id), used by `sample`"),
+    RKEY_INT(per_device_batch_size, "8", 1, "sequences per micro-batch on each device"),
+    RKEY_INT(max_target_length, "256", 1, "tokens per sequence"),
+    RKEY_INT(steps, "1000", 1, "optimizer steps; the LR schedule ends here"),
+    RKEY_DBL(learning_rate, "0.0003", 1, 0, 0, 0, "peak learning rate (after warmup)"),
+    RKEY_DBL(warmup_steps_fraction, "0.1", 1, 0, 1, 1,
+             "linear warmup from 0 over int(steps * this) steps"),
+    RKEY_DBL(cosine_learning_rate_final_fraction, "0.1", 1, 0, 1, 1,
+             "cosine decay to learning_rate * this at `steps`"),
+    RKEY_DBL(adam_b1, "0.9", 1, 0, 1, 1, "AdamW beta1 (< 1)"),
+    RKEY_DBL(adam_b2, "0.95", 1, 0, 1, 1, "AdamW beta2 (< 1)"),
+    RKEY_DBL(adam_eps, "1e-08", 0, 0, 0, 0, "AdamW epsilon (> 0), added to sqrt(v_hat)"),
+    RKEY_DBL(adam_weight_decay, "0.1", 1, 0, 0, 0,
+             "decoupled weight decay on matrices (not norm scales)"),
+    RKEY_DBL(gradient_clipping_threshold, "1", 1, 0, 0, 0, "clip the global gradient norm; 0 = off"),
+    RKEY_INT(gradient_accumulation_steps, "1", 1, "micro-batches per optimizer step"),
+    RKEY_INT(num_vocab_tiling, "1", 1, "row tiles of the vocab-tiled loss (1..batch*seq)"),
+    RKEY_ENUM(dtype, dtype_names, dtype_values, "float32", "compute and activation dtype"),
+    RKEY_ENUM(weight_dtype, dtype_names, dtype_values, "float32", "master weight dtype"),
+    RKEY_ENUM(grad_dtype, dtype_names, dtype_values, "float32",
+              "gradient accumulation dtype (bfloat16: fp32 add, one rounding per micro-batch)"),
+    RKEY_INT(eval_interval, "100", -1, "evaluate every this many steps (and at step 0); <= 0 = off"),
+    RKEY_INT(eval_steps, "10", 1, "validation batches per evaluation"),
+    RKEY_INT(checkpoint_period, "1000", 0, "checkpoint every this many steps and at the end; 0 = end only"),
+    RKEY_STR(load_checkpoint, "", "checkpoint directory (.../checkpoints/step_N) to resume from"),
+    RKEY_STR(load_parameters_path, "", "directory with model.safetensors to start from (no optimizer state)"),
+    RKEY_INT(seed, "0", 0, "seed of parameter init and sampling (Philox)"),
+    RKEY_ENUM(backend, backend_names, backend_values, "auto", "auto = cuda when a GPU is visible, else cpu"),
+    RKEY_INT(log_period, "10", 1, "console line every this many steps"),
+    RKEY_INT(sample_length, "64", 1, "`sample`: tokens to generate after <s>"),
+    RKEY_DBL(temperature, "1", 1, 0, 0, 0, "`sample`: softmax temperature; 0 = greedy"),
+    RKEY_INT(top_k, "0", 0, "`sample`: keep the k most likely tokens; 0 = all"),
+    /* ---- model keys (configs/models/<model_name>.yml) ---- */
+    {"decoder_block", MT_KEY_ENUM, MOFF(decoder_block), 0, decoder_names, decoder_values, 1, NULL, 0,
+     0, 0, 0, "decoder family"},
+    MKEY_INT("vocab_size", vocab_size, 1, "vocabulary size"),
+    MKEY_INT("base_emb_dim", emb_dim, 1, "model width d_model"),
+    MKEY_INT("base_num_query_heads", num_query_heads, 1, "query heads"),
+    MKEY_INT("base_num_kv_heads", num_kv_heads, 1, "key/value heads (GQA)"),
+    MKEY_INT("head_dim", head_dim, 1, "per-head dimension"),
+    MKEY_INT("base_mlp_dim", mlp_dim, 1, "MLP hidden size"),
+    MKEY_INT("base_num_decoder_layers", num_decoder_layers, 1, "decoder layers"),
+    {"mlp_activations", MT_KEY_ACTIVATIONS, MOFF(mlp_activation), 0, NULL, NULL, 1, NULL, 0, 0, 0, 0,
+     "[silu, linear] (SwiGLU) or [gelu, linear] (GeGLU, tanh gelu)"},
+    MKEY_FLT("normalization_layer_epsilon", normalization_layer_epsilon, 0, "RMSNorm epsilon"),
+    MKEY_BOOL("logits_via_embedding", logits_via_embedding, "tie the unembedding to the embedding"),
+    MKEY_FLT("final_logits_soft_cap", final_logits_soft_cap, 0, "final logit soft-cap; 0 = off"),
+    MKEY_FLT("attn_logits_soft_cap", attn_logits_soft_cap, 0, "attention logit soft-cap; 0 = off"),
+    MKEY_INT("sliding_window_size", sliding_window_size, 0, "sliding window of local layers; 0 = off"),
+    MKEY_INT("sliding_window_pattern", sliding_window_pattern, 0, "local/global layer period"),
+    MKEY_FLT("query_pre_attn_scalar", query_pre_attn_scalar, 0, "attention scale^-2; 0 = head_dim"),
+    MKEY_FLT("rope_max_timescale", rope_max_timescale, 0, "RoPE base theta"),
+    {"rope_type", MT_KEY_ENUM, MOFF(rope_type), 0, rope_names, rope_values, 1, NULL, 0, 0, 0, 0,
+     "RoPE frequency scaling"},
+    MKEY_FLT("rope_factor", rope_factor, 0, "RoPE scaling factor"),
+    MKEY_FLT("rope_low_freq_factor", rope_low_freq_factor, 0, "llama3 RoPE low_freq_factor"),
+    MKEY_FLT("rope_high_freq_factor", rope_high_freq_factor, 0, "llama3 RoPE high_freq_factor"),
+    MKEY_INT("rope_original_max_position", rope_original_max_position, 0,
+             "llama3 RoPE original_max_position_embeddings"),
+    MKEY_FLT("local_rope_max_timescale", local_rope_max_timescale, 0,
+             "RoPE base of local layers (gemma3); 0 = rope_max_timescale"),
+    MKEY_BOOL("use_qk_norm", use_qk_norm, "RMSNorm on each query/key head (gemma3)"),
+    MKEY_BOOL("use_post_attn_norm", use_post_attn_norm, "norm after attention (gemma2/3)"),
+    MKEY_BOOL("use_post_ffw_norm", use_post_ffw_norm, "norm after the MLP (gemma2/3)"),
+};
+
+#define MT_KEY_N ((int)(sizeof mt_keys / sizeof mt_keys[0]))
+
+int mt_config_key_count(void) { return MT_KEY_N; }
+
+const mt_config_key *mt_config_key_get(int i) { return i >= 0 && i < MT_KEY_N ? &mt_keys[i] : NULL; }
+
+const mt_config_key *mt_config_key_find(const char *name) {
+    if (!name) return NULL;
+    for (int i = 0; i < MT_KEY_N; i++)
+        if (strcmp(mt_keys[i].name, name) == 0) return &mt_keys[i];
+    return NULL;
+}
+
+static void choices_str(const mt_config_key *k, char *buf, size_t n) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; k->choices[i]; i++) {
+        int w = snprintf(buf + used, n - used, "%s%s", i ? "|" : "", k->choices[i]);
+        if (w < 0 || (size_t)w >= n - used) break;
+        used += (size_t)w;
+    }
+}
+
+const char *mt_config_key_type_str(const mt_config_key *k, char *buf, size_t n) {
+    if (!buf || n == 0) return buf;
+    switch (k->type) {
+    case MT_KEY_INT: snprintf(buf, n, "integer"); break;
+    case MT_KEY_FLOAT:
+    case MT_KEY_DOUBLE: snprintf(buf, n, "number"); break;
+    case MT_KEY_BOOL: snprintf(buf, n, "bool"); break;
+    case MT_KEY_STRING: snprintf(buf, n, "string"); break;
+    case MT_KEY_ENUM: {
+        char c[256];
+        choices_str(k, c, sizeof c);
+        snprintf(buf, n, "one of %s", c);
+        break;
+    }
+    case MT_KEY_ACTIVATIONS: snprintf(buf, n, "list [silu|gelu, linear]"); break;
+    }
+    return buf;
+}
+
+/* ------------------------------------------------------------- suggestions ---- */
+
+/* Levenshtein distance (two-row DP), capped at 64-character names. */
+static int edit_distance(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 64) la = 64;
+    if (lb > 64) lb = 64;
+    int prev[65], cur[65];
+    for (size_t j = 0; j <= lb; j++) prev[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        cur[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int sub = prev[j - 1] + (a[i - 1] != b[j - 1]);
+            int del = prev[j] + 1, ins = cur[j - 1] + 1;
+            cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+        memcpy(prev, cur, sizeof(int) * (lb + 1));
+    }
+    return prev[lb];
+}
+
+static const char *closest_key(const char *name) {
+    const char *best = NULL;
+    int bestd = 1 << 30;
+    for (int i = 0; i < MT_KEY_N; i++) {
+        int d = edit_distance(name, mt_keys[i].name);
+        if (d < bestd) bestd = d, best = mt_keys[i].name;
+    }
+    int len = (int)strlen(name);
+    int limit = len / 3 > 2 ? len / 3 : 2;
+    return bestd <= limit ? best : NULL;
+}
+
+/* ---------------------------------------------------------- value parsing ---- */
+
+static int parse_int(const char *s, int64_t *out) {
+    if (!s || !*s) return 0;
+    errno = 0;
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end) return 0;
+    *out = (int64_t)v;
+    return 1;
+}
+
+static int parse_double(const char *s, double *out) {
+    if (!s || !*s) return 0;
+    errno = 0;
+    char *end;
+    double v = strtod(s, &end);
+    if (errno == ERANGE && fabs(v) == HUGE_VAL) return 0;
+    if (*end || !isfinite(v)) return 0;
+    *out = v;
+    return 1;
+}
+
+static int str_ieq(const char *a, const char *b) {
+    for (; *a && *b; a++, b++)
+        if (tolower((unsigned char)*a) != tolower((unsigned char)*b)) return 0;
+    return *a == *b;
+}
+
+static int parse_bool(const char *s, int *out) {
+    static const char *const t[] = {"true", "yes", "on", "1"}, *const f[] = {"false", "no", "off", "0"};
+    for (int i = 0; i < 4; i++) {
+        if (str_ieq(s, t[i])) return *out = 1, 1;
+        if (str_ieq(s, f[i])) return *out = 0, 1;
+    }
+    return 0;
+}
+
+/* Split "[a, b]" / "a,b" into at most `max` trimmed items (quotes removed). */
+static int split_list(const char *s, char items[][32], int max) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", s);
+    char *p = buf;
+    while (isspace((unsigned char)*p)) p++;
+    size_t len = strlen(p);
+    while (len && isspace((unsigned char)p[len - 1])) p[--len] = '\0';
+    if (*p == '[') {
+        if (len < 2 || p[len - 1] != ']') return -1;
+        p[len - 1] = '\0';
+        p++;
+    }
+    int n = 0;
+    for (char *tok = p;;) {
+        char *comma = strchr(tok, ',');
+        if (comma) *comma = '\0';
+        while (isspace((unsigned char)*tok) || *tok == '"' || *tok == '\'') tok++;
+        size_t tl = strlen(tok);
+        while (tl && (isspace((unsigned char)tok[tl - 1]) || tok[tl - 1] == '"' || tok[tl - 1] == '\''))
+            tok[--tl] = '\0';
+        if (tl == 0 || tl >= 32 || n >= max) return -1;
+        memcpy(items[n++], tok, tl + 1);
+        if (!comma) break;
+        tok = comma + 1;
+    }
+    return n;
+}
+
+mt_status mt_train_config_set(mt_train_config *cfg, const char *name, const char *value,
+                              const char *source) {
+    if (!source) source = "config";
+    if (!value) value = "";
+    const mt_config_key *k = mt_config_key_find(name);
+    if (!k) {
+        const char *near = closest_key(name ? name : "");
+        if (near)
+            return mt_set_error(MT_ERR_INVALID, "%s: unknown key '%s' (did you mean '%s'?)", source,
+                                name ? name : "", near);
+        return mt_set_error(MT_ERR_INVALID, "%s: unknown key '%s' (see meshtrain --help)", source,
+                            name ? name : "");
+    }
+    char *field = (char *)cfg + k->offset;
+    char tbuf[300];
+    double num = 0;
+    switch (k->type) {
+    case MT_KEY_INT: {
+        int64_t v;
+        if (!parse_int(value, &v))
+            return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': expected an integer", source,
+                                k->name, value);
+        memcpy(field, &v, sizeof v);
+        num = (double)v;
+        break;
+    }
+    case MT_KEY_FLOAT:
+    case MT_KEY_DOUBLE: {
+        double v;
+        if (!parse_double(value, &v))
+            return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': expected a number", source,
+                                k->name, value);
+        if (k->type == MT_KEY_FLOAT) {
+            float f = (float)v;
+            if (!isfinite(f))
+                return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': out of float range", source,
+                                    k->name, value);
+            memcpy(field, &f, sizeof f);
+        } else {
+            memcpy(field, &v, sizeof v);
+        }
+        num = v;
+        break;
+    }
+    case MT_KEY_BOOL: {
+        int v;
+        if (!parse_bool(value, &v))
+            return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': expected a bool (true|false)",
+                                source, k->name, value);
+        memcpy(field, &v, sizeof v);
+        return MT_OK;
+    }
+    case MT_KEY_STRING: {
+        size_t len = strlen(value);
+        if (len >= k->size)
+            return mt_set_error(MT_ERR_INVALID, "%s: key '%s': value of %zu bytes is too long (max %zu)",
+                                source, k->name, len, k->size - 1);
+        memcpy(field, value, len + 1);
+        return MT_OK;
+    }
+    case MT_KEY_ENUM: {
+        for (int i = 0; k->choices[i]; i++) {
+            if (strcmp(value, k->choices[i]) == 0) {
+                memcpy(field, &k->choice_values[i], sizeof(int));
+                return MT_OK;
+            }
+        }
+        choices_str(k, tbuf, sizeof tbuf);
+        return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': expected one of %s", source, k->name,
+                            value, tbuf);
+    }
+    case MT_KEY_ACTIVATIONS: {
+        char items[4][32];
+        int n = split_list(value, items, 4);
+        int act = -1;
+        if (n == 2 && strcmp(items[1], "linear") == 0) {
+            if (strcmp(items[0], "silu") == 0) act = MT_ACT_SILU;
+            else if (strcmp(items[0], "gelu") == 0) act = MT_ACT_GELU_TANH;
+        }
+        if (act < 0)
+            return mt_set_error(MT_ERR_INVALID,
+                                "%s: key '%s' = '%s': expected [silu, linear] or [gelu, linear]",
+                                source, k->name, value);
+        memcpy(field, &act, sizeof act);
+        return MT_OK;
+    }
+    }
+    if (k->has_min && num < k->min)
+        return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': must be >= %g", source, k->name,
+                            value, k->min);
+    if (k->has_max && num > k->max)
+        return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': must be <= %g", source, k->name,
+                            value, k->max);
+    return MT_OK;
+}
+
+const char *mt_train_config_format(const mt_train_config *cfg, const mt_config_key *k, char *buf,
+                                   size_t n) {
+    const char *field = (const char *)cfg + k->offset;
+    switch (k->type) {
+    case MT_KEY_INT: {
+        int64_t v;
+        memcpy(&v, field, sizeof v);
+        snprintf(buf, n, "%lld", (long long)v);
+        break;
+    }
+    case MT_KEY_FLOAT:
+    case MT_KEY_DOUBLE: {
+        double v;
+        if (k->type == MT_KEY_FLOAT) {
+            float f;
+            memcpy(&f, field, sizeof f);
+            v = f;
+        } else {
+            memcpy(&v, field, sizeof v);
+        }
+        /* Shortest %g form that reads back to the same value in the field's type. */
+        for (int prec = 1; prec <= 17; prec++) {
+            snprintf(buf, n, "%.*g", prec, v);
+            double back = strtod(buf, NULL);
+            if (k->type == MT_KEY_FLOAT ? (float)back == (float)v : back == v) break;
+        }
+        break;
+    }
+    case MT_KEY_BOOL: {
+        int v;
+        memcpy(&v, field, sizeof v);
+        snprintf(buf, n, "%s", v ? "true" : "false");
+        break;
+    }
+    case MT_KEY_STRING: snprintf(buf, n, "%s", field); break;
+    case MT_KEY_ENUM: {
+        int v;
+        memcpy(&v, field, sizeof v);
+        snprintf(buf, n, "?");
+        for (int i = 0; k->choices[i]; i++)
+            if (k->choice_values[i] == v) snprintf(buf, n, "%s", k->choices[i]);
+        break;
+    }
+    case MT_KEY_ACTIVATIONS: {
+        int v;
+        memcpy(&v, field, sizeof v);
+        snprintf(buf, n, "[%s, linear]", v == MT_ACT_GELU_TANH ? "gelu" : "silu");
+        break;
+    }
+    }
+    return buf;
+}
+
+void mt_train_config_defaults(mt_train_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    mt_model_config_defaults(&cfg->model, MT_DECODER_LLAMA2);
+    for (int i = 0; i < MT_KEY_N; i++) {
+        if (!mt_keys[i].def) continue;
+        /* The table's defaults are valid by construction (tests/test_config.c). */
+        mt_status s = mt_train_config_set(cfg, mt_keys[i].name, mt_keys[i].def, "default");
+        (void)s;
+    }
+}
+
+/* -------------------------------------------------------------- YAML files ---- */
+
+typedef struct cfg_entry {
+    char *key;
+    char *value;
+    char source[MT_CONFIG_PATH_MAX + 32];
+} cfg_entry;
+
+typedef struct cfg_layer {
+    cfg_entry *e;
+    int n, cap;
+} cfg_layer;
+
+static void layer_free(cfg_layer *l) {
+    for (int i = 0; i < l->n; i++) free(l->e[i].key), free(l->e[i].value);
+    free(l->e);
+    memset(l, 0, sizeof *l);
+}
+
+static mt_status layer_add(cfg_layer *l, const char *key, size_t klen, const char *value,
+                           const char *source) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? l->cap * 2 : 32;
+        cfg_entry *e = realloc(l->e, sizeof(cfg_entry) * (size_t)cap);
+        if (!e) return mt_set_error(MT_ERR_OOM, "config: out of memory");
+        l->e = e, l->cap = cap;
+    }
+    cfg_entry *e = &l->e[l->n];
+    e->key = malloc(klen + 1);
+    e->value = strdup(value);
+    if (!e->key || !e->value) {
+        free(e->key), free(e->value);
+        return mt_set_error(MT_ERR_OOM, "config: out of memory");
+    }
+    memcpy(e->key, key, klen);
+    e->key[klen] = '\0';
+    snprintf(e->source, sizeof e->source, "%s", source);
+    l->n++;
+    return MT_OK;
+}
+
+/* The last value of `key` in the layer, or NULL. */
+static const cfg_entry *layer_last(const cfg_layer *l, const char *key) {
+    for (int i = l->n - 1; i >= 0; i--)
+        if (strcmp(l->e[i].key, key) == 0) return &l->e[i];
+    return NULL;
+}
+
+/* A plain null scalar (~, null, empty) reads as "" (for strings: unset). */
+static const char *scalar_text(const yaml_event_t *ev) {
+    const char *v = (const char *)ev->data.scalar.value;
+    if (ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+        (strcmp(v, "~") == 0 || strcmp(v, "null") == 0 || strcmp(v, "Null") == 0 || strcmp(v, "NULL") == 0))
+        return "";
+    return v;
+}
+
+/* Parse a flat YAML mapping of scalars (values may be a flow or block sequence of
+ * scalars, joined as "[a, b]") into a layer; keys are not checked here. */
+static mt_status layer_parse_file(cfg_layer *l, const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return mt_set_error(MT_ERR_IO, "cannot open config file '%s': %s", path, strerror(errno));
+    yaml_parser_t parser;
+    if (!yaml_parser_initialize(&parser)) {
+        fclose(f);
+        return mt_set_error(MT_ERR_OOM, "config: yaml_parser_initialize failed");
+    }
+    yaml_parser_set_input_file(&parser, f);
+    mt_status st = MT_OK;
+    int depth = 0;        /* 1 inside the top mapping */
+    int docs = 0;
+    char *key = NULL;     /* pending key */
+    size_t key_line = 0;
+    char seq[512];        /* sequence being collected */
+    int in_seq = 0;
+    char src[MT_CONFIG_PATH_MAX + 32];
+    for (;;) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&parser, &ev)) {
+            st = mt_set_error(MT_ERR_INVALID, "%s:%zu: YAML syntax error: %s", path,
+                              parser.problem_mark.line + 1, parser.problem ? parser.problem : "?");
+            break;
+        }
+        size_t line = ev.start_mark.line + 1;
+        yaml_event_type_t t = ev.type;
+        int done = 0;
+        switch (t) {
+        case YAML_STREAM_START_EVENT:
+        case YAML_DOCUMENT_END_EVENT: break;
+        case YAML_DOCUMENT_START_EVENT:
+            if (++docs > 1) st = mt_set_error(MT_ERR_INVALID, "%s:%zu: only one YAML document allowed", path, line);
+            break;
+        case YAML_STREAM_END_EVENT: done = 1; break;
+        case YAML_MAPPING_START_EVENT:
+            if (depth == 0 && !in_seq) depth = 1;
+            else st = mt_set_error(MT_ERR_INVALID, "%s:%zu: nested mappings are not allowed (%s)", path,
+                                   line, key ? key : "top level");
+            break;
+        case YAML_MAPPING_END_EVENT: depth = 0; break;
+        case YAML_SEQUENCE_START_EVENT:
+            if (depth == 1 && key && !in_seq) {
+                in_seq = 1;
+                snprintf(seq, sizeof seq, "[");
+            } else {
+                st = mt_set_error(MT_ERR_INVALID, "%s:%zu: unexpected sequence (%s)", path, line,
+                                  key ? key : "the top level must be a mapping of key: value");
+            }
+            break;
+        case YAML_SEQUENCE_END_EVENT: {
+            size_t len = strlen(seq);
+            snprintf(seq + len, sizeof seq - len, "]");
+            snprintf(src, sizeof src, "%s:%zu", path, key_line);
+            st = layer_add(l, key, strlen(key), seq, src);
+            free(key), key = NULL;
+            in_seq = 0;
+            break;
+        }
+        case YAML_SCALAR_EVENT:
+            if (depth != 1) {
+                st = mt_set_error(MT_ERR_INVALID, "%s:%zu: the top level must be a mapping of key: value",
+                                  path, line);
+            } else if (in_seq) {
+                size_t len = strlen(seq);
+                snprintf(seq + len, sizeof seq - len, "%s%s", len > 1 ? ", " : "", scalar_text(&ev));
+            } else if (!key) {
+                key = strdup((const char *)ev.data.scalar.value);
+                key_line = line;
+                if (!key) st = mt_set_error(MT_ERR_OOM, "config: out of memory");
+            } else {
+                snprintf(src, sizeof src, "%s:%zu", path, key_line);
+                st = layer_add(l, key, strlen(key), scalar_text(&ev), src);
+                free(key), key = NULL;
+            }
+            break;
+        case YAML_ALIAS_EVENT:
+            st = mt_set_error(MT_ERR_INVALID, "%s:%zu: YAML aliases are not supported", path, line);
+            break;
+        default: break;
+        }
+        yaml_event_delete(&ev);
+        if (st != MT_OK || done) break;
+    }
+    free(key);
+    yaml_parser_delete(&parser);
+    fclose(f);
+    return st;
+}
+
+static mt_status layer_apply(mt_train_config *cfg, const cfg_layer *l) {
+    for (int i = 0; i < l->n; i++) MT_TRY(mt_train_config_set(cfg, l->e[i].key, l->e[i].value, l->e[i].source));
+    return MT_OK;
+}
+
+/* Check every key of a layer exists before anything else (so a misspelt key is
+ * reported even when the model file lookup would fail first). */
+static mt_status layer_check_keys(const cfg_layer *l) {
+    for (int i = 0; i < l->n; i++)
+        if (!mt_config_key_find(l->e[i].key)) {
+            mt_train_config tmp;
+            memset(&tmp, 0, sizeof tmp);
+            return mt_train_config_set(&tmp, l->e[i].key, l->e[i].value, l->e[i].source);
+        }
+    return MT_OK;
+}
+
+mt_status mt_train_config_apply_file(mt_train_config *cfg, const char *path) {
+    cfg_layer l = {0};
+    mt_status st = layer_parse_file(&l, path);
+    if (st == MT_OK) st = layer_apply(cfg, &l);
+    layer_free(&l);
+    return st;
+}
+
+/* ------------------------------------------------------------- validation ---- */
+
+mt_status mt_train_config_validate(const mt_train_config *c) {
+    /* Per-key ranges again (a caller may have filled the struct directly). */
+    char buf[128];
+    for (int i = 0; i < MT_KEY_N; i++) {
+        const mt_config_key *k = &mt_keys[i];
+        if (k->type != MT_KEY_INT && k->type != MT_KEY_FLOAT && k->type != MT_KEY_DOUBLE) continue;
+        if (k->is_model) continue; /* mt_model_config_validate owns the model keys */
+        mt_train_config_format(c, k, buf, sizeof buf);
+        double v = strtod(buf, NULL);
+        if ((k->has_min && v < k->min) || (k->has_max && v > k->max))
+            return mt_set_error(MT_ERR_INVALID, "key '%s' = %s is out of range [%g, %g]", k->name, buf,
+                                k->has_min ? k->min : -INFINITY, k->has_max ? k->max : INFINITY);
+    }
+    if (!c->run_name[0] || strchr(c->run_name, '/') || strcmp(c->run_name, ".") == 0 ||
+        strcmp(c->run_name, "..") == 0)
+        return mt_set_error(MT_ERR_INVALID, "key 'run_name' = '%s': must be a non-empty name without '/'",
+                            c->run_name);
+    if (!c->model.model_name[0]) return mt_set_error(MT_ERR_INVALID, "key 'model_name' is empty");
+    if (c->adam_b1 >= 1.0) return mt_set_error(MT_ERR_INVALID, "key 'adam_b1' = %g: must be < 1", c->adam_b1);
+    if (c->adam_b2 >= 1.0) return mt_set_error(MT_ERR_INVALID, "key 'adam_b2' = %g: must be < 1", c->adam_b2);
+    if (!(c->adam_eps > 0)) return mt_set_error(MT_ERR_INVALID, "key 'adam_eps' = %g: must be > 0", c->adam_eps);
+    int64_t rows = c->per_device_batch_size * c->max_target_length;
+    if (c->num_vocab_tiling < 1 || c->num_vocab_tiling > rows)
+        return mt_set_error(MT_ERR_INVALID,
+                            "key 'num_vocab_tiling' = %lld: must be between 1 and "
+                            "per_device_batch_size * max_target_length = %lld",
+                            (long long)c->num_vocab_tiling, (long long)rows);
+    MT_TRY(mt_model_config_validate(&c->model));
+    return MT_OK;
+}
+
+/* --------------------------------------------------------------- loading ---- */
+
+static int file_readable(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    fclose(f);
+    return 1;
+}
+
+/* Directory part of path ("." when it has none). */
+static void dir_of(const char *path, char *out, size_t n) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(out, n, ".");
+    else if (slash == path) snprintf(out, n, "/");
+    else snprintf(out, n, "%.*s", (int)(slash - path), path);
+}
+
+/* out = a + b + c; 0 when it does not fit. */
+static int path_cat(char *out, size_t n, const char *a, const char *b, const char *c) {
+    int w = snprintf(out, n, "%s%s%s", a, b, c);
+    return w >= 0 && (size_t)w < n;
+}
+
+static mt_status find_model_file(const char *config_path, const char *model_name, char *out, size_t n) {
+    if (!model_name[0] || strchr(model_name, '/'))
+        return mt_set_error(MT_ERR_INVALID, "key 'model_name' = '%s': must be a name without '/'", model_name);
+    char dirs[4][MT_CONFIG_PATH_MAX];
+    int nd = 0;
+    char cdir[MT_CONFIG_PATH_MAX];
+    if (config_path) {
+        dir_of(config_path, cdir, sizeof cdir);
+        if (path_cat(dirs[nd], MT_CONFIG_PATH_MAX, cdir, "/models", "")) nd++;
+    }
+    const char *env = getenv("MESHTRAIN_CONFIG_DIR");
+    if (env && env[0] && path_cat(dirs[nd], MT_CONFIG_PATH_MAX, env, "/models", "")) nd++;
+    if (config_path && path_cat(dirs[nd], MT_CONFIG_PATH_MAX, cdir, "/configs/models", "")) nd++;
+    if (path_cat(dirs[nd], MT_CONFIG_PATH_MAX, "configs/models", "", "")) nd++;
+    char tried[4 * MT_CONFIG_PATH_MAX + 16] = "";
+    for (int i = 0; i < nd; i++) {
+        if (path_cat(out, n, dirs[i], "/", model_name) && strlen(out) + 5 < n) {
+            strcat(out, ".yml");
+            if (file_readable(out)) return MT_OK;
+        }
+        size_t len = strlen(tried);
+        if (!path_cat(tried + len, sizeof tried - len, i ? ", " : "", dirs[i], "")) break;
+    }
+    return mt_set_error(MT_ERR_INVALID, "model_name '%s': no model file %s.yml in %s", model_name, model_name,
+                        tried);
+}
+
+mt_status mt_train_config_load(mt_train_config *cfg, const char *config_path, int n_overrides,
+                               const char *const *overrides) {
+    cfg_layer lfile = {0}, lcli = {0}, lmodel = {0};
+    mt_status st = MT_OK;
+    if (config_path) st = layer_parse_file(&lfile, config_path);
+    for (int i = 0; st == MT_OK && i < n_overrides; i++) {
+        const char *eq = strchr(overrides[i], '=');
+        if (!eq || eq == overrides[i]) {
+            st = mt_set_error(MT_ERR_INVALID, "command line: '%s' is not key=value", overrides[i]);
+            break;
+        }
+        st = layer_add(&lcli, overrides[i], (size_t)(eq - overrides[i]), eq + 1, "command line");
+    }
+    if (st == MT_OK) st = layer_check_keys(&lfile);
+    if (st == MT_OK) st = layer_check_keys(&lcli);
+
+    /* model_name, then the model file. */
+    mt_train_config_defaults(cfg);
+    const cfg_entry *e;
+    if (st == MT_OK && (e = layer_last(&lfile, "model_name"))) st = mt_train_config_set(cfg, e->key, e->value, e->source);
+    if (st == MT_OK && (e = layer_last(&lcli, "model_name"))) st = mt_train_config_set(cfg, e->key, e->value, e->source);
+    char model_path[MT_CONFIG_PATH_MAX + 80];
+    if (st == MT_OK) st = find_model_file(config_path, cfg->model.model_name, model_path, sizeof model_path);
+    if (st == MT_OK) st = layer_parse_file(&lmodel, model_path);
+    if (st == MT_OK) st = layer_check_keys(&lmodel);
+    if (st == MT_OK && (e = layer_last(&lmodel, "model_name")))
+        st = mt_set_error(MT_ERR_INVALID, "%s: a model file must not set model_name", e->source);
+
+    /* decoder_block: the last layer that sets it decides the model defaults. */
+    const cfg_entry *blk = NULL;
+    if (st == MT_OK) {
+        blk = layer_last(&lcli, "decoder_block");
+        if (!blk) blk = layer_last(&lfile, "decoder_block");
+        if (!blk) blk = layer_last(&lmodel, "decoder_block");
+        if (!blk) st = mt_set_error(MT_ERR_INVALID, "%s: decoder_block is not set", model_path);
+    }
+    if (st == MT_OK) {
+        char name[sizeof cfg->model.model_name];
+        memcpy(name, cfg->model.model_name, sizeof name);
+        st = mt_train_config_set(cfg, blk->key, blk->value, blk->source);
+        if (st == MT_OK) {
+            mt_decoder_block b = cfg->model.decoder_block;
+            mt_model_config_defaults(&cfg->model, b);
+            cfg->model.decoder_block = b;
+            memcpy(cfg->model.model_name, name, sizeof name);
+        }
+    }
+    if (st == MT_OK) st = layer_apply(cfg, &lmodel);
+    if (st == MT_OK) st = layer_apply(cfg, &lfile);
+    if (st == MT_OK) st = layer_apply(cfg, &lcli);
+    if (st == MT_OK) st = mt_train_config_validate(cfg);
+    layer_free(&lfile);
+    layer_free(&lcli);
+    layer_free(&lmodel);
+    return st;
+}

@@ -1,0 +1,97 @@
+/* train/metrics.c: FLOP accounting and metrics.jsonl (see metrics.h). */
+#include "train/metrics.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+double mt_flops_per_token(const mt_model_config *c, int64_t seq) {
+    const double n = (double)mt_model_num_parameters(c);
+    const double n_emb = (double)c->vocab_size * (double)c->emb_dim;
+    const double attn = 12.0 * (double)c->num_decoder_layers * (double)c->num_query_heads *
+                        (double)c->head_dim * (double)seq;
+    return 6.0 * (n - n_emb) + attn;
+}
+
+double mt_backend_peak_flops(const char *backend_name) {
+    if (backend_name && strcmp(backend_name, "cuda") == 0) return 989e12;
+    return 0.0;
+}
+
+double mt_mfu(double flops_per_token, double tokens_per_s, double peak_flops) {
+    if (!(peak_flops > 0.0)) return NAN;
+    return flops_per_token * tokens_per_s / peak_flops;
+}
+
+/* JSON has no NaN/Inf: write null for them. */
+static int put_num(char *buf, size_t n, size_t *used, const char *key, double v) {
+    int w = isfinite(v) ? snprintf(buf + *used, n - *used, ", \"%s\": %.17g", key, v)
+                        : snprintf(buf + *used, n - *used, ", \"%s\": null", key);
+    if (w < 0 || (size_t)w >= n - *used) return -1;
+    *used += (size_t)w;
+    return 0;
+}
+
+int mt_metrics_format_json(const mt_step_metrics *m, char *buf, size_t n) {
+    size_t used = 0;
+    int w = snprintf(buf, n, "{\"step\": %lld", (long long)m->step);
+    if (w < 0 || (size_t)w >= n) return -1;
+    used = (size_t)w;
+    if (m->has_train) {
+        if (put_num(buf, n, &used, "loss", m->loss) || put_num(buf, n, &used, "lr", m->lr) ||
+            put_num(buf, n, &used, "grad_norm", m->grad_norm))
+            return -1;
+        w = snprintf(buf + used, n - used, ", \"tokens\": %lld", (long long)m->tokens);
+        if (w < 0 || (size_t)w >= n - used) return -1;
+        used += (size_t)w;
+        if (put_num(buf, n, &used, "tokens_per_s", m->tokens_per_s) ||
+            put_num(buf, n, &used, "step_ms", m->step_ms) || put_num(buf, n, &used, "mfu", m->mfu))
+            return -1;
+    }
+    if (m->has_eval) {
+        if (put_num(buf, n, &used, "val_loss", m->val_loss)) return -1;
+        w = snprintf(buf + used, n - used, ", \"val_tokens\": %lld", (long long)m->val_tokens);
+        if (w < 0 || (size_t)w >= n - used) return -1;
+        used += (size_t)w;
+    }
+    w = snprintf(buf + used, n - used, "}");
+    if (w < 0 || (size_t)w >= n - used) return -1;
+    return (int)(used + (size_t)w);
+}
+
+struct mt_metrics_writer {
+    FILE *f;
+    char path[1100];
+};
+
+mt_status mt_metrics_open(mt_metrics_writer **out, const char *path, int append) {
+    *out = NULL;
+    mt_metrics_writer *w = calloc(1, sizeof *w);
+    if (!w) return mt_set_error(MT_ERR_OOM, "metrics: out of memory");
+    snprintf(w->path, sizeof w->path, "%s", path);
+    w->f = fopen(path, append ? "ab" : "wb");
+    if (!w->f) {
+        mt_status s = mt_set_error(MT_ERR_IO, "cannot open metrics file '%s': %s", path, strerror(errno));
+        free(w);
+        return s;
+    }
+    *out = w;
+    return MT_OK;
+}
+
+mt_status mt_metrics_write(mt_metrics_writer *w, const mt_step_metrics *m) {
+    char line[1024];
+    if (mt_metrics_format_json(m, line, sizeof line) < 0)
+        return mt_set_error(MT_ERR_RUNTIME, "metrics: line too long");
+    if (fprintf(w->f, "%s\n", line) < 0 || fflush(w->f) != 0)
+        return mt_set_error(MT_ERR_IO, "cannot write metrics file '%s': %s", w->path, strerror(errno));
+    return MT_OK;
+}
+
+void mt_metrics_close(mt_metrics_writer *w) {
+    if (!w) return;
+    if (w->f) fclose(w->f);
+    free(w);
+}

@@ -1,0 +1,75 @@
+/* train/metrics.h: per-step metrics, FLOP accounting and metrics.jsonl.
+ *
+ * metrics.jsonl (DESIGN.md section 6) holds one JSON object per line:
+ *   train step:  {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s",
+ *                 "step_ms", "mfu"}
+ *   evaluation:  "val_loss" and "val_tokens" added to the row of the step it follows;
+ *                the evaluation before training is the row {"step": 0, "val_loss", ...}.
+ * Doubles are printed with %.17g, so a value reads back bitwise (resume checks compare
+ * the text). "mfu" is null when no peak FLOP/s is known for the backend: the CPU
+ * backend prints null (a nominal CPU peak would make the number meaningless across
+ * machines); see mt_backend_peak_flops. */
+#ifndef MT_TRAIN_METRICS_H
+#define MT_TRAIN_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "models/config.h"
+#include "runtime/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mt_step_metrics {
+    int64_t step;         /* optimizer steps done (1-based after a step; 0 before training) */
+    int has_train;        /* the train fields below are set */
+    double loss;          /* token-mean cross-entropy of the step (nats) */
+    double lr;            /* learning rate used by the update */
+    double grad_norm;     /* global gradient norm before clipping */
+    int64_t tokens;       /* labelled tokens in the step (all micro-batches) */
+    double tokens_per_s;  /* tokens / step wall time */
+    double step_ms;       /* step wall time, milliseconds */
+    double mfu;           /* model FLOP utilisation in [0, 1], or NaN when unknown (null) */
+    double eta_s;         /* estimated seconds to the end of the run (console only) */
+    int has_eval;         /* the eval fields below are set */
+    double val_loss;      /* token-mean validation loss */
+    int64_t val_tokens;   /* labelled validation tokens */
+    int64_t total_steps;  /* steps of the run (console only) */
+} mt_step_metrics;
+
+/* Training FLOPs per token (REFERENCE.md "Figures to measure against"; Chinchilla /
+ * PaLM appendix B convention): 6 (N - N_embedding) + 12 L H Dh T, where N is
+ * mt_model_num_parameters, N_embedding = vocab_size * emb_dim (the input embedding
+ * table; an untied lm_head counts as a matmul), L layers, H query heads, Dh head_dim,
+ * T = seq tokens per sequence (causal attention not discounted, sliding windows not
+ * discounted). */
+double mt_flops_per_token(const mt_model_config *c, int64_t seq);
+
+/* Nominal dense peak FLOP/s of one device of a backend ("cuda": 989e12, H100/H200
+ * SXM bf16 dense, REFERENCE.md), or 0 when none is stated ("cpu"). */
+double mt_backend_peak_flops(const char *backend_name);
+
+/* mfu = flops_per_token * tokens_per_s / peak, or NaN when peak <= 0. */
+double mt_mfu(double flops_per_token, double tokens_per_s, double peak_flops);
+
+/* Format one metrics.jsonl line (without the newline) into buf.
+ * Returns the length, or -1 if it did not fit in n bytes. */
+int mt_metrics_format_json(const mt_step_metrics *m, char *buf, size_t n);
+
+typedef struct mt_metrics_writer mt_metrics_writer;
+
+/* Open `path` for writing (truncate) or appending (append != 0). Errors: MT_ERR_IO
+ * naming the path, MT_ERR_OOM. */
+mt_status mt_metrics_open(mt_metrics_writer **out, const char *path, int append);
+
+/* Append one line and flush it. Errors: MT_ERR_IO. */
+mt_status mt_metrics_write(mt_metrics_writer *w, const mt_step_metrics *m);
+
+/* Close; NULL is fine. */
+void mt_metrics_close(mt_metrics_writer *w);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

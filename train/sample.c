@@ -1,0 +1,236 @@
+/* train/sample.c: vocabulary decoding and sampling from a checkpoint (see sample.h). */
+#include "train/sample.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+
+#include "models/checkpoint.h"
+#include "models/model.h"
+#include "runtime/plan.h"
+#include "runtime/rng.h"
+#include "train/trainer.h"
+
+#define MT_SAMPLE_STREAM 0x53414d50u /* "SAMP" */
+
+struct mt_vocab {
+    char **pieces;
+    int64_t n;
+};
+
+void mt_vocab_free(mt_vocab *v) {
+    if (!v) return;
+    for (int64_t i = 0; i < v->n; i++) free(v->pieces[i]);
+    free(v->pieces);
+    free(v);
+}
+
+mt_status mt_vocab_load(mt_vocab **out, const char *path) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return mt_set_error(MT_ERR_IO, "cannot open tokenizer vocab '%s': %s", path, strerror(errno));
+    mt_vocab *v = calloc(1, sizeof *v);
+    if (!v) {
+        fclose(f);
+        return mt_set_error(MT_ERR_OOM, "vocab: out of memory");
+    }
+    int64_t cap = 0;
+    char *line = NULL;
+    size_t lcap = 0;
+    ssize_t len;
+    mt_status st = MT_OK;
+    while ((len = getline(&line, &lcap, f)) >= 0) {
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
+        char *tab = strchr(line, '\t');
+        if (!tab) {
+            st = mt_set_error(MT_ERR_FORMAT, "%s:%lld: expected 'piece<TAB>score'", path, (long long)v->n + 1);
+            break;
+        }
+        *tab = '\0';
+        if (v->n == cap) {
+            cap = cap ? cap * 2 : 1024;
+            char **p = realloc(v->pieces, sizeof(char *) * (size_t)cap);
+            if (!p) {
+                st = mt_set_error(MT_ERR_OOM, "vocab: out of memory");
+                break;
+            }
+            v->pieces = p;
+        }
+        if (!(v->pieces[v->n] = strdup(line))) {
+            st = mt_set_error(MT_ERR_OOM, "vocab: out of memory");
+            break;
+        }
+        v->n++;
+    }
+    free(line);
+    fclose(f);
+    if (st == MT_OK && v->n == 0) st = mt_set_error(MT_ERR_FORMAT, "%s: empty vocabulary", path);
+    if (st != MT_OK) {
+        mt_vocab_free(v);
+        return st;
+    }
+    *out = v;
+    return MT_OK;
+}
+
+int64_t mt_vocab_size(const mt_vocab *v) { return v->n; }
+
+const char *mt_vocab_piece(const mt_vocab *v, int64_t id) { return id >= 0 && id < v->n ? v->pieces[id] : NULL; }
+
+int64_t mt_vocab_find(const mt_vocab *v, const char *piece) {
+    for (int64_t i = 0; i < v->n; i++)
+        if (strcmp(v->pieces[i], piece) == 0) return i;
+    return -1;
+}
+
+static int is_control(const char *p) {
+    return strcmp(p, "<s>") == 0 || strcmp(p, "</s>") == 0 || strcmp(p, "<unk>") == 0 || strcmp(p, "<pad>") == 0;
+}
+
+mt_status mt_vocab_decode(const mt_vocab *v, const int32_t *ids, int64_t n, char **text) {
+    size_t total = 1;
+    for (int64_t i = 0; i < n; i++) {
+        const char *p = mt_vocab_piece(v, ids[i]);
+        if (p) total += strlen(p);
+    }
+    char *s = malloc(total);
+    if (!s) return mt_set_error(MT_ERR_OOM, "vocab: out of memory");
+    size_t k = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const char *p = mt_vocab_piece(v, ids[i]);
+        if (!p || is_control(p)) continue;
+        for (size_t j = 0; p[j];) {
+            /* U+2581 is E2 96 81 in UTF-8. */
+            if ((unsigned char)p[j] == 0xE2 && (unsigned char)p[j + 1] == 0x96 && (unsigned char)p[j + 2] == 0x81) {
+                s[k++] = ' ';
+                j += 3;
+            } else {
+                s[k++] = p[j++];
+            }
+        }
+    }
+    s[k] = '\0';
+    if (s[0] == ' ') memmove(s, s + 1, k); /* SentencePiece's dummy prefix */
+    *text = s;
+    return MT_OK;
+}
+
+/* (logit, id) pairs sorted by logit descending, ties by lower id (for top-k). */
+typedef struct scored { float v; int64_t id; } scored;
+static int by_logit_desc(const void *a, const void *b) {
+    const scored *x = a, *y = b;
+    if (x->v > y->v) return -1;
+    if (x->v < y->v) return 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+int64_t mt_sample_pick(const float *logits, int64_t V, double temperature, int64_t top_k, double u) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < V; i++)
+        if (logits[i] > logits[best]) best = i;
+    if (temperature <= 0.0 || V <= 1 || top_k == 1) return best;
+    scored *c = malloc(sizeof(scored) * (size_t)V);
+    double *p = malloc(sizeof(double) * (size_t)V);
+    if (!c || !p) {
+        free(c);
+        free(p);
+        return best; /* out of memory: degrade to greedy */
+    }
+    for (int64_t i = 0; i < V; i++) c[i].v = logits[i], c[i].id = i;
+    const int64_t k = (top_k > 0 && top_k < V) ? top_k : V;
+    if (k < V) qsort(c, (size_t)V, sizeof(scored), by_logit_desc);
+    const double mx = logits[best];
+    double total = 0.0;
+    for (int64_t r = 0; r < k; r++) {
+        p[r] = exp(((double)c[r].v - mx) / temperature);
+        total += p[r];
+    }
+    const double target = u * total;
+    double cum = 0.0;
+    int64_t pick = c[k - 1].id;
+    for (int64_t r = 0; r < k; r++) {
+        cum += p[r];
+        if (cum > target) {
+            pick = c[r].id;
+            break;
+        }
+    }
+    free(c);
+    free(p);
+    return pick;
+}
+
+void mt_sample_result_free(mt_sample_result *r) {
+    if (!r) return;
+    free(r->ids);
+    free(r->text);
+    memset(r, 0, sizeof *r);
+}
+
+mt_status mt_sample_generate(const mt_train_config *cfg, const char *checkpoint_dir, mt_sample_result *out) {
+    memset(out, 0, sizeof *out);
+    if (!checkpoint_dir || !checkpoint_dir[0])
+        return mt_set_error(MT_ERR_INVALID, "sample: no checkpoint (set load_checkpoint=DIR)");
+    const mt_ops *ops;
+    MT_TRY(mt_trainer_select_backend(cfg, &ops));
+    mt_vocab *vocab = NULL;
+    MT_TRY(mt_vocab_load(&vocab, cfg->tokenizer_path));
+    const int64_t bos = mt_vocab_find(vocab, "<s>"), eos = mt_vocab_find(vocab, "</s>");
+    mt_status st = MT_OK;
+    if (bos < 0) st = mt_set_error(MT_ERR_INVALID, "%s: no '<s>' piece for BOS", cfg->tokenizer_path);
+
+    mt_model_config mc;
+    char path[MT_CONFIG_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/config.json", checkpoint_dir);
+    if (st == MT_OK) st = mt_hf_config_read(path, &mc);
+    if (st == MT_OK) st = mt_model_config_validate(&mc);
+    if (st == MT_OK && bos >= mc.vocab_size)
+        st = mt_set_error(MT_ERR_INVALID, "BOS id %lld is outside the model's vocabulary %lld", (long long)bos,
+                          (long long)mc.vocab_size);
+    const int64_t seq = cfg->sample_length + 1;
+    mt_model *model = NULL;
+    mt_plan *plan = NULL;
+    mt_arena arena;
+    int have_arena = 0;
+    float *logits = NULL;
+    if (st == MT_OK) st = mt_model_create(&model, &mc, ops, 1, seq, 1);
+    if (st == MT_OK) st = mt_plan_new(&plan);
+    if (st == MT_OK) st = mt_model_add_to_plan(model, plan);
+    if (st == MT_OK) st = mt_plan_finalize(plan);
+    if (st == MT_OK) st = mt_arena_create(&arena, plan, ops->alloc, ops->release), have_arena = st == MT_OK;
+    if (st == MT_OK) st = mt_model_bind(model, &arena, plan);
+    if (st == MT_OK) st = mt_checkpoint_load_model(checkpoint_dir, model);
+    if (st == MT_OK) {
+        out->ids = malloc(sizeof(int32_t) * (size_t)seq);
+        logits = malloc(sizeof(float) * (size_t)(seq * mc.vocab_size));
+        if (!out->ids || !logits) st = mt_set_error(MT_ERR_OOM, "sample: out of memory");
+    }
+    if (st == MT_OK) {
+        /* Positions after the prefix hold BOS; causal attention never reads them. */
+        for (int64_t i = 0; i < seq; i++) out->ids[i] = (int32_t)bos;
+        out->n = 1;
+        const int64_t V = mc.vocab_size < mt_vocab_size(vocab) ? mc.vocab_size : mt_vocab_size(vocab);
+        for (int64_t pos = 0; pos + 1 < seq; pos++) {
+            st = mt_model_logits(model, out->ids, logits);
+            if (st != MT_OK) break;
+            uint32_t w[4];
+            mt_rng_u32x4((uint64_t)cfg->seed, MT_SAMPLE_STREAM, (uint64_t)pos, w);
+            const double u = mt_rng_u01(w[0]);
+            const int64_t next = mt_sample_pick(logits + pos * mc.vocab_size, V, cfg->temperature, cfg->top_k, u);
+            if (next == eos) break;
+            out->ids[pos + 1] = (int32_t)next;
+            out->n = pos + 2;
+        }
+    }
+    if (st == MT_OK) st = mt_vocab_decode(vocab, out->ids, out->n, &out->text);
+    free(logits);
+    mt_model_free(model);
+    if (have_arena) mt_arena_destroy(&arena);
+    mt_plan_free(plan);
+    mt_vocab_free(vocab);
+    if (st != MT_OK) mt_sample_result_free(out);
+    return st;
+}

@@ -1,0 +1,66 @@
+/* train/sample.h: SentencePiece vocabulary decoding and text generation from a
+ * checkpoint (`meshtrain sample`).
+ *
+ * Vocabulary: a SentencePiece .vocab file, one "piece<TAB>score" line per id (id =
+ * 0-based line number), as written by spm_train. Decoding concatenates pieces, maps
+ * U+2581 (LOWER ONE EIGHTH BLOCK, SentencePiece's space marker) to ' ', drops the
+ * single leading space SentencePiece's dummy prefix adds, and skips the control
+ * pieces <s>, </s>, <unk> and <pad>.
+ *
+ * Generation: start from BOS (the id whose piece is "<s>"); at each position compute
+ * the logits of the whole prefix (mt_model_logits on a batch-1 model of sample_length
+ * + 1 positions; recomputing the prefix each step is fine for tiny models), then pick
+ * the next token: argmax when temperature == 0, else sample from
+ * softmax(logits / temperature) restricted to the top_k largest logits (top_k 0 = all)
+ * by inverse CDF with a uniform from Philox(seed, stream "SAMP", position). Stops after
+ * sample_length tokens or at EOS ("</s>"). Ids at or above the vocabulary file's size
+ * are never sampled. */
+#ifndef MT_TRAIN_SAMPLE_H
+#define MT_TRAIN_SAMPLE_H
+
+#include <stdint.h>
+#include "runtime/status.h"
+#include "train/config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mt_vocab mt_vocab;
+
+/* Load a .vocab file. Errors: MT_ERR_IO (cannot read, naming the path),
+ * MT_ERR_FORMAT (a line without a TAB, naming the line; an empty file), MT_ERR_OOM. */
+mt_status mt_vocab_load(mt_vocab **out, const char *path);
+void mt_vocab_free(mt_vocab *v);
+
+/* Number of pieces; piece of id (NULL when out of range); id of a piece or -1. */
+int64_t mt_vocab_size(const mt_vocab *v);
+const char *mt_vocab_piece(const mt_vocab *v, int64_t id);
+int64_t mt_vocab_find(const mt_vocab *v, const char *piece);
+
+/* Decode ids[n] to a NUL-terminated UTF-8 string the caller frees (see the header
+ * comment; ids outside the vocabulary are skipped). Errors: MT_ERR_OOM. */
+mt_status mt_vocab_decode(const mt_vocab *v, const int32_t *ids, int64_t n, char **text);
+
+/* Pick the next token from logits[V] (host): argmax when temperature == 0, else a
+ * top_k-restricted softmax sample with uniform u in [0, 1). Only ids < V are
+ * considered. Ties go to the lower id. Pure function of its arguments. */
+int64_t mt_sample_pick(const float *logits, int64_t V, double temperature, int64_t top_k, double u);
+
+typedef struct mt_sample_result {
+    int32_t *ids;  /* generated ids, BOS first (n of them) */
+    int64_t n;
+    char *text;    /* decoded text of ids */
+} mt_sample_result;
+
+/* Load checkpoint_dir (config.json + model.safetensors) and cfg->tokenizer_path,
+ * then generate (header comment) with cfg->sample_length, temperature, top_k, seed
+ * on cfg->backend. Errors: MT_ERR_IO / MT_ERR_FORMAT (checkpoint or vocab files),
+ * MT_ERR_INVALID (the vocab has no "<s>"), MT_ERR_UNSUPPORTED (backend), MT_ERR_OOM. */
+mt_status mt_sample_generate(const mt_train_config *cfg, const char *checkpoint_dir, mt_sample_result *out);
+void mt_sample_result_free(mt_sample_result *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,100 @@
+/* train/trainer.h: the training loop on one device (DESIGN.md section 4).
+ *
+ * A step: zero the gradients; for each of gradient_accumulation_steps micro-batches
+ * read the next batch and run mt_model_forward_backward with dscale = 1 (summed token
+ * losses); divide the gradients by the total labelled-token count (the token-weighted
+ * mean over all micro-batches, MaxText's gradient-accumulation semantics); clip by
+ * the global norm; AdamW with the scheduled learning rate (train/optimizer.h).
+ *
+ * With grad_dtype=bfloat16 the accumulator is bfloat16: each micro-batch's fp32
+ * gradient is added to it in fp32 and rounded once to nearest-even (DESIGN.md
+ * section 2). This accumulator lives in host memory (a staging pair of numel bf16 +
+ * numel fp32 buffers, not in the plan) until the ops table has a bf16 add.
+ *
+ * Outputs under <base_output_directory>/<run_name>/ (DESIGN.md section 6):
+ * metrics.jsonl (train/metrics.h) and checkpoints/step_<N>/ holding model.safetensors
+ * + config.json (mt_checkpoint_save_model, F32) and train_state.safetensors:
+ * "<hf name>.adam_m" and "<hf name>.adam_v" (F32, the parameter's shape) for every
+ * parameter, and __metadata__ {format: "meshtrain-train-state", version: "1", step,
+ * data_shard, data_offset, data_epoch, seed}. A checkpoint is written to
+ * step_<N>.tmp/ and renamed into place, so a crash never leaves a half checkpoint.
+ * There is no other training state: the schedule is a function of the step, the data
+ * position is saved and init/sampling randomness is counter-based (Philox), so a
+ * resumed run reproduces the uninterrupted run's losses bitwise. */
+#ifndef MT_TRAIN_TRAINER_H
+#define MT_TRAIN_TRAINER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "kernels/ops.h"
+#include "models/model.h"
+#include "runtime/plan.h"
+#include "runtime/status.h"
+#include "train/config.h"
+#include "train/metrics.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The op table for cfg->backend: cpu, cuda (MT_ERR_UNSUPPORTED when mt_cuda_ops()
+ * is NULL), auto (cuda when available, else cpu). Also rejects what the chosen
+ * backend cannot compute: dtype or weight_dtype other than float32
+ * (MT_ERR_UNSUPPORTED, the message names the key and the backend). */
+mt_status mt_trainer_select_backend(const mt_train_config *cfg, const mt_ops **ops);
+
+/* The finalised memory plan of a training step for cfg without allocating anything
+ * or opening data: the model's buffers (mt_model_add_to_plan) plus the AdamW moments.
+ * Used by `meshtrain plan`; the caller frees it with mt_plan_free. *num_params (may
+ * be NULL) gets the parameter count. The plan is sized with the CPU op table when
+ * backend=cuda has no device here (the plan does not depend on the backend).
+ * Errors: MT_ERR_INVALID (config), MT_ERR_OOM. */
+mt_status mt_trainer_plan(const mt_train_config *cfg, mt_plan **plan, int64_t *num_params);
+
+typedef struct mt_trainer mt_trainer;
+
+/* Build everything a run needs and check all inputs, without writing anything:
+ * backend, model, plan, arena, the train loader (and the val loader when
+ * eval_interval > 0; token ids must be < vocab_size), then the parameters from
+ * load_checkpoint (parameters, AdamW moments, step, data position), else
+ * load_parameters_path (parameters only), else mt_model_init_params(seed).
+ * Errors: MT_ERR_INVALID / MT_ERR_UNSUPPORTED (config), MT_ERR_IO / MT_ERR_FORMAT
+ * (data or checkpoint files, naming them), MT_ERR_OOM. */
+mt_status mt_trainer_create(mt_trainer **out, const mt_train_config *cfg);
+void mt_trainer_free(mt_trainer *t);
+
+/* Steps done so far (the step a resumed run starts from), the model, the config. */
+int64_t mt_trainer_step_count(const mt_trainer *t);
+mt_model *mt_trainer_model(mt_trainer *t);
+const mt_train_config *mt_trainer_config(const mt_trainer *t);
+const mt_plan *mt_trainer_get_plan(const mt_trainer *t);
+
+/* One optimizer step (see the header comment). Fills m's train fields (step, loss,
+ * lr, grad_norm, tokens, tokens_per_s, step_ms, mfu); has_eval = 0.
+ * Errors: those of the data loader and the model; MT_ERR_RUNTIME when the gradient
+ * norm is not finite (naming the step) or a step has no labelled token. */
+mt_status mt_trainer_step(mt_trainer *t, mt_step_metrics *m);
+
+/* Validation loss: the val loader rewound, eval_steps batches, sum of token losses /
+ * labelled tokens. Errors: MT_ERR_INVALID when the run has no val loader. */
+mt_status mt_trainer_evaluate(mt_trainer *t, double *val_loss, int64_t *val_tokens);
+
+/* Write <run dir>/checkpoints/step_<N>/ for the current step N (replacing an
+ * existing one). path (may be NULL) receives the directory. Errors: MT_ERR_IO, MT_ERR_OOM. */
+mt_status mt_trainer_save_checkpoint(mt_trainer *t, char *path, size_t path_size);
+
+/* Called after every step (and after the evaluation before training) with that
+ * step's metrics row; the CLI prints from it. */
+typedef void (*mt_train_callback)(const mt_step_metrics *m, void *user);
+
+/* The whole run: creates the run directory, opens metrics.jsonl (appending when
+ * resuming, truncating otherwise), evaluates before training (fresh runs), then
+ * steps to cfg->steps, evaluating every eval_interval steps and at the end, writing
+ * one metrics row per step and a checkpoint every checkpoint_period steps and at the
+ * end. Errors: any of the above; MT_ERR_IO for the output directory. */
+mt_status mt_trainer_run(mt_trainer *t, mt_train_callback cb, void *user);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
