@@ -1,0 +1,758 @@
+/* models/checkpoint.c: Hugging Face checkpoints (model.safetensors + config.json).
+ *
+ * config.json fields and their defaults when absent follow the transformers config
+ * classes (LlamaConfig, GemmaConfig, Gemma2Config, Gemma3TextConfig in
+ * configuration_*.py) and modeling_rope_utils.py for rope_scaling / rope_parameters,
+ * so a published config.json that omits a field means what transformers means. */
+#include "models/checkpoint.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "models/safetensors.h"
+
+/* ---------------------------------------------------------------- small helpers */
+
+static char *ck_join(const char *dir, const char *name) {
+    size_t a = strlen(dir), b = strlen(name);
+    char *p = malloc(a + b + 2);
+    if (p) {
+        memcpy(p, dir, a);
+        p[a] = '/';
+        memcpy(p + a + 1, name, b + 1);
+    }
+    return p;
+}
+
+/* mkdir -p */
+static mt_status ck_mkdirs(const char *dir) {
+    char *p = strdup(dir);
+    if (!p) return mt_set_error(MT_ERR_OOM, "%s: out of memory", dir);
+    for (char *q = p + 1;; q++) {
+        if (*q == '/' || *q == '\0') {
+            char c = *q;
+            *q = '\0';
+            if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+                mt_status s = mt_set_error(MT_ERR_IO, "%s: cannot create directory: %s", p, strerror(errno));
+                free(p);
+                return s;
+            }
+            *q = c;
+            if (c == '\0') break;
+        }
+    }
+    free(p);
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return mt_set_error(MT_ERR_IO, "%s: not a directory", dir);
+    return MT_OK;
+}
+
+/* Write text to path atomically: path.tmp, fsync, rename. */
+static mt_status ck_write_text(const char *path, const char *text) {
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 5);
+    if (!tmp) return mt_set_error(MT_ERR_OOM, "%s: out of memory", path);
+    memcpy(tmp, path, plen);
+    memcpy(tmp + plen, ".tmp", 5);
+    mt_status s = MT_OK;
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        s = mt_set_error(MT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+        free(tmp);
+        return s;
+    }
+    size_t n = strlen(text);
+    if (fwrite(text, 1, n, f) != n || fflush(f) != 0 || fsync(fileno(f)) != 0)
+        s = mt_set_error(MT_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
+    if (fclose(f) != 0 && s == MT_OK) s = mt_set_error(MT_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
+    if (s == MT_OK && rename(tmp, path) != 0)
+        s = mt_set_error(MT_ERR_IO, "%s: cannot rename %s over it: %s", path, tmp, strerror(errno));
+    if (s != MT_OK) unlink(tmp);
+    free(tmp);
+    return s;
+}
+
+/* Read a whole (small) text file. */
+static mt_status ck_read_text(const char *path, char **out) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return mt_set_error(MT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (!buf) {
+            fclose(f);
+            return mt_set_error(MT_ERR_OOM, "%s: out of memory", path);
+        }
+        len += fread(buf + len, 1, cap - len - 1, f);
+        if (len < cap - 1) break;
+        if (cap > ((size_t)256 << 20)) {
+            free(buf);
+            fclose(f);
+            return mt_set_error(MT_ERR_FORMAT, "%s: larger than 256 MiB, not a config file", path);
+        }
+        cap *= 2;
+        char *p = realloc(buf, cap);
+        if (!p) free(buf);
+        buf = p;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (err) {
+        free(buf);
+        return mt_set_error(MT_ERR_IO, "%s: read error", path);
+    }
+    buf[len] = '\0';
+    if (strlen(buf) != len) {
+        free(buf);
+        return mt_set_error(MT_ERR_FORMAT, "%s: contains a NUL byte", path);
+    }
+    *out = buf;
+    return MT_OK;
+}
+
+static cJSON *ck_parse_json(const char *path, const char *text, mt_status *s) {
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithOpts(text, &end, 1);
+    if (!j) {
+        *s = mt_set_error(MT_ERR_FORMAT, "%s: invalid JSON near byte %zu", path, end ? (size_t)(end - text) : 0);
+        return NULL;
+    }
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        *s = mt_set_error(MT_ERR_FORMAT, "%s: top level is not a JSON object", path);
+        return NULL;
+    }
+    *s = MT_OK;
+    return j;
+}
+
+static void ck_shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < ndim && k < n; d++) k += (size_t)snprintf(buf + k, n - k, d ? ", %lld" : "%lld", (long long)shape[d]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+}
+
+/* ---------------------------------------------------------------- config.json write */
+
+/* A float as the shortest decimal that reads back as the same float32, as a double
+ * (so cJSON prints "1e-06", not "9.99999997e-07"). */
+static double ck_short(float v) {
+    char b[48];
+    for (int p = 6; p <= 9; p++) {
+        snprintf(b, sizeof b, "%.*g", p, (double)v);
+        if (strtof(b, NULL) == v) break;
+    }
+    return strtod(b, NULL);
+}
+
+static const char *ck_act_name(mt_activation a) {
+    return a == MT_ACT_SILU ? "silu" : "gelu_pytorch_tanh";
+}
+
+static mt_status ck_config_write(const char *path, const mt_model_config *c, const char *torch_dtype) {
+    static const char *const types[] = {"llama", "gemma", "gemma2", "gemma3_text"};
+    static const char *const archs[] = {"LlamaForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
+                                        "Gemma3ForCausalLM"};
+    int b = (int)c->decoder_block;
+    if (b < 0 || b > 3) return mt_set_error(MT_ERR_INVALID, "%s: unknown decoder_block %d", path, b);
+    int gemma = b != MT_DECODER_LLAMA2;
+    int local_attn = b == MT_DECODER_GEMMA2 || b == MT_DECODER_GEMMA3;
+    cJSON *j = cJSON_CreateObject();
+    cJSON *ar = cJSON_AddArrayToObject(j, "architectures");
+    cJSON_AddItemToArray(ar, cJSON_CreateString(archs[b]));
+    cJSON_AddStringToObject(j, "model_type", types[b]);
+    cJSON_AddNumberToObject(j, "vocab_size", (double)c->vocab_size);
+    cJSON_AddNumberToObject(j, "hidden_size", (double)c->emb_dim);
+    cJSON_AddNumberToObject(j, "intermediate_size", (double)c->mlp_dim);
+    cJSON_AddNumberToObject(j, "num_hidden_layers", (double)c->num_decoder_layers);
+    cJSON_AddNumberToObject(j, "num_attention_heads", (double)c->num_query_heads);
+    cJSON_AddNumberToObject(j, "num_key_value_heads", (double)c->num_kv_heads);
+    cJSON_AddNumberToObject(j, "head_dim", (double)c->head_dim);
+    cJSON_AddStringToObject(j, "hidden_act", ck_act_name(c->mlp_activation));
+    if (gemma) cJSON_AddStringToObject(j, "hidden_activation", ck_act_name(c->mlp_activation));
+    cJSON_AddNumberToObject(j, "rms_norm_eps", ck_short(c->normalization_layer_epsilon));
+    cJSON_AddNumberToObject(j, "rope_theta", ck_short(c->rope_max_timescale));
+    if (c->rope_type == MT_ROPE_LLAMA3) {
+        cJSON *r = cJSON_AddObjectToObject(j, "rope_scaling");
+        cJSON_AddStringToObject(r, "rope_type", "llama3");
+        cJSON_AddNumberToObject(r, "factor", ck_short(c->rope_factor));
+        cJSON_AddNumberToObject(r, "low_freq_factor", ck_short(c->rope_low_freq_factor));
+        cJSON_AddNumberToObject(r, "high_freq_factor", ck_short(c->rope_high_freq_factor));
+        cJSON_AddNumberToObject(r, "original_max_position_embeddings", (double)c->rope_original_max_position);
+    } else if (c->rope_type == MT_ROPE_LINEAR) {
+        cJSON *r = cJSON_AddObjectToObject(j, "rope_scaling");
+        cJSON_AddStringToObject(r, "rope_type", "linear");
+        cJSON_AddNumberToObject(r, "factor", ck_short(c->rope_factor));
+    } else {
+        cJSON_AddNullToObject(j, "rope_scaling");
+    }
+    /* Not a field of mt_model_config: the value of the published files (Llama 3.1/3.2
+     * with llama3 scaling and Gemma 3: 131072; Gemma 1/2 and Llama 3: 8192). */
+    double maxpos = c->rope_type == MT_ROPE_LLAMA3 || b == MT_DECODER_GEMMA3 ? 131072.0 : 8192.0;
+    cJSON_AddNumberToObject(j, "max_position_embeddings", maxpos);
+    cJSON_AddBoolToObject(j, "tie_word_embeddings", c->logits_via_embedding != 0);
+    cJSON_AddBoolToObject(j, "attention_bias", 0);
+    if (b == MT_DECODER_LLAMA2) cJSON_AddBoolToObject(j, "mlp_bias", 0);
+    if (local_attn) {
+        cJSON_AddNumberToObject(j, "query_pre_attn_scalar",
+                                c->query_pre_attn_scalar > 0 ? ck_short(c->query_pre_attn_scalar) : (double)c->head_dim);
+        if (c->sliding_window_size > 0) cJSON_AddNumberToObject(j, "sliding_window", (double)c->sliding_window_size);
+        else cJSON_AddNullToObject(j, "sliding_window");
+        if (c->attn_logits_soft_cap > 0) cJSON_AddNumberToObject(j, "attn_logit_softcapping", ck_short(c->attn_logits_soft_cap));
+        else cJSON_AddNullToObject(j, "attn_logit_softcapping");
+        if (c->final_logits_soft_cap > 0) cJSON_AddNumberToObject(j, "final_logit_softcapping", ck_short(c->final_logits_soft_cap));
+        else cJSON_AddNullToObject(j, "final_logit_softcapping");
+        if (b == MT_DECODER_GEMMA3) {
+            cJSON_AddNumberToObject(j, "sliding_window_pattern", (double)c->sliding_window_pattern);
+            cJSON_AddNumberToObject(j, "rope_local_base_freq",
+                                    ck_short(c->local_rope_max_timescale > 0 ? c->local_rope_max_timescale
+                                                                             : c->rope_max_timescale));
+        }
+        cJSON *lt = cJSON_AddArrayToObject(j, "layer_types");
+        for (int64_t l = 0; l < c->num_decoder_layers; l++)
+            cJSON_AddItemToArray(lt, cJSON_CreateString(mt_model_layer_is_local(c, l) ? "sliding_attention"
+                                                                                       : "full_attention"));
+    }
+    if (torch_dtype) cJSON_AddStringToObject(j, "torch_dtype", torch_dtype);
+    char *text = cJSON_Print(j);
+    cJSON_Delete(j);
+    if (!text) return mt_set_error(MT_ERR_OOM, "%s: out of memory", path);
+    size_t n = strlen(text);
+    char *t2 = realloc(text, n + 2);
+    if (!t2) {
+        free(text);
+        return mt_set_error(MT_ERR_OOM, "%s: out of memory", path);
+    }
+    t2[n] = '\n';
+    t2[n + 1] = '\0';
+    mt_status s = ck_write_text(path, t2);
+    free(t2);
+    return s;
+}
+
+mt_status mt_hf_config_write(const char *path, const mt_model_config *c) {
+    return ck_config_write(path, c, NULL);
+}
+
+/* ---------------------------------------------------------------- config.json read */
+
+typedef struct ck_reader {
+    const char *path;
+    const cJSON *obj; /* the text model's object (text_config when nested) */
+    const cJSON *top; /* the file's top level */
+} ck_reader;
+
+/* Look a key up in the text object, then (for nested files) at the top level. */
+static const cJSON *ck_get(const ck_reader *r, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(r->obj, key);
+    if (!v && r->obj != r->top) v = cJSON_GetObjectItemCaseSensitive(r->top, key);
+    return v;
+}
+
+/* Integer >= lo; absent or null -> def. */
+static mt_status ck_int(const ck_reader *r, const cJSON *o, const char *key, int64_t def, int64_t lo, int64_t *out) {
+    const cJSON *v = o ? cJSON_GetObjectItemCaseSensitive(o, key) : ck_get(r, key);
+    if (!v || cJSON_IsNull(v)) {
+        *out = def;
+        return MT_OK;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < (double)lo ||
+        v->valuedouble > 9007199254740992.0)
+        return mt_set_error(MT_ERR_FORMAT, "%s: key \"%s\" must be an integer >= %lld", r->path, key, (long long)lo);
+    *out = (int64_t)v->valuedouble;
+    return MT_OK;
+}
+
+/* Finite float > 0 (or >= 0 when zero_ok); absent -> def; null -> null_val. */
+static mt_status ck_float(const ck_reader *r, const cJSON *o, const char *key, float def, float null_val, int zero_ok,
+                          float *out) {
+    const cJSON *v = o ? cJSON_GetObjectItemCaseSensitive(o, key) : ck_get(r, key);
+    if (!v) {
+        *out = def;
+        return MT_OK;
+    }
+    if (cJSON_IsNull(v)) {
+        *out = null_val;
+        return MT_OK;
+    }
+    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    float f = (float)d;
+    if (!isfinite(f) || f < 0 || (f == 0 && !zero_ok))
+        return mt_set_error(MT_ERR_FORMAT, "%s: key \"%s\" must be a finite number %s", r->path, key,
+                            zero_ok ? ">= 0" : "> 0");
+    *out = f;
+    return MT_OK;
+}
+
+static mt_status ck_bool(const ck_reader *r, const char *key, int def, int *out) {
+    const cJSON *v = ck_get(r, key);
+    if (!v || cJSON_IsNull(v)) {
+        *out = def;
+        return MT_OK;
+    }
+    if (!cJSON_IsBool(v)) return mt_set_error(MT_ERR_FORMAT, "%s: key \"%s\" must be true or false", r->path, key);
+    *out = cJSON_IsTrue(v);
+    return MT_OK;
+}
+
+static mt_status ck_act(const ck_reader *r, const char *key, const char *def, mt_activation *out) {
+    const cJSON *v = ck_get(r, key);
+    const char *s = def;
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsString(v)) return mt_set_error(MT_ERR_FORMAT, "%s: key \"%s\" must be a string", r->path, key);
+        s = v->valuestring;
+    }
+    if (strcmp(s, "silu") == 0 || strcmp(s, "swish") == 0) *out = MT_ACT_SILU;
+    else if (strcmp(s, "gelu_pytorch_tanh") == 0 || strcmp(s, "gelu_new") == 0) *out = MT_ACT_GELU_TANH;
+    else
+        return mt_set_error(MT_ERR_FORMAT,
+                            "%s: key \"%s\" = \"%s\" is not supported (silu, gelu_pytorch_tanh, gelu_new)", r->path,
+                            key, s);
+    return MT_OK;
+}
+
+/* One rope block: {"rope_type"|"type", "factor", ..., ["rope_theta"]} -> global RoPE. */
+static mt_status ck_rope(const ck_reader *r, const cJSON *o, const char *key, int allow_scaling, mt_model_config *c,
+                         float *theta) {
+    if (!cJSON_IsObject(o)) return mt_set_error(MT_ERR_FORMAT, "%s: key \"%s\" must be an object or null", r->path, key);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "rope_type");
+    if (!t) t = cJSON_GetObjectItemCaseSensitive(o, "type");
+    const char *ty = cJSON_IsString(t) ? t->valuestring : (t ? NULL : "default");
+    if (!ty) return mt_set_error(MT_ERR_FORMAT, "%s: key \"%s.rope_type\" must be a string", r->path, key);
+    if (theta) MT_TRY(ck_float(r, o, "rope_theta", *theta, *theta, 0, theta));
+    if (strcmp(ty, "default") == 0) {
+        if (allow_scaling) c->rope_type = MT_ROPE_DEFAULT;
+        return MT_OK;
+    }
+    if (!allow_scaling)
+        return mt_set_error(MT_ERR_FORMAT, "%s: key \"%s\": rope_type \"%s\" is not supported on sliding layers",
+                            r->path, key, ty);
+    if (strcmp(ty, "linear") == 0) {
+        c->rope_type = MT_ROPE_LINEAR;
+        if (!cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(o, "factor")))
+            return mt_set_error(MT_ERR_FORMAT, "%s: key \"%s.factor\" is required for rope_type linear", r->path, key);
+        return ck_float(r, o, "factor", 0, 0, 0, &c->rope_factor);
+    }
+    if (strcmp(ty, "llama3") == 0) {
+        c->rope_type = MT_ROPE_LLAMA3;
+        static const char *const need[] = {"factor", "low_freq_factor", "high_freq_factor",
+                                           "original_max_position_embeddings"};
+        for (int k = 0; k < 4; k++)
+            if (!cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(o, need[k])))
+                return mt_set_error(MT_ERR_FORMAT, "%s: key \"%s.%s\" is required for rope_type llama3", r->path, key,
+                                    need[k]);
+        MT_TRY(ck_float(r, o, "factor", 0, 0, 0, &c->rope_factor));
+        MT_TRY(ck_float(r, o, "low_freq_factor", 0, 0, 0, &c->rope_low_freq_factor));
+        MT_TRY(ck_float(r, o, "high_freq_factor", 0, 0, 0, &c->rope_high_freq_factor));
+        return ck_int(r, o, "original_max_position_embeddings", 0, 1, &c->rope_original_max_position);
+    }
+    return mt_set_error(MT_ERR_FORMAT, "%s: key \"%s\": rope_type \"%s\" is not supported (default, linear, llama3)",
+                        r->path, key, ty);
+}
+
+/* layer_types -> sliding_window_pattern (the last layer of each period is global). */
+static mt_status ck_layer_types(const ck_reader *r, const cJSON *lt, mt_model_config *c) {
+    if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != c->num_decoder_layers)
+        return mt_set_error(MT_ERR_FORMAT, "%s: key \"layer_types\" must be an array of num_hidden_layers = %lld strings",
+                            r->path, (long long)c->num_decoder_layers);
+    int64_t first_full = -1, n = 0, nfull = 0;
+    for (const cJSON *e = lt->child; e; e = e->next, n++) {
+        int full = cJSON_IsString(e) && strcmp(e->valuestring, "full_attention") == 0;
+        int slide = cJSON_IsString(e) && strcmp(e->valuestring, "sliding_attention") == 0;
+        if (!full && !slide)
+            return mt_set_error(MT_ERR_FORMAT, "%s: key \"layer_types[%lld]\" must be \"full_attention\" or "
+                                "\"sliding_attention\"", r->path, (long long)n);
+        if (full && first_full < 0) first_full = n;
+        nfull += full;
+    }
+    if (nfull == n) {
+        c->sliding_window_size = 0; /* every layer global */
+        return MT_OK;
+    }
+    c->sliding_window_pattern = nfull == 0 ? 0 : first_full + 1;
+    if (c->sliding_window_size <= 0)
+        return mt_set_error(MT_ERR_FORMAT, "%s: key \"layer_types\" has sliding layers but \"sliding_window\" is not set",
+                            r->path);
+    n = 0;
+    for (const cJSON *e = lt->child; e; e = e->next, n++) {
+        int slide = strcmp(e->valuestring, "sliding_attention") == 0;
+        if (slide != mt_model_layer_is_local(c, n))
+            return mt_set_error(MT_ERR_FORMAT,
+                                "%s: key \"layer_types\" is not a repeating pattern of sliding layers then one full layer "
+                                "(layer %lld breaks period %lld)",
+                                r->path, (long long)n, (long long)c->sliding_window_pattern);
+    }
+    return MT_OK;
+}
+
+static mt_status ck_config_read(ck_reader *r, mt_model_config *c) {
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(r->top, "text_config");
+    if (tc && !cJSON_IsNull(tc)) {
+        if (!cJSON_IsObject(tc)) return mt_set_error(MT_ERR_FORMAT, "%s: key \"text_config\" must be an object", r->path);
+        r->obj = tc;
+    }
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(r->obj, "model_type");
+    if (!mt && r->obj != r->top) mt = cJSON_GetObjectItemCaseSensitive(r->top, "model_type");
+    if (!cJSON_IsString(mt)) return mt_set_error(MT_ERR_FORMAT, "%s: key \"model_type\" is missing or not a string", r->path);
+    mt_decoder_block b;
+    const char *ty = mt->valuestring;
+    if (strcmp(ty, "llama") == 0) b = MT_DECODER_LLAMA2;
+    else if (strcmp(ty, "gemma") == 0) b = MT_DECODER_GEMMA;
+    else if (strcmp(ty, "gemma2") == 0) b = MT_DECODER_GEMMA2;
+    else if (strcmp(ty, "gemma3_text") == 0 || strcmp(ty, "gemma3") == 0) b = MT_DECODER_GEMMA3;
+    else
+        return mt_set_error(MT_ERR_FORMAT, "%s: key \"model_type\" = \"%s\" is not supported (llama, gemma, gemma2, "
+                            "gemma3_text)", r->path, ty);
+    mt_model_config_defaults(c, b);
+
+    /* transformers' class defaults for absent keys (-1: derived, see below). */
+    static const struct ck_hf_defaults {
+        int64_t vocab, hidden, inter, layers, heads, kv, head_dim;
+        float theta;
+        int tie;
+    } k_defaults[] = {
+        {32000, 4096, 11008, 32, 32, -1, -1, 10000.0f, 0},     /* LlamaConfig */
+        {256000, 3072, 24576, 28, 16, 16, 256, 10000.0f, 1},   /* GemmaConfig */
+        {256000, 2304, 9216, 26, 8, 4, 256, 10000.0f, 1},      /* Gemma2Config */
+        {262208, 2304, 9216, 26, 8, 4, 256, 1000000.0f, 1},    /* Gemma3TextConfig */
+    };
+    const struct ck_hf_defaults d = k_defaults[b];
+    MT_TRY(ck_int(r, NULL, "vocab_size", d.vocab, 1, &c->vocab_size));
+    MT_TRY(ck_int(r, NULL, "hidden_size", d.hidden, 1, &c->emb_dim));
+    MT_TRY(ck_int(r, NULL, "intermediate_size", d.inter, 1, &c->mlp_dim));
+    MT_TRY(ck_int(r, NULL, "num_hidden_layers", d.layers, 1, &c->num_decoder_layers));
+    MT_TRY(ck_int(r, NULL, "num_attention_heads", d.heads, 1, &c->num_query_heads));
+    MT_TRY(ck_int(r, NULL, "num_key_value_heads", d.kv > 0 ? d.kv : c->num_query_heads, 1, &c->num_kv_heads));
+    MT_TRY(ck_int(r, NULL, "head_dim", d.head_dim > 0 ? d.head_dim : c->emb_dim / c->num_query_heads, 1, &c->head_dim));
+    MT_TRY(ck_float(r, NULL, "rms_norm_eps", 1e-6f, -1.0f, 0, &c->normalization_layer_epsilon));
+    if (c->normalization_layer_epsilon <= 0)
+        return mt_set_error(MT_ERR_FORMAT, "%s: key \"rms_norm_eps\" must be a number > 0", r->path);
+    MT_TRY(ck_bool(r, "tie_word_embeddings", d.tie, &c->logits_via_embedding));
+    int bias = 0;
+    MT_TRY(ck_bool(r, "attention_bias", 0, &bias));
+    if (bias) return mt_set_error(MT_ERR_FORMAT, "%s: key \"attention_bias\" = true is not supported", r->path);
+    MT_TRY(ck_bool(r, "mlp_bias", 0, &bias));
+    if (bias) return mt_set_error(MT_ERR_FORMAT, "%s: key \"mlp_bias\" = true is not supported", r->path);
+    /* Gemma's MLP reads hidden_activation (default gelu_pytorch_tanh; HF GemmaMLP
+     * ignores hidden_act); Llama's reads hidden_act. */
+    if (b == MT_DECODER_LLAMA2) MT_TRY(ck_act(r, "hidden_act", "silu", &c->mlp_activation));
+    else MT_TRY(ck_act(r, "hidden_activation", "gelu_pytorch_tanh", &c->mlp_activation));
+
+    /* Attention features by family (HF modeling_*.py). */
+    c->use_qk_norm = b == MT_DECODER_GEMMA3;
+    c->use_post_attn_norm = c->use_post_ffw_norm = b == MT_DECODER_GEMMA2 || b == MT_DECODER_GEMMA3;
+    c->query_pre_attn_scalar = 0;
+    c->attn_logits_soft_cap = c->final_logits_soft_cap = 0;
+    c->sliding_window_size = 0;
+    c->sliding_window_pattern = 0;
+    c->local_rope_max_timescale = 0;
+    if (b == MT_DECODER_GEMMA2 || b == MT_DECODER_GEMMA3) {
+        int g2 = b == MT_DECODER_GEMMA2;
+        MT_TRY(ck_float(r, NULL, "query_pre_attn_scalar", 256.0f, 0.0f, 0, &c->query_pre_attn_scalar));
+        const cJSON *sw = ck_get(r, "sliding_window");
+        if (sw && cJSON_IsNull(sw)) c->sliding_window_size = 0; /* None: no sliding layers */
+        else MT_TRY(ck_int(r, NULL, "sliding_window", 4096, 1, &c->sliding_window_size));
+        MT_TRY(ck_float(r, NULL, "attn_logit_softcapping", g2 ? 50.0f : 0.0f, 0.0f, 1, &c->attn_logits_soft_cap));
+        MT_TRY(ck_float(r, NULL, "final_logit_softcapping", g2 ? 30.0f : 0.0f, 0.0f, 1, &c->final_logits_soft_cap));
+        MT_TRY(ck_int(r, NULL, "sliding_window_pattern", g2 ? 2 : 6, 0, &c->sliding_window_pattern));
+        const cJSON *lt = ck_get(r, "layer_types");
+        if (lt && !cJSON_IsNull(lt)) MT_TRY(ck_layer_types(r, lt, c));
+    }
+
+    /* RoPE: rope_parameters (newer transformers) or rope_theta + rope_scaling. */
+    float theta = d.theta;
+    float local_theta = b == MT_DECODER_GEMMA3 ? 10000.0f : 0.0f;
+    c->rope_type = MT_ROPE_DEFAULT;
+    const cJSON *rp = ck_get(r, "rope_parameters");
+    if (rp && !cJSON_IsNull(rp)) {
+        if (!cJSON_IsObject(rp))
+            return mt_set_error(MT_ERR_FORMAT, "%s: key \"rope_parameters\" must be an object", r->path);
+        MT_TRY(ck_float(r, NULL, "rope_theta", theta, theta, 0, &theta));
+        const cJSON *full = cJSON_GetObjectItemCaseSensitive(rp, "full_attention");
+        const cJSON *slide = cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention");
+        if (full || slide) {
+            if (full) MT_TRY(ck_rope(r, full, "rope_parameters.full_attention", 1, c, &theta));
+            if (b == MT_DECODER_GEMMA3) MT_TRY(ck_float(r, NULL, "rope_local_base_freq", local_theta, local_theta, 0, &local_theta));
+            if (slide) MT_TRY(ck_rope(r, slide, "rope_parameters.sliding_attention", 0, c, &local_theta));
+        } else {
+            MT_TRY(ck_rope(r, rp, "rope_parameters", 1, c, &theta));
+            if (b == MT_DECODER_GEMMA3) MT_TRY(ck_float(r, NULL, "rope_local_base_freq", local_theta, local_theta, 0, &local_theta));
+        }
+    } else {
+        MT_TRY(ck_float(r, NULL, "rope_theta", theta, theta, 0, &theta));
+        const cJSON *rs = ck_get(r, "rope_scaling");
+        if (rs && !cJSON_IsNull(rs)) MT_TRY(ck_rope(r, rs, "rope_scaling", 1, c, NULL));
+        if (b == MT_DECODER_GEMMA3) MT_TRY(ck_float(r, NULL, "rope_local_base_freq", local_theta, local_theta, 0, &local_theta));
+    }
+    c->rope_max_timescale = theta;
+    c->local_rope_max_timescale = local_theta;
+    return MT_OK;
+}
+
+mt_status mt_hf_config_read(const char *path, mt_model_config *c) {
+    char *text = NULL;
+    MT_TRY(ck_read_text(path, &text));
+    mt_status s;
+    cJSON *j = ck_parse_json(path, text, &s);
+    free(text);
+    if (!j) return s;
+    ck_reader r = {path, j, j};
+    mt_model_config tmp;
+    s = ck_config_read(&r, &tmp);
+    cJSON_Delete(j);
+    if (s == MT_OK) *c = tmp;
+    return s;
+}
+
+/* ---------------------------------------------------------------- weights */
+
+typedef struct ck_save_ctx {
+    mt_model *m;
+    const mt_ops *ops;
+    const float *params;
+    mt_dtype dtype;
+    float *scratch; /* float32, largest parameter (BF16 only) */
+} ck_save_ctx;
+
+static mt_status ck_fetch_param(void *vctx, int i, void *dst, size_t bytes) {
+    ck_save_ctx *x = vctx;
+    const mt_param_info *p = mt_model_param(x->m, i);
+    const float *src = x->params + p->offset;
+    if (x->dtype == MT_F32) {
+        x->ops->copy_to_host(dst, src, bytes);
+    } else {
+        x->ops->copy_to_host(x->scratch, src, (size_t)p->numel * sizeof(float));
+        mt_f32_to_bf16_array(dst, x->scratch, (size_t)p->numel);
+    }
+    return MT_OK;
+}
+
+mt_status mt_checkpoint_save_model(const char *dir, mt_model *m, mt_dtype dtype) {
+    if (dtype != MT_F32 && dtype != MT_BF16)
+        return mt_set_error(MT_ERR_INVALID, "%s: checkpoint dtype must be float32 or bfloat16, not %s", dir,
+                            mt_dtype_name(dtype));
+    const mt_ops *ops = mt_model_ops(m);
+    float *params = mt_model_params(m);
+    if (!ops || !params) return mt_set_error(MT_ERR_INVALID, "%s: model parameters are not bound to memory", dir);
+    MT_TRY(ck_mkdirs(dir));
+    int n = mt_model_param_count(m);
+    mt_st_write_tensor *t = calloc(n > 0 ? (size_t)n : 1, sizeof *t);
+    if (!t) return mt_set_error(MT_ERR_OOM, "%s: out of memory", dir);
+    int64_t most = 1;
+    for (int i = 0; i < n; i++) {
+        const mt_param_info *p = mt_model_param(m, i);
+        t[i].name = p->name;
+        t[i].dtype = dtype;
+        t[i].ndim = p->ndim;
+        for (int d = 0; d < p->ndim; d++) t[i].shape[d] = p->shape[d];
+        if (p->numel > most) most = p->numel;
+    }
+    ck_save_ctx x = {m, ops, params, dtype, NULL};
+    mt_status s = MT_OK;
+    if (dtype == MT_BF16 && !(x.scratch = malloc((size_t)most * sizeof(float))))
+        s = mt_set_error(MT_ERR_OOM, "%s: out of memory", dir);
+    char *wpath = ck_join(dir, "model.safetensors"), *cpath = ck_join(dir, "config.json");
+    if (s == MT_OK && (!wpath || !cpath)) s = mt_set_error(MT_ERR_OOM, "%s: out of memory", dir);
+    static const char *const meta[] = {"format", "pt", NULL};
+    if (s == MT_OK) s = mt_safetensors_write_fetch(wpath, t, n, meta, ck_fetch_param, &x);
+    if (s == MT_OK) s = ck_config_write(cpath, mt_model_get_config(m), dtype == MT_BF16 ? "bfloat16" : "float32");
+    free(wpath);
+    free(cpath);
+    free(x.scratch);
+    free(t);
+    return s;
+}
+
+static int ck_ignorable(const char *name, int tied) {
+    size_t n = strlen(name);
+    static const char suf[] = "rotary_emb.inv_freq";
+    if (n >= sizeof suf - 1 && strcmp(name + n - (sizeof suf - 1), suf) == 0) return 1;
+    return tied && strcmp(name, "lm_head.weight") == 0;
+}
+
+/* Where each model parameter lives. */
+typedef struct ck_src {
+    int file; /* -1: not found yet */
+    int index;
+} ck_src;
+
+static mt_status ck_open_files(const char *dir, mt_safetensors ***files_out, int *nfiles_out, cJSON **wmap_out) {
+    *files_out = NULL;
+    *nfiles_out = 0;
+    *wmap_out = NULL;
+    char *ipath = ck_join(dir, "model.safetensors.index.json");
+    if (!ipath) return mt_set_error(MT_ERR_OOM, "%s: out of memory", dir);
+    mt_status s = MT_OK;
+    if (access(ipath, F_OK) != 0) {
+        free(ipath);
+        char *p = ck_join(dir, "model.safetensors");
+        if (!p) return mt_set_error(MT_ERR_OOM, "%s: out of memory", dir);
+        mt_safetensors **files = calloc(1, sizeof *files);
+        if (!files) s = mt_set_error(MT_ERR_OOM, "%s: out of memory", dir);
+        else if (access(p, F_OK) != 0)
+            s = mt_set_error(MT_ERR_IO, "%s: no model.safetensors or model.safetensors.index.json in the checkpoint directory",
+                             dir);
+        else s = mt_safetensors_open(&files[0], p);
+        free(p);
+        if (s != MT_OK) {
+            free(files);
+            return s;
+        }
+        *files_out = files;
+        *nfiles_out = 1;
+        return MT_OK;
+    }
+    char *text = NULL;
+    s = ck_read_text(ipath, &text);
+    cJSON *root = s == MT_OK ? ck_parse_json(ipath, text, &s) : NULL;
+    free(text);
+    if (!root) {
+        free(ipath);
+        return s;
+    }
+    cJSON *wm = cJSON_DetachItemFromObjectCaseSensitive(root, "weight_map");
+    cJSON_Delete(root);
+    if (!cJSON_IsObject(wm)) {
+        cJSON_Delete(wm);
+        s = mt_set_error(MT_ERR_FORMAT, "%s: key \"weight_map\" is missing or not an object", ipath);
+        free(ipath);
+        return s;
+    }
+    /* Distinct shard files, in first-seen order. */
+    int cap = cJSON_GetArraySize(wm) + 1, n = 0;
+    mt_safetensors **files = calloc((size_t)cap, sizeof *files);
+    if (!files) s = mt_set_error(MT_ERR_OOM, "%s: out of memory", dir);
+    for (const cJSON *e = wm->child; e && s == MT_OK; e = e->next) {
+        if (!cJSON_IsString(e) || !*e->valuestring || strchr(e->valuestring, '/') ||
+            strcmp(e->valuestring, "..") == 0 || strcmp(e->valuestring, ".") == 0) {
+            s = mt_set_error(MT_ERR_FORMAT, "%s: weight_map[\"%s\"] must be a file name in the same directory", ipath,
+                             e->string);
+            break;
+        }
+        int seen = 0;
+        for (int k = 0; k < n && !seen; k++) {
+            const char *p = mt_safetensors_path(files[k]);
+            seen = strcmp(p + strlen(dir) + 1, e->valuestring) == 0;
+        }
+        if (seen) continue;
+        char *p = ck_join(dir, e->valuestring);
+        if (!p) s = mt_set_error(MT_ERR_OOM, "%s: out of memory", dir);
+        else s = mt_safetensors_open(&files[n], p);
+        free(p);
+        if (s == MT_OK) n++;
+    }
+    free(ipath);
+    if (s != MT_OK) {
+        for (int k = 0; k < n; k++) mt_safetensors_close(files[k]);
+        free(files);
+        cJSON_Delete(wm);
+        return s;
+    }
+    *files_out = files;
+    *nfiles_out = n;
+    *wmap_out = wm;
+    return MT_OK;
+}
+
+mt_status mt_checkpoint_load_model(const char *dir, mt_model *m) {
+    const mt_ops *ops = mt_model_ops(m);
+    float *params = mt_model_params(m);
+    if (!ops || !params) return mt_set_error(MT_ERR_INVALID, "%s: model parameters are not bound to memory", dir);
+    const mt_model_config *cfg = mt_model_get_config(m);
+    int tied = cfg->logits_via_embedding != 0;
+
+    mt_safetensors **files = NULL;
+    int nfiles = 0;
+    cJSON *wmap = NULL;
+    MT_TRY(ck_open_files(dir, &files, &nfiles, &wmap));
+    int np = mt_model_param_count(m);
+    ck_src *src = malloc((np > 0 ? (size_t)np : 1) * sizeof *src);
+    float *host = NULL;
+    mt_status s = MT_OK;
+    if (!src) s = mt_set_error(MT_ERR_OOM, "%s: out of memory", dir);
+    for (int i = 0; i < np && s == MT_OK; i++) src[i].file = -1;
+
+    /* Every tensor in the files must be a parameter (once) or ignorable. */
+    char unknown[512] = "";
+    int nunknown = 0;
+    for (int f = 0; f < nfiles && s == MT_OK; f++) {
+        const char *fpath = mt_safetensors_path(files[f]);
+        for (int k = 0; k < mt_safetensors_count(files[f]) && s == MT_OK; k++) {
+            const mt_st_tensor *t = mt_safetensors_tensor(files[f], k);
+            int pi = mt_model_param_find(m, t->name);
+            if (pi < 0) {
+                if (ck_ignorable(t->name, tied)) continue;
+                if (nunknown++ < 4) {
+                    size_t u = strlen(unknown);
+                    snprintf(unknown + u, sizeof unknown - u, "%s'%s'", u ? ", " : "", t->name);
+                }
+                continue;
+            }
+            if (src[pi].file >= 0) {
+                s = mt_set_error(MT_ERR_FORMAT, "%s: tensor '%s' is stored twice (also in %s)", fpath, t->name,
+                                 mt_safetensors_path(files[src[pi].file]));
+                break;
+            }
+            if (wmap) {
+                const cJSON *w = cJSON_GetObjectItemCaseSensitive(wmap, t->name);
+                const char *base = fpath + strlen(dir) + 1;
+                if (!cJSON_IsString(w) || strcmp(w->valuestring, base) != 0) {
+                    s = mt_set_error(MT_ERR_FORMAT, "%s: tensor '%s' is in %s but the weight_map says %s", dir, t->name,
+                                     base, cJSON_IsString(w) ? w->valuestring : "nothing");
+                    break;
+                }
+            }
+            src[pi].file = f;
+            src[pi].index = k;
+        }
+    }
+    if (s == MT_OK && nunknown)
+        s = mt_set_error(MT_ERR_FORMAT, "%s: %d tensor(s) the %s model does not have: %s%s", dir, nunknown,
+                         mt_decoder_block_name(cfg->decoder_block), unknown, nunknown > 4 ? ", ..." : "");
+
+    /* Every parameter present with the same shape. */
+    int64_t most = 1;
+    for (int i = 0; i < np && s == MT_OK; i++) {
+        const mt_param_info *p = mt_model_param(m, i);
+        char want[96], got[96];
+        ck_shape_str(want, sizeof want, p->ndim, p->shape);
+        if (src[i].file < 0) {
+            s = mt_set_error(MT_ERR_FORMAT, "%s: tensor '%s' (expected shape %s) is missing from the checkpoint", dir,
+                             p->name, want);
+            break;
+        }
+        const mt_st_tensor *t = mt_safetensors_tensor(files[src[i].file], src[i].index);
+        int same = t->ndim == p->ndim;
+        for (int d = 0; d < p->ndim && same; d++) same = t->shape[d] == p->shape[d];
+        if (!same) {
+            ck_shape_str(got, sizeof got, t->ndim, t->shape);
+            s = mt_set_error(MT_ERR_FORMAT, "%s: tensor '%s' has shape %s, the model expects %s",
+                             mt_safetensors_path(files[src[i].file]), p->name, got, want);
+            break;
+        }
+        if (p->numel > most) most = p->numel;
+    }
+
+    if (s == MT_OK && !(host = malloc((size_t)most * sizeof(float)))) s = mt_set_error(MT_ERR_OOM, "%s: out of memory", dir);
+    for (int i = 0; i < np && s == MT_OK; i++) {
+        const mt_param_info *p = mt_model_param(m, i);
+        s = mt_safetensors_read_f32(files[src[i].file], src[i].index, host, p->numel);
+        if (s == MT_OK) ops->copy_to_device(params + p->offset, host, (size_t)p->numel * sizeof(float));
+    }
+    if (s == MT_OK) ops->sync();
+    free(host);
+    free(src);
+    for (int f = 0; f < nfiles; f++) mt_safetensors_close(files[f]);
+    free(files);
+    cJSON_Delete(wmap);
+    return s;
+}
