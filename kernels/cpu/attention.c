@@ -1,0 +1,590 @@
+/* kernels/cpu/attention.c: block-wise causal attention with an online softmax
+ * (Dao, "FlashAttention-2", 2023, algorithms 1 and 2) for one CPU.
+ *
+ * Why this shape:
+ * - Queries are cut into blocks of BQ rows and keys into blocks of MT_ATT_BK; a thread
+ *   holds one query block, one key block and BQ x BK scores in scratch (a few hundred
+ *   KiB at head_dim 256, sized to stay in L2). No [Tq, Tk] matrix ever exists.
+ * - Every block product is one small routine, att_mm, whose vectors run along
+ *   contiguous rows (keys are transposed into Kt[Dh][BK] on load) with a 4 x 8 block of
+ *   the output held in registers, so no horizontal reductions are needed; exp/tanh come
+ *   from vmath.h so the softmax loops vectorise too. CBLAS is not used: OpenBLAS's
+ *   thread pool must not be entered from inside an OpenMP region, and these products
+ *   are too small for it anyway.
+ * - The scale is folded into the query copy, so the kernels see s = (scale q) . k.
+ * - A (query block, key block) pair whose position ranges make every entry masked is
+ *   skipped; one where every entry is allowed skips the per-element mask test.
+ * Forward: one task per (batch, head, query block), each writing disjoint rows of out
+ * and lse, so it is deterministic under any schedule.
+ * Backward: dq sums over key blocks and dk/dv sum over query blocks and over the G = H /
+ * Hkv query heads sharing a kv head; without atomics each sum needs one owner that adds
+ * in a fixed order. Two schedules give bitwise the same result:
+ *   by_kv:  one task per (batch, kv head) walks key blocks, then the group's heads, then
+ *           query blocks, owning dk/dv of its key block and dq of its heads (no
+ *           recomputation, but only B * Hkv tasks);
+ *   split:  tasks per (batch, kv head, key block) compute dk/dv, then tasks per (batch,
+ *           head, query block) compute dq, recomputing scores (about 7/5 the work, but
+ *           plenty of tasks).
+ * by_kv is used when B * Hkv covers the threads. Both add the same products in the same
+ * order (dq over increasing key blocks; dk/dv over heads of the group, then increasing
+ * query blocks), so the choice, and hence the thread count, never changes a bit. */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/vmath.h"
+
+#define MT_ATT_BK 64 /* keys per block: the length of every vectorised score row */
+
+/* Query rows per block: smaller at large head_dim so the scratch stays in L2. */
+static int64_t att_bq(int64_t Dh) { return Dh <= 128 ? 64 : 32; }
+
+typedef struct att_geom {
+    int64_t B, Tq, Tk, H, Hkv, Dh, G;
+    int64_t q_rs, k_rs; /* row strides: H * Dh for q/out/dq, Hkv * Dh for k/v/dk/dv */
+    int64_t bq, nqb, nkb;
+    float scale, softcap;
+    int64_t window;
+    const int32_t *q_pos, *k_pos;
+} att_geom;
+
+static att_geom att_geom_make(const mt_attn_args *a) {
+    att_geom g;
+    g.B = a->B;
+    g.Tq = a->Tq;
+    g.Tk = a->Tk;
+    g.H = a->H;
+    g.Hkv = a->Hkv;
+    g.Dh = a->Dh;
+    g.G = a->H / a->Hkv;
+    g.q_rs = a->H * a->Dh;
+    g.k_rs = a->Hkv * a->Dh;
+    g.bq = att_bq(a->Dh);
+    g.nqb = (a->Tq + g.bq - 1) / g.bq;
+    g.nkb = (a->Tk + MT_ATT_BK - 1) / MT_ATT_BK;
+    g.scale = a->scale;
+    g.softcap = a->softcap;
+    g.window = a->window;
+    g.q_pos = a->q_pos;
+    g.k_pos = a->k_pos;
+    return g;
+}
+
+static inline int64_t att_qpos(const att_geom *g, int64_t i) {
+    return g->q_pos ? (int64_t)g->q_pos[i] : i;
+}
+static inline int64_t att_kpos(const att_geom *g, int64_t j) {
+    return g->k_pos ? (int64_t)g->k_pos[j] : j;
+}
+static inline int att_allowed(const att_geom *g, int64_t qp, int64_t kp) {
+    const int64_t d = qp - kp;
+    return d >= 0 && (g->window <= 0 || d < g->window);
+}
+
+enum { ATT_SKIP = 0, ATT_PARTIAL = 1, ATT_FULL = 2 };
+
+/* Whether the pair (query rows [i0, i0+nq), key rows [j0, j0+nk)) is entirely masked,
+ * entirely allowed, or mixed, judged from the position ranges (positions need not be
+ * sorted: context parallelism passes two chunks). */
+static int att_pair_kind(const att_geom *g, int64_t i0, int64_t nq, int64_t j0, int64_t nk) {
+    int64_t qmin = INT64_MAX, qmax = INT64_MIN, kmin = INT64_MAX, kmax = INT64_MIN;
+    for (int64_t i = i0; i < i0 + nq; i++) {
+        const int64_t p = att_qpos(g, i);
+        qmin = p < qmin ? p : qmin;
+        qmax = p > qmax ? p : qmax;
+    }
+    for (int64_t j = j0; j < j0 + nk; j++) {
+        const int64_t p = att_kpos(g, j);
+        kmin = p < kmin ? p : kmin;
+        kmax = p > kmax ? p : kmax;
+    }
+    if (qmax < kmin || (g->window > 0 && qmin - kmax >= g->window)) return ATT_SKIP;
+    if (qmin >= kmax && (g->window <= 0 || qmax - kmin < g->window)) return ATT_FULL;
+    return ATT_PARTIAL;
+}
+
+/* ---- block kernels (rows of S and P have MT_ATT_BK entries) ---- */
+
+/* C[m, n] += sum_{k < K} A[m rs_a + k cs_a] B[k ldb + n] for m < M, n < N: the one
+ * product every step of the algorithm is made of (strided A gives the transposed
+ * products for dk and dv). Each C element is summed in increasing k on top of its old
+ * value, whichever path below handles it, so the result is fixed by the shapes.
+ * The main path keeps a 4 x 8 block of C in registers (GCC/Clang vector extensions; a
+ * plain loop re-loads and re-stores C for every k and runs at about half the speed). */
+#if defined(__GNUC__)
+typedef float att_v4 __attribute__((vector_size(16)));
+static inline att_v4 att_ld(const float *p) {
+    att_v4 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void att_st(float *p, att_v4 v) { memcpy(p, &v, sizeof v); }
+#endif
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+/* An AVX2 clone, chosen at load time where the CPU has it, broadcasts A from memory
+ * (vbroadcastss) instead of shuffling it; the vectors stay 4 wide and products and sums
+ * stay unfused, so both clones compute bitwise the same values (~1.3x faster on Zen). */
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void att_mm(float *restrict C, int64_t ldc, const float *restrict A, int64_t rs_a,
+                   int64_t cs_a, const float *restrict B, int64_t ldb, int64_t M, int64_t N,
+                   int64_t K) {
+    int64_t m = 0;
+#if defined(__GNUC__)
+    const int64_t N8 = N / 8 * 8;
+    for (; m + 4 <= M; m += 4) {
+        float *restrict c0 = C + m * ldc, *restrict c1 = c0 + ldc, *restrict c2 = c1 + ldc,
+                        *restrict c3 = c2 + ldc;
+        const float *restrict a = A + m * rs_a;
+        for (int64_t n = 0; n < N8; n += 8) {
+            att_v4 x00 = att_ld(c0 + n), x01 = att_ld(c0 + n + 4);
+            att_v4 x10 = att_ld(c1 + n), x11 = att_ld(c1 + n + 4);
+            att_v4 x20 = att_ld(c2 + n), x21 = att_ld(c2 + n + 4);
+            att_v4 x30 = att_ld(c3 + n), x31 = att_ld(c3 + n + 4);
+            for (int64_t k = 0; k < K; k++) {
+                const att_v4 b0 = att_ld(B + k * ldb + n), b1 = att_ld(B + k * ldb + n + 4);
+                const float a0 = a[k * cs_a], a1 = a[rs_a + k * cs_a],
+                            a2 = a[2 * rs_a + k * cs_a], a3 = a[3 * rs_a + k * cs_a];
+                x00 += a0 * b0;
+                x01 += a0 * b1;
+                x10 += a1 * b0;
+                x11 += a1 * b1;
+                x20 += a2 * b0;
+                x21 += a2 * b1;
+                x30 += a3 * b0;
+                x31 += a3 * b1;
+            }
+            att_st(c0 + n, x00);
+            att_st(c0 + n + 4, x01);
+            att_st(c1 + n, x10);
+            att_st(c1 + n + 4, x11);
+            att_st(c2 + n, x20);
+            att_st(c2 + n + 4, x21);
+            att_st(c3 + n, x30);
+            att_st(c3 + n + 4, x31);
+        }
+        for (int64_t r = 0; r < 4; r++) /* columns N8..N-1 */
+            for (int64_t k = 0; k < K; k++) {
+                const float ak = a[r * rs_a + k * cs_a];
+                for (int64_t n = N8; n < N; n++) C[(m + r) * ldc + n] += ak * B[k * ldb + n];
+            }
+    }
+#endif
+    for (; m < M; m++) { /* remaining rows: k outer, n inner */
+        float *restrict c = C + m * ldc;
+        for (int64_t k = 0; k < K; k++) {
+            const float ak = A[m * rs_a + k * cs_a];
+            const float *restrict b = B + k * ldb;
+#pragma omp simd
+            for (int64_t n = 0; n < N; n++) c[n] += ak * b[n];
+        }
+    }
+}
+
+/* S[i, j] = sum_d A[i, d] Bt[d, j] for i < nq and all MT_ATT_BK columns. */
+static void att_scores(float *restrict S, const float *restrict A, const float *restrict Bt,
+                       int64_t nq, int64_t Dh) {
+    memset(S, 0, (size_t)(nq * MT_ATT_BK) * sizeof(float));
+    att_mm(S, MT_ATT_BK, A, Dh, 1, Bt, MT_ATT_BK, nq, MT_ATT_BK, Dh);
+}
+
+/* Soft-cap and mask the scores in place: columns >= nk and disallowed pairs get -inf. */
+static void att_cap_mask(const att_geom *g, float *restrict S, int64_t i0, int64_t nq,
+                         int64_t j0, int64_t nk, int kind) {
+    const float cap = g->softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
+    for (int64_t i = 0; i < nq; i++) {
+        float *restrict s = S + i * MT_ATT_BK;
+        if (cap > 0.0f) {
+#pragma omp simd
+            for (int64_t j = 0; j < MT_ATT_BK; j++) s[j] = cap * mt_vtanhf(s[j] * inv_cap);
+        }
+        if (kind == ATT_PARTIAL) {
+            const int64_t qp = att_qpos(g, i0 + i);
+            for (int64_t j = 0; j < nk; j++)
+                if (!att_allowed(g, qp, att_kpos(g, j0 + j))) s[j] = -INFINITY;
+        }
+        for (int64_t j = nk; j < MT_ATT_BK; j++) s[j] = -INFINITY;
+    }
+}
+
+/* O[i, :] += sum_{j < nk} P[i, j] X[j, :], rows of O strided by o_rs. */
+static void att_acc_rows(float *restrict O, int64_t o_rs, const float *restrict P,
+                         const float *restrict X, int64_t nq, int64_t nk, int64_t Dh) {
+    att_mm(O, o_rs, P, MT_ATT_BK, 1, X, Dh, nq, Dh, nk);
+}
+
+/* Acc[j, :] += sum_{i < nq} P[i, j] X[i, :] (the transposed product, for dk and dv). */
+static void att_acc_cols(float *restrict Acc, const float *restrict P, const float *restrict X,
+                         int64_t nq, int64_t nk, int64_t Dh) {
+    att_mm(Acc, Dh, P, 1, MT_ATT_BK, X, Dh, nk, Dh, nq);
+}
+
+/* Copy key rows [j0, j0+nk) of head hk: transposed into Xt[Dh][BK] (zero-padded to
+ * BK columns) when Xt is non-NULL, row-major into X[nk][Dh] when X is non-NULL. */
+static void att_load_keys(const att_geom *g, float *restrict Xt, float *restrict X,
+                          const float *src, int64_t b, int64_t hk, int64_t j0, int64_t nk) {
+    const int64_t Dh = g->Dh;
+    for (int64_t j = 0; j < nk; j++) {
+        const float *restrict s = src + ((b * g->Tk + j0 + j) * g->Hkv + hk) * Dh;
+        if (X) memcpy(X + j * Dh, s, (size_t)Dh * sizeof(float));
+        if (Xt)
+            for (int64_t d = 0; d < Dh; d++) Xt[d * MT_ATT_BK + j] = s[d];
+    }
+    if (Xt)
+        for (int64_t d = 0; d < Dh; d++)
+            for (int64_t j = nk; j < MT_ATT_BK; j++) Xt[d * MT_ATT_BK + j] = 0.0f;
+}
+
+/* Fill n floats with NaN: the visible result of a failed scratch allocation (the op has
+ * no status to return; a NaN loss is caught by the trainer). */
+static void att_fill_nan(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = NAN;
+}
+
+/* ---- forward ---- */
+
+typedef struct att_fwd_scratch {
+    float *Qs, *Kt, *Vb, *S, *O, *m, *l;
+} att_fwd_scratch;
+
+static float *att_scratch_alloc(size_t floats) {
+    size_t bytes = (floats * sizeof(float) + 255) / 256 * 256;
+    return aligned_alloc(256, bytes);
+}
+
+static void att_fwd_task(const att_geom *g, const att_fwd_scratch *sc, int64_t b, int64_t h,
+                         int64_t qb, float *out, float *lse, const float *q, const float *k,
+                         const float *v) {
+    const int64_t Dh = g->Dh, i0 = qb * g->bq;
+    const int64_t nq = g->Tq - i0 < g->bq ? g->Tq - i0 : g->bq;
+    const int64_t hk = h / g->G;
+    float *restrict Qs = sc->Qs, *restrict O = sc->O, *restrict m = sc->m, *restrict l = sc->l;
+    float *restrict S = sc->S;
+
+    for (int64_t i = 0; i < nq; i++) {
+        const float *restrict src = q + (b * g->Tq + i0 + i) * g->q_rs + h * Dh;
+        for (int64_t d = 0; d < Dh; d++) Qs[i * Dh + d] = g->scale * src[d];
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+    }
+    memset(O, 0, (size_t)(nq * Dh) * sizeof(float));
+
+    for (int64_t kb = 0; kb < g->nkb; kb++) {
+        const int64_t j0 = kb * MT_ATT_BK;
+        const int64_t nk = g->Tk - j0 < MT_ATT_BK ? g->Tk - j0 : MT_ATT_BK;
+        const int kind = att_pair_kind(g, i0, nq, j0, nk);
+        if (kind == ATT_SKIP) continue;
+        att_load_keys(g, sc->Kt, NULL, k, b, hk, j0, nk);
+        att_load_keys(g, NULL, sc->Vb, v, b, hk, j0, nk);
+        att_scores(S, Qs, sc->Kt, nq, Dh);
+        att_cap_mask(g, S, i0, nq, j0, nk, kind);
+        for (int64_t i = 0; i < nq; i++) {
+            float *restrict s = S + i * MT_ATT_BK;
+            float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+            for (int64_t j = 0; j < MT_ATT_BK; j++) mx = s[j] > mx ? s[j] : mx;
+            const float mnew = m[i] > mx ? m[i] : mx;
+            if (mnew == -INFINITY) { /* nothing allowed yet in this row */
+                for (int64_t j = 0; j < MT_ATT_BK; j++) s[j] = 0.0f;
+                continue;
+            }
+            float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t j = 0; j < MT_ATT_BK; j++) {
+                const float p = mt_vexpf(s[j] - mnew);
+                s[j] = p;
+                sum += p;
+            }
+            const float alpha = mt_vexpf(m[i] - mnew);
+            l[i] = l[i] * alpha + sum;
+            m[i] = mnew;
+            if (alpha != 1.0f) {
+                float *restrict o = O + i * Dh;
+#pragma omp simd
+                for (int64_t d = 0; d < Dh; d++) o[d] *= alpha;
+            }
+        }
+        att_acc_rows(O, Dh, S, sc->Vb, nq, nk, Dh);
+    }
+
+    for (int64_t i = 0; i < nq; i++) {
+        float *restrict o = out + (b * g->Tq + i0 + i) * g->q_rs + h * Dh;
+        float *L = lse + (b * g->H + h) * g->Tq + i0 + i;
+        if (l[i] == 0.0f) {
+            for (int64_t d = 0; d < Dh; d++) o[d] = 0.0f;
+            *L = -INFINITY;
+        } else {
+            const float inv = 1.0f / l[i];
+            for (int64_t d = 0; d < Dh; d++) o[d] = O[i * Dh + d] * inv;
+            *L = m[i] + logf(l[i]);
+        }
+    }
+}
+
+void mt_cpu_attention_fwd(const mt_attn_args *a, float *out, float *lse, const float *q,
+                          const float *k, const float *v) {
+    const att_geom g = att_geom_make(a);
+    if (g.B <= 0 || g.Tq <= 0 || g.H <= 0) return;
+    const int64_t ntask = g.B * g.H * g.nqb;
+    const size_t per = (size_t)(g.bq * g.Dh * 2 + g.Dh * MT_ATT_BK * 2 + g.bq * MT_ATT_BK +
+                                g.bq * 2 + 64);
+    int failed = 0;
+#pragma omp parallel
+    {
+        float *buf = att_scratch_alloc(per);
+        if (!buf) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        att_fwd_scratch sc = {0};
+        if (buf) {
+            sc.Qs = buf;
+            sc.O = sc.Qs + g.bq * g.Dh;
+            sc.Kt = sc.O + g.bq * g.Dh;
+            sc.Vb = sc.Kt + g.Dh * MT_ATT_BK;
+            sc.S = sc.Vb + g.Dh * MT_ATT_BK;
+            sc.m = sc.S + g.bq * MT_ATT_BK;
+            sc.l = sc.m + g.bq;
+        }
+        /* Later query blocks see more keys under a causal mask: hand them out first. */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < ntask; t++) {
+            if (!buf) continue;
+            const int64_t qb = g.nqb - 1 - t % g.nqb, bh = t / g.nqb;
+            att_fwd_task(&g, &sc, bh / g.H, bh % g.H, qb, out, lse, q, k, v);
+        }
+        free(buf);
+    }
+    if (failed) {
+        att_fill_nan(out, g.B * g.Tq * g.q_rs);
+        att_fill_nan(lse, g.B * g.H * g.Tq);
+    }
+}
+
+/* ---- backward ---- */
+
+typedef struct att_bwd_scratch {
+    float *Qs, *dO, *dQ, *lse, *Di; /* query block: scaled q, dout, dq accumulator */
+    float *Kt, *Kb, *Vt, *dK, *dV;  /* key block */
+    float *S, *P, *dS;              /* [bq][BK] */
+} att_bwd_scratch;
+
+static size_t att_bwd_floats(const att_geom *g) {
+    return (size_t)(g->bq * g->Dh * 3 + g->bq * 2 + g->Dh * MT_ATT_BK * 5 +
+                    g->bq * MT_ATT_BK * 3 + 64);
+}
+
+static void att_bwd_carve(const att_geom *g, float *buf, att_bwd_scratch *sc) {
+    const int64_t qd = g->bq * g->Dh, kd = g->Dh * MT_ATT_BK, ss = g->bq * MT_ATT_BK;
+    sc->Qs = buf;
+    sc->dO = sc->Qs + qd;
+    sc->dQ = sc->dO + qd;
+    sc->Kt = sc->dQ + qd;
+    sc->Kb = sc->Kt + kd;
+    sc->Vt = sc->Kb + kd;
+    sc->dK = sc->Vt + kd;
+    sc->dV = sc->dK + kd;
+    sc->S = sc->dV + kd;
+    sc->P = sc->S + ss;
+    sc->dS = sc->P + ss;
+    sc->lse = sc->dS + ss;
+    sc->Di = sc->lse + g->bq;
+}
+
+/* Load query block qb of head h: scaled q, dout, lse and D_i = <dout_i, out_i>. */
+static void att_bwd_load_q(const att_geom *g, const att_bwd_scratch *sc, int64_t b, int64_t h,
+                           int64_t i0, int64_t nq, const float *q, const float *dout,
+                           const float *out, const float *lse) {
+    const int64_t Dh = g->Dh;
+    for (int64_t i = 0; i < nq; i++) {
+        const int64_t off = (b * g->Tq + i0 + i) * g->q_rs + h * Dh;
+        const float *restrict qs = q + off, *restrict dos = dout + off, *restrict os = out + off;
+        float *restrict Qs = sc->Qs + i * Dh, *restrict dO = sc->dO + i * Dh;
+        float di = 0.0f;
+#pragma omp simd reduction(+ : di)
+        for (int64_t d = 0; d < Dh; d++) {
+            Qs[d] = g->scale * qs[d];
+            dO[d] = dos[d];
+            di += dos[d] * os[d];
+        }
+        sc->Di[i] = di;
+        sc->lse[i] = lse[(b * g->H + h) * g->Tq + i0 + i];
+    }
+}
+
+/* Load key block [j0, j0+nk) of kv head hk: Kt and Vt transposed, Kb row-major. */
+static void att_bwd_load_kv(const att_geom *g, const att_bwd_scratch *sc, int64_t b,
+                            int64_t hk, int64_t j0, int64_t nk, const float *k,
+                            const float *v) {
+    att_load_keys(g, sc->Kt, sc->Kb, k, b, hk, j0, nk);
+    att_load_keys(g, sc->Vt, NULL, v, b, hk, j0, nk);
+}
+
+/* One (query block, key block) pair of algorithm 2: recompute P = exp(s - lse), then
+ * dV += P^T dO and dK += dS^T (scale q) into the key-block accumulators when dkv is set,
+ * and dq[i, :] += dS K (unscaled; rows strided by dq_rs) when dq is non-NULL, where
+ * dS = P (dP - D_i) times the soft-cap derivative 1 - (s_capped / cap)^2. */
+static void att_bwd_pair(const att_geom *g, const att_bwd_scratch *sc, int64_t i0, int64_t nq,
+                         int64_t j0, int64_t nk, int kind, int dkv, float *dq, int64_t dq_rs) {
+    const int64_t Dh = g->Dh;
+    float *restrict S = sc->S, *restrict P = sc->P, *restrict dS = sc->dS;
+    att_scores(S, sc->Qs, sc->Kt, nq, Dh);
+    att_cap_mask(g, S, i0, nq, j0, nk, kind);
+    for (int64_t i = 0; i < nq; i++) {
+        const float L = sc->lse[i];
+        float *restrict p = P + i * MT_ATT_BK;
+        const float *restrict s = S + i * MT_ATT_BK;
+        if (L == -INFINITY) { /* a row with no allowed key has zero gradient */
+            for (int64_t j = 0; j < MT_ATT_BK; j++) p[j] = 0.0f;
+            continue;
+        }
+#pragma omp simd
+        for (int64_t j = 0; j < MT_ATT_BK; j++) p[j] = mt_vexpf(s[j] - L);
+    }
+    if (dkv) att_acc_cols(sc->dV, P, sc->dO, nq, nk, Dh);
+    att_scores(dS, sc->dO, sc->Vt, nq, Dh); /* dP */
+    const float cap = g->softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
+    for (int64_t i = 0; i < nq; i++) {
+        float *restrict ds = dS + i * MT_ATT_BK;
+        const float *restrict p = P + i * MT_ATT_BK, *restrict s = S + i * MT_ATT_BK;
+        const float di = sc->Di[i];
+        if (cap > 0.0f) {
+#pragma omp simd
+            for (int64_t j = 0; j < MT_ATT_BK; j++) {
+                /* masked entries have s = -inf and p = 0: th = 0 keeps ds at 0 (a bit
+                 * mask, not ?:, so the loop still vectorises; see vmath.h) */
+                const float th = mt_vfloat(mt_vbits(s[j] * inv_cap) & mt_vmask(p[j] != 0.0f));
+                ds[j] = p[j] * (ds[j] - di) * (1.0f - th * th);
+            }
+        } else {
+#pragma omp simd
+            for (int64_t j = 0; j < MT_ATT_BK; j++) ds[j] = p[j] * (ds[j] - di);
+        }
+    }
+    if (dq) att_acc_rows(dq, dq_rs, dS, sc->Kb, nq, nk, Dh);
+    if (dkv) att_acc_cols(sc->dK, dS, sc->Qs, nq, nk, Dh);
+}
+
+/* Store key-block accumulators into dk/dv rows [j0, j0+nk) of kv head hk. */
+static void att_bwd_store_kv(const att_geom *g, const att_bwd_scratch *sc, float *dk, float *dv,
+                             int64_t b, int64_t hk, int64_t j0, int64_t nk) {
+    for (int64_t j = 0; j < nk; j++) {
+        const int64_t off = (b * g->Tk + j0 + j) * g->k_rs + hk * g->Dh;
+        memcpy(dk + off, sc->dK + j * g->Dh, (size_t)g->Dh * sizeof(float));
+        memcpy(dv + off, sc->dV + j * g->Dh, (size_t)g->Dh * sizeof(float));
+    }
+}
+
+typedef struct att_bwd_io {
+    float *dq, *dk, *dv;
+    const float *dout, *q, *k, *v, *out, *lse;
+} att_bwd_io;
+
+/* dk/dv of key block kb of (b, hk): sum over the group's heads, then query blocks. With
+ * dq_direct set, also add this key block's dq terms straight into io->dq (by_kv). */
+static void att_bwd_key_block(const att_geom *g, const att_bwd_scratch *sc,
+                              const att_bwd_io *io, int64_t b, int64_t hk, int64_t kb,
+                              int dq_direct) {
+    const int64_t j0 = kb * MT_ATT_BK;
+    const int64_t nk = g->Tk - j0 < MT_ATT_BK ? g->Tk - j0 : MT_ATT_BK;
+    att_bwd_load_kv(g, sc, b, hk, j0, nk, io->k, io->v);
+    memset(sc->dK, 0, (size_t)(nk * g->Dh) * sizeof(float));
+    memset(sc->dV, 0, (size_t)(nk * g->Dh) * sizeof(float));
+    for (int64_t hh = 0; hh < g->G; hh++) {
+        const int64_t h = hk * g->G + hh;
+        for (int64_t qb = 0; qb < g->nqb; qb++) {
+            const int64_t i0 = qb * g->bq;
+            const int64_t nq = g->Tq - i0 < g->bq ? g->Tq - i0 : g->bq;
+            const int kind = att_pair_kind(g, i0, nq, j0, nk);
+            if (kind == ATT_SKIP) continue;
+            att_bwd_load_q(g, sc, b, h, i0, nq, io->q, io->dout, io->out, io->lse);
+            float *dq = dq_direct ? io->dq + (b * g->Tq + i0) * g->q_rs + h * g->Dh : NULL;
+            att_bwd_pair(g, sc, i0, nq, j0, nk, kind, 1, dq, g->q_rs);
+        }
+    }
+    att_bwd_store_kv(g, sc, io->dk, io->dv, b, hk, j0, nk);
+}
+
+/* by_kv schedule: everything for (b, hk). */
+static void att_bwd_by_kv(const att_geom *g, const att_bwd_scratch *sc, const att_bwd_io *io,
+                          int64_t b, int64_t hk) {
+    const int64_t Dh = g->Dh;
+    for (int64_t i = 0; i < g->Tq; i++)
+        memset(io->dq + (b * g->Tq + i) * g->q_rs + hk * g->G * Dh, 0,
+               (size_t)(g->G * Dh) * sizeof(float));
+    for (int64_t kb = 0; kb < g->nkb; kb++) att_bwd_key_block(g, sc, io, b, hk, kb, 1);
+    for (int64_t i = 0; i < g->Tq; i++) {
+        float *restrict r = io->dq + (b * g->Tq + i) * g->q_rs + hk * g->G * Dh;
+        for (int64_t d = 0; d < g->G * Dh; d++) r[d] = r[d] * g->scale;
+    }
+}
+
+/* split schedule, second pass: dq of query block qb of (b, h), key blocks in order. */
+static void att_bwd_query_block(const att_geom *g, const att_bwd_scratch *sc,
+                                const att_bwd_io *io, int64_t b, int64_t h, int64_t qb) {
+    const int64_t Dh = g->Dh, i0 = qb * g->bq, hk = h / g->G;
+    const int64_t nq = g->Tq - i0 < g->bq ? g->Tq - i0 : g->bq;
+    att_bwd_load_q(g, sc, b, h, i0, nq, io->q, io->dout, io->out, io->lse);
+    memset(sc->dQ, 0, (size_t)(nq * Dh) * sizeof(float));
+    for (int64_t kb = 0; kb < g->nkb; kb++) {
+        const int64_t j0 = kb * MT_ATT_BK;
+        const int64_t nk = g->Tk - j0 < MT_ATT_BK ? g->Tk - j0 : MT_ATT_BK;
+        const int kind = att_pair_kind(g, i0, nq, j0, nk);
+        if (kind == ATT_SKIP) continue;
+        att_bwd_load_kv(g, sc, b, hk, j0, nk, io->k, io->v);
+        att_bwd_pair(g, sc, i0, nq, j0, nk, kind, 0, sc->dQ, Dh);
+    }
+    for (int64_t i = 0; i < nq; i++) {
+        float *restrict r = io->dq + (b * g->Tq + i0 + i) * g->q_rs + h * Dh;
+        for (int64_t d = 0; d < Dh; d++) r[d] = sc->dQ[i * Dh + d] * g->scale;
+    }
+}
+
+void mt_cpu_attention_bwd(const mt_attn_args *a, float *dq, float *dk, float *dv,
+                          const float *dout, const float *q, const float *k, const float *v,
+                          const float *out, const float *lse) {
+    const att_geom g = att_geom_make(a);
+    if (g.B <= 0 || g.H <= 0) return;
+    const att_bwd_io io = {dq, dk, dv, dout, q, k, v, out, lse};
+    const size_t per = att_bwd_floats(&g);
+    const int by_kv = g.B * g.Hkv >= (int64_t)omp_get_max_threads();
+    int failed = 0;
+#pragma omp parallel
+    {
+        float *buf = att_scratch_alloc(per);
+        if (!buf) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        att_bwd_scratch sc = {0};
+        if (buf) att_bwd_carve(&g, buf, &sc);
+        if (by_kv) {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < g.B * g.Hkv; t++)
+                if (buf) att_bwd_by_kv(&g, &sc, &io, t / g.Hkv, t % g.Hkv);
+        } else {
+            const int64_t nkt = g.B * g.Hkv * g.nkb, nqt = g.B * g.H * g.nqb;
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < nkt; t++) {
+                if (!buf) continue;
+                const int64_t bh = t / g.nkb;
+                att_bwd_key_block(&g, &sc, &io, bh / g.Hkv, bh % g.Hkv, t % g.nkb, 0);
+            }
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t t = 0; t < nqt; t++) {
+                if (!buf) continue;
+                const int64_t qb = g.nqb - 1 - t % g.nqb, bh = t / g.nqb;
+                att_bwd_query_block(&g, &sc, &io, bh / g.H, bh % g.H, qb);
+            }
+        }
+        free(buf);
+    }
+    if (failed) {
+        att_fill_nan(dq, g.B * g.Tq * g.q_rs);
+        att_fill_nan(dk, g.B * g.Tk * g.k_rs);
+        att_fill_nan(dv, g.B * g.Tk * g.k_rs);
+    }
+}

@@ -1,0 +1,51 @@
+/* kernels/cpu/rope.c: rotary position embedding (Su et al. 2021) in the Hugging Face
+ * rotate_half layout: dimension i pairs with i + Dh/2, not with its neighbour.
+ *
+ * The angle is computed as HF does, theta = float(pos) * inv_freq in fp32, and each
+ * token's cos/sin are computed once and applied to all H heads. The backward is the
+ * transpose of a rotation, i.e. the rotation by -theta, so both share one routine. */
+#include <math.h>
+
+#include "kernels/cpu/cpu_ops.h"
+
+#define MT_CPU_PAR_MIN ((int64_t)32768)
+#define MT_ROPE_CHUNK 128 /* frequencies whose cos/sin are held at once (on the stack) */
+
+/* Rotate every head of every row by +theta (sign = 1) or -theta (sign = -1). */
+static void rope_rotate(float *x, const int32_t *restrict pos, const float *restrict inv_freq,
+                        int64_t N, int64_t H, int64_t Dh, float sign) {
+    const int64_t half = Dh / 2;
+#pragma omp parallel for schedule(static) if (N * H * Dh >= MT_CPU_PAR_MIN)
+    for (int64_t n = 0; n < N; n++) {
+        float c[MT_ROPE_CHUNK], s[MT_ROPE_CHUNK];
+        const float p = (float)pos[n];
+        for (int64_t i0 = 0; i0 < half; i0 += MT_ROPE_CHUNK) {
+            const int64_t ni = half - i0 < MT_ROPE_CHUNK ? half - i0 : MT_ROPE_CHUNK;
+            for (int64_t i = 0; i < ni; i++) {
+                const float theta = p * inv_freq[i0 + i];
+                c[i] = cosf(theta);
+                s[i] = sign * sinf(theta);
+            }
+            for (int64_t h = 0; h < H; h++) {
+                float *restrict a = x + (n * H + h) * Dh + i0;
+                float *restrict b = a + half;
+#pragma omp simd
+                for (int64_t i = 0; i < ni; i++) {
+                    const float x1 = a[i], x2 = b[i];
+                    a[i] = x1 * c[i] - x2 * s[i];
+                    b[i] = x2 * c[i] + x1 * s[i];
+                }
+            }
+        }
+    }
+}
+
+void mt_cpu_rope_fwd(float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t H,
+                     int64_t Dh) {
+    rope_rotate(x, pos, inv_freq, N, H, Dh, 1.0f);
+}
+
+void mt_cpu_rope_bwd(float *dx, const int32_t *pos, const float *inv_freq, int64_t N, int64_t H,
+                     int64_t Dh) {
+    rope_rotate(dx, pos, inv_freq, N, H, Dh, -1.0f);
+}

@@ -1,0 +1,90 @@
+/* kernels/cpu/xent.c: softmax cross-entropy on one tile of logit rows, gradient in place.
+ *
+ * Per labelled row, three vectorised passes over the V logits:
+ *   1. optional final soft-cap z = cap tanh(x / cap) (stored in place), and max(z);
+ *   2. sum exp(z - max) in fp64 (V reaches 256k terms);
+ *   3. overwrite with dscale (softmax - onehot) dz/dx, dz/dx = 1 - (z / cap)^2.
+ * The exponentials are recomputed in pass 3 rather than stored in pass 2 because the
+ * soft-cap derivative still needs z there; exp is cheap next to the GEMMs that make the
+ * tile. Rows are split into a fixed number of chunks (independent of the thread count)
+ * whose fp64 loss sums are added in chunk order, so the loss is bitwise reproducible. */
+#include <math.h>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/vmath.h"
+
+#define MT_XENT_CHUNKS 64
+
+/* Loss of one row; the row becomes its scaled gradient. NaN for a label outside [0, V). */
+static double xent_row(float *restrict z, int32_t label, int64_t V, float cap, float dscale) {
+    const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
+    float mx = -INFINITY;
+    if (cap > 0.0f) {
+#pragma omp simd reduction(max : mx)
+        for (int64_t j = 0; j < V; j++) {
+            const float zj = cap * mt_vtanhf(z[j] * inv_cap);
+            z[j] = zj;
+            mx = zj > mx ? zj : mx;
+        }
+    } else {
+#pragma omp simd reduction(max : mx)
+        for (int64_t j = 0; j < V; j++) mx = z[j] > mx ? z[j] : mx;
+    }
+    double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < V; j++) sum += (double)mt_vexpf(z[j] - mx);
+
+    const int bad = label < 0 || (int64_t)label >= V;
+    const float zl = bad ? NAN : z[label];
+    const double loss = (double)mx + log(sum) - (double)zl;
+    const float inv_sum = (float)(1.0 / sum);
+    if (cap > 0.0f) {
+#pragma omp simd
+        for (int64_t j = 0; j < V; j++) {
+            const float th = z[j] * inv_cap;
+            z[j] = dscale * (mt_vexpf(z[j] - mx) * inv_sum) * (1.0f - th * th);
+        }
+    } else {
+#pragma omp simd
+        for (int64_t j = 0; j < V; j++) z[j] = dscale * (mt_vexpf(z[j] - mx) * inv_sum);
+    }
+    if (!bad) {
+        /* softmax - onehot at the label, from p computed exactly as in the loop above */
+        const float pl = mt_vexpf(zl - mx) * inv_sum;
+        const float th = zl * inv_cap;
+        const float dz = cap > 0.0f ? 1.0f - th * th : 1.0f;
+        z[label] = dscale * (pl - 1.0f) * dz;
+    }
+    return loss;
+}
+
+void mt_cpu_xent_tile(float *logits, const int32_t *labels, int64_t R, int64_t V, float softcap,
+                      int32_t ignore_index, float dscale, double *loss_sum, int64_t *count) {
+    double part[MT_XENT_CHUNKS];
+    int64_t cnt[MT_XENT_CHUNKS];
+    const int64_t nch = R < MT_XENT_CHUNKS ? R : MT_XENT_CHUNKS;
+#pragma omp parallel for schedule(dynamic, 1) if (R * V >= 32768)
+    for (int64_t c = 0; c < nch; c++) {
+        double s = 0.0;
+        int64_t k = 0;
+        for (int64_t r = R * c / nch; r < R * (c + 1) / nch; r++) {
+            float *row = logits + r * V;
+            if (labels[r] == ignore_index) {
+                for (int64_t j = 0; j < V; j++) row[j] = 0.0f;
+                continue;
+            }
+            s += xent_row(row, labels[r], V, softcap, dscale);
+            k++;
+        }
+        part[c] = s;
+        cnt[c] = k;
+    }
+    double total = 0.0;
+    int64_t n = 0;
+    for (int64_t c = 0; c < nch; c++) {
+        total += part[c];
+        n += cnt[c];
+    }
+    *loss_sum += total;
+    *count += n;
+}

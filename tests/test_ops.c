@@ -1,0 +1,621 @@
+/* tests/test_ops.c: the CPU backend's ops other than attention (test_ops_attention.c).
+ *
+ * Each forward is compared with a textbook fp64 reference written here; each backward
+ * with central finite differences of that fp64 reference (so a backward is never checked
+ * against the kernel's own forward). Errors are max |kernel - reference| over the tensor
+ * divided by max |reference| unless stated; run with MT_TEST_VERBOSE=1 to print them.
+ * Tolerances are set from the fp32 rounding each op does (u = 2^-24 = 6e-8 per
+ * operation) with a margin of a few times what was measured. */
+#include <criterion/criterion.h>
+#include <omp.h>
+
+#include "kernels/ops.h"
+#include "tests/test_ops_util.h"
+
+#define EXPECT_ERR(what, err, tol)                                                      \
+    do {                                                                                \
+        double e_ = (err);                                                              \
+        tu_report(what, e_, tol);                                                       \
+        cr_expect(e_ <= (tol), "%s: error %.3e exceeds %.1e", what, e_, (double)(tol)); \
+    } while (0)
+
+static const mt_ops *ops(void) { return mt_cpu_ops(); }
+
+/* ------------------------------------------------------------------ memory */
+
+Test(ops_memory, alloc_copy_zero) {
+    const mt_ops *o = ops();
+    cr_assert_str_eq(o->name, "cpu");
+    float *a = o->alloc(1000 * sizeof(float));
+    float *b = o->alloc(1000 * sizeof(float));
+    cr_assert(a && b);
+    cr_expect(((uintptr_t)a % 256) == 0 && ((uintptr_t)b % 256) == 0, "256-byte alignment");
+    float host[1000], back[1000];
+    for (int i = 0; i < 1000; i++) host[i] = (float)i * 0.5f;
+    o->copy_to_device(a, host, sizeof host);
+    o->copy(b, a, sizeof host);
+    o->copy_to_host(back, b, sizeof host);
+    cr_expect(memcmp(host, back, sizeof host) == 0);
+    o->zero(b, sizeof host);
+    o->sync();
+    for (int i = 0; i < 1000; i++) cr_expect(b[i] == 0.0f);
+    void *z = o->alloc(0);
+    cr_expect(z != NULL, "alloc(0) gives a pointer release() accepts");
+    o->release(z);
+    o->release(a);
+    o->release(b);
+}
+
+/* ------------------------------------------------------------------ gemm */
+
+static void gemm_case(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, float beta,
+                      int nan_c) {
+    tu_rng r = {42 + (uint64_t)(ta * 2 + tb)};
+    const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    const int64_t lda = ac + 3, ldb = bc + 2, ldc = N + 5;
+    float *A = tu_falloc(ar * lda), *B = tu_falloc(br * ldb), *C = tu_falloc(M * ldc);
+    tu_fill_normal(&r, A, ar * lda, 1.0);
+    tu_fill_normal(&r, B, br * ldb, 1.0);
+    tu_fill_normal(&r, C, M * ldc, 1.0);
+    if (nan_c)
+        for (int64_t i = 0; i < M * ldc; i++) C[i] = NAN;
+    double *want = tu_dalloc(M * N);
+    float *got = tu_falloc(M * N);
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double s = 0.0;
+            for (int64_t k = 0; k < K; k++) {
+                double a = ta ? A[k * lda + i] : A[i * lda + k];
+                double b = tb ? B[j * ldb + k] : B[k * ldb + j];
+                s += a * b;
+            }
+            want[i * N + j] = alpha * s + (beta != 0.0f ? beta * (double)C[i * ldc + j] : 0.0);
+        }
+    ops()->gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) got[i * N + j] = C[i * ldc + j];
+    /* Each entry is an fp32 dot product of K = 37 terms of N(0,1) products: rounding
+     * grows like sqrt(K) u |terms|, ~4e-7 of the largest entry; measured 2e-7. */
+    char what[64];
+    snprintf(what, sizeof what, "gemm ta=%d tb=%d beta=%g%s", ta, tb, beta, nan_c ? " NaN C" : "");
+    EXPECT_ERR(what, tu_rel_err(got, want, M * N), 6e-7);
+    /* padding columns of C beyond N are untouched */
+    free(A);
+    free(B);
+    free(C);
+    free(want);
+    free(got);
+}
+
+Test(ops_gemm, all_transposes_against_fp64) {
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            gemm_case(ta, tb, 13, 11, 37, 0.7f, -1.3f, 0);
+            gemm_case(ta, tb, 13, 11, 37, 1.0f, 0.0f, 1); /* beta = 0 must not read C */
+        }
+}
+
+Test(ops_gemm, empty_k_scales_c) {
+    float C[6] = {1, 2, 3, 4, 5, 6}, A[1] = {0}, B[1] = {0};
+    ops()->gemm(0, 0, 2, 3, 0, 1.0f, A, 1, B, 3, 0.5f, C, 3);
+    for (int i = 0; i < 6; i++) cr_expect(C[i] == 0.5f * (float)(i + 1));
+    float D[6] = {NAN, NAN, NAN, NAN, NAN, NAN};
+    ops()->gemm(0, 0, 2, 3, 0, 1.0f, A, 1, B, 3, 0.0f, D, 3);
+    for (int i = 0; i < 6; i++) cr_expect(D[i] == 0.0f);
+}
+
+/* ------------------------------------------------------------------ embedding */
+
+typedef struct emb_ctx {
+    const int32_t *tok;
+    int64_t N, D;
+    double scale;
+    double *table; /* [V, D] */
+    const double *dout;
+} emb_ctx;
+
+static double emb_loss(void *p) {
+    emb_ctx *c = p;
+    double L = 0.0;
+    for (int64_t n = 0; n < c->N; n++)
+        for (int64_t d = 0; d < c->D; d++)
+            L += c->dout[n * c->D + d] * c->scale * c->table[(int64_t)c->tok[n] * c->D + d];
+    return L;
+}
+
+Test(ops_embedding, forward_exact_and_backward_fd) {
+    tu_rng r = {7};
+    const int64_t V = 50, D = 24, N = 40;
+    const float scale = (float)sqrt((double)D); /* Gemma's factor, rounded to fp32 */
+    float *table = tu_falloc(V * D), *out = tu_falloc(N * D), *dout = tu_falloc(N * D);
+    float *dtable = tu_falloc(V * D), *dtable0 = tu_falloc(V * D);
+    int32_t tok[40];
+    for (int64_t n = 0; n < N; n++) tok[n] = (int32_t)tu_below(&r, 12); /* many repeats */
+    tu_fill_normal(&r, table, V * D, 1.0);
+    tu_fill_normal(&r, dout, N * D, 1.0);
+    tu_fill_normal(&r, dtable0, V * D, 1.0);
+    memcpy(dtable, dtable0, (size_t)(V * D) * sizeof(float));
+
+    ops()->embedding_fwd(out, table, tok, N, D, scale);
+    /* One fp32 multiply per element: the result must be the correctly rounded product. */
+    int exact = 1;
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t d = 0; d < D; d++)
+            exact &= out[n * D + d] == (float)((double)scale * (double)table[tok[n] * D + d]);
+    cr_expect(exact, "embedding_fwd is the rounded product scale * row");
+
+    ops()->embedding_bwd(dtable, dout, tok, N, V, D, scale);
+    emb_ctx c = {tok, N, D, scale, tu_to_double(table, V * D), tu_to_double(dout, N * D)};
+    double *fd = tu_dalloc(V * D), *want = tu_dalloc(V * D);
+    int64_t *idx = calloc((size_t)(V * D), sizeof(int64_t));
+    tu_fd_grad(emb_loss, &c, c.table, V * D, fd, idx, 0, &r);
+    for (int64_t i = 0; i < V * D; i++) want[i] = dtable0[i] + fd[i];
+    /* dtable += : a few fp32 adds per entry of terms ~5: a few u of the max; measured 8e-8. */
+    EXPECT_ERR("embedding_bwd (+=) vs fd", tu_rel_err(dtable, want, V * D), 5e-7);
+    free(table);
+    free(out);
+    free(dout);
+    free(dtable);
+    free(dtable0);
+    free(c.table);
+    free((void *)c.dout);
+    free(fd);
+    free(want);
+    free(idx);
+}
+
+/* ------------------------------------------------------------------ rmsnorm */
+
+typedef struct rms_ctx {
+    int64_t N, D;
+    double eps, w_off;
+    double *x, *w;
+    const double *dy;
+} rms_ctx;
+
+static void rms_ref(const rms_ctx *c, double *y, double *rstd) {
+    for (int64_t n = 0; n < c->N; n++) {
+        double ss = 0.0;
+        for (int64_t d = 0; d < c->D; d++) ss += c->x[n * c->D + d] * c->x[n * c->D + d];
+        double rs = 1.0 / sqrt(ss / (double)c->D + c->eps);
+        if (rstd) rstd[n] = rs;
+        for (int64_t d = 0; d < c->D; d++)
+            y[n * c->D + d] = c->x[n * c->D + d] * rs * (c->w_off + c->w[d]);
+    }
+}
+
+static double rms_loss(void *p) {
+    rms_ctx *c = p;
+    double *y = tu_dalloc(c->N * c->D), L = 0.0;
+    rms_ref(c, y, NULL);
+    for (int64_t i = 0; i < c->N * c->D; i++) L += c->dy[i] * y[i];
+    free(y);
+    return L;
+}
+
+static void rmsnorm_case(int64_t N, int64_t D, float eps, float w_off) {
+    tu_rng r = {(uint64_t)(N * 1000 + D)};
+    float *x = tu_falloc(N * D), *w = tu_falloc(D), *y = tu_falloc(N * D), *rstd = tu_falloc(N);
+    float *dy = tu_falloc(N * D), *dx = tu_falloc(N * D), *dw = tu_falloc(D);
+    float *dx0 = tu_falloc(N * D), *dw0 = tu_falloc(D);
+    tu_fill_normal(&r, x, N * D, 2.0);
+    tu_fill_normal(&r, w, D, 0.5);
+    tu_fill_normal(&r, dy, N * D, 1.0);
+    tu_fill_normal(&r, dx0, N * D, 0.1);
+    tu_fill_normal(&r, dw0, D, 0.1);
+    memcpy(dx, dx0, (size_t)(N * D) * sizeof(float));
+    memcpy(dw, dw0, (size_t)D * sizeof(float));
+
+    ops()->rmsnorm_fwd(y, rstd, x, w, N, D, eps, w_off);
+    rms_ctx c = {N, D, eps, w_off, tu_to_double(x, N * D), tu_to_double(w, D),
+                 tu_to_double(dy, N * D)};
+    double *yr = tu_dalloc(N * D), *rr = tu_dalloc(N);
+    rms_ref(&c, yr, rr);
+    char what[80];
+    /* y = (x r)(w_off + w): three fp32 roundings after an fp64 mean: ~3u; measured 1e-7. */
+    snprintf(what, sizeof what, "rmsnorm_fwd y N=%ld D=%ld", (long)N, (long)D);
+    EXPECT_ERR(what, tu_rel_err(y, yr, N * D), 4e-7);
+    snprintf(what, sizeof what, "rmsnorm_fwd rstd N=%ld D=%ld", (long)N, (long)D);
+    EXPECT_ERR(what, tu_rel_err(rstd, rr, N), 2e-7);
+
+    ops()->rmsnorm_bwd(dx, dw, dy, x, w, rstd, N, D, w_off);
+    double *fdx = tu_dalloc(N * D), *fdw = tu_dalloc(D), *want = tu_dalloc(N * D);
+    int64_t *idx = calloc((size_t)(N * D), sizeof(int64_t));
+    tu_fd_grad(rms_loss, &c, c.x, N * D, fdx, idx, 0, &r);
+    for (int64_t i = 0; i < N * D; i++) want[i] = dx0[i] + fdx[i];
+    /* dx = r g - x r^3 c / D: a difference of two O(r |g|) terms, each a few roundings,
+     * and c an fp64 sum: a few u of the max; measured 1e-7. */
+    snprintf(what, sizeof what, "rmsnorm_bwd dx (+=) N=%ld D=%ld", (long)N, (long)D);
+    EXPECT_ERR(what, tu_rel_err(dx, want, N * D), 5e-7);
+    tu_fd_grad(rms_loss, &c, c.w, D, fdw, idx, 0, &r);
+    for (int64_t i = 0; i < D; i++) want[i] = dw0[i] + fdw[i];
+    /* dw: fp32 sums over 32-row groups added in fp64, then the += rounding: a few u;
+     * measured 1.3e-7. */
+    snprintf(what, sizeof what, "rmsnorm_bwd dw (+=) N=%ld D=%ld", (long)N, (long)D);
+    EXPECT_ERR(what, tu_rel_err(dw, want, D), 4e-7);
+    free(x);
+    free(w);
+    free(y);
+    free(rstd);
+    free(dy);
+    free(dx);
+    free(dw);
+    free(dx0);
+    free(dw0);
+    free(c.x);
+    free(c.w);
+    free((void *)c.dy);
+    free(yr);
+    free(rr);
+    free(fdx);
+    free(fdw);
+    free(want);
+    free(idx);
+}
+
+Test(ops_rmsnorm, llama_and_gemma_forms) {
+    rmsnorm_case(7, 33, 1e-5f, 0.0f);  /* D not a multiple of the vector or column block */
+    rmsnorm_case(50, 100, 1e-6f, 1.0f); /* Gemma scale (1 + w), several column blocks */
+}
+
+/* ------------------------------------------------------------------ rope */
+
+typedef struct rope_ctx {
+    int64_t N, H, Dh;
+    const int32_t *pos;
+    const float *inv_freq;
+    double *x;
+    const double *dy;
+} rope_ctx;
+
+/* HF computes the angle in fp32 (inv_freq @ position_ids); the reference does the same
+ * rounding and everything after it in fp64. */
+static void rope_ref(const rope_ctx *c, double *y) {
+    const int64_t half = c->Dh / 2;
+    for (int64_t n = 0; n < c->N; n++)
+        for (int64_t h = 0; h < c->H; h++)
+            for (int64_t i = 0; i < half; i++) {
+                const double th = (double)((float)c->pos[n] * c->inv_freq[i]);
+                const double *x = c->x + (n * c->H + h) * c->Dh;
+                double *o = y + (n * c->H + h) * c->Dh;
+                o[i] = x[i] * cos(th) - x[i + half] * sin(th);
+                o[i + half] = x[i + half] * cos(th) + x[i] * sin(th);
+            }
+}
+
+static double rope_loss(void *p) {
+    rope_ctx *c = p;
+    const int64_t n = c->N * c->H * c->Dh;
+    double *y = tu_dalloc(n), L = 0.0;
+    rope_ref(c, y);
+    for (int64_t i = 0; i < n; i++) L += c->dy[i] * y[i];
+    free(y);
+    return L;
+}
+
+static void rope_case(int64_t N, int64_t H, int64_t Dh) {
+    tu_rng r = {(uint64_t)Dh};
+    const int64_t n = N * H * Dh;
+    float *x = tu_falloc(n), *dy = tu_falloc(n), *inv = tu_falloc(Dh / 2);
+    int32_t *pos = calloc((size_t)N, sizeof(int32_t));
+    for (int64_t i = 0; i < N; i++) pos[i] = (int32_t)tu_below(&r, 64);
+    for (int64_t i = 0; i < Dh / 2; i++) inv[i] = (float)pow(10000.0, -2.0 * (double)i / (double)Dh);
+    tu_fill_normal(&r, x, n, 1.0);
+    tu_fill_normal(&r, dy, n, 1.0);
+    rope_ctx c = {N, H, Dh, pos, inv, tu_to_double(x, n), tu_to_double(dy, n)};
+    double *want = tu_dalloc(n), *fd = tu_dalloc(n);
+    int64_t *idx = calloc((size_t)n, sizeof(int64_t));
+    rope_ref(&c, want);
+    ops()->rope_fwd(x, pos, inv, N, H, Dh);
+    char what[64];
+    /* cosf/sinf (< 1 ulp) and two products and a sum in fp32: ~4u; measured 8e-8. */
+    snprintf(what, sizeof what, "rope_fwd Dh=%ld", (long)Dh);
+    EXPECT_ERR(what, tu_rel_err(x, want, n), 4e-7);
+    tu_fd_grad(rope_loss, &c, c.x, n, fd, idx, 0, &r);
+    ops()->rope_bwd(dy, pos, inv, N, H, Dh);
+    snprintf(what, sizeof what, "rope_bwd Dh=%ld vs fd", (long)Dh);
+    EXPECT_ERR(what, tu_rel_err(dy, fd, n), 4e-7);
+    free(x);
+    free(dy);
+    free(inv);
+    free(pos);
+    free(c.x);
+    free((void *)c.dy);
+    free(want);
+    free(fd);
+    free(idx);
+}
+
+Test(ops_rope, rotate_half_forward_and_vjp) {
+    rope_case(5, 3, 4);
+    rope_case(5, 3, 16);
+    rope_case(3, 2, 288); /* Dh/2 = 144 > the 128-frequency chunk */
+}
+
+/* ------------------------------------------------------------------ glu */
+
+typedef struct glu_ctx {
+    int64_t n;
+    mt_activation act;
+    double *g, *u;
+    const double *dh;
+} glu_ctx;
+
+static double act_ref(double g, mt_activation act) {
+    if (act == MT_ACT_SILU) return g / (1.0 + exp(-g));
+    return 0.5 * g * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (g + 0.044715 * g * g * g)));
+}
+
+static double glu_loss(void *p) {
+    glu_ctx *c = p;
+    double L = 0.0;
+    for (int64_t i = 0; i < c->n; i++) L += c->dh[i] * act_ref(c->g[i], c->act) * c->u[i];
+    return L;
+}
+
+static void glu_case(mt_activation act) {
+    tu_rng r = {100 + (uint64_t)act};
+    const int64_t n = 3000;
+    float *g = tu_falloc(n), *u = tu_falloc(n), *h = tu_falloc(n), *dh = tu_falloc(n);
+    float *dg = tu_falloc(n), *du = tu_falloc(n);
+    tu_fill_normal(&r, g, n, 3.0);
+    g[0] = -100.0f; /* saturated tails */
+    g[1] = -30.0f;
+    g[2] = 30.0f;
+    g[3] = 100.0f;
+    g[4] = 0.0f;
+    tu_fill_normal(&r, u, n, 1.0);
+    tu_fill_normal(&r, dh, n, 1.0);
+    glu_ctx c = {n, act, tu_to_double(g, n), tu_to_double(u, n), tu_to_double(dh, n)};
+    double *want = tu_dalloc(n), *fdg = tu_dalloc(n), *fdu = tu_dalloc(n);
+    int64_t *idx = calloc((size_t)n, sizeof(int64_t));
+    for (int64_t i = 0; i < n; i++) want[i] = act_ref(c.g[i], act) * c.u[i];
+    ops()->glu_fwd(h, g, u, n, act);
+    const char *name = act == MT_ACT_SILU ? "silu" : "gelu_tanh";
+    char what[64];
+    /* exp/tanh of vmath.h (2-3 ulp) plus 3-5 fp32 operations; measured 6e-8 (fwd) and
+     * 2e-7 (dgate, whose derivative formula cancels near its zeros). */
+    snprintf(what, sizeof what, "glu_fwd %s", name);
+    EXPECT_ERR(what, tu_rel_err(h, want, n), 5e-7);
+    ops()->glu_bwd(dg, du, dh, g, u, n, act);
+    tu_fd_grad(glu_loss, &c, c.g, n, fdg, idx, 0, &r);
+    tu_fd_grad(glu_loss, &c, c.u, n, fdu, idx, 0, &r);
+    snprintf(what, sizeof what, "glu_bwd %s dgate vs fd", name);
+    EXPECT_ERR(what, tu_rel_err(dg, fdg, n), 5e-7);
+    snprintf(what, sizeof what, "glu_bwd %s dup vs fd", name);
+    EXPECT_ERR(what, tu_rel_err(du, fdu, n), 5e-7);
+    free(g);
+    free(u);
+    free(h);
+    free(dh);
+    free(dg);
+    free(du);
+    free(c.g);
+    free(c.u);
+    free((void *)c.dh);
+    free(want);
+    free(fdg);
+    free(fdu);
+    free(idx);
+}
+
+Test(ops_glu, swiglu) { glu_case(MT_ACT_SILU); }
+Test(ops_glu, geglu) { glu_case(MT_ACT_GELU_TANH); }
+
+/* ------------------------------------------------------------------ xent_tile */
+
+typedef struct xent_ctx {
+    int64_t R, V;
+    double cap, dscale;
+    const int32_t *labels;
+    int32_t ignore;
+    double *x;
+} xent_ctx;
+
+/* dscale * sum over labelled rows of logsumexp(z) - z[label], z = cap tanh(x / cap). */
+static double xent_loss(void *p) {
+    xent_ctx *c = p;
+    double L = 0.0;
+    for (int64_t r = 0; r < c->R; r++) {
+        if (c->labels[r] == c->ignore) continue;
+        const double *x = c->x + r * c->V;
+        double mx = -INFINITY, s = 0.0;
+        for (int64_t j = 0; j < c->V; j++) {
+            double z = c->cap > 0 ? c->cap * tanh(x[j] / c->cap) : x[j];
+            mx = z > mx ? z : mx;
+        }
+        for (int64_t j = 0; j < c->V; j++) {
+            double z = c->cap > 0 ? c->cap * tanh(x[j] / c->cap) : x[j];
+            s += exp(z - mx);
+        }
+        double zl = x[c->labels[r]];
+        if (c->cap > 0) zl = c->cap * tanh(zl / c->cap);
+        L += mx + log(s) - zl;
+    }
+    return c->dscale * L;
+}
+
+static void xent_case(float cap, double std) {
+    tu_rng r = {(uint64_t)(cap * 10) + 5};
+    const int64_t R = 7, V = 37;
+    const int32_t ignore = -100;
+    int32_t labels[7];
+    for (int64_t i = 0; i < R; i++) labels[i] = (int32_t)tu_below(&r, V);
+    labels[2] = ignore;
+    labels[5] = ignore;
+    float *x = tu_falloc(R * V);
+    tu_fill_normal(&r, x, R * V, std);
+    const float dscale = 0.25f;
+    xent_ctx c = {R, V, cap, dscale, labels, ignore, tu_to_double(x, R * V)};
+    double loss = 1.5; /* += into existing totals */
+    int64_t count = 3;
+    ops()->xent_tile(x, labels, R, V, cap, ignore, dscale, &loss, &count);
+    cr_expect(count == 3 + 5, "count adds the labelled rows");
+    const double want = xent_loss(&c) / dscale;
+    /* Per row: an fp64 sum of fp32 exps (2 ulp each) and fp32 soft-capped logits: ~u
+     * relative; measured 6e-10 (no cap), 2e-8 (cap). */
+    char what[64];
+    snprintf(what, sizeof what, "xent_tile loss cap=%g", cap);
+    EXPECT_ERR(what, fabs((loss - 1.5) - want) / fabs(want), 1.5e-7);
+    double *fd = tu_dalloc(R * V);
+    int64_t *idx = calloc((size_t)(R * V), sizeof(int64_t));
+    tu_fd_grad(xent_loss, &c, c.x, R * V, fd, idx, 0, &r);
+    /* softmax - onehot with a few roundings per entry (and the tanh derivative): ~5 u of
+     * the largest entry (which is ~dscale); measured 2e-8 (no cap), 1.2e-7 (cap). */
+    snprintf(what, sizeof what, "xent_tile dlogits cap=%g vs fd", cap);
+    EXPECT_ERR(what, tu_rel_err(x, fd, R * V), 5e-7);
+    for (int64_t j = 0; j < V; j++) cr_expect(x[2 * V + j] == 0.0f && x[5 * V + j] == 0.0f);
+    free(x);
+    free(c.x);
+    free(fd);
+    free(idx);
+}
+
+Test(ops_xent, plain_and_ignored_rows) { xent_case(0.0f, 2.0); }
+Test(ops_xent, final_softcap) { xent_case(5.0f, 4.0); }
+
+/* A realistic vocabulary: the fp64 sum over 50k exponentials, against the analytic
+ * softmax - onehot (finite differences over 150k logits would be slow). */
+Test(ops_xent, large_vocab) {
+    tu_rng r = {77};
+    const int64_t R = 3, V = 50000;
+    int32_t labels[3] = {0, 12345, 49999};
+    float *x = tu_falloc(R * V);
+    tu_fill_normal(&r, x, R * V, 3.0);
+    double *want = tu_dalloc(R * V), Lw = 0.0;
+    for (int64_t i = 0; i < R; i++) {
+        const float *xr = x + i * V;
+        double mx = -INFINITY, s = 0.0;
+        for (int64_t j = 0; j < V; j++) mx = xr[j] > mx ? xr[j] : mx;
+        for (int64_t j = 0; j < V; j++) s += exp(xr[j] - mx);
+        for (int64_t j = 0; j < V; j++) want[i * V + j] = exp(xr[j] - mx) / s - (j == labels[i]);
+        Lw += mx + log(s) - xr[labels[i]];
+    }
+    double loss = 0.0;
+    int64_t count = 0;
+    ops()->xent_tile(x, labels, R, V, 0.0f, -1, 1.0f, &loss, &count);
+    cr_expect(count == 3);
+    EXPECT_ERR("xent_tile loss V=50000", fabs(loss - Lw) / Lw, 3e-7);
+    EXPECT_ERR("xent_tile dlogits V=50000", tu_rel_err(x, want, R * V), 5e-7);
+    free(x);
+    free(want);
+}
+
+/* ------------------------------------------------------------------ elementwise */
+
+Test(ops_elementwise, axpy_scale_sumsq) {
+    tu_rng r = {3};
+    const int64_t n = 100003;
+    float *x = tu_falloc(n), *y = tu_falloc(n), *y0 = tu_falloc(n);
+    tu_fill_normal(&r, x, n, 1.0);
+    tu_fill_normal(&r, y0, n, 1.0);
+    memcpy(y, y0, (size_t)n * sizeof(float));
+    double *want = tu_dalloc(n);
+    for (int64_t i = 0; i < n; i++) want[i] = (double)y0[i] + 0.3 * (double)x[i];
+    ops()->axpy(y, x, 0.3f, n);
+    /* one product and one sum in fp32 (0.3f vs 0.3 adds 1e-8): ~2u of the max. */
+    EXPECT_ERR("axpy", tu_rel_err(y, want, n), 2.5e-7);
+    for (int64_t i = 0; i < n; i++) want[i] = (double)y[i] * -1.7;
+    ops()->scale(y, -1.7f, n);
+    EXPECT_ERR("scale", tu_rel_err(y, want, n), 1.5e-7);
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++) s += (double)x[i] * (double)x[i];
+    /* fp64 sums of exact fp64 squares: both orders are within n u_64 = 1e-11. */
+    EXPECT_ERR("sumsq", fabs(ops()->sumsq(x, n) - s) / s, 1e-11);
+    cr_expect(ops()->sumsq(x, 0) == 0.0);
+    free(x);
+    free(y);
+    free(y0);
+    free(want);
+}
+
+/* ------------------------------------------------------------------ adamw */
+
+Test(ops_adamw, five_steps_against_fp64_formula) {
+    tu_rng r = {11};
+    const int64_t n = 5000;
+    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
+    float *p = tu_falloc(n), *g = tu_falloc(n), *m = tu_falloc(n), *v = tu_falloc(n);
+    double *pd = tu_dalloc(n), *md = tu_dalloc(n), *vd = tu_dalloc(n);
+    tu_fill_normal(&r, p, n, 1.0);
+    for (int64_t i = 0; i < n; i++) pd[i] = p[i];
+    for (int64_t t = 1; t <= 5; t++) {
+        tu_fill_normal(&r, g, n, 1.0);
+        ops()->adamw(p, g, m, v, n, lr, b1, b2, eps, wd, gs, t);
+        /* the formula of ops.h, in fp64 with the same fp32 hyperparameter values */
+        const double B1 = b1, B2 = b2;
+        for (int64_t i = 0; i < n; i++) {
+            const double gi = (double)gs * g[i];
+            md[i] = B1 * md[i] + (1 - B1) * gi;
+            vd[i] = B2 * vd[i] + (1 - B2) * gi * gi;
+            const double mh = md[i] / (1 - pow(B1, (double)t)), vh = vd[i] / (1 - pow(B2, (double)t));
+            pd[i] -= (double)lr * (mh / (sqrt(vh) + (double)eps) + (double)wd * pd[i]);
+        }
+    }
+    /* fp32 state rounds every step: p moves by ~lr per step, so after 5 steps its error is
+     * a few ulp of |p| plus ~1e-6 of the updates; m, v carry ~3 roundings per step. */
+    EXPECT_ERR("adamw p after 5 steps", tu_rel_err(p, pd, n), 3e-7);
+    EXPECT_ERR("adamw m after 5 steps", tu_rel_err(m, md, n), 3e-7);
+    EXPECT_ERR("adamw v after 5 steps", tu_rel_err(v, vd, n), 3e-7);
+    free(p);
+    free(g);
+    free(m);
+    free(v);
+    free(pd);
+    free(md);
+    free(vd);
+}
+
+/* ------------------------------------------------------------------ determinism */
+
+/* Sizes above the ops' parallel thresholds, run with 1 and with 2 OpenMP threads: the
+ * reductions (rmsnorm dw, embedding scatter-add, sumsq, the loss sum) must not move. */
+Test(ops_determinism, thread_count_does_not_change_bits) {
+    tu_rng r = {99};
+    const int64_t N = 300, D = 200, V = 50;
+    float *x = tu_falloc(N * D), *w = tu_falloc(D), *dy = tu_falloc(N * D), *rs = tu_falloc(N);
+    float *y = tu_falloc(N * D);
+    tu_fill_normal(&r, x, N * D, 1.0);
+    tu_fill_normal(&r, w, D, 1.0);
+    tu_fill_normal(&r, dy, N * D, 1.0);
+    int32_t *tok = calloc((size_t)N, sizeof(int32_t));
+    for (int64_t i = 0; i < N; i++) tok[i] = (int32_t)tu_below(&r, V);
+    int32_t *lab = calloc((size_t)N, sizeof(int32_t));
+    for (int64_t i = 0; i < N; i++) lab[i] = (int32_t)tu_below(&r, D);
+    float *dx[2], *dw[2], *dt[2], *lg[2];
+    double ss[2], loss[2];
+    for (int t = 0; t < 2; t++) {
+        omp_set_num_threads(t + 1);
+        dx[t] = tu_falloc(N * D);
+        dw[t] = tu_falloc(D);
+        dt[t] = tu_falloc(V * D);
+        lg[t] = tu_falloc(N * D);
+        ops()->rmsnorm_fwd(y, rs, x, w, N, D, 1e-6f, 1.0f);
+        ops()->rmsnorm_bwd(dx[t], dw[t], dy, x, w, rs, N, D, 1.0f);
+        ops()->embedding_bwd(dt[t], dy, tok, N, V, D, 3.0f);
+        ss[t] = ops()->sumsq(x, N * D);
+        memcpy(lg[t], x, (size_t)(N * D) * sizeof(float));
+        int64_t cnt = 0;
+        loss[t] = 0.0;
+        ops()->xent_tile(lg[t], lab, N, D, 0.0f, -1, 0.1f, &loss[t], &cnt);
+    }
+    cr_expect(tu_bitwise_equal(dx[0], dx[1], N * D), "rmsnorm_bwd dx");
+    cr_expect(tu_bitwise_equal(dw[0], dw[1], D), "rmsnorm_bwd dw");
+    cr_expect(tu_bitwise_equal(dt[0], dt[1], V * D), "embedding_bwd");
+    cr_expect(memcmp(&ss[0], &ss[1], sizeof(double)) == 0, "sumsq");
+    cr_expect(memcmp(&loss[0], &loss[1], sizeof(double)) == 0, "xent_tile loss");
+    cr_expect(tu_bitwise_equal(lg[0], lg[1], N * D), "xent_tile dlogits");
+    for (int t = 0; t < 2; t++) {
+        free(dx[t]);
+        free(dw[t]);
+        free(dt[t]);
+        free(lg[t]);
+    }
+    free(x);
+    free(w);
+    free(dy);
+    free(rs);
+    free(y);
+    free(tok);
+    free(lab);
+}
