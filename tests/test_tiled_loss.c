@@ -124,13 +124,13 @@ static void tiled_case(float softcap) {
          * 23-row product and its 11 + 12-row halves differ in 44% of their entries),
          * plus dW's summation over tiles. So tiled and untiled differ by fp32 GEMM
          * rounding, the same sqrt(V) u scale as above: measured loss <= 2e-8, dh
-         * <= 7.2e-7, dW <= 6e-7 of the largest entry. */
+         * <= 7.2e-7, dW <= 6e-7 of the largest entry; held to the issue's 1e-6. */
         snprintf(what, sizeof what, "cap=%g T=%ld vs T=1 loss", softcap, (long)tiles[t]);
         EXPECT_ERR(what, fabs(rt.loss - r1.loss) / fabs(r1.loss), 1e-7);
         snprintf(what, sizeof what, "cap=%g T=%ld vs T=1 dh", softcap, (long)tiles[t]);
-        EXPECT_ERR(what, rel_f(rt.dh, r1.dh, N * D), TOL_GEMM);
+        EXPECT_ERR(what, rel_f(rt.dh, r1.dh, N * D), 1e-6);
         snprintf(what, sizeof what, "cap=%g T=%ld vs T=1 dW", softcap, (long)tiles[t]);
-        EXPECT_ERR(what, rel_f(rt.dW, r1.dW, V * D), TOL_GEMM);
+        EXPECT_ERR(what, rel_f(rt.dW, r1.dW, V * D), 1e-6);
         free(rt.dh);
         free(rt.dW);
     }
