@@ -1,0 +1,53 @@
+# meshtrain: convenience targets around CMake. See README.md.
+#   make build    configure + build into build/ (Release)
+#   make test     install-deps, build, run the test suite with ctest
+#   make corpus   build data/kjv (skipped when up to date)
+#   make demo     install-deps, build, corpus, train configs/demo.yml, sample from it
+#   make clean    remove build/;  make distclean  also remove data/kjv
+
+BUILD_DIR ?= build
+NPROC     := $(shell nproc 2>/dev/null || echo 2)
+MESHTRAIN := $(BUILD_DIR)/meshtrain
+CORPUS    := data/kjv
+# Must match base_output_directory/run_name in configs/demo.yml.
+DEMO_RUN  := out/demo
+
+.PHONY: all deps build test corpus demo clean distclean
+# Targets run in the order written (install before build); cmake parallelises.
+.NOTPARALLEL:
+
+all: build
+
+deps:
+	scripts/install-deps.sh
+
+build:
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release
+	@# MAKEFLAGS cleared: cmake's own make would otherwise print every directory change.
+	MAKEFLAGS= cmake --build $(BUILD_DIR) -j$(NPROC)
+
+test: deps build
+	ctest --test-dir $(BUILD_DIR) --output-on-failure -j2
+
+# Up to date when the stamp (written last) is newer than the scripts that made it
+# and all four files exist.
+CORPUS_FILES := train_000.bin val_000.bin tokenizer.model tokenizer.vocab
+corpus:
+	@ok=1; for f in $(CORPUS_FILES); do [ -f $(CORPUS)/$$f ] || ok=0; done; \
+	for s in scripts/prepare_corpus.sh scripts/kjv_corpus.py; do \
+	    [ $(CORPUS)/.stamp -nt $$s ] || ok=0; done; \
+	if [ $$ok = 1 ]; then echo "corpus: $(CORPUS) is up to date"; \
+	else rm -f $(CORPUS)/.stamp && scripts/prepare_corpus.sh $(CORPUS) && touch $(CORPUS)/.stamp; fi
+
+# A fresh run each time: the previous demo output is removed first.
+demo: deps build corpus
+	rm -rf $(DEMO_RUN)
+	$(MESHTRAIN) train configs/demo.yml
+	ckpt=$$(ls -d $(DEMO_RUN)/checkpoints/step_* | sort -V | tail -n 1) && \
+	$(MESHTRAIN) sample configs/demo.yml load_checkpoint=$$ckpt
+
+clean:
+	rm -rf $(BUILD_DIR)
+
+distclean: clean
+	rm -rf $(CORPUS)
