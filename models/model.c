@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "kernels/tiled_loss.h"
+#include "parallel/vocab_loss.h"
 #include "runtime/rng.h"
 
 /* ---- per-layer saved activations (MaxText remat names where they exist) ---- */
@@ -96,6 +97,43 @@ struct mt_model {
     void *gptr[GB_COUNT];
     int (*lid)[LA_COUNT];
     float *(*lptr)[LA_COUNT];
+
+    /* remat / offload (models/remat.h) */
+    mt_remat_policy remat;
+    int has_offload;                   /* some tensor is offloaded */
+    int host_planned, host_bound;
+    int rs_fwd_id[LA_COUNT], rs_bwd_id[LA_COUNT]; /* layer-sized scratch of non-kept tensors */
+    float *rs_fwd[LA_COUNT], *rs_bwd[LA_COUNT];
+    int (*hid)[LA_COUNT];              /* host pool entries of offloaded tensors */
+    float *(*hptr)[LA_COUNT];
+
+    /* parameter host offload (mt_model_set_param_offload) */
+    int param_offload;
+    int *param_layer;                  /* per parameter: its layer, -1 for embed/final norm/head */
+    int64_t layer_numel, tail_off;     /* floats of one layer; flat offset of model.norm */
+    int pwin_id[3], hparams_id;        /* plan ids: two layer windows + the global window; host params */
+    float *pwin[3];
+    int64_t win_layer[2];              /* layer held by each layer window, -1 none */
+
+    /* tensor parallelism (mt_model_set_tensor_parallel): H, Hkv, F, QD, KVD above are
+     * this rank's local sizes; the parameter table keeps the global shapes. */
+    mt_comm *tp_comm;
+    int tp, tp_rank;
+    int64_t Vl, v0;     /* vocabulary slice [v0, v0 + Vl) of the loss */
+    int64_t QDg, Fg;    /* global q width and mlp dim (row strides of o_proj, down_proj) */
+    int64_t *tp_off;    /* per parameter: element offset of this rank's slice (NULL: none) */
+    mt_status tp_status; /* first failed tensor-axis collective of the current pass */
+
+    /* context parallelism (mt_model_set_context_parallel): T and N above are this
+     * rank's local rows (chunks cp_rank and 2C-1-cp_rank of every sequence). */
+    mt_comm *cp_comm;
+    int cp, cp_rank;
+    int64_t Tg;                 /* global sequence length */
+    int32_t *cp_tok, *cp_lab;   /* host [N]: this rank's rows of the caller's [B, Tg] */
+    int32_t *cp_kpos_host;      /* [Tg] original positions of the gathered keys */
+    int cp_ring;                /* context_parallel_strategy=ring */
+    int cp_id[16];              /* plan ids of the CP_* buffers */
+    void *cp_buf[16];
 };
 
 /* ------------------------------------------------------------------------------ */
@@ -191,6 +229,13 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_o
     m->Dh = cfg->head_dim;
     m->QD = m->H * m->Dh;
     m->KVD = m->Hkv * m->Dh;
+    m->tp = 1;
+    m->cp = 1;
+    m->Tg = m->T;
+    for (int i = 0; i < 16; i++) m->cp_id[i] = -1;
+    m->Vl = m->V;
+    m->QDg = m->QD;
+    m->Fg = m->F;
     m->eps = cfg->normalization_layer_epsilon;
     m->w_off = (float)mt_model_norm_unit_offset(cfg);
     m->emb_scale = mt_model_embedding_scale(cfg);
@@ -200,9 +245,12 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_o
     m->lp = calloc((size_t)L, sizeof(*m->lp));
     m->lid = calloc((size_t)L, sizeof(*m->lid));
     m->lptr = calloc((size_t)L, sizeof(*m->lptr));
+    m->hid = calloc((size_t)L, sizeof(*m->hid));
+    m->hptr = calloc((size_t)L, sizeof(*m->hptr));
     m->inv_freq_host = calloc((size_t)m->Dh, sizeof(float));
     m->pos_host = calloc((size_t)m->N, sizeof(int32_t));
-    if (!m->params || !m->lp || !m->lid || !m->lptr || !m->inv_freq_host || !m->pos_host) {
+    if (!m->params || !m->lp || !m->lid || !m->lptr || !m->hid || !m->hptr || !m->inv_freq_host ||
+        !m->pos_host) {
         mt_model_free(m);
         return mt_set_error(MT_ERR_OOM, "mt_model_create: out of memory");
     }
@@ -219,7 +267,9 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_o
 
     for (int i = 0; i < GB_COUNT; i++) m->gid[i] = -1;
     for (int64_t l = 0; l < L; l++)
-        for (int j = 0; j < LA_COUNT; j++) m->lid[l][j] = -1;
+        for (int j = 0; j < LA_COUNT; j++) m->lid[l][j] = m->hid[l][j] = -1;
+    for (int j = 0; j < LA_COUNT; j++) m->rs_fwd_id[j] = m->rs_bwd_id[j] = -1;
+    m->remat = mt_remat_policy_keep_all();
     *out = m;
     return MT_OK;
 }
@@ -230,8 +280,15 @@ void mt_model_free(mt_model *m) {
     free(m->lp);
     free(m->lid);
     free(m->lptr);
+    free(m->hid);
+    free(m->hptr);
+    free(m->param_layer);
     free(m->inv_freq_host);
     free(m->pos_host);
+    free(m->tp_off);
+    free(m->cp_tok);
+    free(m->cp_lab);
+    free(m->cp_kpos_host);
     free(m);
 }
 
@@ -278,10 +335,121 @@ static int64_t layer_act_elems(const mt_model *m, int j) {
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+/* ---- remat / offload ---- */
+
+/* The remat name saved tensor j belongs to, or -1 for the norm statistics, which
+ * are always kept (N floats each; recomputing them would need their inputs). */
+static int la_remat_tensor(int j) {
+    switch (j) {
+    case LA_INPUT: return MT_RT_DECODER_LAYER_INPUT;
+    case LA_Q: return MT_RT_QUERY_PROJ;
+    case LA_K: return MT_RT_KEY_PROJ;
+    case LA_V: return MT_RT_VALUE_PROJ;
+    case LA_CTX:
+    case LA_LSE: return MT_RT_CONTEXT;
+    case LA_OUT: return MT_RT_OUT_PROJ;
+    case LA_GATE: return MT_RT_MLPWI_0;
+    case LA_UP: return MT_RT_MLPWI_1;
+    case LA_MLPWO: return MT_RT_MLPWO;
+    default: return -1;
+    }
+}
+
+static mt_remat_action la_action(const mt_model *m, int j) {
+    int t = la_remat_tensor(j);
+    return t < 0 ? MT_RA_DEVICE : m->remat.action[t];
+}
+
+mt_status mt_model_set_remat(mt_model *m, const mt_remat_policy *p) {
+    if (!m || !p) return mt_set_error(MT_ERR_INVALID, "mt_model_set_remat: NULL argument");
+    if (m->planned) return mt_set_error(MT_ERR_INVALID, "mt_model_set_remat: set the policy before planning");
+    for (int t = 0; t < MT_RT_COUNT; t++)
+        if ((int)p->action[t] < MT_RA_REMAT || (int)p->action[t] > MT_RA_DEVICE)
+            return mt_set_error(MT_ERR_INVALID, "mt_model_set_remat: bad action %d for %s", (int)p->action[t],
+                                mt_remat_tensor_name((mt_remat_tensor)t));
+    if (p->action[MT_RT_DECODER_LAYER_INPUT] != MT_RA_DEVICE)
+        return mt_set_error(MT_ERR_INVALID, "decoder_layer_input must be device (the backward recomputes from it)");
+    m->remat = *p;
+    m->has_offload = 0;
+    for (int j = 0; j < LA_COUNT; j++)
+        if (la_action(m, j) == MT_RA_OFFLOAD && layer_act_elems(m, j) > 0) m->has_offload = 1;
+    return MT_OK;
+}
+
+int64_t mt_model_remat_tensor_bytes(const mt_model *m, mt_remat_tensor t) {
+    int64_t b = 0;
+    for (int j = 0; j < LA_COUNT; j++)
+        if (la_remat_tensor(j) == (int)t) b += layer_act_elems(m, j) * (int64_t)sizeof(float);
+    return b;
+}
+
+mt_status mt_model_set_param_offload(mt_model *m, int on) {
+    if (!m) return mt_set_error(MT_ERR_INVALID, "mt_model_set_param_offload: NULL model");
+    if (m->planned) return mt_set_error(MT_ERR_INVALID, "mt_model_set_param_offload: set it before planning");
+    m->param_offload = on != 0;
+    if (!m->param_offload) return MT_OK;
+    if (!m->param_layer) m->param_layer = malloc(sizeof(int) * (size_t)m->nparams);
+    if (!m->param_layer) return mt_set_error(MT_ERR_OOM, "mt_model_set_param_offload: out of memory");
+    for (int i = 0; i < m->nparams; i++) m->param_layer[i] = -1;
+    /* each layer's parameters are consecutive entries of the table, contiguous in the
+     * flat buffer, from input_layernorm to mlp.down_proj (build_param_table) */
+    for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++)
+        for (int i = m->lp[l].in_norm; i <= m->lp[l].down; i++) m->param_layer[i] = (int)l;
+    const layer_params *l0 = &m->lp[0];
+    m->layer_numel = m->params[l0->down].offset + m->params[l0->down].numel - m->params[l0->in_norm].offset;
+    m->tail_off = m->params[m->p_final_norm].offset;
+    m->win_layer[0] = m->win_layer[1] = -1;
+    return MT_OK;
+}
+
+/* One layer's worth of scratch for every tensor that is not kept: the forward
+ * computes it there (then copies it out when offloaded), the backward recomputes or
+ * restores it there. Its size does not depend on the depth. */
+static mt_status add_remat_scratch(mt_model *m, mt_plan *plan) {
+    const int64_t L = m->cfg.num_decoder_layers;
+    for (int j = 0; j < LA_COUNT; j++) {
+        m->rs_fwd_id[j] = m->rs_bwd_id[j] = -1;
+        int64_t e = layer_act_elems(m, j);
+        if (e == 0 || la_action(m, j) == MT_RA_DEVICE) continue;
+        char name[MT_PLAN_NAME_MAX];
+        snprintf(name, sizeof(name), "remat.fwd.%s", k_layer_act_names[j]);
+        MT_TRY(mt_plan_add(plan, name, MT_MEM_SCRATCH, (size_t)e * sizeof(float), ph_fwd(m, 0), ph_fwd(m, L - 1),
+                           &m->rs_fwd_id[j]));
+        snprintf(name, sizeof(name), "remat.bwd.%s", k_layer_act_names[j]);
+        MT_TRY(mt_plan_add(plan, name, MT_MEM_SCRATCH, (size_t)e * sizeof(float), ph_bwd(m, L - 1), ph_bwd(m, 0),
+                           &m->rs_bwd_id[j]));
+    }
+    return MT_OK;
+}
+
+mt_status mt_model_add_to_host_plan(mt_model *m, mt_plan *host_plan) {
+    if (!m || !host_plan) return mt_set_error(MT_ERR_INVALID, "mt_model_add_to_host_plan: NULL argument");
+    if (!m->planned) return mt_set_error(MT_ERR_INVALID, "mt_model_add_to_host_plan: call mt_model_add_to_plan first");
+    for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++)
+        for (int j = 0; j < LA_COUNT; j++) {
+            m->hid[l][j] = -1;
+            int64_t e = layer_act_elems(m, j);
+            if (e == 0 || la_action(m, j) != MT_RA_OFFLOAD) continue;
+            char name[MT_PLAN_NAME_MAX];
+            snprintf(name, sizeof(name), "layers.%lld.%s", (long long)l, k_layer_act_names[j]);
+            MT_TRY(mt_plan_add(host_plan, name, MT_MEM_ACTIVATIONS, (size_t)e * sizeof(float), ph_fwd(m, l),
+                               ph_bwd(m, l), &m->hid[l][j]));
+        }
+    m->hparams_id = -1;
+    if (m->param_offload)
+        MT_TRY(mt_plan_add(host_plan, "params", MT_MEM_PARAMS, (size_t)m->numel * sizeof(float), 0, ph_optim(m),
+                           &m->hparams_id));
+    m->host_planned = 1;
+    m->host_bound = 0;
+    return MT_OK;
+}
+
 static mt_status plan_add(mt_model *m, mt_plan *plan, int g, const char *name, mt_mem_category cat,
                           size_t bytes, int first, int last) {
     return mt_plan_add(plan, name, cat, bytes, first, last, &m->gid[g]);
 }
+
+static mt_status cp_add_to_plan(mt_model *m, mt_plan *plan, int first, int last);
 
 mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan) {
     if (!m || !plan) return mt_set_error(MT_ERR_INVALID, "mt_model_add_to_plan: NULL argument");
@@ -293,7 +461,18 @@ mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan) {
     const int bwd0 = ph_bwd(m, L - 1), bwd1 = ph_bwd(m, 0);
     const int loss = ph_loss(m);
 
-    MT_TRY(plan_add(m, plan, GB_PARAMS, "params", MT_MEM_PARAMS, (size_t)m->numel * f4, 0, last));
+    if (!m->param_offload) {
+        MT_TRY(plan_add(m, plan, GB_PARAMS, "params", MT_MEM_PARAMS, (size_t)m->numel * f4, 0, last));
+    } else { /* the parameters live in the host pool; the device holds windows */
+        m->gid[GB_PARAMS] = -1;
+        MT_TRY(mt_plan_add(plan, "params.window.layer0", MT_MEM_PARAMS, (size_t)m->layer_numel * f4, 0, last,
+                           &m->pwin_id[0]));
+        MT_TRY(mt_plan_add(plan, "params.window.layer1", MT_MEM_PARAMS, (size_t)m->layer_numel * f4, 0, last,
+                           &m->pwin_id[1]));
+        MT_TRY(mt_plan_add(plan, "params.window.global", MT_MEM_PARAMS,
+                           (size_t)(m->params[m->p_embed].numel + m->numel - m->tail_off) * f4, 0, last,
+                           &m->pwin_id[2]));
+    }
     MT_TRY(plan_add(m, plan, GB_GRADS, "grads", MT_MEM_GRADS, (size_t)m->numel * f4, 0, last));
     /* Step inputs: uploaded in phase 0 (labels in the loss phase), kept while used. */
     MT_TRY(plan_add(m, plan, GB_TOKENS, "tokens", MT_MEM_ACTIVATIONS, (size_t)N * i4, 0, ph_embed_bwd(m)));
@@ -310,6 +489,8 @@ mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan) {
             char name[MT_PLAN_NAME_MAX];
             snprintf(name, sizeof(name), "layers.%lld.%s", (long long)l, k_layer_act_names[j]);
             int first = j == LA_INPUT ? (int)l : ph_fwd(m, l);
+            m->lid[l][j] = -1;
+            if (la_action(m, j) != MT_RA_DEVICE) continue; /* recomputed or offloaded */
             MT_TRY(mt_plan_add(plan, name, MT_MEM_ACTIVATIONS, (size_t)e * f4, first, ph_bwd(m, l),
                                &m->lid[l][j]));
         }
@@ -322,7 +503,7 @@ mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan) {
     MT_TRY(plan_add(m, plan, GB_FINAL_HIDDEN_GRAD, "final_hidden_grad", MT_MEM_SCRATCH, (size_t)(N * D) * f4,
                     loss, loss));
     MT_TRY(plan_add(m, plan, GB_LOSS_TILE, "loss_tile", MT_MEM_LOSS_TILE,
-                    (size_t)(mt_tiled_loss_tile_rows(N, m->tiles) * m->V) * f4, loss, loss));
+                    (size_t)(mt_tiled_loss_tile_rows(N, m->tiles) * m->Vl) * f4, loss, loss));
     MT_TRY(plan_add(m, plan, GB_RESID_GRAD, "residual_grad", MT_MEM_SCRATCH, (size_t)(N * D) * f4, loss,
                     ph_embed_bwd(m)));
 
@@ -346,7 +527,11 @@ mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan) {
     MT_TRY(plan_add(m, plan, GB_BWD_W3, "bwd.work3", MT_MEM_SCRATCH, (size_t)(N * KVD) * f4, bwd0, bwd1));
     if (m->cfg.use_qk_norm)
         MT_TRY(plan_add(m, plan, GB_BWD_W4, "bwd.work4", MT_MEM_SCRATCH, (size_t)(N * QD) * f4, bwd0, bwd1));
+    MT_TRY(add_remat_scratch(m, plan));
+    MT_TRY(cp_add_to_plan(m, plan, fwd0, bwd1));
     m->planned = 1;
+    m->host_planned = 0;
+    m->host_bound = 0;
     m->bound = 0;
     return MT_OK;
 }
@@ -362,7 +547,7 @@ static mt_status bind_one(const mt_arena *arena, const mt_plan *plan, int id, vo
 mt_status mt_model_bind(mt_model *m, const mt_arena *arena, const mt_plan *plan) {
     if (!m || !arena || !plan) return mt_set_error(MT_ERR_INVALID, "mt_model_bind: NULL argument");
     if (!m->planned) return mt_set_error(MT_ERR_INVALID, "mt_model_bind: call mt_model_add_to_plan first");
-    if (m->gid[GB_PARAMS] >= mt_plan_count(plan))
+    if (m->gid[GB_GRADS] >= mt_plan_count(plan))
         return mt_set_error(MT_ERR_INVALID, "mt_model_bind: not the plan this model was added to");
     for (int g = 0; g < GB_COUNT; g++) MT_TRY(bind_one(arena, plan, m->gid[g], &m->gptr[g]));
     for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++)
@@ -371,7 +556,35 @@ mt_status mt_model_bind(mt_model *m, const mt_arena *arena, const mt_plan *plan)
             MT_TRY(bind_one(arena, plan, m->lid[l][j], &p));
             m->lptr[l][j] = p;
         }
+    for (int w = 0; m->param_offload && w < 3; w++) {
+        void *p;
+        MT_TRY(bind_one(arena, plan, m->pwin_id[w], &p));
+        m->pwin[w] = p;
+    }
+    for (int j = 0; j < LA_COUNT; j++) {
+        void *p;
+        MT_TRY(bind_one(arena, plan, m->rs_fwd_id[j], &p));
+        m->rs_fwd[j] = p;
+        MT_TRY(bind_one(arena, plan, m->rs_bwd_id[j], &p));
+        m->rs_bwd[j] = p;
+    }
+    for (int i = 0; i < 16; i++) MT_TRY(bind_one(arena, plan, m->cp_id[i], &m->cp_buf[i]));
     m->bound = 1;
+    return MT_OK;
+}
+
+mt_status mt_model_bind_host(mt_model *m, const mt_arena *host_arena, const mt_plan *host_plan) {
+    if (!m || !host_arena || !host_plan) return mt_set_error(MT_ERR_INVALID, "mt_model_bind_host: NULL argument");
+    if (!m->host_planned)
+        return mt_set_error(MT_ERR_INVALID, "mt_model_bind_host: call mt_model_add_to_host_plan first");
+    for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++)
+        for (int j = 0; j < LA_COUNT; j++) {
+            void *p;
+            MT_TRY(bind_one(host_arena, host_plan, m->hid[l][j], &p));
+            m->hptr[l][j] = p;
+        }
+    if (m->param_offload) MT_TRY(bind_one(host_arena, host_plan, m->hparams_id, &m->gptr[GB_PARAMS]));
+    m->host_bound = 1;
     return MT_OK;
 }
 
@@ -419,10 +632,43 @@ mt_status mt_model_init_params(mt_model *m, uint64_t seed) {
 /* ------------------------------------------------------------------------------ */
 /* forward / backward                                                              */
 
+/* Parameter i (its tensor-parallel slice: see "tensor parallelism" below). */
 static const float *PW(const mt_model *m, int i) {
-    return (const float *)m->gptr[GB_PARAMS] + m->params[i].offset;
+    const int64_t tp = m->tp_off ? m->tp_off[i] : 0;
+    if (!m->param_offload) return (const float *)m->gptr[GB_PARAMS] + m->params[i].offset + tp;
+    /* parameter host offload: the device window holding parameter i */
+    const int64_t off = m->params[i].offset;
+    const int l = m->param_layer[i];
+    if (l < 0) {
+        const int64_t emb = m->params[m->p_embed].numel;
+        return m->pwin[2] + (off < emb ? off : emb + off - m->tail_off) + tp;
+    }
+    const int s = m->win_layer[0] == l ? 0 : 1;
+    return m->pwin[s] + (off - m->params[m->lp[l].in_norm].offset) + tp;
 }
-static float *GW(const mt_model *m, int i) { return (float *)m->gptr[GB_GRADS] + m->params[i].offset; }
+
+/* Parameter host offload: bring layer l's parameters into its window (slot l % 2; a
+ * no-op when it is there already), and the embedding, final norm and head into the
+ * global window at the start of every forward (the optimizer may have changed them). */
+static void fetch_layer(mt_model *m, int64_t l) {
+    if (!m->param_offload) return;
+    const int s = (int)(l % 2);
+    if (m->win_layer[s] == l) return;
+    m->ops->copy_to_device(m->pwin[s], (const float *)m->gptr[GB_PARAMS] + m->params[m->lp[l].in_norm].offset,
+                           (size_t)m->layer_numel * sizeof(float));
+    m->win_layer[s] = l;
+}
+static void fetch_global(mt_model *m) {
+    if (!m->param_offload) return;
+    const int64_t emb = m->params[m->p_embed].numel;
+    const float *host = m->gptr[GB_PARAMS];
+    m->ops->copy_to_device(m->pwin[2], host, (size_t)emb * sizeof(float));
+    m->ops->copy_to_device(m->pwin[2] + emb, host + m->tail_off, (size_t)(m->numel - m->tail_off) * sizeof(float));
+    m->win_layer[0] = m->win_layer[1] = -1;
+}
+static float *GW(const mt_model *m, int i) {
+    return (float *)m->gptr[GB_GRADS] + m->params[i].offset + (m->tp_off ? m->tp_off[i] : 0);
+}
 
 /* y[N, out] = x[N, in] W^T + beta y, W [out, in] (HF nn.Linear). */
 static void linear_fwd(const mt_ops *ops, float *y, const float *x, const float *W, int64_t N,
@@ -438,6 +684,43 @@ static void linear_bwd_w(const mt_ops *ops, float *dW, const float *dy, const fl
 static void linear_bwd_x(const mt_ops *ops, float *dx, const float *dy, const float *W, int64_t N,
                          int64_t in, int64_t out, float beta) {
     ops->gemm(0, 0, N, in, out, 1.0f, dy, out, W, in, beta, dx, in);
+}
+
+/* ---- tensor parallelism (Megatron-LM: Shoeybi et al. 2019, section 3) ----
+ * Column-parallel q/k/v and gate/up: rank t computes its heads' / its mlp columns'
+ * rows of the weight, a contiguous block (PW's slice offset is all it takes).
+ * Row-parallel o_proj and down_proj: rank t reads the matching columns (row stride =
+ * the global input width) and its output is a partial sum, all-reduced over the
+ * tensor group. Backward: the column-parallel input gradient (d of the normed input)
+ * is a partial sum, all-reduced before the norm's backward; the row-parallel input
+ * gradient is local. With one rank these are exactly linear_fwd/_bwd_w/_bwd_x. */
+
+static void tp_sum(mt_model *m, float *x, int64_t n) {
+    if (m->tp > 1 && m->tp_status == MT_OK) m->tp_status = mt_comm_all_reduce(m->tp_comm, x, n, MT_COMM_F32);
+}
+
+/* y[N, D] = (beta: y +) sum over the group of x[N, in_l] W_slice^T; W_slice = columns of
+ * parameter pi with row stride ldw. scratch [N, D] is needed when beta != 0 and tp > 1. */
+static void row_fwd(mt_model *m, float *y, const float *x, int pi, int64_t in_l, int64_t ldw, float beta,
+                    float *scratch) {
+    const mt_ops *ops = m->ops;
+    const int64_t N = m->N, D = m->D;
+    if (m->tp == 1) {
+        ops->gemm(0, 1, N, D, in_l, 1.0f, x, in_l, PW(m, pi), ldw, beta, y, D);
+        return;
+    }
+    float *dst = beta == 0.0f ? y : scratch;
+    ops->gemm(0, 1, N, D, in_l, 1.0f, x, in_l, PW(m, pi), ldw, 0.0f, dst, D);
+    tp_sum(m, dst, N * D);
+    if (beta != 0.0f) ops->axpy(y, scratch, 1.0f, N * D);
+}
+/* dW_slice[D, in_l] (row stride ldw) += dy[N, D]^T x[N, in_l] */
+static void row_bwd_w(mt_model *m, int pi, const float *dy, const float *x, int64_t in_l, int64_t ldw) {
+    m->ops->gemm(1, 0, m->D, in_l, m->N, 1.0f, dy, m->D, x, in_l, 1.0f, GW(m, pi), ldw);
+}
+/* dx[N, in_l] = dy[N, D] W_slice + beta dx */
+static void row_bwd_x(mt_model *m, float *dx, const float *dy, int pi, int64_t in_l, int64_t ldw, float beta) {
+    m->ops->gemm(0, 0, m->N, in_l, m->D, 1.0f, dy, m->D, PW(m, pi), ldw, beta, dx, in_l);
 }
 
 static mt_attn_args attn_args(const mt_model *m, int64_t l) {
@@ -461,6 +744,219 @@ static const float *layer_inv_freq(const mt_model *m, int64_t l) {
     return mt_model_layer_is_local(&m->cfg, l) ? t + m->Dh / 2 : t;
 }
 
+/* ---- context parallelism (DESIGN.md section 5; Liu et al., Ring Attention, 2023;
+ * Megatron-LM's causal load balancing): the sequence is cut into 2C chunks of Tc rows,
+ * rank i holds chunks i and 2C-1-i of every sequence (rows [B, 2Tc]). RoPE and the
+ * causal mask use the original positions. Forward: K and V (after RoPE) are
+ * all-gathered over the context group and reordered to [B, Tg] (k_pos gives each
+ * gathered row's original position), then attention of the local queries against
+ * all keys. Backward: K and V are gathered again, the attention backward gives dK, dV
+ * for all keys, which are reduce-scattered back to their owners. With one rank these
+ * are exactly the attention ops. */
+
+enum {
+    CP_STAGE = 0, CP_K, CP_V, CP_DK, CP_DV, /* all_gather: [B, Tg, KVD] each */
+    CP_KPOS,                                /* [Tg] int32 (both strategies) */
+    CP_RK0, CP_RV0, CP_RK1, CP_RV1,         /* ring: K/V blocks in flight, [B, 2Tc, KVD] */
+    CP_RDK0, CP_RDV0, CP_RDK1, CP_RDV1,     /* ring: their travelling gradients */
+    CP_ROUT, CP_RLSE                        /* ring: one block's output [N, QD] / lse [B, H, 2Tc] */
+};
+
+static mt_status cp_add_to_plan(mt_model *m, mt_plan *plan, int first, int last) {
+    if (m->cp == 1) return MT_OK;
+    const size_t f4 = sizeof(float);
+    MT_TRY(mt_plan_add(plan, "cp.k_positions", MT_MEM_COMM, (size_t)m->Tg * sizeof(int32_t), first, last,
+                       &m->cp_id[CP_KPOS]));
+    if (!m->cp_ring) {
+        const size_t full = (size_t)(m->B * m->Tg * m->KVD) * f4;
+        static const char *const names[5] = {"cp.gather_stage", "cp.k_full", "cp.v_full", "cp.dk_full",
+                                             "cp.dv_full"};
+        for (int i = 0; i < 5; i++) MT_TRY(mt_plan_add(plan, names[i], MT_MEM_COMM, full, first, last, &m->cp_id[i]));
+        return MT_OK;
+    }
+    static const char *const rn[8] = {"cp.ring.k0", "cp.ring.v0", "cp.ring.k1", "cp.ring.v1",
+                                      "cp.ring.dk0", "cp.ring.dv0", "cp.ring.dk1", "cp.ring.dv1"};
+    for (int i = 0; i < 8; i++)
+        MT_TRY(mt_plan_add(plan, rn[i], MT_MEM_COMM, (size_t)(m->N * m->KVD) * f4, first, last, &m->cp_id[CP_RK0 + i]));
+    MT_TRY(mt_plan_add(plan, "cp.ring.block_out", MT_MEM_COMM, (size_t)(m->N * m->QD) * f4, first, last,
+                       &m->cp_id[CP_ROUT]));
+    return mt_plan_add(plan, "cp.ring.block_lse", MT_MEM_COMM, (size_t)(m->B * m->H * m->T) * f4, first, last,
+                       &m->cp_id[CP_RLSE]);
+}
+
+/* ---- ring strategy: K/V blocks travel around the context group (rank r sends to
+ * r + 1); after step s rank r holds the block of rank (r - s) mod C. Forward: each
+ * block's attention (q_pos / k_pos the original positions) is merged into the
+ * running output with the online-softmax rule (Milakov & Gimelshein 2018):
+ * lse = log(e^lse_a + e^lse_b), out = e^(lse_a - lse) out_a + e^(lse_b - lse) out_b.
+ * Backward: with the final out and lse, each block's attention backward gives exact
+ * per-block dq (summed here) and dK/dV, which travel with the block and are sent
+ * home after the last step. */
+
+static void cp_ring_pass(mt_model *m, float *const *send, float *const *recv, int nbuf) {
+    const int C = m->cp, r = m->cp_rank;
+    for (int i = 0; i < nbuf && m->tp_status == MT_OK; i++)
+        m->tp_status = mt_comm_sendrecv(m->cp_comm, send[i], (r + 1) % C, recv[i], (r + C - 1) % C,
+                                        m->N * m->KVD, MT_COMM_F32);
+}
+
+/* out/lse (running, [B, Tq, H, Dh] / [B, H, Tq]) merged with one block's ob/lb. */
+static void cp_ring_merge(const mt_model *m, float *out, float *lse, const float *ob, const float *lb) {
+    const int64_t B = m->B, H = m->H, Tq = m->T, Dh = m->Dh;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < Tq; i++) {
+                float *la = lse + (b * H + h) * Tq + i;
+                const float lbv = lb[(b * H + h) * Tq + i];
+                if (lbv == -INFINITY) continue;
+                const float lav = *la, mx = lav > lbv ? lav : lbv;
+                const double ln = mx + log(exp((double)lav - mx) + exp((double)lbv - mx));
+                const float wa = lav == -INFINITY ? 0.0f : (float)exp((double)lav - ln);
+                const float wb = (float)exp((double)lbv - ln);
+                float *o = out + ((b * Tq + i) * H + h) * Dh;
+                const float *q = ob + ((b * Tq + i) * H + h) * Dh;
+                for (int64_t d = 0; d < Dh; d++) o[d] = wa * o[d] + wb * q[d];
+                *la = (float)ln;
+            }
+}
+
+static void cp_ring_fwd(mt_model *m, mt_attn_args *args, float *out, float *lse, const float *q, const float *k,
+                        const float *v) {
+    const int C = m->cp, r = m->cp_rank;
+    const size_t kvb = (size_t)(m->N * m->KVD) * sizeof(float);
+    float *kb[2] = {m->cp_buf[CP_RK0], m->cp_buf[CP_RK1]}, *vb[2] = {m->cp_buf[CP_RV0], m->cp_buf[CP_RV1]};
+    m->ops->copy(kb[0], k, kvb);
+    m->ops->copy(vb[0], v, kvb);
+    for (int s = 0; s < C; s++) {
+        const int cur = s & 1, src = (r - s + C) % C;
+        args->k_pos = (const int32_t *)m->cp_buf[CP_KPOS] + (int64_t)src * m->T;
+        if (s == 0) {
+            m->ops->attention_fwd(args, out, lse, q, kb[cur], vb[cur]);
+        } else {
+            m->ops->attention_fwd(args, m->cp_buf[CP_ROUT], m->cp_buf[CP_RLSE], q, kb[cur], vb[cur]);
+            cp_ring_merge(m, out, lse, m->cp_buf[CP_ROUT], m->cp_buf[CP_RLSE]);
+        }
+        if (s + 1 < C) {
+            float *snd[2] = {kb[cur], vb[cur]}, *rcv[2] = {kb[!cur], vb[!cur]};
+            cp_ring_pass(m, snd, rcv, 2);
+        }
+    }
+}
+
+static void cp_ring_bwd(mt_model *m, mt_attn_args *args, float *dq, float *dk, float *dv, const float *dout,
+                        const float *q, const float *k, const float *v, const float *out, const float *lse) {
+    const int C = m->cp, r = m->cp_rank;
+    const int64_t nq = m->N * m->QD, nkv = m->N * m->KVD;
+    const size_t kvb = (size_t)nkv * sizeof(float);
+    float *kb[2] = {m->cp_buf[CP_RK0], m->cp_buf[CP_RK1]}, *vb[2] = {m->cp_buf[CP_RV0], m->cp_buf[CP_RV1]};
+    float *dkb[2] = {m->cp_buf[CP_RDK0], m->cp_buf[CP_RDK1]}, *dvb[2] = {m->cp_buf[CP_RDV0], m->cp_buf[CP_RDV1]};
+    float *dqs = m->cp_buf[CP_ROUT];
+    m->ops->copy(kb[0], k, kvb);
+    m->ops->copy(vb[0], v, kvb);
+    m->ops->zero(dkb[0], kvb);
+    m->ops->zero(dvb[0], kvb);
+    int cur = 0;
+    for (int s = 0; s < C; s++) {
+        cur = s & 1;
+        const int src = (r - s + C) % C;
+        args->k_pos = (const int32_t *)m->cp_buf[CP_KPOS] + (int64_t)src * m->T;
+        /* dk, dv (the caller's outputs) serve as this block's scratch */
+        m->ops->attention_bwd(args, s == 0 ? dq : dqs, dk, dv, dout, q, kb[cur], vb[cur], out, lse);
+        if (s > 0) m->ops->axpy(dq, dqs, 1.0f, nq);
+        m->ops->axpy(dkb[cur], dk, 1.0f, nkv);
+        m->ops->axpy(dvb[cur], dv, 1.0f, nkv);
+        if (s + 1 < C) {
+            float *snd[4] = {kb[cur], vb[cur], dkb[cur], dvb[cur]}, *rcv[4] = {kb[!cur], vb[!cur], dkb[!cur], dvb[!cur]};
+            cp_ring_pass(m, snd, rcv, 4);
+        }
+    }
+    /* the block now here belongs to rank r + 1: send its gradients home, receive ours */
+    float *snd[2] = {dkb[cur], dvb[cur]}, *rcv[2] = {dk, dv};
+    cp_ring_pass(m, snd, rcv, 2);
+}
+
+/* full[B, Tg, KVD] (rank-major chunks reordered per sequence) = gather of x[B, 2Tc, KVD]. */
+static void cp_gather(mt_model *m, float *full, const float *x) {
+    const int64_t C = m->cp, B = m->B, Tl = m->T, KVD = m->KVD, blk = B * Tl * KVD;
+    float *stage = m->cp_buf[CP_STAGE];
+    int64_t counts[C];
+    for (int64_t r = 0; r < C; r++) counts[r] = blk;
+    if (m->tp_status == MT_OK) m->tp_status = mt_comm_all_gather(m->cp_comm, x, stage, counts, MT_COMM_F32);
+    for (int64_t r = 0; r < C; r++)
+        for (int64_t b = 0; b < B; b++)
+            m->ops->copy(full + (b * m->Tg + r * Tl) * KVD, stage + r * blk + b * Tl * KVD,
+                         (size_t)(Tl * KVD) * sizeof(float));
+}
+
+/* x[B, 2Tc, KVD] = this rank's rows of the group's sum of full[B, Tg, KVD]. */
+static void cp_scatter(mt_model *m, float *x, const float *full) {
+    const int64_t C = m->cp, B = m->B, Tl = m->T, KVD = m->KVD, blk = B * Tl * KVD;
+    float *stage = m->cp_buf[CP_STAGE];
+    int64_t counts[C];
+    for (int64_t r = 0; r < C; r++) {
+        counts[r] = blk;
+        for (int64_t b = 0; b < B; b++)
+            m->ops->copy(stage + r * blk + b * Tl * KVD, full + (b * m->Tg + r * Tl) * KVD,
+                         (size_t)(Tl * KVD) * sizeof(float));
+    }
+    if (m->tp_status == MT_OK) m->tp_status = mt_comm_reduce_scatter(m->cp_comm, stage, x, counts, MT_COMM_F32);
+}
+
+static void cp_attention_fwd(mt_model *m, int64_t l, float *out, float *lse, const float *q, const float *k,
+                             const float *v) {
+    mt_attn_args args = attn_args(m, l);
+    if (m->cp == 1) {
+        m->ops->attention_fwd(&args, out, lse, q, k, v);
+        return;
+    }
+    args.q_pos = m->gptr[GB_POSITIONS]; /* the same 2Tc positions for every sequence */
+    if (m->cp_ring) {
+        cp_ring_fwd(m, &args, out, lse, q, k, v);
+        return;
+    }
+    cp_gather(m, m->cp_buf[CP_K], k);
+    cp_gather(m, m->cp_buf[CP_V], v);
+    args.Tk = m->Tg;
+    args.k_pos = m->cp_buf[CP_KPOS];
+    m->ops->attention_fwd(&args, out, lse, q, m->cp_buf[CP_K], m->cp_buf[CP_V]);
+}
+
+static void cp_attention_bwd(mt_model *m, int64_t l, float *dq, float *dk, float *dv, const float *dout,
+                             const float *q, const float *k, const float *v, const float *out, const float *lse) {
+    mt_attn_args args = attn_args(m, l);
+    if (m->cp == 1) {
+        m->ops->attention_bwd(&args, dq, dk, dv, dout, q, k, v, out, lse);
+        return;
+    }
+    args.q_pos = m->gptr[GB_POSITIONS];
+    if (m->cp_ring) {
+        cp_ring_bwd(m, &args, dq, dk, dv, dout, q, k, v, out, lse);
+        return;
+    }
+    cp_gather(m, m->cp_buf[CP_K], k);
+    cp_gather(m, m->cp_buf[CP_V], v);
+    args.Tk = m->Tg;
+    args.k_pos = m->cp_buf[CP_KPOS];
+    m->ops->attention_bwd(&args, dq, m->cp_buf[CP_DK], m->cp_buf[CP_DV], dout, q, m->cp_buf[CP_K],
+                          m->cp_buf[CP_V], out, lse);
+    cp_scatter(m, dk, m->cp_buf[CP_DK]);
+    cp_scatter(m, dv, m->cp_buf[CP_DV]);
+}
+
+/* Original position of local row j (< 2Tc) of context rank r. */
+static int32_t cp_position(const mt_model *m, int r, int64_t j) {
+    const int64_t Tc = m->T / 2, chunk = j < Tc ? r : 2 * m->cp - 1 - r;
+    return (int32_t)(chunk * Tc + j % Tc);
+}
+
+/* This rank's rows of the caller's full [B, Tg] tokens or labels. */
+static const int32_t *cp_select(mt_model *m, const int32_t *full, int32_t *local) {
+    if (m->cp == 1 || !full) return full;
+    for (int64_t b = 0; b < m->B; b++)
+        for (int64_t j = 0; j < m->T; j++) local[b * m->T + j] = full[b * m->Tg + cp_position(m, m->cp_rank, j)];
+    return local;
+}
+
 static mt_status check_ids(const mt_model *m, const int32_t *ids, const char *what, int allow_ignore) {
     if (!ids) return mt_set_error(MT_ERR_INVALID, "%s is NULL", what);
     for (int64_t n = 0; n < m->N; n++) {
@@ -473,11 +969,39 @@ static mt_status check_ids(const mt_model *m, const int32_t *ids, const char *wh
     return MT_OK;
 }
 
+/* Where tensor j of layer l is during the forward (fwd = 1) or the backward (0):
+ * its own plan entry when kept, else the layer-sized remat scratch. */
+static void layer_ptrs(const mt_model *m, int64_t l, int fwd, float *a[LA_COUNT]) {
+    for (int j = 0; j < LA_COUNT; j++)
+        a[j] = m->lid[l][j] >= 0 ? m->lptr[l][j] : (fwd ? m->rs_fwd[j] : m->rs_bwd[j]);
+}
+
+/* After the forward of layer l: copy its offloaded tensors to the host pool. */
+static void layer_offload(mt_model *m, int64_t l, float *a[LA_COUNT]) {
+    if (!m->has_offload) return;
+    for (int j = 0; j < LA_COUNT; j++)
+        if (m->hid[l][j] >= 0)
+            m->ops->copy_to_host(m->hptr[l][j], a[j], (size_t)layer_act_elems(m, j) * sizeof(float));
+}
+
+/* Before the backward of layer l: bring its offloaded tensors back. */
+static void layer_restore(mt_model *m, int64_t l, float *a[LA_COUNT]) {
+    if (!m->has_offload) return;
+    for (int j = 0; j < LA_COUNT; j++)
+        if (m->hid[l][j] >= 0)
+            m->ops->copy_to_device(a[j], m->hptr[l][j], (size_t)layer_act_elems(m, j) * sizeof(float));
+}
+
+static int la_is_remat(const mt_model *m, int j) {
+    return layer_act_elems(m, j) > 0 && la_action(m, j) == MT_RA_REMAT;
+}
+
 /* Forward of layer l (phase 1 + l): layer input -> next layer input. */
 static void layer_forward(mt_model *m, int64_t l) {
     const mt_ops *ops = m->ops;
     const layer_params *lp = &m->lp[l];
-    float **a = m->lptr[l];
+    float *a[LA_COUNT];
+    layer_ptrs(m, l, 1, a);
     const int64_t N = m->N, D = m->D, F = m->F, H = m->H, Hkv = m->Hkv, Dh = m->Dh;
     const int64_t QD = m->QD, KVD = m->KVD;
     const size_t ND = (size_t)(N * D) * sizeof(float);
@@ -502,9 +1026,8 @@ static void layer_forward(mt_model *m, int64_t l) {
     ops->rope_fwd(a[LA_Q], pos, inv_freq, N, H, Dh);
     ops->rope_fwd(a[LA_K], pos, inv_freq, N, Hkv, Dh);
     linear_fwd(ops, a[LA_V], nrm, PW(m, lp->v), N, D, KVD, 0.0f);
-    mt_attn_args args = attn_args(m, l);
-    ops->attention_fwd(&args, a[LA_CTX], a[LA_LSE], a[LA_Q], a[LA_K], a[LA_V]);
-    linear_fwd(ops, a[LA_OUT], a[LA_CTX], PW(m, lp->o), N, QD, D, 0.0f);
+    cp_attention_fwd(m, l, a[LA_CTX], a[LA_LSE], a[LA_Q], a[LA_K], a[LA_V]);
+    row_fwd(m, a[LA_OUT], a[LA_CTX], lp->o, QD, m->QDg, 0.0f, NULL);
     ops->copy(res, x, ND);
     if (m->cfg.use_post_attn_norm) {
         ops->rmsnorm_fwd(tmp, a[LA_RSTD_PA], a[LA_OUT], PW(m, lp->post_attn_norm), N, D, m->eps, m->w_off);
@@ -520,11 +1043,64 @@ static void layer_forward(mt_model *m, int64_t l) {
     ops->glu_fwd(glu, a[LA_GATE], a[LA_UP], N * F, m->cfg.mlp_activation);
     ops->copy(y, res, ND);
     if (m->cfg.use_post_ffw_norm) {
-        linear_fwd(ops, a[LA_MLPWO], glu, PW(m, lp->down), N, F, D, 0.0f);
+        row_fwd(m, a[LA_MLPWO], glu, lp->down, F, m->Fg, 0.0f, NULL);
         ops->rmsnorm_fwd(tmp, a[LA_RSTD_PF], a[LA_MLPWO], PW(m, lp->post_ffw_norm), N, D, m->eps, m->w_off);
         ops->axpy(y, tmp, 1.0f, N * D);
     } else {
-        linear_fwd(ops, y, glu, PW(m, lp->down), N, F, D, 1.0f);
+        row_fwd(m, y, glu, lp->down, F, m->Fg, 1.0f, tmp);
+    }
+    layer_offload(m, l, a);
+}
+
+/* Start of the backward of layer l, attention half: recompute the attention tensors
+ * that were not kept, from decoder_layer_input, with the forward's exact op sequence
+ * (so bitwise the forward's values). Uses nrm and w0 as temporaries. */
+static void layer_recompute_attn(mt_model *m, int64_t l, float *a[LA_COUNT]) {
+    const mt_ops *ops = m->ops;
+    const layer_params *lp = &m->lp[l];
+    const int64_t N = m->N, D = m->D, H = m->H, Hkv = m->Hkv, Dh = m->Dh, QD = m->QD, KVD = m->KVD;
+    const int rq = la_is_remat(m, LA_Q), rk = la_is_remat(m, LA_K), rv = la_is_remat(m, LA_V);
+    const int32_t *pos = m->gptr[GB_POSITIONS];
+    const float *inv_freq = layer_inv_freq(m, l);
+    float *nrm = m->gptr[GB_BWD_NORM], *tmp = m->gptr[GB_BWD_W0];
+    if (rq || rk || rv)
+        ops->rmsnorm_fwd(nrm, a[LA_RSTD_IN], a[LA_INPUT], PW(m, lp->in_norm), N, D, m->eps, m->w_off);
+    if (rq) {
+        if (m->cfg.use_qk_norm) {
+            linear_fwd(ops, tmp, nrm, PW(m, lp->q), N, D, QD, 0.0f);
+            ops->rmsnorm_fwd(a[LA_Q], a[LA_RSTD_QN], tmp, PW(m, lp->q_norm), N * H, Dh, m->eps, m->w_off);
+        } else {
+            linear_fwd(ops, a[LA_Q], nrm, PW(m, lp->q), N, D, QD, 0.0f);
+        }
+        ops->rope_fwd(a[LA_Q], pos, inv_freq, N, H, Dh);
+    }
+    if (rk) {
+        if (m->cfg.use_qk_norm) {
+            linear_fwd(ops, tmp, nrm, PW(m, lp->k), N, D, KVD, 0.0f);
+            ops->rmsnorm_fwd(a[LA_K], a[LA_RSTD_KN], tmp, PW(m, lp->k_norm), N * Hkv, Dh, m->eps, m->w_off);
+        } else {
+            linear_fwd(ops, a[LA_K], nrm, PW(m, lp->k), N, D, KVD, 0.0f);
+        }
+        ops->rope_fwd(a[LA_K], pos, inv_freq, N, Hkv, Dh);
+    }
+    if (rv) linear_fwd(ops, a[LA_V], nrm, PW(m, lp->v), N, D, KVD, 0.0f);
+    if (la_is_remat(m, LA_CTX)) {
+        cp_attention_fwd(m, l, a[LA_CTX], a[LA_LSE], a[LA_Q], a[LA_K], a[LA_V]);
+    }
+    if (la_is_remat(m, LA_OUT)) row_fwd(m, a[LA_OUT], a[LA_CTX], lp->o, QD, m->QDg, 0.0f, NULL);
+}
+
+/* MLP half: given n2 = pre-MLP norm(h) in nrm, recompute mlpwi_0, mlpwi_1 and (with a
+ * post-MLP norm) mlpwo when they were not kept. Uses glu as a temporary. */
+static void layer_recompute_mlp(mt_model *m, int64_t l, float *a[LA_COUNT], const float *nrm, float *glu) {
+    const mt_ops *ops = m->ops;
+    const layer_params *lp = &m->lp[l];
+    const int64_t N = m->N, D = m->D, F = m->F;
+    if (la_is_remat(m, LA_GATE)) linear_fwd(ops, a[LA_GATE], nrm, PW(m, lp->gate), N, D, F, 0.0f);
+    if (la_is_remat(m, LA_UP)) linear_fwd(ops, a[LA_UP], nrm, PW(m, lp->up), N, D, F, 0.0f);
+    if (la_is_remat(m, LA_MLPWO)) {
+        ops->glu_fwd(glu, a[LA_GATE], a[LA_UP], N * F, m->cfg.mlp_activation);
+        row_fwd(m, a[LA_MLPWO], glu, lp->down, F, m->Fg, 0.0f, NULL);
     }
 }
 
@@ -533,7 +1109,10 @@ static void layer_forward(mt_model *m, int64_t l) {
 static void layer_backward(mt_model *m, int64_t l) {
     const mt_ops *ops = m->ops;
     const layer_params *lp = &m->lp[l];
-    float **a = m->lptr[l];
+    float *a[LA_COUNT];
+    layer_ptrs(m, l, 0, a);
+    layer_restore(m, l, a);
+    layer_recompute_attn(m, l, a);
     const int64_t N = m->N, D = m->D, F = m->F, H = m->H, Hkv = m->Hkv, Dh = m->Dh;
     const int64_t QD = m->QD, KVD = m->KVD;
     const size_t ND = (size_t)(N * D) * sizeof(float);
@@ -548,14 +1127,7 @@ static void layer_backward(mt_model *m, int64_t l) {
     const float *x = a[LA_INPUT];
 
     /* ---- MLP block: y = h + [post_ffw](down(act(g) u)) ---- */
-    const float *dmlp = G;
-    if (m->cfg.use_post_ffw_norm) {
-        ops->zero(d1, ND);
-        ops->rmsnorm_bwd(d1, GW(m, lp->post_ffw_norm), G, a[LA_MLPWO], PW(m, lp->post_ffw_norm),
-                         a[LA_RSTD_PF], N, D, off);
-        dmlp = d1;
-    }
-    /* recompute h = x + [post_attn](o) and n2 = norm(h) */
+    /* recompute h = x + [post_attn](o) and n2 = norm(h), then the MLP tensors not kept */
     ops->copy(res, x, ND);
     if (m->cfg.use_post_attn_norm) {
         ops->rmsnorm_fwd(d2, a[LA_RSTD_PA], a[LA_OUT], PW(m, lp->post_attn_norm), N, D, eps, off);
@@ -564,14 +1136,23 @@ static void layer_backward(mt_model *m, int64_t l) {
         ops->axpy(res, a[LA_OUT], 1.0f, N * D);
     }
     ops->rmsnorm_fwd(nrm, a[LA_RSTD_MLP], res, PW(m, lp->pre_mlp_norm), N, D, eps, off);
+    layer_recompute_mlp(m, l, a, nrm, w0);
+    const float *dmlp = G;
+    if (m->cfg.use_post_ffw_norm) {
+        ops->zero(d1, ND);
+        ops->rmsnorm_bwd(d1, GW(m, lp->post_ffw_norm), G, a[LA_MLPWO], PW(m, lp->post_ffw_norm),
+                         a[LA_RSTD_PF], N, D, off);
+        dmlp = d1;
+    }
     ops->glu_fwd(w0, a[LA_GATE], a[LA_UP], N * F, m->cfg.mlp_activation);
-    linear_bwd_w(ops, GW(m, lp->down), dmlp, w0, N, F, D);
-    linear_bwd_x(ops, w0, dmlp, PW(m, lp->down), N, F, D, 0.0f); /* d(act(g) u) */
+    row_bwd_w(m, lp->down, dmlp, w0, F, m->Fg);
+    row_bwd_x(m, w0, dmlp, lp->down, F, m->Fg, 0.0f); /* d(act(g) u) */
     ops->glu_bwd(w1, w2, w0, a[LA_GATE], a[LA_UP], N * F, m->cfg.mlp_activation);
     linear_bwd_w(ops, GW(m, lp->gate), w1, nrm, N, D, F);
     linear_bwd_w(ops, GW(m, lp->up), w2, nrm, N, D, F);
     linear_bwd_x(ops, d2, w1, PW(m, lp->gate), N, D, F, 0.0f);
     linear_bwd_x(ops, d2, w2, PW(m, lp->up), N, D, F, 1.0f);
+    tp_sum(m, d2, N * D); /* column-parallel gate/up: partial input gradient */
     ops->rmsnorm_bwd(G, GW(m, lp->pre_mlp_norm), d2, res, PW(m, lp->pre_mlp_norm), a[LA_RSTD_MLP], N, D,
                      off);
 
@@ -583,10 +1164,9 @@ static void layer_backward(mt_model *m, int64_t l) {
                          a[LA_RSTD_PA], N, D, off);
         dattn = d1;
     }
-    linear_bwd_w(ops, GW(m, lp->o), dattn, a[LA_CTX], N, QD, D);
-    linear_bwd_x(ops, w0, dattn, PW(m, lp->o), N, QD, D, 0.0f); /* dcontext */
-    mt_attn_args args = attn_args(m, l);
-    ops->attention_bwd(&args, w1, w2, w3, w0, a[LA_Q], a[LA_K], a[LA_V], a[LA_CTX], a[LA_LSE]);
+    row_bwd_w(m, lp->o, dattn, a[LA_CTX], QD, m->QDg);
+    row_bwd_x(m, w0, dattn, lp->o, QD, m->QDg, 0.0f); /* dcontext */
+    cp_attention_bwd(m, l, w1, w2, w3, w0, a[LA_Q], a[LA_K], a[LA_V], a[LA_CTX], a[LA_LSE]);
     ops->rope_bwd(w1, pos, inv_freq, N, H, Dh);
     ops->rope_bwd(w2, pos, inv_freq, N, Hkv, Dh);
     ops->rmsnorm_fwd(nrm, a[LA_RSTD_IN], x, PW(m, lp->in_norm), N, D, eps, off); /* recompute n1 */
@@ -607,6 +1187,7 @@ static void layer_backward(mt_model *m, int64_t l) {
     linear_bwd_x(ops, d2, dq, PW(m, lp->q), N, D, QD, 0.0f);
     linear_bwd_x(ops, d2, dk, PW(m, lp->k), N, D, KVD, 1.0f);
     linear_bwd_x(ops, d2, dv, PW(m, lp->v), N, D, KVD, 1.0f);
+    tp_sum(m, d2, N * D); /* column-parallel q/k/v: partial input gradient */
     ops->rmsnorm_bwd(G, GW(m, lp->in_norm), d2, x, PW(m, lp->in_norm), a[LA_RSTD_IN], N, D, off);
 }
 
@@ -616,9 +1197,14 @@ static void model_forward(mt_model *m, const int32_t *tokens) {
     const int64_t N = m->N, D = m->D;
     ops->copy_to_device(m->gptr[GB_TOKENS], tokens, (size_t)N * sizeof(int32_t));
     ops->copy_to_device(m->gptr[GB_POSITIONS], m->pos_host, (size_t)N * sizeof(int32_t));
+    if (m->cp > 1) ops->copy_to_device(m->cp_buf[CP_KPOS], m->cp_kpos_host, (size_t)m->Tg * sizeof(int32_t));
     ops->copy_to_device(m->gptr[GB_INV_FREQ], m->inv_freq_host, (size_t)m->Dh * sizeof(float));
+    fetch_global(m);
     ops->embedding_fwd(m->lptr[0][LA_INPUT], PW(m, m->p_embed), m->gptr[GB_TOKENS], N, D, m->emb_scale);
-    for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++) layer_forward(m, l);
+    for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++) {
+        fetch_layer(m, l);
+        layer_forward(m, l);
+    }
     ops->rmsnorm_fwd(m->gptr[GB_FINAL_HIDDEN], m->gptr[GB_FINAL_RSTD], m->gptr[GB_FINAL_INPUT],
                      PW(m, m->p_final_norm), N, D, m->eps, m->w_off);
 }
@@ -630,17 +1216,24 @@ static const float *unembedding(const mt_model *m) {
 static mt_status check_ready(const mt_model *m, const char *fn) {
     if (!m) return mt_set_error(MT_ERR_INVALID, "%s: model is NULL", fn);
     if (!m->bound) return mt_set_error(MT_ERR_INVALID, "%s: model not bound to an arena", fn);
+    if ((m->has_offload || m->param_offload) && !m->host_bound)
+        return mt_set_error(MT_ERR_INVALID, "%s: the remat policy offloads tensors but no host pool is bound "
+                            "(mt_model_add_to_host_plan + mt_model_bind_host)", fn);
     return MT_OK;
 }
 
 static mt_status forward_loss(mt_model *m, const int32_t *tokens, const int32_t *labels, float dscale,
                               int backward, double *loss_sum, int64_t *count) {
     MT_TRY(check_ready(m, backward ? "mt_model_forward_backward" : "mt_model_loss"));
+    tokens = cp_select(m, tokens, m->cp_tok);
+    labels = cp_select(m, labels, m->cp_lab);
     MT_TRY(check_ids(m, tokens, "tokens", 0));
     MT_TRY(check_ids(m, labels, "labels", 1));
     const mt_ops *ops = m->ops;
     const int64_t N = m->N, D = m->D;
+    m->tp_status = MT_OK;
     model_forward(m, tokens);
+    MT_TRY(m->tp_status);
 
     /* phase L + 1: vocab-tiled loss (and its VJP), final norm backward */
     ops->copy_to_device(m->gptr[GB_LABELS], labels, (size_t)N * sizeof(int32_t));
@@ -652,8 +1245,16 @@ static mt_status forward_loss(mt_model *m, const int32_t *tokens, const int32_t 
     float *dh = backward ? m->gptr[GB_FINAL_HIDDEN_GRAD] : NULL;
     float *dW = NULL;
     if (backward) dW = GW(m, m->cfg.logits_via_embedding ? m->p_embed : m->p_lm_head);
-    mt_tiled_loss(ops, &la, m->gptr[GB_FINAL_HIDDEN], unembedding(m), m->gptr[GB_LABELS],
-                  m->gptr[GB_LOSS_TILE], dh, dW, &ls, &cnt);
+    if (m->tp > 1) { /* vocab-parallel: this rank's rows [v0, v0 + Vl) of the unembedding */
+        const mt_vocab_loss_args va = {.N = N, .D = D, .v0 = m->v0, .Vl = m->Vl, .num_tiles = m->tiles,
+                                       .softcap = la.softcap, .ignore_index = la.ignore_index, .dscale = dscale};
+        MT_TRY(mt_vocab_parallel_loss(ops, m->tp_comm, &va, m->gptr[GB_FINAL_HIDDEN], unembedding(m) + m->v0 * D,
+                                      m->gptr[GB_LABELS], m->gptr[GB_LOSS_TILE], dh, dW ? dW + m->v0 * D : NULL,
+                                      &ls, &cnt));
+    } else {
+        mt_tiled_loss(ops, &la, m->gptr[GB_FINAL_HIDDEN], unembedding(m), m->gptr[GB_LABELS],
+                      m->gptr[GB_LOSS_TILE], dh, dW, &ls, &cnt);
+    }
     if (loss_sum) *loss_sum = ls;
     if (count) *count = cnt;
     if (!backward) return MT_OK;
@@ -662,9 +1263,15 @@ static mt_status forward_loss(mt_model *m, const int32_t *tokens, const int32_t 
     ops->zero(G, (size_t)(N * D) * sizeof(float));
     ops->rmsnorm_bwd(G, GW(m, m->p_final_norm), dh, m->gptr[GB_FINAL_INPUT], PW(m, m->p_final_norm),
                      m->gptr[GB_FINAL_RSTD], N, D, m->w_off);
-    for (int64_t l = m->cfg.num_decoder_layers - 1; l >= 0; l--) layer_backward(m, l);
-    /* phase 2L + 2 */
-    ops->embedding_bwd(GW(m, m->p_embed), G, m->gptr[GB_TOKENS], N, m->V, D, m->emb_scale);
+    for (int64_t l = m->cfg.num_decoder_layers - 1; l >= 0; l--) {
+        fetch_layer(m, l);
+        layer_backward(m, l);
+    }
+    MT_TRY(m->tp_status);
+    /* phase 2L + 2 (tensor parallel: G is the same on every rank of the group; only
+     * rank 0 adds it, so the group's sum of embedding gradients counts it once) */
+    if (m->tp_rank == 0)
+        ops->embedding_bwd(GW(m, m->p_embed), G, m->gptr[GB_TOKENS], N, m->V, D, m->emb_scale);
     ops->sync();
     return MT_OK;
 }
@@ -681,15 +1288,23 @@ mt_status mt_model_loss(mt_model *m, const int32_t *tokens, const int32_t *label
 
 mt_status mt_model_hidden(mt_model *m, const int32_t *tokens, float *hidden) {
     MT_TRY(check_ready(m, "mt_model_hidden"));
+    if (m->cp > 1)
+        return mt_set_error(MT_ERR_UNSUPPORTED, "mt_model_hidden: under context parallelism each rank holds only "
+                            "its chunks");
     MT_TRY(check_ids(m, tokens, "tokens", 0));
     if (!hidden) return mt_set_error(MT_ERR_INVALID, "mt_model_hidden: hidden is NULL");
+    m->tp_status = MT_OK;
     model_forward(m, tokens);
+    MT_TRY(m->tp_status); /* tensor parallel: the row-parallel all-reduces */
     m->ops->copy_to_host(hidden, m->gptr[GB_FINAL_HIDDEN], (size_t)(m->N * m->D) * sizeof(float));
     return MT_OK;
 }
 
 mt_status mt_model_logits(mt_model *m, const int32_t *tokens, float *logits) {
     MT_TRY(check_ready(m, "mt_model_logits"));
+    if (m->tp > 1 || m->cp > 1)
+        return mt_set_error(MT_ERR_UNSUPPORTED, "mt_model_logits: full logits under tensor parallelism are not "
+                            "gathered (use mt_model_loss)");
     MT_TRY(check_ids(m, tokens, "tokens", 0));
     if (!logits) return mt_set_error(MT_ERR_INVALID, "mt_model_logits: logits is NULL");
     const mt_ops *ops = m->ops;
@@ -708,5 +1323,85 @@ mt_status mt_model_logits(mt_model *m, const int32_t *tokens, float *logits) {
         if (cap > 0.0f)
             for (int64_t i = 0; i < R * V; i++) dst[i] = cap * tanhf(dst[i] / cap);
     }
+    return MT_OK;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* tensor parallelism: set-up (the compute is in row_fwd / tp_sum above)          */
+
+mt_status mt_model_set_tensor_parallel(mt_model *m, mt_comm *comm, int size, int rank) {
+    if (!m) return mt_set_error(MT_ERR_INVALID, "mt_model_set_tensor_parallel: model is NULL");
+    if (m->planned || m->tp != 1)
+        return mt_set_error(MT_ERR_INVALID, "mt_model_set_tensor_parallel: call once, before mt_model_add_to_plan");
+    if (size < 1 || rank < 0 || rank >= size)
+        return mt_set_error(MT_ERR_INVALID, "tensor parallelism: rank %d outside a group of %d", rank, size);
+    if (size == 1) return MT_OK;
+    const int64_t T = size;
+    if (m->H % T || m->Hkv % T || m->F % T || m->V % T)
+        return mt_set_error(MT_ERR_INVALID, "ici_tensor_parallelism=%d must divide base_num_query_heads=%lld, "
+                            "base_num_kv_heads=%lld, base_mlp_dim=%lld and vocab_size=%lld", size,
+                            (long long)m->H, (long long)m->Hkv, (long long)m->F, (long long)m->V);
+    m->tp_off = calloc((size_t)m->nparams, sizeof(int64_t));
+    if (!m->tp_off) return mt_set_error(MT_ERR_OOM, "mt_model_set_tensor_parallel: out of memory");
+    m->tp = size;
+    m->tp_rank = rank;
+    m->tp_comm = comm;
+    m->H /= T;
+    m->Hkv /= T;
+    m->F /= T;
+    m->QD = m->H * m->Dh;
+    m->KVD = m->Hkv * m->Dh;
+    m->Vl = m->V / T;
+    m->v0 = rank * m->Vl;
+    const int64_t D = m->D;
+    for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++) {
+        const layer_params *lp = &m->lp[l];
+        m->tp_off[lp->q] = rank * m->QD * D;   /* column-parallel: rows of [out, in] */
+        m->tp_off[lp->k] = rank * m->KVD * D;
+        m->tp_off[lp->v] = rank * m->KVD * D;
+        m->tp_off[lp->gate] = rank * m->F * D;
+        m->tp_off[lp->up] = rank * m->F * D;
+        m->tp_off[lp->o] = rank * m->QD;       /* row-parallel: columns of [out, in] */
+        m->tp_off[lp->down] = rank * m->F;
+    }
+    return MT_OK;
+}
+
+int mt_model_tp_grad_replicated(const mt_model *m, int i) {
+    if (!m || m->tp == 1 || i < 0 || i >= m->nparams || m->params[i].ndim != 1) return 0;
+    for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++)
+        if (i == m->lp[l].q_norm || i == m->lp[l].k_norm) return 0; /* summed over the heads of each rank */
+    return 1;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* context parallelism: set-up (the compute is in cp_attention_fwd / _bwd above)  */
+
+mt_status mt_model_set_context_parallel(mt_model *m, mt_comm *comm, int size, int rank, int ring) {
+    if (!m) return mt_set_error(MT_ERR_INVALID, "mt_model_set_context_parallel: model is NULL");
+    if (m->planned || m->cp != 1)
+        return mt_set_error(MT_ERR_INVALID, "mt_model_set_context_parallel: call once, before mt_model_add_to_plan");
+    if (size < 1 || rank < 0 || rank >= size)
+        return mt_set_error(MT_ERR_INVALID, "context parallelism: rank %d outside a group of %d", rank, size);
+    if (size == 1) return MT_OK;
+    if (m->T % (2 * size) != 0)
+        return mt_set_error(MT_ERR_INVALID, "max_target_length=%lld is not divisible by 2 x "
+                            "ici_context_parallelism=%d", (long long)m->T, size);
+    m->cp = size;
+    m->cp_ring = ring != 0;
+    m->cp_rank = rank;
+    m->cp_comm = comm;
+    m->Tg = m->T;
+    m->T = m->Tg / size;
+    m->N = m->B * m->T;
+    m->cp_tok = malloc(sizeof(int32_t) * (size_t)m->N);
+    m->cp_lab = malloc(sizeof(int32_t) * (size_t)m->N);
+    m->cp_kpos_host = malloc(sizeof(int32_t) * (size_t)m->Tg);
+    if (!m->cp_tok || !m->cp_lab || !m->cp_kpos_host)
+        return mt_set_error(MT_ERR_OOM, "mt_model_set_context_parallel: out of memory");
+    for (int64_t n = 0; n < m->N; n++) m->pos_host[n] = cp_position(m, rank, n % m->T);
+    for (int r = 0; r < size; r++)
+        for (int64_t j = 0; j < m->T; j++) m->cp_kpos_host[r * m->T + j] = cp_position(m, r, j);
+    if (m->tiles > m->N) m->tiles = m->N;
     return MT_OK;
 }

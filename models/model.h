@@ -24,6 +24,8 @@
 #include <stdint.h>
 #include "kernels/ops.h"
 #include "models/config.h"
+#include "parallel/comm.h"
+#include "models/remat.h"
 #include "runtime/plan.h"
 #include "runtime/status.h"
 
@@ -61,6 +63,77 @@ int mt_model_phase_count(const mt_model *m);
 
 /* Add all of the model's buffers to `plan` (not yet finalised). */
 mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan);
+
+/* Remat and offload (models/remat.h). Set before mt_model_add_to_plan; the default
+ * keeps every named tensor on the device. Per layer, a tensor whose action is device
+ * gets its own plan entry; remat and offload tensors are computed in the forward into
+ * one layer-sized scratch ("remat.fwd.<name>", live over the forward phases) and are
+ * recomputed from decoder_layer_input, or copied back from the host pool, into one
+ * layer-sized scratch ("remat.bwd.<name>", live over the backward phases) before each
+ * layer's backward. Results are bitwise those of keeping everything (the same ops on
+ * the same inputs). Errors: MT_ERR_INVALID (NULL, already planned, or
+ * decoder_layer_input not device). */
+mt_status mt_model_set_remat(mt_model *m, const mt_remat_policy *p);
+
+/* Parameter host offload (parameter_memory_host_offload), before planning: the flat
+ * parameter buffer (mt_model_params) lives in the host pool (mt_model_add_to_host_plan,
+ * "params") and the device arena holds two layer windows ("params.window.layer0/1",
+ * one layer's parameters each) and a global window (embedding, final norm, head). The
+ * forward copies the global window and each layer's parameters into its window
+ * (slot l % 2) before use; the backward re-fetches a layer only when its window was
+ * reused. Gradients stay on the device. Results are bitwise those without offload.
+ * mt_model_params then returns HOST memory: callers move it with the op table's
+ * copies, which is only right on the CPU backend (the trainer refuses others).
+ * Errors: MT_ERR_INVALID (NULL, already planned), MT_ERR_OOM. */
+mt_status mt_model_set_param_offload(mt_model *m, int on);
+
+/* Bytes of named tensor t of ONE layer as saved for the backward (context includes
+ * its logsumexp; mlpwo is 0 for models without a post-MLP norm, which never need
+ * it). The per-row norm statistics (rstd) are always kept and belong to no name. */
+int64_t mt_model_remat_tensor_bytes(const mt_model *m, mt_remat_tensor t);
+
+/* Add the host pool of offloaded tensors to `host_plan` (a plan of its own, allocated
+ * apart from the device arena): "layers.<l>.<name>" for every offloaded tensor,
+ * category MT_MEM_ACTIVATIONS, live from the layer's forward to its backward. Adds
+ * nothing when no tensor is offloaded. Call after mt_model_add_to_plan. */
+mt_status mt_model_add_to_host_plan(mt_model *m, mt_plan *host_plan);
+
+/* Point the offload slots into `host_arena` (allocated from the finalised host plan).
+ * A model with offloaded tensors refuses to run until this is done. */
+mt_status mt_model_bind_host(mt_model *m, const mt_arena *host_arena, const mt_plan *host_plan);
+
+/* Tensor parallelism over `size` ranks (this one is `rank`, comm the tensor group;
+ * comm may be NULL when only planning). Call once, before mt_model_add_to_plan.
+ * Megatron-LM's split (Shoeybi et al. 2019): this rank computes query/kv heads
+ * [rank*H/T, ...), mlp columns [rank*F/T, ...) and vocabulary rows [rank*V/T, ...) of
+ * the loss (parallel/vocab_loss.h); o_proj / down_proj outputs and the column-parallel
+ * input gradients are all-reduced over comm. Parameters and gradients keep the full
+ * flat layout: this rank's gradient holds its slices of the split matrices, its
+ * embedding rows' share (the embedding backward runs on rank 0 only) and the 1-D norm
+ * gradients, which are identical on every rank (mt_model_tp_grad_replicated): summing
+ * the group's gradients with the replicated ones taken from one rank gives the full
+ * gradient. Activation buffers shrink to the local heads / mlp columns / vocab slice.
+ * Errors: MT_ERR_INVALID (called twice or after planning, rank outside [0, size),
+ * heads, kv heads, mlp_dim or vocab_size not divisible by size), MT_ERR_OOM. */
+mt_status mt_model_set_tensor_parallel(mt_model *m, mt_comm *comm, int size, int rank);
+
+/* Context parallelism over `size` ranks (this one `rank`, comm the context group; NULL
+ * when only planning). Call once, before mt_model_add_to_plan. The caller still
+ * passes whole sequences (tokens, labels [batch * seq]); the model keeps chunks rank
+ * and 2C-1-rank of the 2C chunks of each sequence (causal load balance), RoPE and
+ * the mask follow the original positions, K/V are all-gathered over comm for the
+ * attention and their gradients reduce-scattered back (ring = 0, the default), or
+ * (ring = 1) passed around the group block by block with an online-softmax merge,
+ * their gradients travelling with them. Loss sums and gradients cover
+ * this rank's rows only: the caller sums them over the context group (with data).
+ * mt_model_hidden / mt_model_logits are MT_ERR_UNSUPPORTED under it.
+ * Errors: MT_ERR_INVALID (called twice or after planning, rank outside [0, size),
+ * seq not divisible by 2 x size), MT_ERR_OOM. */
+mt_status mt_model_set_context_parallel(mt_model *m, mt_comm *comm, int size, int rank, int ring);
+
+/* 1 when parameter i's gradient is identical on every rank of the tensor group (the
+ * 1-D norm scales except q_norm / k_norm), 0 otherwise and without tensor parallelism. */
+int mt_model_tp_grad_replicated(const mt_model *m, int i);
 
 /* Point the model's buffers into `arena` (allocated from the finalised plan). */
 mt_status mt_model_bind(mt_model *m, const mt_arena *arena, const mt_plan *plan);

@@ -26,7 +26,25 @@ static const int rope_values[] = {MT_ROPE_DEFAULT, MT_ROPE_LLAMA3, MT_ROPE_LINEA
 static const char *const dtype_names[] = {"float32", "bfloat16", NULL};
 static const int dtype_values[] = {MT_F32, MT_BF16};
 static const char *const backend_names[] = {"auto", "cpu", "cuda", NULL};
+static const char *const ga_reduce_names[] = {"once", "every", NULL};
+static const int ga_reduce_values[] = {0, 1};
+static const char *const cp_strategy_names[] = {"all_gather", "ring", NULL};
+static const int cp_strategy_values[] = {0, 1};
 static const int backend_values[] = {MT_BACKEND_AUTO, MT_BACKEND_CPU, MT_BACKEND_CUDA};
+
+static const char *const remat_policy_names[] = {
+    "full", "minimal", "minimal_with_context", "save_dot_with_context_except_mlp", "save_dot_except_mlpwi",
+    "save_dot_except_mlp", "save_qkv_proj", "save_out_proj", "qkv_proj_offloaded", "minimal_offloaded",
+    "custom", NULL};
+static const int remat_policy_values[] = {
+    MT_REMAT_FULL, MT_REMAT_MINIMAL, MT_REMAT_MINIMAL_WITH_CONTEXT, MT_REMAT_SAVE_DOT_WITH_CONTEXT_EXCEPT_MLP,
+    MT_REMAT_SAVE_DOT_EXCEPT_MLPWI, MT_REMAT_SAVE_DOT_EXCEPT_MLP, MT_REMAT_SAVE_QKV_PROJ, MT_REMAT_SAVE_OUT_PROJ,
+    MT_REMAT_QKV_PROJ_OFFLOADED, MT_REMAT_MINIMAL_OFFLOADED, MT_REMAT_CUSTOM};
+static const char *const remat_action_names[] = {"remat", "offload", "device", NULL};
+static const int remat_action_values[] = {MT_RA_REMAT, MT_RA_OFFLOAD, MT_RA_DEVICE};
+#define REMAT_KEY(n, t, def, doc)                                                                          \
+    {n, MT_KEY_ENUM, offsetof(mt_train_config, remat_custom) + (t) * sizeof(int), 0, remat_action_names, \
+     remat_action_values, 0, def, 0, 0, 0, 0, doc}
 
 #define OFF(f) offsetof(mt_train_config, f)
 #define MOFF(f) (offsetof(mt_train_config, model) + offsetof(mt_model_config, f))
@@ -85,6 +103,41 @@ static const mt_config_key mt_keys[] = {
     RKEY_INT(sample_length, "64", 1, "`sample`: tokens to generate after <s>"),
     RKEY_DBL(temperature, "1", 1, 0, 0, 0, "`sample`: softmax temperature; 0 = greedy"),
     RKEY_INT(top_k, "0", 0, "`sample`: keep the k most likely tokens; 0 = all"),
+    /* parallelism (parallel/mesh.h, parallel/zero1.h) */
+    RKEY_INT(ici_data_parallelism, "1", -1, "data-parallel axis size; -1 = fill the world"),
+    RKEY_INT(ici_fsdp_parallelism, "1", -1, "fsdp axis size (parameters sharded); -1 = fill the world"),
+    RKEY_INT(ici_context_parallelism, "1", -1, "context-parallel axis size (sequence in 2C chunks); -1 = fill"),
+    RKEY_INT(ici_tensor_parallelism, "1", -1, "tensor-parallel axis size (Megatron column/row); -1 = fill"),
+    {"shard_optimizer_over_data", MT_KEY_BOOL, OFF(shard_optimizer_over_data), 0, NULL, NULL, 0, "false", 0, 0,
+     0, 0, "ZeRO-1: fp32 master and AdamW moments sharded over data x fsdp, gradients reduce-scattered"},
+    RKEY_ENUM(gradient_accumulation_reduce, ga_reduce_names, ga_reduce_values, "once",
+              "once = reduce after the last micro-batch (full accumulator); every = reduce-scatter each "
+              "micro-batch into the ZeRO-1 shard accumulator"),
+    RKEY_ENUM(context_parallel_strategy, cp_strategy_names, cp_strategy_values, "all_gather",
+              "context parallelism: all_gather keys/values, or pass them around a ring"),
+    RKEY_DBL(collective_timeout_s, "30", 0, 0, 0, 0,
+             "a collective running longer than this (seconds, > 0) ends the rank with a message"),
+    /* memory: remat, host offload, planning (models/remat.h, train/estimate.h) */
+    RKEY_ENUM(remat_policy, remat_policy_names, remat_policy_values, "minimal_with_context",
+              "what each layer keeps for the backward (MaxText names); minimal_with_context keeps all, "
+              "full keeps only decoder_layer_input, custom reads the nine tensor keys"),
+    REMAT_KEY("decoder_layer_input", MT_RT_DECODER_LAYER_INPUT, "device",
+              "remat_policy=custom: layer input (device only: the backward recomputes from it)"),
+    REMAT_KEY("query_proj", MT_RT_QUERY_PROJ, "remat", "remat_policy=custom: q after projection, QK-norm, RoPE"),
+    REMAT_KEY("key_proj", MT_RT_KEY_PROJ, "remat", "remat_policy=custom: k after projection, QK-norm, RoPE"),
+    REMAT_KEY("value_proj", MT_RT_VALUE_PROJ, "remat", "remat_policy=custom: v projection"),
+    REMAT_KEY("context", MT_RT_CONTEXT, "remat", "remat_policy=custom: attention output + logsumexp"),
+    REMAT_KEY("out_proj", MT_RT_OUT_PROJ, "remat", "remat_policy=custom: o_proj output"),
+    REMAT_KEY("mlpwi_0", MT_RT_MLPWI_0, "remat", "remat_policy=custom: gate projection (before activation)"),
+    REMAT_KEY("mlpwi_1", MT_RT_MLPWI_1, "remat", "remat_policy=custom: up projection"),
+    REMAT_KEY("mlpwo", MT_RT_MLPWO, "remat", "remat_policy=custom: MLP output (saved with a post-MLP norm)"),
+    {"parameter_memory_host_offload", MT_KEY_BOOL, OFF(parameter_memory_host_offload), 0, NULL, NULL, 0, "false",
+     0, 0, 0, 0, "parameters live in a host pool, moved to the device a layer at a time (cpu backend)"},
+    {"optimizer_memory_host_offload", MT_KEY_BOOL, OFF(optimizer_memory_host_offload), 0, NULL, NULL, 0, "false",
+     0, 0, 0, 0, "AdamW moments live in a host pool apart from the device arena (cpu backend)"},
+    RKEY_DBL(hbm_gib, "0", 1, 0, 0, 0, "`estimate`: device memory budget in GiB (> 0 there); 0 = unset"),
+    RKEY_INT(num_devices, "1", 1,
+             "`plan`/`estimate`: devices of the job; the ici_* axes multiply to it (-1 fills; all 1 = fsdp)"),
     /* ---- model keys (configs/models/<model_name>.yml) ---- */
     {"decoder_block", MT_KEY_ENUM, MOFF(decoder_block), 0, decoder_names, decoder_values, 1, NULL, 0,
      0, 0, 0, "decoder family"},
@@ -617,6 +670,17 @@ mt_status mt_train_config_validate(const mt_train_config *c) {
     if (c->adam_b1 >= 1.0) return mt_set_error(MT_ERR_INVALID, "key 'adam_b1' = %g: must be < 1", c->adam_b1);
     if (c->adam_b2 >= 1.0) return mt_set_error(MT_ERR_INVALID, "key 'adam_b2' = %g: must be < 1", c->adam_b2);
     if (!(c->adam_eps > 0)) return mt_set_error(MT_ERR_INVALID, "key 'adam_eps' = %g: must be > 0", c->adam_eps);
+    if (!(c->collective_timeout_s > 0))
+        return mt_set_error(MT_ERR_INVALID, "key 'collective_timeout_s' = %g: must be > 0", c->collective_timeout_s);
+    if (c->gradient_accumulation_reduce == 1 && !c->shard_optimizer_over_data)
+        return mt_set_error(MT_ERR_INVALID, "key 'gradient_accumulation_reduce' = every reduce-scatters into the "
+                            "ZeRO-1 shard accumulator: it needs shard_optimizer_over_data=true");
+    if (c->remat_policy == MT_REMAT_CUSTOM) {
+        mt_remat_policy rp;
+        mt_remat_action acts[MT_RT_COUNT];
+        for (int i = 0; i < MT_RT_COUNT; i++) acts[i] = (mt_remat_action)c->remat_custom[i];
+        MT_TRY(mt_remat_policy_resolve(MT_REMAT_CUSTOM, acts, &rp));
+    }
     int64_t rows = c->per_device_batch_size * c->max_target_length;
     if (c->num_vocab_tiling < 1 || c->num_vocab_tiling > rows)
         return mt_set_error(MT_ERR_INVALID,

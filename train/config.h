@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "models/config.h"
+#include "models/remat.h"
 #include "runtime/dtype.h"
 #include "runtime/status.h"
 
@@ -59,6 +60,22 @@ typedef struct mt_train_config {
     int64_t sample_length;                          /* `meshtrain sample`: tokens to generate */
     double temperature;                             /* sampling temperature, 0 = greedy */
     int64_t top_k;                                  /* sample among the k most likely, 0 = all */
+    /* ---- parallelism (parallel/mesh.h, parallel/zero1.h) ---- */
+    int64_t ici_data_parallelism;                   /* data axis size, -1 = fill */
+    int64_t ici_fsdp_parallelism;                   /* fsdp axis size, -1 = fill */
+    int64_t ici_context_parallelism;                /* context axis size, -1 = fill */
+    int64_t ici_tensor_parallelism;                 /* tensor axis size, -1 = fill */
+    int shard_optimizer_over_data;                  /* ZeRO-1: optimizer state sharded over data x fsdp */
+    int gradient_accumulation_reduce;               /* mt_ga_reduce: 0 once, 1 every micro-batch */
+    int context_parallel_strategy;                  /* 0 all_gather, 1 ring */
+    double collective_timeout_s;                    /* watchdog limit of one collective (seconds) */
+    /* ---- memory: remat, host offload, planning (models/remat.h, train/estimate.h) ---- */
+    int remat_policy;                               /* mt_remat_policy_kind */
+    int remat_custom[MT_RT_COUNT];                  /* mt_remat_action per name (remat_policy=custom) */
+    int parameter_memory_host_offload;              /* parameters in host memory */
+    int optimizer_memory_host_offload;              /* optimizer state in host memory */
+    double hbm_gib;                                 /* `estimate`: device memory budget (GiB), 0 = unset */
+    int64_t num_devices;                            /* `plan`/`estimate`: devices of the job */
 } mt_train_config;
 
 typedef enum mt_key_type {

@@ -3,6 +3,7 @@
  *   meshtrain train  CONFIG.yml [key=value ...]
  *   meshtrain sample CONFIG.yml load_checkpoint=DIR [key=value ...]
  *   meshtrain plan   CONFIG.yml [--json] [key=value ...]
+ *   meshtrain estimate CONFIG.yml hbm_gib=N [per_device_batch_size=B] [NAME=ACTION ...] [key=value ...]
  *   meshtrain --help | meshtrain <command> --help
  *
  * A thin client of the library: it parses arguments, prints, and is the only place
@@ -19,6 +20,7 @@
 #include "runtime/plan.h"
 #include "runtime/status.h"
 #include "train/config.h"
+#include "train/estimate.h"
 #include "train/metrics.h"
 #include "train/sample.h"
 #include "train/trainer.h"
@@ -63,7 +65,8 @@ static void print_help(const char *cmd) {
                 "commands:\n"
                 "  train   train a model; outputs under <base_output_directory>/<run_name>/\n"
                 "  sample  generate text from a checkpoint (load_checkpoint=DIR)\n"
-                "  plan    print the per-device memory plan (--json for JSON)\n\n"
+                "  plan    print the per-device memory plan (--json for JSON)\n"
+                "  estimate  batch size and remat policy for a memory budget (hbm_gib=N)\n\n"
                 "Precedence: built-in defaults < configs/models/<model_name>.yml < CONFIG.yml <\n"
                 "key=value. The model file is looked up in <CONFIG dir>/models/,\n"
                 "$MESHTRAIN_CONFIG_DIR/models/, <CONFIG dir>/configs/models/, ./configs/models/.\n"
@@ -83,8 +86,20 @@ static void print_help(const char *cmd) {
     } else if (strcmp(cmd, "plan") == 0) {
         fprintf(o,
                 "usage: meshtrain plan CONFIG.yml [--json] [key=value ...]\n\n"
-                "Prints the memory plan of one training step: bytes live per category at the\n"
-                "peak phase, bytes per category over the whole step, and the arena size.\n");
+                "Prints the memory of one device for a training step: parameters, gradients and\n"
+                "accumulators, optimizer, saved activations per named tensor (remat_policy), recompute\n"
+                "scratch, loss tile, communication buffers, workspace, the arena size (peak), and the\n"
+                "host offload bytes. Needs no data and no device. num_devices=N (and the ici_* keys)\n"
+                "plan one rank of a larger job. docs/memory.md explains the figures.\n");
+    } else if (strcmp(cmd, "estimate") == 0) {
+        fprintf(o,
+                "usage: meshtrain estimate CONFIG.yml hbm_gib=N [per_device_batch_size=B]\n"
+                "                          [remat_policy=custom NAME=ACTION ...] [key=value ...]\n\n"
+                "Searches batch size and remat policy (MaxText's estimator) against exact plans:\n"
+                "without per_device_batch_size, the Pareto list of (batch, policy); with it, the lightest\n"
+                "policy that fits; NAME=ACTION (device|remat|offload) fixes a tensor. Ranks by a\n"
+                "modelled step time and writes runnable commands to ./remat_commands_from_estimator.txt\n"
+                "(the current directory). Exit 2 when nothing fits.\n");
     }
     print_keys(o);
 }
@@ -189,28 +204,61 @@ static int cmd_sample(int argc, char **argv) {
     return 0;
 }
 
+static void print_bytes_row(const char *label, size_t bytes, const char *note) {
+    char h[32];
+    human_bytes((double)bytes, h, sizeof h);
+    printf("  %-44s %18zu %12s%s%s\n", label, bytes, h, note && note[0] ? "  " : "", note ? note : "");
+}
+
+/* `meshtrain plan`: one rank's memory (train/estimate.h mt_memory_plan_rank). */
 static int cmd_plan(int argc, char **argv) {
     mt_train_config cfg;
     int json = 0;
     mt_status st = load_config(argc, argv, &cfg, &json);
     if (st != MT_OK) return fail(st);
-    mt_plan *plan = NULL;
-    int64_t nparams = 0;
-    st = mt_trainer_plan(&cfg, &plan, &nparams);
+    mt_plan *plan = NULL, *host = NULL;
+    mt_memory_report r;
+    st = mt_memory_plan_rank(&cfg, &r, &plan, &host);
+    if (st != MT_OK) return fail(st);
+    mt_remat_policy pol;
+    st = mt_memory_remat_policy(&cfg, &pol);
     if (st != MT_OK) return fail(st);
     size_t live[MT_MEM_CATEGORY_COUNT], total[MT_MEM_CATEGORY_COUNT];
-    int phase = 0;
-    mt_plan_live_by_category(plan, live, &phase);
+    mt_plan_live_by_category(plan, live, NULL);
     mt_plan_total_by_category(plan, total);
-    const size_t peak = mt_plan_peak(plan);
+    const int64_t L = cfg.model.num_decoder_layers;
+    size_t saved_sum = r.saved_other;
+    for (int t = 0; t < MT_RT_COUNT; t++) saved_sum += r.saved[t];
+    const size_t sum = r.params + r.grads + r.optimizer + saved_sum + r.recompute_scratch + r.scratch + r.loss_tile +
+                       r.comm + r.workspace;
+    const char *axes[4] = {"data", "fsdp", "context", "tensor"};
     if (json) {
         printf("{\"model_name\": ");
         print_json_str(cfg.model.model_name);
-        printf(", \"num_params\": %" PRId64 ", \"per_device_batch_size\": %" PRId64
-               ", \"max_target_length\": %" PRId64 ", \"num_vocab_tiling\": %" PRId64
-               ", \"entries\": %d, \"peak_phase\": %d, \"peak_bytes\": %zu",
-               nparams, cfg.per_device_batch_size, cfg.max_target_length,
-               cfg.num_vocab_tiling, mt_plan_count(plan), phase, peak);
+        printf(", \"num_params\": %" PRId64 ", \"per_device_batch_size\": %" PRId64 ", \"max_target_length\": %" PRId64
+               ", \"gradient_accumulation_steps\": %" PRId64 ", \"num_vocab_tiling\": %" PRId64
+               ", \"grad_dtype\": \"%s\", \"remat_policy\": \"%s\", \"num_devices\": %" PRId64 ", \"mesh\": {",
+               r.num_params, cfg.per_device_batch_size, cfg.max_target_length, cfg.gradient_accumulation_steps,
+               cfg.num_vocab_tiling, mt_dtype_name(cfg.grad_dtype),
+               mt_remat_policy_name((mt_remat_policy_kind)cfg.remat_policy), cfg.num_devices);
+        for (int a = 0; a < 4; a++) printf("%s\"%s\": %d", a ? ", " : "", axes[a], r.dims[a]);
+        printf("}, \"entries\": %d, \"peak_phase\": %d, \"peak_bytes\": %zu, \"live_at_peak_bytes\": %zu",
+               mt_plan_count(plan), r.peak_phase, r.peak, r.live_at_peak);
+        printf(", \"per_device\": {\"parameters\": %zu, \"gradients_and_accumulators\": %zu, \"optimizer\": %zu"
+               ", \"saved_activations\": %zu, \"recompute_scratch\": %zu, \"scratch\": %zu, \"loss_tile\": %zu"
+               ", \"communication\": %zu, \"workspace\": %zu, \"layer_kept\": %zu}",
+               r.params, r.grads, r.optimizer, saved_sum, r.recompute_scratch, r.scratch, r.loss_tile, r.comm,
+               r.workspace, r.layer_kept);
+        printf(", \"saved\": {");
+        for (int t = 0; t < MT_RT_COUNT; t++)
+            printf("%s\"%s\": %zu", t ? ", " : "", mt_remat_tensor_name((mt_remat_tensor)t), r.saved[t]);
+        printf(", \"other\": %zu}, \"remat\": {", r.saved_other);
+        for (int t = 0; t < MT_RT_COUNT; t++)
+            printf("%s\"%s\": \"%s\"", t ? ", " : "", mt_remat_tensor_name((mt_remat_tensor)t),
+                   mt_remat_action_name(pol.action[t]));
+        printf("}, \"host\": {\"activations\": %zu, \"parameters\": %zu, \"optimizer\": %zu, \"total\": %zu, "
+               "\"pool_bytes\": %zu}",
+               r.host_activations, r.host_params, r.host_optimizer, r.host_total, mt_plan_peak(host));
         const char *which[2] = {"live_at_peak", "total"};
         for (int w = 0; w < 2; w++) {
             printf(", \"%s\": {", which[w]);
@@ -221,33 +269,172 @@ static int cmd_plan(int argc, char **argv) {
         }
         printf("}\n");
     } else {
-        char a[32], b[32];
-        printf("memory plan: %s, %.3fM params, batch %" PRId64 " x seq %" PRId64 ", %" PRId64
-               " vocab tiles, %d buffers\n",
-               cfg.model.model_name, (double)nparams / 1e6, cfg.per_device_batch_size, cfg.max_target_length,
-               cfg.num_vocab_tiling, mt_plan_count(plan));
-        printf("%-12s %16s %12s %16s %12s\n", "category", "live at peak", "", "total", "");
-        size_t sl = 0, stt = 0;
-        for (int c = 0; c < MT_MEM_CATEGORY_COUNT; c++) {
-            human_bytes((double)live[c], a, sizeof a);
-            human_bytes((double)total[c], b, sizeof b);
-            printf("%-12s %16zu %12s %16zu %12s\n", mt_mem_category_name((mt_mem_category)c), live[c], a, total[c], b);
-            sl += live[c];
-            stt += total[c];
+        printf("memory plan of one device: %s, %.3fM params, batch %" PRId64 " x seq %" PRId64 ", %" PRId64
+               " micro-batches, grad_dtype %s, %" PRId64 " vocab tiles, remat_policy %s\n",
+               cfg.model.model_name, (double)r.num_params / 1e6, cfg.per_device_batch_size, cfg.max_target_length,
+               cfg.gradient_accumulation_steps, mt_dtype_name(cfg.grad_dtype), cfg.num_vocab_tiling,
+               mt_remat_policy_name((mt_remat_policy_kind)cfg.remat_policy));
+        printf("mesh: %" PRId64 " device(s) = data %d x fsdp %d x context %d x tensor %d%s\n", cfg.num_devices,
+               r.dims[0], r.dims[1], r.dims[2], r.dims[3],
+               r.dims[1] > 1 || cfg.parameter_memory_host_offload
+                   ? " (rank 0; fsdp / parameter offload modelled on top of the run's plan)"
+                   : " (rank 0: exactly what `train` allocates)");
+        printf("  %-44s %18s %12s\n", "device buffers (bytes held over the step)", "bytes", "");
+        print_bytes_row("parameters", r.params, cfg.parameter_memory_host_offload ? "(layer window; rest on host)" : "");
+        print_bytes_row("gradients and accumulators", r.grads, "");
+        print_bytes_row("optimizer (AdamW m, v)", r.optimizer, "");
+        print_bytes_row("saved activations", saved_sum, "");
+        for (int t = 0; t < MT_RT_COUNT; t++) {
+            char label[64], note[96];
+            snprintf(label, sizeof label, "  %s", mt_remat_tensor_name((mt_remat_tensor)t));
+            snprintf(note, sizeof note, "%s%s", mt_remat_action_name(pol.action[t]),
+                     pol.action[t] == MT_RA_DEVICE ? "" : " (not on the device)");
+            if (pol.action[t] == MT_RA_DEVICE && L > 0)
+                snprintf(note, sizeof note, "device, %" PRId64 " layers x %zu", L, r.saved[t] / (size_t)L);
+            if (t == MT_RT_MLPWO && !cfg.model.use_post_ffw_norm)
+                snprintf(note, sizeof note, "never saved: no post-MLP norm needs it");
+            print_bytes_row(label, r.saved[t], note);
         }
-        human_bytes((double)sl, a, sizeof a);
-        human_bytes((double)stt, b, sizeof b);
-        printf("%-12s %16zu %12s %16zu %12s\n", "sum", sl, a, stt, b);
-        human_bytes((double)peak, a, sizeof a);
-        printf("peak (arena) %16zu %12s   at phase %d\n", peak, a, phase);
+        print_bytes_row("  norm statistics, step inputs, final norm", r.saved_other, "");
+        print_bytes_row("recompute scratch (one layer, fwd + bwd)", r.recompute_scratch, "");
+        print_bytes_row("other scratch (per-op temporaries)", r.scratch, "");
+        print_bytes_row("loss tile", r.loss_tile, "");
+        print_bytes_row("communication buffers", r.comm, "");
+        print_bytes_row("workspace", r.workspace, "");
+        print_bytes_row("sum of buffers", sum, "");
+        char note[96];
+        snprintf(note, sizeof note, "at phase %d (live there: %zu)", r.peak_phase, r.live_at_peak);
+        print_bytes_row("peak (arena size)", r.peak, note);
+        print_bytes_row("one more layer adds (its kept tensors)", r.layer_kept, "+ its parameter state");
+        printf("  %-44s\n", "host memory (apart from the device)");
+        print_bytes_row("offloaded activations", r.host_activations, "");
+        print_bytes_row("parameters", r.host_params, "");
+        print_bytes_row("optimizer", r.host_optimizer, "");
+        print_bytes_row("host offload total", r.host_total, "");
     }
     mt_plan_free(plan);
+    mt_plan_free(host);
+    return 0;
+}
+
+/* `meshtrain estimate`: batch size and remat policy for a memory budget. */
+static int cmd_estimate(int argc, char **argv) {
+    const char *path = argv[0];
+    const char **ov = calloc((size_t)argc + 1, sizeof(char *));
+    if (!ov) return fail(mt_set_error(MT_ERR_OOM, "out of memory"));
+    int n = 0, fixed[MT_RT_COUNT] = {0};
+    int64_t batch = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *eq = strchr(argv[i], '=');
+        if (eq) {
+            char key[64];
+            size_t kl = (size_t)(eq - argv[i]);
+            snprintf(key, sizeof key, "%.*s", (int)(kl < 63 ? kl : 63), argv[i]);
+            mt_remat_tensor t;
+            if (mt_remat_tensor_parse(key, &t) == MT_OK) {
+                mt_remat_action a;
+                if (mt_remat_action_parse(eq + 1, &a) != MT_OK) {
+                    free(ov);
+                    return fail(mt_set_error(MT_ERR_INVALID, "%s: unknown action '%s' for tensor '%s' (device, "
+                                             "remat or offload)", argv[i], eq + 1, key));
+                }
+                fixed[t] = 1;
+            } else if (strcmp(key, "per_device_batch_size") == 0) {
+                batch = atoll(eq + 1);
+                if (batch < 1) {
+                    free(ov);
+                    return fail(mt_set_error(MT_ERR_INVALID, "per_device_batch_size=%s must be >= 1", eq + 1));
+                }
+            }
+        }
+        ov[n++] = argv[i];
+    }
+    mt_train_config cfg;
+    mt_status st = mt_train_config_load(&cfg, path, n, ov);
+    if (st != MT_OK) {
+        free(ov);
+        return fail(st);
+    }
+    int any_fixed = 0;
+    for (int t = 0; t < MT_RT_COUNT; t++) any_fixed |= fixed[t];
+    if (any_fixed && cfg.remat_policy != MT_REMAT_CUSTOM) {
+        free(ov);
+        return fail(mt_set_error(MT_ERR_INVALID, "tensor actions on the command line need remat_policy=custom"));
+    }
+    const mt_step_model sm = mt_step_model_default();
+    mt_estimate_result res;
+    st = mt_estimate(&cfg, batch, fixed, &sm, &res);
+    if (st != MT_OK) {
+        free(ov);
+        return fail(st);
+    }
+    mt_memory_report r0;
+    mt_train_config c0 = cfg;
+    c0.per_device_batch_size = res.rows[0].batch;
+    st = mt_memory_plan_rank(&c0, &r0, NULL, NULL);
+    if (st != MT_OK) {
+        free(ov);
+        mt_estimate_result_free(&res);
+        return fail(st);
+    }
+    printf("estimate: %s (%.3fB params), seq %" PRId64 ", %" PRId64 " micro-batch(es), %" PRId64
+           " device(s) = data %d x fsdp %d x context %d x tensor %d, budget hbm_gib=%g (%zu bytes)\n",
+           cfg.model.model_name, (double)r0.num_params / 1e9, cfg.max_target_length, cfg.gradient_accumulation_steps,
+           cfg.num_devices, r0.dims[0], r0.dims[1], r0.dims[2], r0.dims[3], cfg.hbm_gib, res.budget);
+    printf("mode: %s%s; plans evaluated %d in %.3f s\n",
+           res.mode == 1 ? "batch size and policy searched together (Pareto list)" : "fixed batch size, lightest policy that fits",
+           any_fixed ? ", respecting the fixed tensors" : "", res.plans, res.seconds);
+    printf("step model: %.0f TFLOP/s per device, host link %.0f GB/s, collective link %.0f GB/s, no overlap; "
+           "float32 buffers\n", sm.device_flops / 1e12, sm.host_bw / 1e9, sm.link_bw / 1e9);
+    printf("%-4s %6s %12s %10s %10s %14s  %s\n", "rank", "batch", "device GiB", "host GiB", "step s",
+           "tokens/s/dev", "policy (q k v context out_proj mlpwi_0 mlpwi_1 mlpwo)");
+    FILE *f = fopen("remat_commands_from_estimator.txt", "w");
+    if (!f) {
+        free(ov);
+        mt_estimate_result_free(&res);
+        return fail(mt_set_error(MT_ERR_IO, "cannot write remat_commands_from_estimator.txt in the current directory"));
+    }
+    fprintf(f, "# meshtrain estimate %s: hbm_gib=%g, %" PRId64 " device(s); ranked by modelled tokens/s%s\n", path,
+            cfg.hbm_gib, cfg.num_devices, cfg.num_devices > 1 ? "; launch each under mpirun" : "");
+    for (int i = 0; i < res.nrows; i++) {
+        const mt_estimate_row *row = &res.rows[i];
+        char pol[160] = "";
+        size_t used = 0;
+        for (int t = 1; t < MT_RT_COUNT; t++) {
+            const char *a = mt_remat_action_name(row->policy.action[t]);
+            int w = snprintf(pol + used, sizeof pol - used, "%s%s", t > 1 ? " " : "", a);
+            if (w > 0 && (size_t)w < sizeof pol - used) used += (size_t)w;
+        }
+        printf("%-4d %6" PRId64 " %12.2f %10.2f %10.4g %14.0f  %s\n", i + 1, row->batch,
+               (double)row->peak / 1073741824.0, (double)row->host / 1073741824.0, row->step_s, row->tokens_per_s, pol);
+        fprintf(f, "meshtrain train %s", path);
+        for (int k = 1; k < argc; k++) {
+            const char *eq = strchr(argv[k], '=');
+            if (!eq) continue;
+            size_t kl = (size_t)(eq - argv[k]);
+            char key[64];
+            snprintf(key, sizeof key, "%.*s", (int)(kl < 63 ? kl : 63), argv[k]);
+            mt_remat_tensor t;
+            if (strcmp(key, "hbm_gib") == 0 || strcmp(key, "per_device_batch_size") == 0 ||
+                strcmp(key, "remat_policy") == 0 || mt_remat_tensor_parse(key, &t) == MT_OK)
+                continue;
+            fprintf(f, " %s", argv[k]);
+        }
+        fprintf(f, " per_device_batch_size=%" PRId64 " remat_policy=custom", row->batch);
+        for (int t = 0; t < MT_RT_COUNT; t++)
+            fprintf(f, " %s=%s", mt_remat_tensor_name((mt_remat_tensor)t), mt_remat_action_name(row->policy.action[t]));
+        fprintf(f, "\n");
+    }
+    fclose(f);
+    printf("wrote %d command(s) to ./remat_commands_from_estimator.txt\n", res.nrows);
+    mt_estimate_result_free(&res);
+    free(ov);
     return 0;
 }
 
 int main(int argc, char **argv) {
     mt_log_set_level(MT_LOG_INFO);
-    if (argc < 2) return usage_error("missing command (train, sample, plan)");
+    if (argc < 2) return usage_error("missing command (train, sample, plan, estimate)");
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
         print_help(NULL);
         return 0;
@@ -257,9 +444,10 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "train") == 0) run = cmd_train;
     else if (strcmp(cmd, "sample") == 0) run = cmd_sample;
     else if (strcmp(cmd, "plan") == 0) run = cmd_plan;
+    else if (strcmp(cmd, "estimate") == 0) run = cmd_estimate;
     else {
         char msg[256];
-        snprintf(msg, sizeof msg, "unknown command '%s' (train, sample, plan)", cmd);
+        snprintf(msg, sizeof msg, "unknown command '%s' (train, sample, plan, estimate)", cmd);
         return usage_error(msg);
     }
     for (int i = 2; i < argc; i++)

@@ -14,10 +14,13 @@
 
 #include "models/checkpoint.h"
 #include "models/safetensors.h"
+#include "parallel/mesh.h"
+#include "parallel/zero1.h"
 #include "runtime/dtype.h"
 #include "runtime/log.h"
 #include "runtime/timer.h"
 #include "train/data.h"
+#include "train/estimate.h"
 #include "train/optimizer.h"
 
 #define MT_TRAIN_STATE_FORMAT "meshtrain-train-state"
@@ -41,11 +44,20 @@ struct mt_trainer {
     int64_t step;             /* optimizer steps done */
     int resumed;
     double flops_per_token, peak_flops;
-    mt_bf16 *acc16;           /* grad_dtype=bfloat16 accumulator (host) */
-    float *stage;             /* host staging of one gradient */
     char run_dir[MT_PATH];
     double time_sum;          /* wall seconds of the steps of this process */
     int64_t timed_steps;
+    /* parallelism (see "parallel step" below) */
+    mt_mesh *mesh;            /* data x fsdp x context x tensor communicators */
+    mt_grad_sync gs;          /* gradient reduction, ZeRO-1 shard, grad_dtype accumulators */
+    mt_param_info *sparams;   /* parameter table cut to this rank's optimizer shard */
+    int nsparams;
+    float *last_grad;         /* mean gradient of the last step (full, or the ZeRO-1 shard) */
+    uint64_t last_step_bytes; /* bytes this rank sent during the last step */
+    /* host pool of offloaded activations (train/estimate.h, models/remat.h) */
+    mt_plan *host_plan;
+    mt_arena host_arena;
+    int have_host_arena;
 };
 
 /* ------------------------------------------------------------ file helpers ---- */
@@ -129,19 +141,132 @@ mt_status mt_trainer_select_backend(const mt_train_config *cfg, const mt_ops **o
     return check_dtypes(cfg, (*ops)->name);
 }
 
-/* Model + plan (finalised) + optimizer entries for cfg with ops. */
+/* -------------------------------------------------------- parallel set-up ---- */
+
+static void cfg_ici(const mt_train_config *cfg, int64_t ici[MT_MESH_AXES]) {
+    ici[MT_AXIS_DATA] = cfg->ici_data_parallelism;
+    ici[MT_AXIS_FSDP] = cfg->ici_fsdp_parallelism;
+    ici[MT_AXIS_CONTEXT] = cfg->ici_context_parallelism;
+    ici[MT_AXIS_TENSOR] = cfg->ici_tensor_parallelism;
+}
+
+/* Divisibility of the model and batch by the layout, and what this build computes. */
+static mt_status check_layout(const mt_train_config *cfg, const int dims[MT_MESH_AXES]) {
+    const mt_layout_sizes ls = {cfg->model.num_query_heads, cfg->model.num_kv_heads, cfg->model.mlp_dim,
+                                cfg->model.vocab_size, cfg->max_target_length, cfg->per_device_batch_size};
+    MT_TRY(mt_mesh_check_layout(dims, &ls));
+    for (int a = MT_AXIS_FSDP; a < MT_AXIS_CONTEXT; a++)
+        if (dims[a] > 1)
+            return mt_set_error(MT_ERR_UNSUPPORTED, "%s=%d: only the data (with ZeRO-1), context and "
+                                "tensor axes are implemented so far; use %s=1", mt_mesh_axis_key((mt_mesh_axis)a), dims[a],
+                                mt_mesh_axis_key((mt_mesh_axis)a));
+    return MT_OK;
+}
+
+/* Axis sizes for planning without a process group: the world is the product of the
+ * explicit sizes (a -1 axis gets 1). */
+static mt_status plan_dims(const mt_train_config *cfg, int dims[MT_MESH_AXES]) {
+    int64_t ici[MT_MESH_AXES];
+    cfg_ici(cfg, ici);
+    int64_t world = 1;
+    for (int a = 0; a < MT_MESH_AXES; a++)
+        if (ici[a] > 0) world *= ici[a];
+    if (world > INT32_MAX) return mt_set_error(MT_ERR_INVALID, "mesh of %lld ranks is too large", (long long)world);
+    MT_TRY(mt_mesh_resolve(ici, (int)world, dims));
+    return check_layout(cfg, dims);
+}
+
+/* The process group and the mesh of the ici_* keys (checked before any compute). */
+static mt_status setup_mesh(mt_trainer *t) {
+    MT_TRY(mt_comm_world_init());
+    mt_comm_set_timeout(t->cfg.collective_timeout_s);
+    int64_t ici[MT_MESH_AXES];
+    int dims[MT_MESH_AXES];
+    cfg_ici(&t->cfg, ici);
+    MT_TRY(mt_mesh_resolve(ici, mt_comm_world_size(), dims));
+    MT_TRY(check_layout(&t->cfg, dims));
+    if (mt_comm_world_size() > 1 && strcmp(t->ops->name, "cpu") != 0)
+        return mt_set_error(MT_ERR_UNSUPPORTED, "backend=%s with %d ranks: the NCCL backend is not built; "
+                            "multi-rank runs use backend=cpu", t->ops->name, mt_comm_world_size());
+    return mt_mesh_create(&t->mesh, dims);
+}
+
+/* Rank and size of this process in the data x fsdp group (data loading, ZeRO-1). */
+static int dp_rank(const mt_mesh *m) { return m->coord[MT_AXIS_DATA] * m->dims[MT_AXIS_FSDP] + m->coord[MT_AXIS_FSDP]; }
+static int dp_size(const mt_mesh *m) { return m->dims[MT_AXIS_DATA] * m->dims[MT_AXIS_FSDP]; }
+
+/* The parameter table cut to the optimizer shard [lo, hi), offsets relative to lo. */
+static mt_status build_shard_table(mt_trainer *t) {
+    const int64_t lo = t->gs.lo, hi = t->gs.hi;
+    t->sparams = malloc(sizeof(mt_param_info) * (size_t)(t->nparams > 0 ? t->nparams : 1));
+    if (!t->sparams) return mt_set_error(MT_ERR_OOM, "trainer: out of memory");
+    t->nsparams = 0;
+    for (int i = 0; i < t->nparams; i++) {
+        const mt_param_info *p = &t->params[i];
+        int64_t a = p->offset > lo ? p->offset : lo, b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+        if (b <= a) continue;
+        mt_param_info q = *p;
+        q.offset = a - lo;
+        q.numel = b - a;
+        t->sparams[t->nsparams++] = q;
+    }
+    return MT_OK;
+}
+
+/* The gradient sync's tensor group and the ranges of replicated gradients (after
+ * mt_model_set_tensor_parallel). */
+static mt_status setup_tensor(mt_model *model, mt_grad_sync *gs, mt_comm *comm, int size, int rank) {
+    if (size <= 1) return MT_OK;
+    const int np = mt_model_param_count(model);
+    int64_t *off = malloc(sizeof(int64_t) * (size_t)np), *num = malloc(sizeof(int64_t) * (size_t)np);
+    int n = 0;
+    mt_status st = off && num ? MT_OK : mt_set_error(MT_ERR_OOM, "trainer: out of memory");
+    for (int i = 0; st == MT_OK && i < np; i++) {
+        if (!mt_model_tp_grad_replicated(model, i)) continue;
+        off[n] = mt_model_param(model, i)->offset;
+        num[n++] = mt_model_param(model, i)->numel;
+    }
+    if (st == MT_OK) st = mt_grad_sync_set_tensor(gs, comm, size, rank, n, off, num);
+    free(off);
+    free(num);
+    return st;
+}
+
+/* Model + plan (finalised) + gradient-sync and optimizer entries for cfg with ops, for
+ * this rank of `mesh`, or (mesh NULL: only planning) for rank 0 of a mesh of dims. */
 static mt_status build_plan(const mt_train_config *cfg, const mt_ops *ops, mt_model **model, mt_plan **plan,
-                            mt_adamw *opt) {
+                            mt_adamw *opt, mt_grad_sync *gs, const mt_mesh *mesh, const int dims[MT_MESH_AXES],
+                            mt_plan *host) {
     *model = NULL;
     *plan = NULL;
+    /* gradients add up over data x fsdp x context (mesh->grad) */
+    mt_comm *dp_comm = mesh ? mesh->grad : NULL, *tp_comm = mesh ? mesh->axis[MT_AXIS_TENSOR] : NULL;
+    mt_comm *cp_comm = mesh ? mesh->axis[MT_AXIS_CONTEXT] : NULL;
+    const int dp_n = dims[MT_AXIS_DATA] * dims[MT_AXIS_FSDP] * dims[MT_AXIS_CONTEXT], tp_n = dims[MT_AXIS_TENSOR];
+    const int cp_n = dims[MT_AXIS_CONTEXT];
+    const int dp_rank = mesh ? mt_comm_rank(mesh->grad) : 0;
+    const int tp_rank = mesh ? mesh->coord[MT_AXIS_TENSOR] : 0, cp_rank = mesh ? mesh->coord[MT_AXIS_CONTEXT] : 0;
+    memset(gs, 0, sizeof *gs);
     mt_status st = mt_model_create(model, &cfg->model, ops, cfg->per_device_batch_size,
                                    cfg->max_target_length, cfg->num_vocab_tiling);
+    if (st == MT_OK) st = mt_model_set_tensor_parallel(*model, tp_comm, tp_n, tp_rank);
+    if (st == MT_OK) st = mt_model_set_context_parallel(*model, cp_comm, cp_n, cp_rank,
+                                                         cfg->context_parallel_strategy);
+    if (st == MT_OK) st = mt_memory_apply_remat(cfg, *model);
     if (st == MT_OK) st = mt_plan_new(plan);
     if (st == MT_OK) st = mt_model_add_to_plan(*model, *plan);
+    if (st == MT_OK)
+        st = mt_grad_sync_init(gs, dp_comm, dp_n, dp_rank, mt_model_numel(*model), cfg->shard_optimizer_over_data,
+                               cfg->grad_dtype, (mt_ga_reduce)cfg->gradient_accumulation_reduce,
+                               cfg->gradient_accumulation_steps);
+    if (st == MT_OK) st = setup_tensor(*model, gs, tp_comm, tp_n, tp_rank);
+    if (st == MT_OK) st = mt_grad_sync_add_to_plan(gs, *plan, mt_model_phase_count(*model) - 1);
     if (st == MT_OK) {
-        mt_adamw_init(opt, ops, mt_model_numel(*model), cfg->adam_b1, cfg->adam_b2, cfg->adam_eps,
+        mt_adamw_init(opt, ops, mt_grad_sync_opt_numel(gs), cfg->adam_b1, cfg->adam_b2, cfg->adam_eps,
                       cfg->adam_weight_decay);
-        st = mt_adamw_add_to_plan(opt, *plan, mt_model_phase_count(*model));
+        /* optimizer_memory_host_offload: the moments live in the host pool (host plan) */
+        st = mt_adamw_add_to_plan(opt, cfg->optimizer_memory_host_offload ? host : *plan,
+                                  mt_model_phase_count(*model));
     }
     if (st == MT_OK) st = mt_plan_finalize(*plan);
     if (st != MT_OK) {
@@ -158,12 +283,52 @@ mt_status mt_trainer_plan(const mt_train_config *cfg, mt_plan **plan, int64_t *n
     const mt_ops *ops = mt_cuda_ops();
     if (cfg->backend == MT_BACKEND_CPU || !ops) ops = mt_cpu_ops();
     MT_TRY(check_dtypes(cfg, ops->name));
+    /* The plan of data x fsdp rank 0 of the layout the ici_* keys give (-1 counts as 1). */
+    int dims[MT_MESH_AXES];
+    MT_TRY(plan_dims(cfg, dims));
     mt_model *model;
     mt_adamw opt;
-    MT_TRY(build_plan(cfg, ops, &model, plan, &opt));
+    mt_grad_sync gs;
+    mt_plan *host = NULL;
+    MT_TRY(mt_plan_new(&host));
+    mt_status st = build_plan(cfg, ops, &model, plan, &opt, &gs, NULL, dims, host);
+    mt_grad_sync_free(&gs);
+    mt_plan_free(host);
+    MT_TRY(st);
     if (num_params) *num_params = mt_model_numel(model);
     mt_model_free(model);
     return MT_OK;
+}
+
+mt_status mt_trainer_plan_with_host(const mt_train_config *cfg, mt_plan **plan, mt_plan **host_plan,
+                                     int64_t *num_params) {
+    *plan = *host_plan = NULL;
+    const mt_ops *ops = mt_cuda_ops();
+    if (cfg->backend == MT_BACKEND_CPU || !ops) ops = mt_cpu_ops();
+    MT_TRY(check_dtypes(cfg, ops->name));
+    int dims[MT_MESH_AXES];
+    MT_TRY(plan_dims(cfg, dims));
+    mt_model *model;
+    mt_adamw opt;
+    mt_grad_sync gs;
+    MT_TRY(mt_plan_new(host_plan));
+    mt_status st = build_plan(cfg, ops, &model, plan, &opt, &gs, NULL, dims, *host_plan);
+    mt_grad_sync_free(&gs);
+    if (st != MT_OK) {
+        mt_plan_free(*host_plan);
+        *host_plan = NULL;
+        return st;
+    }
+    st = mt_model_add_to_host_plan(model, *host_plan);
+    if (st == MT_OK) st = mt_plan_finalize(*host_plan);
+    if (num_params) *num_params = mt_model_numel(model);
+    mt_model_free(model);
+    if (st != MT_OK) {
+        mt_plan_free(*plan);
+        mt_plan_free(*host_plan);
+        *plan = *host_plan = NULL;
+    }
+    return st;
 }
 
 /* Read the train state of checkpoint dir into t (moments, step, data position). */
@@ -225,9 +390,12 @@ static mt_status load_train_state(mt_trainer *t, const char *dir) {
                 break;
             }
             st = mt_safetensors_read_f32(f, idx, host, n);
-            if (st == MT_OK) {
-                float *dst = (which ? t->opt.v : t->opt.m) + p->offset;
-                t->ops->copy_to_device(dst, host, (size_t)n * sizeof(float));
+            /* the part of this tensor inside this rank's optimizer shard [lo, hi) */
+            const int64_t a = p->offset > t->gs.lo ? p->offset : t->gs.lo;
+            const int64_t b = p->offset + n < t->gs.hi ? p->offset + n : t->gs.hi;
+            if (st == MT_OK && b > a) {
+                float *dst = (which ? t->opt.v : t->opt.m) + (a - t->gs.lo);
+                t->ops->copy_to_device(dst, host + (a - p->offset), (size_t)(b - a) * sizeof(float));
             }
         }
     }
@@ -250,8 +418,10 @@ done:
     return st;
 }
 
-static mt_status open_loader(mt_data_loader **out, const mt_train_config *cfg, const char *split) {
-    MT_TRY(mt_data_open(out, cfg->dataset_path, split, cfg->per_device_batch_size, cfg->max_target_length, 0, 1));
+static mt_status open_loader(mt_data_loader **out, const mt_train_config *cfg, const char *split, int rank,
+                             int world) {
+    MT_TRY(mt_data_open(out, cfg->dataset_path, split, cfg->per_device_batch_size, cfg->max_target_length, rank,
+                        world));
     int64_t mx = mt_data_max_token(*out);
     if (mx >= cfg->model.vocab_size)
         return mt_set_error(MT_ERR_INVALID, "dataset '%s' (%s split) holds token id %" PRId64
@@ -260,6 +430,31 @@ static mt_status open_loader(mt_data_loader **out, const mt_train_config *cfg, c
     return MT_OK;
 }
 
+/* The host pool of offloaded activations: its own plan and arena (host memory, apart
+ * from the device arena), bound to the model. Parameter and optimizer host offload are
+ * planned (train/estimate.h) but not run yet. */
+/* Parameter and optimizer host offload keep those buffers in the host pool and move
+ * them with the op table's copies: right on the CPU backend only, for now. */
+static mt_status check_host_offload(const mt_train_config *cfg, const mt_ops *ops) {
+    if ((cfg->parameter_memory_host_offload || cfg->optimizer_memory_host_offload) && strcmp(ops->name, "cpu") != 0)
+        return mt_set_error(MT_ERR_UNSUPPORTED, "%s runs on the cpu backend only for now (backend %s)",
+                            cfg->parameter_memory_host_offload ? "parameter_memory_host_offload"
+                                                               : "optimizer_memory_host_offload",
+                            ops->name);
+    return MT_OK;
+}
+
+static mt_status setup_host_pool(mt_trainer *t) {
+    MT_TRY(mt_model_add_to_host_plan(t->model, t->host_plan));
+    MT_TRY(mt_plan_finalize(t->host_plan));
+    MT_TRY(mt_arena_create(&t->host_arena, t->host_plan, NULL, NULL));
+    t->have_host_arena = 1;
+    return mt_model_bind_host(t->model, &t->host_arena, t->host_plan);
+}
+
+size_t mt_trainer_host_bytes(const mt_trainer *t) { return t->have_host_arena ? t->host_arena.bytes : 0; }
+size_t mt_trainer_device_bytes(const mt_trainer *t) { return t->have_arena ? t->arena.bytes : 0; }
+
 mt_status mt_trainer_create(mt_trainer **out, const mt_train_config *cfg) {
     *out = NULL;
     MT_TRY(mt_train_config_validate(cfg));
@@ -267,15 +462,24 @@ mt_status mt_trainer_create(mt_trainer **out, const mt_train_config *cfg) {
     if (!t) return mt_set_error(MT_ERR_OOM, "trainer: out of memory");
     t->cfg = *cfg;
     mt_status st = mt_trainer_select_backend(cfg, &t->ops);
-    if (st == MT_OK) st = build_plan(cfg, t->ops, &t->model, &t->plan, &t->opt);
-    if (st == MT_OK) st = open_loader(&t->train, cfg, "train");
-    if (st == MT_OK && cfg->eval_interval > 0) st = open_loader(&t->val, cfg, "val");
+    if (st == MT_OK) st = setup_mesh(t);
+    if (st == MT_OK) st = check_host_offload(cfg, t->ops);
+    if (st == MT_OK) st = mt_plan_new(&t->host_plan);
+    if (st == MT_OK)
+        st = build_plan(cfg, t->ops, &t->model, &t->plan, &t->opt, &t->gs, t->mesh, t->mesh->dims, t->host_plan);
+    if (st == MT_OK) st = open_loader(&t->train, cfg, "train", dp_rank(t->mesh), dp_size(t->mesh));
+    if (st == MT_OK && cfg->eval_interval > 0)
+        st = open_loader(&t->val, cfg, "val", dp_rank(t->mesh), dp_size(t->mesh));
     if (st == MT_OK) {
         st = mt_arena_create(&t->arena, t->plan, t->ops->alloc, t->ops->release);
         t->have_arena = st == MT_OK;
     }
     if (st == MT_OK) st = mt_model_bind(t->model, &t->arena, t->plan);
-    if (st == MT_OK) st = mt_adamw_bind(&t->opt, &t->arena, t->plan);
+    if (st == MT_OK) st = setup_host_pool(t);
+    if (st == MT_OK)
+        st = cfg->optimizer_memory_host_offload ? mt_adamw_bind(&t->opt, &t->host_arena, t->host_plan)
+                                                : mt_adamw_bind(&t->opt, &t->arena, t->plan);
+    if (st == MT_OK) st = mt_grad_sync_bind(&t->gs, &t->arena, t->plan);
     if (st == MT_OK) {
         t->nparams = mt_model_param_count(t->model);
         t->numel = mt_model_numel(t->model);
@@ -286,11 +490,7 @@ mt_status mt_trainer_create(mt_trainer **out, const mt_train_config *cfg) {
         if (!t->params || !t->tokens || !t->labels) st = mt_set_error(MT_ERR_OOM, "trainer: out of memory");
         for (int i = 0; st == MT_OK && i < t->nparams; i++) t->params[i] = *mt_model_param(t->model, i);
     }
-    if (st == MT_OK && cfg->grad_dtype == MT_BF16) {
-        t->acc16 = malloc((size_t)t->numel * sizeof(mt_bf16));
-        t->stage = malloc((size_t)t->numel * sizeof(float));
-        if (!t->acc16 || !t->stage) st = mt_set_error(MT_ERR_OOM, "trainer: no memory for the bf16 accumulator");
-    }
+    if (st == MT_OK) st = build_shard_table(t);
     if (st == MT_OK) {
         if (cfg->load_checkpoint[0]) {
             st = mt_checkpoint_load_model(cfg->load_checkpoint, t->model);
@@ -328,11 +528,14 @@ void mt_trainer_free(mt_trainer *t) {
     mt_model_free(t->model);
     if (t->have_arena) mt_arena_destroy(&t->arena);
     mt_plan_free(t->plan);
+    if (t->have_host_arena) mt_arena_destroy(&t->host_arena);
+    mt_plan_free(t->host_plan);
     free(t->params);
     free(t->tokens);
     free(t->labels);
-    free(t->acc16);
-    free(t->stage);
+    free(t->sparams);
+    mt_grad_sync_free(&t->gs);
+    mt_mesh_free(t->mesh);
     free(t);
 }
 
@@ -341,52 +544,120 @@ mt_model *mt_trainer_model(mt_trainer *t) { return t->model; }
 const mt_train_config *mt_trainer_config(const mt_trainer *t) { return &t->cfg; }
 const mt_plan *mt_trainer_get_plan(const mt_trainer *t) { return t->plan; }
 
+int mt_trainer_world_rank(const mt_trainer *t) { return t->mesh->rank; }
+
+mt_status mt_trainer_gather_grad(mt_trainer *t, float *host) {
+    if (!t->last_grad) return mt_set_error(MT_ERR_INVALID, "mt_trainer_gather_grad: no step has run");
+    if (t->gs.zero1) return mt_grad_sync_gather(&t->gs, t->last_grad, host);
+    t->ops->copy_to_host(host, t->last_grad, (size_t)t->numel * sizeof(float));
+    return MT_OK;
+}
+
+/* Bytes of one all-reduce of S bytes on T ranks (parallel/comm.h accounting). */
+static uint64_t ar_bytes(uint64_t S, uint64_t T) { return T > 1 ? 2 * (T - 1) * S / T : 0; }
+
+/* Tensor-axis bytes of one micro-batch's forward + backward (models/model.h, all
+ * tensors kept on the device): per layer the o_proj and down_proj outputs and the two
+ * column-parallel input gradients (4 all-reduces of N x D floats); per loss tile the
+ * row maxima (R floats) and the sum-exp / label logits (2R doubles); dh (N x D floats). */
+static uint64_t tensor_model_bytes(const mt_trainer *t) {
+    const uint64_t T = (uint64_t)t->mesh->dims[MT_AXIS_TENSOR];
+    if (T <= 1) return 0;
+    const int64_t C = t->mesh->dims[MT_AXIS_CONTEXT];
+    const int64_t N = t->cfg.per_device_batch_size * t->cfg.max_target_length / C, D = t->cfg.model.emb_dim;
+    const int64_t L = t->cfg.model.num_decoder_layers;
+    int64_t K = t->cfg.num_vocab_tiling;
+    if (K > N) K = N;
+    uint64_t b = 4 * (uint64_t)L * ar_bytes(4 * (uint64_t)(N * D), T) + ar_bytes(4 * (uint64_t)(N * D), T);
+    for (int64_t k = 0; k < K; k++) {
+        const uint64_t R = (uint64_t)((k + 1) * N / K - k * N / K);
+        b += ar_bytes(4 * R, T) + ar_bytes(16 * R, T);
+    }
+    return b;
+}
+
+/* Context-axis bytes of one micro-batch (models/model.h, all tensors kept): per layer
+ * K and V all-gathered in the forward and again in the backward, dK and dV
+ * reduce-scattered: 6 collectives moving (C - 1) x this rank's B x 2Tc x KVD floats
+ * (blk); ring: (C - 1) x (2 + 4) blocks sent plus dK, dV sent home. */
+static uint64_t context_model_bytes(const mt_trainer *t) {
+    const int64_t C = t->mesh->dims[MT_AXIS_CONTEXT], T = t->mesh->dims[MT_AXIS_TENSOR];
+    if (C <= 1) return 0;
+    const int64_t rows = t->cfg.per_device_batch_size * t->cfg.max_target_length / C;
+    const int64_t kvd = t->cfg.model.num_kv_heads / T * t->cfg.model.head_dim;
+    const uint64_t blk = 4 * (uint64_t)(rows * kvd), L = (uint64_t)t->cfg.model.num_decoder_layers;
+    if (t->cfg.context_parallel_strategy == 1) /* ring: (C-1) steps of K,V forward, K,V,dK,dV backward, dK,dV home */
+        return L * ((uint64_t)(C - 1) * 6 * blk + 2 * blk);
+    return 6 * L * (uint64_t)(C - 1) * blk;
+}
+
+void mt_trainer_step_bytes(const mt_trainer *t, uint64_t *measured, uint64_t *formula) {
+    const uint64_t n = (uint64_t)t->gs.n;
+    const uint64_t scalar = ar_bytes(8, n); /* one 8-byte all-reduce on data x fsdp */
+    if (measured) *measured = t->last_step_bytes;
+    if (formula)
+        *formula = mt_grad_sync_step_bytes(&t->gs, t->cfg.gradient_accumulation_steps) +
+                   (t->gs.zero1 ? 3 : 2) * scalar +
+                   (uint64_t)t->cfg.gradient_accumulation_steps * (tensor_model_bytes(t) + context_model_bytes(t));
+}
+
 /* ----------------------------------------------------------------- a step ---- */
 
-/* acc = bf16(acc + g) with the add in fp32 (first: acc = bf16(g)). */
-static void bf16_accumulate(mt_trainer *t, int first) {
-    float *grads = mt_model_grads(t->model);
-    t->ops->copy_to_host(t->stage, grads, (size_t)t->numel * sizeof(float));
-    for (int64_t i = 0; i < t->numel; i++) {
-        float prev = first ? 0.0f : mt_bf16_to_f32(t->acc16[i]);
-        t->acc16[i] = mt_f32_to_bf16(prev + t->stage[i]);
-    }
-}
+/* ------------------------------------------------------- the parallel step ----
+ * Micro-batch gradients of the summed token loss go through the gradient sync
+ * (parallel/zero1.h: grad_dtype accumulator, all-reduce or ZeRO-1 reduce-scatter);
+ * loss sums and token counts are all-reduced over data x fsdp, so the step's loss is
+ * the token-weighted mean over all micro-batches and ranks; the reduced gradient is
+ * divided by the global token count; the clip norm is the global one (the shards'
+ * squared norms all-reduced under ZeRO-1); AdamW updates this rank's shard and the
+ * updated parameters are all-gathered. A world of one runs the same code with no
+ * communication. */
 
 mt_status mt_trainer_step(mt_trainer *t, mt_step_metrics *m) {
     const double t0 = mt_time_now();
     const mt_ops *ops = t->ops;
     float *grads = mt_model_grads(t->model);
     const size_t gbytes = (size_t)t->numel * sizeof(float);
-    const int bf16 = t->cfg.grad_dtype == MT_BF16;
+    mt_comm *dp = t->mesh->grad;
+    const uint64_t bytes0 = mt_mesh_bytes_total(t->mesh);
     double loss_sum = 0.0;
     int64_t count = 0;
     ops->zero(grads, gbytes);
     for (int64_t mb = 0; mb < t->cfg.gradient_accumulation_steps; mb++) {
         MT_TRY(mt_data_next(t->train, t->tokens, t->labels));
-        if (bf16 && mb > 0) ops->zero(grads, gbytes);
         double ls = 0.0;
         int64_t c = 0;
         MT_TRY(mt_model_forward_backward(t->model, t->tokens, t->labels, 1.0f, &ls, &c));
         loss_sum += ls;
         count += c;
-        if (bf16) bf16_accumulate(t, mb == 0);
+        int zero = 0;
+        MT_TRY(mt_grad_sync_microbatch(&t->gs, grads, mb, &zero));
+        if (zero && mb + 1 < t->cfg.gradient_accumulation_steps) ops->zero(grads, gbytes);
     }
-    if (bf16) {
-        mt_bf16_to_f32_array(t->stage, t->acc16, (size_t)t->numel);
-        ops->copy_to_device(grads, t->stage, gbytes);
-    }
+    MT_TRY(mt_comm_all_reduce(dp, &loss_sum, 1, MT_COMM_F64));
+    MT_TRY(mt_comm_all_reduce(dp, &count, 1, MT_COMM_I64));
     if (count <= 0)
         return mt_set_error(MT_ERR_RUNTIME, "step %" PRId64 ": no labelled token in the batch", t->step + 1);
-    ops->scale(grads, (float)(1.0 / (double)count), t->numel);
-    const double norm = mt_grad_global_norm(ops, grads, t->params, t->nparams);
+    float *g = NULL;
+    MT_TRY(mt_grad_sync_finish(&t->gs, grads, &g));
+    ops->scale(g, (float)(1.0 / (double)count), mt_grad_sync_opt_numel(&t->gs));
+    t->last_grad = g;
+    double norm = mt_grad_global_norm(ops, g, t->sparams, t->nsparams);
+    if (t->gs.zero1) {
+        double sq = norm * norm;
+        MT_TRY(mt_comm_all_reduce(dp, &sq, 1, MT_COMM_F64));
+        norm = sqrt(sq);
+    }
     if (!isfinite(norm))
         return mt_set_error(MT_ERR_RUNTIME, "step %" PRId64 ": gradient norm is %g (loss %g)", t->step + 1,
                             norm, loss_sum / (double)count);
     const double clip = mt_clip_scale(norm, t->cfg.gradient_clipping_threshold);
     const double lr = mt_lr_schedule_at(&t->sched, t->step);
-    MT_TRY(mt_adamw_step(&t->opt, t->params, t->nparams, mt_model_params(t->model), grads, (float)lr,
-                         (float)clip, t->step + 1));
+    float *params = mt_model_params(t->model);
+    MT_TRY(mt_adamw_step(&t->opt, t->sparams, t->nsparams, params + t->gs.lo, g, (float)lr, (float)clip,
+                         t->step + 1));
+    MT_TRY(mt_grad_sync_gather_params(&t->gs, params));
+    t->last_step_bytes = mt_mesh_bytes_total(t->mesh) - bytes0;
     ops->sync();
     t->step++;
     const double dt = mt_time_now() - t0;
@@ -421,6 +692,8 @@ mt_status mt_trainer_evaluate(mt_trainer *t, double *val_loss, int64_t *val_toke
         sum += ls;
         count += c;
     }
+    MT_TRY(mt_comm_all_reduce(t->mesh->grad, &sum, 1, MT_COMM_F64));
+    MT_TRY(mt_comm_all_reduce(t->mesh->grad, &count, 1, MT_COMM_I64));
     *val_loss = count > 0 ? sum / (double)count : NAN;
     *val_tokens = count;
     return MT_OK;
@@ -438,8 +711,15 @@ static mt_status write_train_state(mt_trainer *t, const char *dir) {
         st = mt_set_error(MT_ERR_OOM, "checkpoint: cannot allocate %zu bytes for the train state", 2 * bytes);
         goto done;
     }
-    t->ops->copy_to_host(m, t->opt.m, bytes);
-    t->ops->copy_to_host(v, t->opt.v, bytes);
+    if (t->gs.zero1) { /* host buffers: the MPI backend runs on the CPU backend only */
+        st = mt_grad_sync_gather(&t->gs, t->opt.m, m);
+        if (st == MT_OK) st = mt_grad_sync_gather(&t->gs, t->opt.v, v);
+        if (st != MT_OK) goto done;
+    } else {
+        t->ops->copy_to_host(m, t->opt.m, bytes);
+        t->ops->copy_to_host(v, t->opt.v, bytes);
+    }
+    if (t->mesh->rank != 0) goto done; /* every rank took part in the gather; rank 0 writes */
     for (int i = 0; i < t->nparams; i++) {
         const mt_param_info *p = &t->params[i];
         for (int which = 0; which < 2; which++) {
@@ -477,6 +757,11 @@ done:
 
 mt_status mt_trainer_save_checkpoint(mt_trainer *t, char *out_path, size_t out_size) {
     char ckdir[MT_PATH], final[MT_PATH], tmp[MT_PATH + 8], old[MT_PATH + 8], name[48];
+    if (t->mesh->rank != 0) { /* joins rank 0's gather of the optimizer shards; writes nothing */
+        if (out_path && out_size) out_path[0] = '\0';
+        MT_TRY(write_train_state(t, NULL));
+        return mt_comm_barrier_wait(t->mesh->all, 3600.0); /* while rank 0 writes */
+    }
     snprintf(name, sizeof name, "step_%" PRId64, t->step);
     if (!path_join(ckdir, sizeof ckdir, t->run_dir, "checkpoints") || !path_join(final, sizeof final, ckdir, name))
         return mt_set_error(MT_ERR_IO, "checkpoint path too long under '%s'", t->run_dir);
@@ -499,21 +784,25 @@ mt_status mt_trainer_save_checkpoint(mt_trainer *t, char *out_path, size_t out_s
     if (rename(tmp, final) != 0) return mt_set_error(MT_ERR_IO, "cannot rename '%s': %s", tmp, strerror(errno));
     if (had_old) MT_TRY(remove_flat_dir(old));
     if (out_path && out_size) snprintf(out_path, out_size, "%s", final);
-    return MT_OK;
+    return mt_comm_barrier_wait(t->mesh->all, 3600.0); /* the other ranks wait for the files */
 }
 
 /* -------------------------------------------------------------------- run ---- */
 
 mt_status mt_trainer_run(mt_trainer *t, mt_train_callback cb, void *user) {
-    MT_TRY(mkdir_p(t->run_dir));
-    char mpath[MT_PATH];
-    if (!path_join(mpath, sizeof mpath, t->run_dir, "metrics.jsonl"))
-        return mt_set_error(MT_ERR_IO, "path too long: '%s'", t->run_dir);
+    /* Under mpirun only world rank 0 writes the run directory and calls cb. */
+    const int lead = t->mesh->rank == 0;
     mt_metrics_writer *mw = NULL;
-    MT_TRY(mt_metrics_open(&mw, mpath, t->resumed));
+    if (lead) {
+        MT_TRY(mkdir_p(t->run_dir));
+        char mpath[MT_PATH];
+        if (!path_join(mpath, sizeof mpath, t->run_dir, "metrics.jsonl"))
+            return mt_set_error(MT_ERR_IO, "path too long: '%s'", t->run_dir);
+        MT_TRY(mt_metrics_open(&mw, mpath, t->resumed));
+    }
     mt_status st = MT_OK;
     const mt_train_config *c = &t->cfg;
-    if (t->resumed)
+    if (t->resumed && lead)
         MT_LOG_I("resumed from %s at step %" PRId64, c->load_checkpoint, t->step);
     if (t->step == 0 && t->val) {
         mt_step_metrics m;
@@ -522,8 +811,8 @@ mt_status mt_trainer_run(mt_trainer *t, mt_train_callback cb, void *user) {
         m.total_steps = c->steps;
         m.has_eval = 1;
         st = mt_trainer_evaluate(t, &m.val_loss, &m.val_tokens);
-        if (st == MT_OK) st = mt_metrics_write(mw, &m);
-        if (st == MT_OK && cb) cb(&m, user);
+        if (st == MT_OK && lead) st = mt_metrics_write(mw, &m);
+        if (st == MT_OK && cb && lead) cb(&m, user);
     }
     while (st == MT_OK && t->step < c->steps) {
         mt_step_metrics m;
@@ -535,15 +824,15 @@ mt_status mt_trainer_run(mt_trainer *t, mt_train_callback cb, void *user) {
             st = mt_trainer_evaluate(t, &m.val_loss, &m.val_tokens);
             if (st != MT_OK) break;
         }
-        st = mt_metrics_write(mw, &m);
+        if (lead) st = mt_metrics_write(mw, &m);
         if (st != MT_OK) break;
-        if (cb) cb(&m, user);
+        if (cb && lead) cb(&m, user);
         if ((c->checkpoint_period > 0 && t->step % c->checkpoint_period == 0) || last) {
             char where[MT_PATH];
             st = mt_trainer_save_checkpoint(t, where, sizeof where);
-            if (st == MT_OK) MT_LOG_I("saved checkpoint %s", where);
+            if (st == MT_OK && lead) MT_LOG_I("saved checkpoint %s", where);
         }
     }
-    mt_metrics_close(mw);
+    if (mw) mt_metrics_close(mw);
     return st;
 }

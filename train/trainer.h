@@ -8,8 +8,11 @@
  *
  * With grad_dtype=bfloat16 the accumulator is bfloat16: each micro-batch's fp32
  * gradient is added to it in fp32 and rounded once to nearest-even (DESIGN.md
- * section 2). This accumulator lives in host memory (a staging pair of numel bf16 +
- * numel fp32 buffers, not in the plan) until the ops table has a bf16 add.
+ * section 2). Accumulators, the gradient reduction over data x fsdp (all-reduce, or
+ * ZeRO-1 reduce-scatter with gradient_accumulation_reduce=once|every) and the shard
+ * of the optimizer state are parallel/zero1.h's; they are plan entries. Under mpirun
+ * the ici_* keys give the mesh (parallel/mesh.h), each data x fsdp rank reads its
+ * slice of the global batch, and world rank 0 alone writes metrics and checkpoints.
  *
  * Outputs under <base_output_directory>/<run_name>/ (DESIGN.md section 6):
  * metrics.jsonl (train/metrics.h) and checkpoints/step_<N>/ holding model.safetensors
@@ -51,6 +54,12 @@ mt_status mt_trainer_select_backend(const mt_train_config *cfg, const mt_ops **o
  * Errors: MT_ERR_INVALID (config), MT_ERR_OOM. */
 mt_status mt_trainer_plan(const mt_train_config *cfg, mt_plan **plan, int64_t *num_params);
 
+/* mt_trainer_plan plus the host plan of offloaded activations (models/model.h
+ * mt_model_add_to_host_plan; finalised, possibly empty). The caller frees both.
+ * Errors: those of mt_trainer_plan. */
+mt_status mt_trainer_plan_with_host(const mt_train_config *cfg, mt_plan **plan, mt_plan **host_plan,
+                                     int64_t *num_params);
+
 typedef struct mt_trainer mt_trainer;
 
 /* Build everything a run needs and check all inputs, without writing anything:
@@ -68,6 +77,23 @@ int64_t mt_trainer_step_count(const mt_trainer *t);
 mt_model *mt_trainer_model(mt_trainer *t);
 const mt_train_config *mt_trainer_config(const mt_trainer *t);
 const mt_plan *mt_trainer_get_plan(const mt_trainer *t);
+/* Bytes of the host pool of offloaded activations (0 when nothing is offloaded). */
+size_t mt_trainer_host_bytes(const mt_trainer *t);
+/* Bytes of the device arena (allocated from the plan: equals mt_plan_peak). */
+size_t mt_trainer_device_bytes(const mt_trainer *t);
+
+/* World rank of this process (0 without mpirun). */
+int mt_trainer_world_rank(const mt_trainer *t);
+
+/* The mean gradient of the last step (before clipping), all numel fp32 values in the
+ * model's flat layout, copied to host[numel] on every rank (a collective under ZeRO-1:
+ * every rank must call it). Errors: MT_ERR_INVALID before the first step. */
+mt_status mt_trainer_gather_grad(mt_trainer *t, float *host);
+
+/* Bytes this rank sent during the last step (parallel/comm.h accounting) and the
+ * layout's formula for them (parallel/zero1.h: gradient and parameter collectives plus
+ * the 8-byte all-reduces of loss sum, token count and, under ZeRO-1, squared norm). */
+void mt_trainer_step_bytes(const mt_trainer *t, uint64_t *measured, uint64_t *formula);
 
 /* One optimizer step (see the header comment). Fills m's train fields (step, loss,
  * lr, grad_norm, tokens, tokens_per_s, step_ms, mfu); has_eval = 0.

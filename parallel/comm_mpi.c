@@ -1,0 +1,495 @@
+/* parallel/comm_mpi.c: the MPI backend of parallel/comm.h (host buffers), with the
+ * byte counters and the collective watchdog. Without MT_HAVE_MPI (no MPI found at
+ * configure time) only the world of one exists. */
+#include "parallel/comm.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef MT_HAVE_MPI
+#include <mpi.h>
+#endif
+
+struct mt_comm {
+    char name[32];
+    int rank, size;
+    uint64_t bytes[MT_COLL_KINDS];
+#ifdef MT_HAVE_MPI
+    MPI_Comm mpi; /* MPI_COMM_NULL for a group of one without MPI */
+#endif
+};
+
+static int g_inited = 0, g_use_mpi = 0, g_rank = 0, g_size = 1;
+
+/* A NULL communicator is a group of one (planning, single process). */
+static mt_comm g_solo = {.name = "solo", .rank = 0, .size = 1};
+#define SOLO(c) \
+    do {        \
+        if (!(c)) (c) = &g_solo; \
+    } while (0)
+
+/* ------------------------------------------------------------------ watchdog ---- */
+
+static _Atomic double g_wd_timeout = 30.0;     /* seconds (mt_comm_set_timeout) */
+
+#ifdef MT_HAVE_MPI
+static _Atomic int g_wd_active = 0;            /* a collective is in progress */
+static _Atomic double g_wd_start = 0.0;        /* its start (monotonic seconds) */
+static const char *_Atomic g_wd_what = NULL;   /* collective name (static string) */
+static const char *_Atomic g_wd_group = NULL;  /* communicator name (lives with the comm) */
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *watchdog_main(void *arg) {
+    (void)arg;
+    for (;;) {
+        sleep_ms(200);
+        if (!atomic_load(&g_wd_active)) continue;
+        double start = atomic_load(&g_wd_start), lim = atomic_load(&g_wd_timeout);
+        double el = now_s() - start;
+        if (el < lim || !atomic_load(&g_wd_active) || atomic_load(&g_wd_start) != start) continue;
+        const char *what = atomic_load(&g_wd_what), *grp = atomic_load(&g_wd_group);
+        fprintf(stderr,
+                "meshtrain: rank %d: %s on the '%s' communicator did not complete in %.0f s "
+                "(a peer rank died or hangs); exiting\n",
+                g_rank, what ? what : "collective", grp ? grp : "?", el);
+        fflush(stderr);
+        _exit(1);
+    }
+    return NULL;
+}
+
+static void wd_enter(const mt_comm *c, const char *what) {
+    atomic_store(&g_wd_what, what);
+    atomic_store(&g_wd_group, c->name);
+    atomic_store(&g_wd_start, now_s());
+    atomic_store(&g_wd_active, 1);
+}
+static void wd_leave(void) { atomic_store(&g_wd_active, 0); }
+
+/* SIGTERM (mpirun stopping the job after a peer died): say where this rank was, with
+ * async-signal-safe writes only, then die of the signal as before. */
+static char g_rank_str[16];
+
+static void put(const char *s) {
+    size_t n = strlen(s);
+    while (n > 0) {
+        ssize_t w = write(2, s, n);
+        if (w <= 0) return;
+        s += w;
+        n -= (size_t)w;
+    }
+}
+
+static void on_sigterm(int sig) {
+    put("meshtrain: rank ");
+    put(g_rank_str);
+    if (atomic_load(&g_wd_active)) {
+        const char *what = atomic_load(&g_wd_what), *grp = atomic_load(&g_wd_group);
+        put(": stopped by the launcher while in ");
+        put(what ? what : "a collective");
+        put(" on the '");
+        put(grp ? grp : "?");
+        put("' communicator\n");
+    } else {
+        put(": stopped by the launcher (not in a collective)\n");
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+#endif
+
+void mt_comm_set_timeout(double seconds) {
+    if (seconds > 0) atomic_store(&g_wd_timeout, seconds);
+}
+
+/* ------------------------------------------------------------------- world ---- */
+
+size_t mt_comm_dtype_size(mt_comm_dtype dt) {
+    switch (dt) {
+    case MT_COMM_F32: return 4;
+    case MT_COMM_F64: return 8;
+    case MT_COMM_I64: return 8;
+    case MT_COMM_U16: return 2;
+    }
+    return 0;
+}
+
+const char *mt_coll_kind_name(mt_coll_kind k) {
+    static const char *const n[MT_COLL_KINDS] = {"all_reduce", "reduce_scatter", "all_gather",
+                                                 "broadcast", "send", "barrier"};
+    return k >= 0 && k < MT_COLL_KINDS ? n[k] : "?";
+}
+
+#ifdef MT_HAVE_MPI
+/* Exit handler: finalise MPI if every rank reaches here within a few seconds, else
+ * abort (a rank leaving on an error must not wait forever in MPI_Finalize). */
+static void finalize_at_exit(void) {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (fin) return;
+    MPI_Request req;
+    if (MPI_Ibarrier(MPI_COMM_WORLD, &req) == MPI_SUCCESS) {
+        double t0 = now_s();
+        int done = 0;
+        while (!done && now_s() - t0 < 10.0) {
+            if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+            if (!done) sleep_ms(1);
+        }
+        if (done) {
+            MPI_Finalize();
+            return;
+        }
+    }
+    fprintf(stderr, "meshtrain: rank %d: peers did not reach the end of the run; aborting\n", g_rank);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+#endif
+
+static int launched_by_mpirun(void) {
+    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+}
+
+mt_status mt_comm_world_init(void) {
+    if (g_inited) return MT_OK;
+    if (!launched_by_mpirun()) {
+        g_inited = 1;
+        return MT_OK;
+    }
+#ifdef MT_HAVE_MPI
+    int provided = 0;
+    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+        return mt_set_error(MT_ERR_RUNTIME, "MPI_Init_thread failed");
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    g_use_mpi = 1;
+    g_inited = 1;
+    atexit(finalize_at_exit);
+    snprintf(g_rank_str, sizeof g_rank_str, "%d", g_rank);
+    if (g_size > 1) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_sigterm;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGTERM, &sa, NULL);
+        pthread_t th;
+        if (pthread_create(&th, NULL, watchdog_main, NULL) == 0) pthread_detach(th);
+    }
+    return MT_OK;
+#else
+    const char *s = getenv("OMPI_COMM_WORLD_SIZE");
+    if (!s) s = getenv("PMI_SIZE");
+    if (s && atoi(s) > 1)
+        return mt_set_error(MT_ERR_RUNTIME,
+                            "started by mpirun with %s ranks but this build has no MPI "
+                            "(install Open MPI and reconfigure)", s);
+    g_inited = 1;
+    return MT_OK;
+#endif
+}
+
+int mt_comm_world_rank(void) { return g_rank; }
+int mt_comm_world_size(void) { return g_size; }
+const char *mt_comm_backend(void) { return g_use_mpi ? "mpi" : "none"; }
+
+/* ------------------------------------------------------------ communicators ---- */
+
+mt_status mt_comm_split(mt_comm **out, int color, int key, const char *name) {
+    MT_TRY(mt_comm_world_init());
+    mt_comm *c = calloc(1, sizeof *c);
+    if (!c) return mt_set_error(MT_ERR_OOM, "mt_comm_split: out of memory");
+    snprintf(c->name, sizeof c->name, "%s", name ? name : "comm");
+    c->rank = 0;
+    c->size = 1;
+#ifdef MT_HAVE_MPI
+    c->mpi = MPI_COMM_NULL;
+    if (g_use_mpi) {
+        if (MPI_Comm_split(MPI_COMM_WORLD, color, key, &c->mpi) != MPI_SUCCESS) {
+            free(c);
+            return mt_set_error(MT_ERR_RUNTIME, "rank %d: MPI_Comm_split for '%s' failed", g_rank, c->name);
+        }
+        MPI_Comm_set_errhandler(c->mpi, MPI_ERRORS_RETURN);
+        MPI_Comm_rank(c->mpi, &c->rank);
+        MPI_Comm_size(c->mpi, &c->size);
+    }
+#else
+    (void)color;
+    (void)key;
+#endif
+    *out = c;
+    return MT_OK;
+}
+
+void mt_comm_free(mt_comm *c) {
+    if (!c) return;
+#ifdef MT_HAVE_MPI
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (c->mpi != MPI_COMM_NULL && !fin) MPI_Comm_free(&c->mpi);
+#endif
+    free(c);
+}
+
+int mt_comm_rank(const mt_comm *c) { return c ? c->rank : 0; }
+int mt_comm_size(const mt_comm *c) { return c ? c->size : 1; }
+const char *mt_comm_name(const mt_comm *c) { return c ? c->name : "none"; }
+
+uint64_t mt_comm_bytes(const mt_comm *c, mt_coll_kind k) {
+    return c && k >= 0 && k < MT_COLL_KINDS ? c->bytes[k] : 0;
+}
+uint64_t mt_comm_bytes_total(const mt_comm *c) {
+    uint64_t s = 0;
+    for (int k = 0; c && k < MT_COLL_KINDS; k++) s += c->bytes[k];
+    return s;
+}
+void mt_comm_reset_bytes(mt_comm *c) {
+    if (c) memset(c->bytes, 0, sizeof c->bytes);
+}
+
+/* ------------------------------------------------------------- collectives ---- */
+
+static int64_t sum_counts(const int64_t *counts, int n) {
+    int64_t s = 0;
+    for (int i = 0; i < n; i++) s += counts[i];
+    return s;
+}
+
+#ifdef MT_HAVE_MPI
+static MPI_Datatype mpi_type(mt_comm_dtype dt) {
+    switch (dt) {
+    case MT_COMM_F32: return MPI_FLOAT;
+    case MT_COMM_F64: return MPI_DOUBLE;
+    case MT_COMM_I64: return MPI_INT64_T;
+    case MT_COMM_U16: return MPI_UINT16_T;
+    }
+    return MPI_BYTE;
+}
+
+static mt_status mpi_fail(const mt_comm *c, const char *what, int rc) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    msg[0] = '\0';
+    MPI_Error_string(rc, msg, &len);
+    return mt_set_error(MT_ERR_RUNTIME, "rank %d: %s on the '%s' communicator (%d ranks) failed: %s", g_rank,
+                        what, c->name, c->size, msg);
+}
+
+/* int counts and displacements for the v-collectives. */
+static mt_status int_counts(const mt_comm *c, const int64_t *counts, int *ic, int *id) {
+    int64_t d = 0;
+    for (int i = 0; i < c->size; i++) {
+        if (counts[i] < 0 || counts[i] > INT32_MAX || d > INT32_MAX)
+            return mt_set_error(MT_ERR_INVALID, "'%s' collective: chunk %d has %lld elements (limit 2^31)",
+                                c->name, i, (long long)counts[i]);
+        ic[i] = (int)counts[i];
+        id[i] = (int)d;
+        d += counts[i];
+    }
+    return MT_OK;
+}
+#endif
+
+static mt_status check_count(const mt_comm *c, int64_t count, const char *what) {
+    if (count < 0 || count > INT32_MAX)
+        return mt_set_error(MT_ERR_INVALID, "%s on '%s': count %lld outside [0, 2^31)", what, c->name,
+                            (long long)count);
+    return MT_OK;
+}
+
+mt_status mt_comm_all_reduce(mt_comm *c, void *buf, int64_t count, mt_comm_dtype dt) {
+    SOLO(c);
+    MT_TRY(check_count(c, count, "all_reduce"));
+    if (dt == MT_COMM_U16) return mt_set_error(MT_ERR_INVALID, "all_reduce: 16-bit payloads cannot be summed");
+    if (c->size == 1 || count == 0) return MT_OK;
+    const uint64_t S = (uint64_t)count * mt_comm_dtype_size(dt);
+    c->bytes[MT_COLL_ALL_REDUCE] += 2 * (uint64_t)(c->size - 1) * S / (uint64_t)c->size;
+#ifdef MT_HAVE_MPI
+    wd_enter(c, "all_reduce");
+    int rc = MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, mpi_type(dt), MPI_SUM, c->mpi);
+    wd_leave();
+    if (rc != MPI_SUCCESS) return mpi_fail(c, "all_reduce (MPI_Allreduce)", rc);
+#else
+    (void)buf;
+#endif
+    return MT_OK;
+}
+
+mt_status mt_comm_all_reduce_max(mt_comm *c, void *buf, int64_t count, mt_comm_dtype dt) {
+    SOLO(c);
+    MT_TRY(check_count(c, count, "all_reduce_max"));
+    if (dt != MT_COMM_F32 && dt != MT_COMM_F64)
+        return mt_set_error(MT_ERR_INVALID, "all_reduce_max: float32 or float64 payloads only");
+    if (c->size == 1 || count == 0) return MT_OK;
+    const uint64_t S = (uint64_t)count * mt_comm_dtype_size(dt);
+    c->bytes[MT_COLL_ALL_REDUCE] += 2 * (uint64_t)(c->size - 1) * S / (uint64_t)c->size;
+#ifdef MT_HAVE_MPI
+    wd_enter(c, "all_reduce_max");
+    int rc = MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, mpi_type(dt), MPI_MAX, c->mpi);
+    wd_leave();
+    if (rc != MPI_SUCCESS) return mpi_fail(c, "all_reduce_max (MPI_Allreduce)", rc);
+#else
+    (void)buf;
+#endif
+    return MT_OK;
+}
+
+mt_status mt_comm_reduce_scatter(mt_comm *c, const void *send, void *recv, const int64_t *counts,
+                                 mt_comm_dtype dt) {
+    SOLO(c);
+    if (dt == MT_COMM_U16) return mt_set_error(MT_ERR_INVALID, "reduce_scatter: 16-bit payloads cannot be summed");
+    const size_t es = mt_comm_dtype_size(dt);
+    if (c->size == 1) {
+        if (send != recv && counts[0] > 0) memmove(recv, send, (size_t)counts[0] * es);
+        return MT_OK;
+    }
+    const int64_t total = sum_counts(counts, c->size);
+    c->bytes[MT_COLL_REDUCE_SCATTER] += (uint64_t)(total - counts[c->rank]) * es;
+#ifdef MT_HAVE_MPI
+    int ic[c->size], id[c->size];
+    MT_TRY(int_counts(c, counts, ic, id));
+    wd_enter(c, "reduce_scatter");
+    int rc = MPI_Reduce_scatter(send, recv, ic, mpi_type(dt), MPI_SUM, c->mpi);
+    wd_leave();
+    if (rc != MPI_SUCCESS) return mpi_fail(c, "reduce_scatter (MPI_Reduce_scatter)", rc);
+#endif
+    return MT_OK;
+}
+
+mt_status mt_comm_all_gather(mt_comm *c, const void *send, void *recv, const int64_t *counts,
+                             mt_comm_dtype dt) {
+    SOLO(c);
+    const size_t es = mt_comm_dtype_size(dt);
+    if (c->size == 1) {
+        if (send != recv && counts[0] > 0) memmove(recv, send, (size_t)counts[0] * es);
+        return MT_OK;
+    }
+    const int64_t total = sum_counts(counts, c->size);
+    c->bytes[MT_COLL_ALL_GATHER] += (uint64_t)(total - counts[c->rank]) * es;
+#ifdef MT_HAVE_MPI
+    int ic[c->size], id[c->size];
+    MT_TRY(int_counts(c, counts, ic, id));
+    const char *own = (const char *)recv + (size_t)id[c->rank] * es;
+    const void *sb = send == (const void *)own ? MPI_IN_PLACE : send;
+    wd_enter(c, "all_gather");
+    int rc = MPI_Allgatherv(sb, ic[c->rank], mpi_type(dt), recv, ic, id, mpi_type(dt), c->mpi);
+    wd_leave();
+    if (rc != MPI_SUCCESS) return mpi_fail(c, "all_gather (MPI_Allgatherv)", rc);
+#endif
+    return MT_OK;
+}
+
+mt_status mt_comm_broadcast(mt_comm *c, void *buf, int64_t count, mt_comm_dtype dt, int root) {
+    SOLO(c);
+    MT_TRY(check_count(c, count, "broadcast"));
+    if (root < 0 || root >= c->size)
+        return mt_set_error(MT_ERR_INVALID, "broadcast on '%s': root %d outside [0, %d)", c->name, root, c->size);
+    if (c->size == 1 || count == 0) return MT_OK;
+    if (c->rank == root) c->bytes[MT_COLL_BROADCAST] += (uint64_t)count * mt_comm_dtype_size(dt);
+#ifdef MT_HAVE_MPI
+    wd_enter(c, "broadcast");
+    int rc = MPI_Bcast(buf, (int)count, mpi_type(dt), root, c->mpi);
+    wd_leave();
+    if (rc != MPI_SUCCESS) return mpi_fail(c, "broadcast (MPI_Bcast)", rc);
+#else
+    (void)buf;
+#endif
+    return MT_OK;
+}
+
+static mt_status check_peer(const mt_comm *c, int peer, const char *what) {
+    if (peer < 0 || peer >= c->size)
+        return mt_set_error(MT_ERR_INVALID, "%s on '%s': peer %d outside [0, %d)", what, c->name, peer, c->size);
+    return MT_OK;
+}
+
+mt_status mt_comm_send(mt_comm *c, const void *buf, int64_t count, mt_comm_dtype dt, int peer) {
+    SOLO(c);
+    MT_TRY(check_count(c, count, "send"));
+    MT_TRY(check_peer(c, peer, "send"));
+    if (peer == c->rank) return mt_set_error(MT_ERR_INVALID, "send on '%s': a rank cannot send to itself", c->name);
+    c->bytes[MT_COLL_SEND] += (uint64_t)count * mt_comm_dtype_size(dt);
+#ifdef MT_HAVE_MPI
+    wd_enter(c, "send");
+    int rc = MPI_Send(buf, (int)count, mpi_type(dt), peer, 7, c->mpi);
+    wd_leave();
+    if (rc != MPI_SUCCESS) return mpi_fail(c, "send (MPI_Send)", rc);
+#else
+    (void)buf;
+#endif
+    return MT_OK;
+}
+
+mt_status mt_comm_recv(mt_comm *c, void *buf, int64_t count, mt_comm_dtype dt, int peer) {
+    SOLO(c);
+    MT_TRY(check_count(c, count, "recv"));
+    MT_TRY(check_peer(c, peer, "recv"));
+    if (peer == c->rank) return mt_set_error(MT_ERR_INVALID, "recv on '%s': a rank cannot receive from itself", c->name);
+#ifdef MT_HAVE_MPI
+    wd_enter(c, "recv");
+    int rc = MPI_Recv(buf, (int)count, mpi_type(dt), peer, 7, c->mpi, MPI_STATUS_IGNORE);
+    wd_leave();
+    if (rc != MPI_SUCCESS) return mpi_fail(c, "recv (MPI_Recv)", rc);
+#else
+    (void)buf;
+    (void)dt;
+#endif
+    return MT_OK;
+}
+
+mt_status mt_comm_sendrecv(mt_comm *c, const void *sbuf, int to, void *rbuf, int from, int64_t count,
+                           mt_comm_dtype dt) {
+    SOLO(c);
+    MT_TRY(check_count(c, count, "sendrecv"));
+    MT_TRY(check_peer(c, to, "sendrecv"));
+    MT_TRY(check_peer(c, from, "sendrecv"));
+    const size_t S = (size_t)count * mt_comm_dtype_size(dt);
+    if (to == c->rank && from == c->rank) {
+        if (sbuf != rbuf && S) memmove(rbuf, sbuf, S);
+        return MT_OK;
+    }
+    c->bytes[MT_COLL_SEND] += S;
+#ifdef MT_HAVE_MPI
+    wd_enter(c, "sendrecv");
+    int rc = MPI_Sendrecv(sbuf, (int)count, mpi_type(dt), to, 9, rbuf, (int)count, mpi_type(dt), from, 9, c->mpi,
+                          MPI_STATUS_IGNORE);
+    wd_leave();
+    if (rc != MPI_SUCCESS) return mpi_fail(c, "sendrecv (MPI_Sendrecv)", rc);
+#endif
+    return MT_OK;
+}
+
+mt_status mt_comm_barrier_wait(mt_comm *c, double seconds) {
+    const double keep = atomic_load(&g_wd_timeout);
+    if (seconds > keep) atomic_store(&g_wd_timeout, seconds);
+    mt_status st = mt_comm_barrier(c);
+    atomic_store(&g_wd_timeout, keep);
+    return st;
+}
+
+mt_status mt_comm_barrier(mt_comm *c) {
+    SOLO(c);
+    if (c->size == 1) return MT_OK;
+#ifdef MT_HAVE_MPI
+    wd_enter(c, "barrier");
+    int rc = MPI_Barrier(c->mpi);
+    wd_leave();
+    if (rc != MPI_SUCCESS) return mpi_fail(c, "barrier (MPI_Barrier)", rc);
+#endif
+    return MT_OK;
+}

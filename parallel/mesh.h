@@ -1,0 +1,81 @@
+/* parallel/mesh.h: the device mesh data x fsdp x context x tensor (DESIGN.md section 5).
+ *
+ * Keys ici_data_parallelism, ici_fsdp_parallelism, ici_context_parallelism,
+ * ici_tensor_parallelism; at most one may be -1 ("fill": world / product of the
+ * others). World rank r has coordinates with tensor varying fastest:
+ *   r = ((data * F + fsdp) * C + context) * T + tensor
+ * so tensor groups are neighbouring ranks (MaxText/Megatron ordering: the axis that
+ * communicates most is innermost). Each rank holds one communicator per axis (the
+ * ranks differing only on that axis, ordered by that coordinate), one for data x fsdp
+ * (the ranks reading different data), one for data x fsdp x context (the gradient
+ * reduction / ZeRO-1 group: context ranks hold different tokens of the same
+ * sequences) and the world. */
+#ifndef MT_PARALLEL_MESH_H
+#define MT_PARALLEL_MESH_H
+
+#include <stdint.h>
+#include "parallel/comm.h"
+#include "runtime/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum mt_mesh_axis {
+    MT_AXIS_DATA = 0,
+    MT_AXIS_FSDP = 1,
+    MT_AXIS_CONTEXT = 2,
+    MT_AXIS_TENSOR = 3,
+    MT_MESH_AXES = 4
+} mt_mesh_axis;
+
+/* Config key of an axis ("ici_data_parallelism", ...). */
+const char *mt_mesh_axis_key(mt_mesh_axis a);
+/* Short name ("data", "fsdp", "context", "tensor"). */
+const char *mt_mesh_axis_name(mt_mesh_axis a);
+
+/* Sizes from the ici_* values (indexed by mt_mesh_axis) for a world of `world` ranks:
+ * -1 is replaced by world / (product of the others). Errors: MT_ERR_INVALID naming
+ * the key(s) and numbers: a value of 0 or below -1, more than one -1, a product
+ * (or, with -1, the division) that does not match the world size. */
+mt_status mt_mesh_resolve(const int64_t ici[MT_MESH_AXES], int world, int dims[MT_MESH_AXES]);
+
+/* Sizes that the layout must divide (checked before any compute). */
+typedef struct mt_layout_sizes {
+    int64_t num_query_heads, num_kv_heads, mlp_dim, vocab_size;
+    int64_t seq;   /* max_target_length */
+    int64_t batch; /* per_device_batch_size (sequences per data x fsdp rank) */
+} mt_layout_sizes;
+
+/* Divisibility checks of dims against s: query heads, kv heads, mlp_dim and
+ * vocab_size by tensor; seq by 2 x context (2C chunks). Errors: MT_ERR_INVALID
+ * naming the key of the axis, the model key and both numbers. */
+mt_status mt_mesh_check_layout(const int dims[MT_MESH_AXES], const mt_layout_sizes *s);
+
+typedef struct mt_mesh {
+    int dims[MT_MESH_AXES];
+    int coord[MT_MESH_AXES];
+    int rank, world;
+    mt_comm *axis[MT_MESH_AXES]; /* per-axis groups */
+    mt_comm *data_fsdp;          /* data x fsdp, rank = data * F + fsdp */
+    mt_comm *grad;               /* data x fsdp x context, rank = (data * F + fsdp) * C + context:
+                                  * the ranks whose gradients and loss sums add up */
+    mt_comm *all;                /* the world */
+} mt_mesh;
+
+/* Coordinates of world rank r in dims. */
+void mt_mesh_coords(const int dims[MT_MESH_AXES], int r, int coord[MT_MESH_AXES]);
+
+/* Build the communicators for dims (product must equal the world size; collective
+ * over the world). Errors: MT_ERR_INVALID (product), those of mt_comm_split. */
+mt_status mt_mesh_create(mt_mesh **out, const int dims[MT_MESH_AXES]);
+void mt_mesh_free(mt_mesh *m);
+
+/* Sum of the bytes this rank sent on all of the mesh's communicators. */
+uint64_t mt_mesh_bytes_total(const mt_mesh *m);
+void mt_mesh_reset_bytes(mt_mesh *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# tests/test_cli_plan_offload.sh BUILD_DIR: remat, activation offload, parameter and
+# optimizer host offload together with ZeRO-1 and gradient accumulation under mpirun
+# (CPU backend), using the layout tool of tests/test_mpi_layouts.sh.
+#
+# Offloading and rematerialising change where bytes live, never the arithmetic, so a
+# run with remat_policy=minimal_offloaded (or a custom mix), parameter_memory_host_offload
+# and optimizer_memory_host_offload must give BITWISE the losses, step-1 gradients (which reach the optimizer in the
+# ZeRO-1 shard layout: mpi_layout gathers them from the shards) and step-3
+# parameters of the same layout keeping everything on the device (tolerance 0), and
+# match the single-process run within the layout tests' 1e-5. `meshtrain plan` for the
+# layout puts the optimizer shard and the parameters in host memory, and only two layer
+# windows plus the embedding/norm window of parameters on the device.
+set -u
+build="${1:?usage: test_cli_plan_offload.sh BUILD_DIR}"
+tool="$build/tests/tools/mpi_layout"
+bin="$build/meshtrain"
+[ -x "$tool" ] && [ -x "$bin" ] || { echo "no $tool or $bin"; exit 1; }
+command -v mpirun >/dev/null || { echo "mpirun not found: skipped"; exit 77; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
+mpi() { local np=$1; shift; timeout 300 mpirun --oversubscribe -np "$np" "$@"; }
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+mkdir -p "$tmp/cfg/models"
+cat > "$tmp/cfg/models/tinyg2.yml" <<'YML'
+decoder_block: gemma2
+vocab_size: 64
+base_emb_dim: 32
+base_num_query_heads: 4
+base_num_kv_heads: 2
+head_dim: 8
+base_mlp_dim: 64
+base_num_decoder_layers: 3
+mlp_activations: ["gelu", "linear"]
+logits_via_embedding: true
+final_logits_soft_cap: 30.0
+attn_logits_soft_cap: 50.0
+sliding_window_size: 8
+sliding_window_pattern: 2
+use_post_attn_norm: true
+use_post_ffw_norm: true
+rope_max_timescale: 10000
+YML
+"$tool" data "$tmp/data" || { echo "cannot write shards"; exit 1; }
+cat > "$tmp/cfg/run.yml" <<YML
+model_name: tinyg2
+dataset_path: $tmp/data
+max_target_length: 16
+steps: 3
+learning_rate: 0.0003
+adam_eps: 1e-05
+warmup_steps_fraction: 0
+eval_interval: 0
+backend: cpu
+seed: 3
+YML
+cfg="$tmp/cfg/run.yml"
+run1() { local name=$1; shift; "$tool" run "$tmp/$name" "$cfg" "$@" > "$tmp/$name.log" 2>&1 || fail "$name: $(tail -3 "$tmp/$name.log")"; }
+run2() { local name=$1; shift; mpi 2 "$tool" run "$tmp/$name" "$cfg" "$@" > "$tmp/$name.log" 2>&1 || fail "$name: mpirun: $(tail -5 "$tmp/$name.log")"; }
+cmp() { "$tool" compare "$tmp/$2" "$tmp/$1" "$3" > "$tmp/$1.cmp" 2>&1 || { fail "$1 vs $2 (tol $3)"; cat "$tmp/$1.cmp"; }; }
+
+z="ici_data_parallelism=2 shard_optimizer_over_data=true per_device_batch_size=1 gradient_accumulation_steps=4"
+run1 ref per_device_batch_size=8
+# single process: optimizer in the host pool, everything offloaded or recomputed
+run1 one_off per_device_batch_size=8 optimizer_memory_host_offload=true parameter_memory_host_offload=true \
+    remat_policy=minimal_offloaded
+cmp one_off ref 0
+for sched in once every; do
+    run2 "z_$sched" $z gradient_accumulation_reduce=$sched
+    run2 "z_${sched}_off" $z gradient_accumulation_reduce=$sched optimizer_memory_host_offload=true \
+        parameter_memory_host_offload=true remat_policy=minimal_offloaded
+    run2 "z_${sched}_full" $z gradient_accumulation_reduce=$sched parameter_memory_host_offload=true \
+        remat_policy=custom query_proj=offload context=device mlpwi_1=offload
+    cmp "z_${sched}_off" "z_$sched" 0
+    cmp "z_${sched}_full" "z_$sched" 0
+    cmp "z_${sched}_off" ref 1e-5
+done
+
+# the plan of that layout: the optimizer shard on the host, none on the device
+"$bin" plan "$cfg" $z optimizer_memory_host_offload=true parameter_memory_host_offload=true \
+    remat_policy=minimal_offloaded num_devices=2 --json \
+    > "$tmp/plan.json" 2> "$tmp/plan.err" || fail "plan: $(cat "$tmp/plan.err")"
+"$bin" plan "$cfg" $z num_devices=2 --json > "$tmp/plan0.json" 2> "$tmp/plan.err" || fail "plan: $(cat "$tmp/plan.err")"
+$py - "$tmp/plan.json" "$tmp/plan0.json" <<'PY' || fail "plan json: $(cat "$tmp/plan.json")"
+import json, sys
+p, q = (json.load(open(f)) for f in sys.argv[1:3])
+n = p["num_params"]
+shard = (n + 1) // 2
+assert p["mesh"]["data"] == 2 and p["mesh"]["fsdp"] == 1, p["mesh"]
+assert p["per_device"]["optimizer"] == 0, p["per_device"]
+assert p["host"]["optimizer"] == 8 * shard, (p["host"], shard)
+assert q["per_device"]["optimizer"] == 8 * shard, q["per_device"]
+assert p["host"]["activations"] > 0 and q["host"]["total"] == 0
+assert p["host"]["parameters"] == 4 * n, (p["host"], n)
+assert q["per_device"]["parameters"] == 4 * n
+# the device keeps two layer windows and the embedding/norm window
+L, D, F, H, KV, Dh = 3, 32, 64, 4, 2, 8
+layer = D * H * Dh + 2 * D * KV * Dh + H * Dh * D + 3 * D * F + 4 * D
+assert p["per_device"]["parameters"] == 4 * (2 * layer + (n - L * layer)), (p["per_device"], layer, n)
+assert p["peak_bytes"] < q["peak_bytes"]
+PY
+
+if [ "$failures" -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
+echo "ok"

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# tests/test_mpi_failure.sh BUILD_DIR: a dead or hung rank never leaves the others
+# hanging.
+#  - killed: 4 ranks train (dp4 + ZeRO-1); one rank is killed with SIGKILL mid-run; the
+#    job must end non-zero within 60 s of the kill, mpirun's report must name the rank
+#    that died, and the survivors (stopped by mpirun with SIGTERM, or by their
+#    watchdog) must say where they were (normally: which collective).
+#  - hung: rank 1 is stopped with SIGSTOP; the survivors' watchdog
+#    (collective_timeout_s=5) must end them within 60 s with
+#    "rank R: <collective> on the '<group>' communicator did not complete".
+set -u
+build="${1:?usage: test_mpi_failure.sh BUILD_DIR}"
+bin="$build/meshtrain"
+tool="$build/tests/tools/mpi_layout"
+[ -x "$bin" ] && [ -x "$tool" ] || { echo "no $bin or $tool"; exit 1; }
+command -v mpirun >/dev/null || { echo "mpirun not found: skipped"; exit 77; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+mkdir -p "$tmp/cfg/models"
+cat > "$tmp/cfg/models/tinyl.yml" <<'YML'
+decoder_block: llama2
+vocab_size: 64
+base_emb_dim: 32
+base_num_query_heads: 4
+base_num_kv_heads: 2
+head_dim: 8
+base_mlp_dim: 64
+base_num_decoder_layers: 2
+mlp_activations: ["silu", "linear"]
+rope_max_timescale: 10000
+YML
+"$tool" data "$tmp/data" || exit 1
+cat > "$tmp/cfg/run.yml" <<YML
+model_name: tinyl
+dataset_path: $tmp/data
+base_output_directory: $tmp/out
+max_target_length: 16
+per_device_batch_size: 1
+steps: 100000
+eval_interval: 0
+checkpoint_period: 0
+log_period: 1
+backend: cpu
+ici_data_parallelism: 4
+shard_optimizer_over_data: true
+collective_timeout_s: 5
+YML
+
+# pids of the 4 meshtrain ranks started by the mpirun with pid $1
+rank_pids() { pgrep -P "$1" -f "$bin" | sort -n; }
+
+# run_case SIGNAL: start, wait for steps, signal one rank, time the end
+run_case() {
+    local sig=$1 victim_idx=$2
+    mpirun --oversubscribe -np 4 "$bin" train "$tmp/cfg/run.yml" run_name=$sig > "$tmp/$sig.log" 2>&1 &
+    local mp=$!
+    local i
+    for ((i = 0; i < 300; i++)); do
+        grep -q "^step 3/" "$tmp/$sig.log" 2>/dev/null && break
+        sleep 0.1
+    done
+    grep -q "^step 3/" "$tmp/$sig.log" || { fail "$sig: training did not start: $(tail -3 "$tmp/$sig.log")"; kill "$mp"; return; }
+    local pids=($(rank_pids "$mp"))
+    [ ${#pids[@]} -eq 4 ] || { fail "$sig: found ${#pids[@]} rank processes"; kill "$mp"; return; }
+    local victim=${pids[$victim_idx]}
+    local t0=$SECONDS
+    kill -s "$sig" "$victim"
+    local ended=0
+    for ((i = 0; i < 600; i++)); do
+        if ! kill -0 "$mp" 2>/dev/null; then ended=1; break; fi
+        sleep 0.1
+    done
+    local dt=$((SECONDS - t0))
+    if [ $ended -eq 0 ]; then
+        fail "$sig: the job still runs 60 s after the signal"
+        kill -9 "$victim" 2>/dev/null; kill -CONT "$victim" 2>/dev/null; kill -9 "$mp"; wait "$mp" 2>/dev/null
+        return
+    fi
+    wait "$mp"; local rc=$?
+    [ $rc -ne 0 ] || fail "$sig: mpirun exited 0"
+    echo "$sig: job ended ${dt}s after the signal, mpirun exit $rc; messages:"
+    grep -E "rank|signal|Killed" "$tmp/$sig.log" | grep -v "^step" | head -6 | sed 's/^/    /'
+    grep -qE "rank [0-9]+.*(exited on signal|did not complete)|process rank [0-9]+" "$tmp/$sig.log" ||
+        fail "$sig: no message naming a rank"
+    if [ "$sig" = KILL ]; then
+        grep -qE "process rank [0-9]+ .*exited on signal 9" "$tmp/$sig.log" || fail "KILL: no report naming the dead rank"
+        # a survivor is normally blocked in a collective when mpirun stops it; one that
+        # was computing says so instead (not a failure)
+        grep -qE "rank [0-9]+: (stopped by the launcher|[a-z_]+ on the '[a-z_]+' communicator did not complete)" \
+            "$tmp/$sig.log" || fail "KILL: no survivor reported where it was stopped"
+    fi
+    if [ "$sig" = STOP ]; then
+        kill -CONT "$victim" 2>/dev/null; kill -9 "$victim" 2>/dev/null
+        grep -qE "rank [0-9]: [a-z_]+ on the '[a-z_]+' communicator did not complete" "$tmp/$sig.log" ||
+            fail "STOP: no watchdog message naming the collective"
+    fi
+}
+
+run_case KILL 2
+run_case STOP 1
+
+if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
+echo "failures detected in time"

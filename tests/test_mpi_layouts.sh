@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# tests/test_mpi_layouts.sh BUILD_DIR: mesh layouts under mpirun --oversubscribe (CPU
+# backend) against the single-process run on the same global batch.
+#
+# For each layout: the loss of steps 1..3, every parameter's mean gradient after step 1
+# and every parameter after step 3 equal the reference within 1e-5 relative per tensor
+# (fp32 accumulators: the layouts only change the order of fp32 sums, whose relative
+# error is ~1e-7 here), and the bytes each rank sent in each step equal the formula
+# (parallel/zero1.h); the table of both is printed.
+# adam_eps is 1e-5 (not 1e-8): Adam's update m / (sqrt(v) + eps) turns an fp32-rounding
+# difference dg of a gradient element with |g| ~ eps into an update difference of up to
+# lr x dg / eps; with eps = 1e-8 a single such element of a small tensor moved the
+# per-tensor parameter error past 1e-5 (observed 1.8e-5 after 2 steps, lr 3e-4).
+#   dp2, dp2+zero1, dp4+zero1 (uneven shards), dp2+zero1+ga4 (both schedules),
+#   dp2+zero1 with a tied embedding (gemma) and a 4-tile vocabulary loss, untied too,
+#   and single-process K micro-batches of b == one batch of K*b.
+# bf16 accumulators (grad_dtype=bfloat16, ga4): against the fp32 reference the
+# per-tensor gradient error is bounded by K * 2^-8 (each of the K roundings to bf16 of a
+# partial sum errs by at most 2^-9 relative (round to nearest, 8 significant bits),
+# and |partial sums| <= sum |g_k| which for these gradients stays within 2x of |sum g_k|);
+# we check 4 * 2^-8 = 1.6e-2 and that the error is not zero (the rounding happened).
+# Bad meshes exit 2 naming the key and the numbers.
+set -u
+build="${1:?usage: test_mpi_layouts.sh BUILD_DIR}"
+tool="$build/tests/tools/mpi_layout"
+[ -x "$tool" ] || { echo "no $tool"; exit 1; }
+command -v mpirun >/dev/null || { echo "mpirun not found: skipped"; exit 77; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
+mpi() { local np=$1; shift; timeout 300 mpirun --oversubscribe -np "$np" "$@"; }
+
+tmp="$(mktemp -d)"
+trap "rm -rf \"$tmp\"" EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+mkdir -p "$tmp/cfg/models"
+cat > "$tmp/cfg/models/tinyl.yml" <<'YML'
+decoder_block: llama2
+vocab_size: 64
+base_emb_dim: 32
+base_num_query_heads: 4
+base_num_kv_heads: 2
+head_dim: 8
+base_mlp_dim: 64
+base_num_decoder_layers: 2
+mlp_activations: ["silu", "linear"]
+rope_max_timescale: 10000
+YML
+cat > "$tmp/cfg/models/tinyg.yml" <<'YML'
+decoder_block: gemma
+vocab_size: 64
+base_emb_dim: 32
+base_num_query_heads: 4
+base_num_kv_heads: 2
+head_dim: 8
+base_mlp_dim: 64
+base_num_decoder_layers: 2
+mlp_activations: ["gelu", "linear"]
+logits_via_embedding: true
+rope_max_timescale: 10000
+YML
+cat > "$tmp/cfg/models/tinyg2.yml" <<'YML'
+decoder_block: gemma2
+vocab_size: 64
+base_emb_dim: 32
+base_num_query_heads: 4
+base_num_kv_heads: 2
+head_dim: 8
+base_mlp_dim: 64
+base_num_decoder_layers: 2
+mlp_activations: ["gelu", "linear"]
+logits_via_embedding: true
+final_logits_soft_cap: 30.0
+attn_logits_soft_cap: 50.0
+sliding_window_size: 8
+sliding_window_pattern: 2
+use_post_attn_norm: true
+use_post_ffw_norm: true
+rope_max_timescale: 10000
+YML
+"$tool" data "$tmp/data" || { echo "cannot write shards"; exit 1; }
+cat > "$tmp/cfg/run.yml" <<YML
+model_name: tinyl
+dataset_path: $tmp/data
+max_target_length: 16
+steps: 3
+learning_rate: 0.0003
+adam_eps: 1e-05
+warmup_steps_fraction: 0
+eval_interval: 0
+backend: cpu
+seed: 3
+YML
+cfg="$tmp/cfg/run.yml"
+
+# ref NAME NP-unused ARGS...: single-process reference run
+ref() { local name=$1; shift; "$tool" run "$tmp/$name" "$cfg" "$@" > "$tmp/$name.log" 2>&1 || fail "reference $name: $(tail -3 "$tmp/$name.log")"; }
+# layout NAME REF NP ARGS...: mpirun run compared with REF, bytes checked
+printf '%-26s %5s %14s %14s\n' layout rank "bytes/step" formula
+layout() {
+    local name=$1 refn=$2 np=$3; shift 3
+    if ! mpi "$np" "$tool" run "$tmp/$name" "$cfg" "$@" > "$tmp/$name.log" 2>&1; then
+        fail "$name: mpirun failed: $(tail -5 "$tmp/$name.log")"; return
+    fi
+    "$tool" compare "$tmp/$refn" "$tmp/$name" 1e-5 > "$tmp/$name.cmp" 2>&1 || { fail "$name vs $refn"; cat "$tmp/$name.cmp"; }
+    for ((r = 0; r < np; r++)); do
+        local f="$tmp/$name/bytes.$r.txt"
+        [ -f "$f" ] || { fail "$name: no $f"; continue; }
+        read -r meas form < "$f"
+        printf '%-26s %5d %14s %14s\n' "$name" "$r" "$meas" "$form"
+        while read -r m fo; do [ "$m" = "$fo" ] || fail "$name rank $r: measured $m bytes, formula $fo"; done < "$f"
+    done
+}
+
+ref ref_b4 per_device_batch_size=4
+ref ref_b8 per_device_batch_size=8
+ref ref_b4_tied model_name=tinyg per_device_batch_size=4 num_vocab_tiling=4
+ref ref_b4_untied per_device_batch_size=4 num_vocab_tiling=4
+# K micro-batches of b == one batch of K*b (single process)
+ref ga4_b1 per_device_batch_size=1 gradient_accumulation_steps=4
+"$tool" compare "$tmp/ref_b4" "$tmp/ga4_b1" 1e-5 > "$tmp/ga.cmp" 2>&1 || { fail "ga4 x b1 vs b4"; cat "$tmp/ga.cmp"; }
+
+layout dp2 ref_b4 2 per_device_batch_size=2 ici_data_parallelism=2
+layout dp2_zero1 ref_b4 2 per_device_batch_size=2 ici_data_parallelism=-1 shard_optimizer_over_data=true
+layout dp4_zero1 ref_b4 4 per_device_batch_size=1 ici_data_parallelism=4 shard_optimizer_over_data=true
+layout dp2_zero1_ga4_once ref_b8 2 per_device_batch_size=1 gradient_accumulation_steps=4 \
+    ici_data_parallelism=2 shard_optimizer_over_data=true
+layout dp2_zero1_ga4_every ref_b8 2 per_device_batch_size=1 gradient_accumulation_steps=4 \
+    ici_data_parallelism=2 shard_optimizer_over_data=true gradient_accumulation_reduce=every
+layout dp2_zero1_tied_tiles4 ref_b4_tied 2 model_name=tinyg per_device_batch_size=2 num_vocab_tiling=4 \
+    ici_data_parallelism=2 shard_optimizer_over_data=true
+layout dp2_untied_tiles4 ref_b4_untied 2 per_device_batch_size=2 num_vocab_tiling=4 ici_data_parallelism=2
+
+# tensor parallelism: Megatron column/row split, vocab-parallel loss (tied and untied,
+# tiled, soft-capped), composed with data parallelism, ZeRO-1 and accumulation.
+ref ref_b2 per_device_batch_size=2
+ref ref_b2_g2 model_name=tinyg2 per_device_batch_size=2 num_vocab_tiling=4
+layout tp2 ref_b4 2 per_device_batch_size=4 ici_tensor_parallelism=2
+layout tp2_tied_tiles4 ref_b4_tied 2 model_name=tinyg per_device_batch_size=4 num_vocab_tiling=4 \
+    ici_tensor_parallelism=2
+layout tp2_untied_tiles4 ref_b4_untied 2 per_device_batch_size=4 num_vocab_tiling=4 ici_tensor_parallelism=-1
+layout tp2_gemma2_softcap ref_b2_g2 2 model_name=tinyg2 per_device_batch_size=2 num_vocab_tiling=4 \
+    ici_tensor_parallelism=2
+layout dp2xtp2_zero1 ref_b4 4 per_device_batch_size=2 ici_data_parallelism=2 ici_tensor_parallelism=2 \
+    shard_optimizer_over_data=true
+layout dp2xtp2_zero1_ga2_every ref_b8 4 per_device_batch_size=2 gradient_accumulation_steps=2 \
+    ici_data_parallelism=2 ici_tensor_parallelism=2 shard_optimizer_over_data=true gradient_accumulation_reduce=every
+
+# context parallelism: 2C chunks (rank i holds i and 2C-1-i), K/V all-gathered;
+# sliding windows and soft-caps (gemma2) follow the original positions.
+layout cp2 ref_b4 2 per_device_batch_size=4 ici_context_parallelism=2
+layout cp4 ref_b4 4 per_device_batch_size=4 ici_context_parallelism=4
+layout cp2_gemma2 ref_b2_g2 2 model_name=tinyg2 per_device_batch_size=2 num_vocab_tiling=4 ici_context_parallelism=2
+layout dp2xcp2_zero1 ref_b4 4 per_device_batch_size=2 ici_data_parallelism=2 ici_context_parallelism=2 \
+    shard_optimizer_over_data=true
+layout cp2_ring ref_b4 2 per_device_batch_size=4 ici_context_parallelism=2 context_parallel_strategy=ring
+layout cp4_ring_gemma2 ref_b2_g2 4 model_name=tinyg2 per_device_batch_size=2 num_vocab_tiling=4 \
+    ici_context_parallelism=4 context_parallel_strategy=ring
+layout tp2xcp2 ref_b4 4 per_device_batch_size=4 ici_tensor_parallelism=2 ici_context_parallelism=2
+
+# bf16 accumulators, both schedules, against the fp32 reference (bound in the header).
+for s in once every; do
+    n="dp2_zero1_ga4_bf16_$s"
+    if mpi 2 "$tool" run "$tmp/$n" "$cfg" per_device_batch_size=1 gradient_accumulation_steps=4 \
+        ici_data_parallelism=2 shard_optimizer_over_data=true grad_dtype=bfloat16 \
+        gradient_accumulation_reduce=$s > "$tmp/$n.log" 2>&1; then
+        "$tool" compare "$tmp/ref_b8" "$tmp/$n" 1.6e-2 > "$tmp/$n.cmp" 2>&1 || { fail "$n bound"; cat "$tmp/$n.cmp"; }
+        grep -q "grad.bin: .* worst relative error 0.000e+00" "$tmp/$n.cmp" && fail "$n: no bf16 rounding seen"
+        grep "grad.bin" "$tmp/$n.cmp" | sed "s/^/$n /"
+    else
+        fail "$n: $(tail -3 "$tmp/$n.log")"
+    fi
+done
+
+# Bad meshes: exit 2, message naming the key and the numbers, before any compute.
+out="$(mpi 2 "$tool" run "$tmp/bad1" "$cfg" ici_data_parallelism=3 2>&1)"; rc=$?
+[ $rc -eq 2 ] || fail "product mismatch: exit $rc"
+grep -q "ici_data_parallelism x .* = 3 x 1 x 1 x 1 = 3 but the world has 2 ranks" <<< "$out" || fail "product message: $out"
+out="$(mpi 2 "$tool" run "$tmp/bad2" "$cfg" ici_data_parallelism=1 ici_tensor_parallelism=-1 base_num_kv_heads=1 base_num_query_heads=3 head_dim=8 2>&1)"; rc=$?
+[ $rc -eq 2 ] || fail "heads not divisible: exit $rc"
+grep -q "base_num_query_heads=3 is not divisible by ici_tensor_parallelism=2" <<< "$out" || fail "heads message: $out"
+
+if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
+echo "all layouts agree"

@@ -1,0 +1,272 @@
+/* tests/test_plan_remat.c: the memory plan under remat policies (train/estimate.h).
+ *
+ * Backward memory is bounded by construction: planning 2, 8 and 35 layers, each added
+ * layer must add exactly its kept tensors (aligned plan entries "layers.<l>.*") plus
+ * its parameter state (parameters, gradients, AdamW m and v: 4 x 4 bytes per
+ * parameter, the layer's parameter count computed here from the shapes), and the
+ * recompute scratch must not change with depth. The host pool grows by exactly the
+ * offloaded bytes of one layer. And the plan is what `train` allocates: the trainer's
+ * arena (and host pool) equal mt_memory_plan_rank's peaks for several configs,
+ * policies, accumulation settings and grad dtypes, and a trainer with activation and
+ * optimizer offload runs the same losses as one keeping all. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "models/remat.h"
+#include "runtime/plan.h"
+#include "train/config.h"
+#include "train/estimate.h"
+#include "train/trainer.h"
+
+static void one_thread(void) { setenv("OMP_NUM_THREADS", "1", 1); }
+TestSuite(plan_remat, .init = one_thread);
+
+static size_t al(size_t b) { return (b + MT_PLAN_ALIGN - 1) / MT_PLAN_ALIGN * MT_PLAN_ALIGN; }
+
+/* d_model 64: every per-layer parameter block is a multiple of 256 bytes, so the
+ * parameter state grows by whole alignment units. */
+static void base_cfg(mt_train_config *c, mt_decoder_block blk) {
+    mt_train_config_defaults(c);
+    mt_model_config_defaults(&c->model, blk);
+    snprintf(c->model.model_name, sizeof c->model.model_name, "test");
+    c->model.vocab_size = 96;
+    c->model.emb_dim = 64;
+    c->model.num_query_heads = 4;
+    c->model.num_kv_heads = 2;
+    c->model.head_dim = 32; /* QK-norm scales: 2 x 32 floats = 256 bytes */
+    c->model.mlp_dim = 128;
+    c->model.num_decoder_layers = 2;
+    if (blk == MT_DECODER_GEMMA2) {
+        c->model.sliding_window_size = 4;
+        c->model.sliding_window_pattern = 2;
+    }
+    c->per_device_batch_size = 2;
+    c->max_target_length = 16;
+    c->num_vocab_tiling = 2;
+    c->backend = MT_BACKEND_CPU;
+}
+
+static int64_t layer_params(const mt_model_config *m) {
+    const int64_t D = m->emb_dim, QD = m->num_query_heads * m->head_dim, KVD = m->num_kv_heads * m->head_dim;
+    int64_t norms = 2 * D + (m->use_post_attn_norm ? D : 0) + (m->use_post_ffw_norm ? D : 0) +
+                    (m->use_qk_norm ? 2 * m->head_dim : 0);
+    return D * QD + 2 * D * KVD + QD * D + 3 * D * m->mlp_dim + norms;
+}
+
+static void set_policy(mt_train_config *c, int k, const mt_remat_action *custom) {
+    c->remat_policy = k;
+    if (custom)
+        for (int t = 0; t < MT_RT_COUNT; t++) c->remat_custom[t] = (int)custom[t];
+}
+
+static const mt_remat_action k_mix[MT_RT_COUNT] = {MT_RA_DEVICE, MT_RA_OFFLOAD, MT_RA_REMAT, MT_RA_DEVICE,
+                                                   MT_RA_OFFLOAD, MT_RA_REMAT, MT_RA_DEVICE, MT_RA_OFFLOAD,
+                                                   MT_RA_OFFLOAD};
+
+typedef struct depth_point {
+    size_t peak, host_peak, scratch, layer0_aligned, layer0_host;
+} depth_point;
+
+static depth_point plan_at(mt_train_config *c, int64_t L) {
+    c->model.num_decoder_layers = L;
+    mt_memory_report r;
+    mt_plan *p = NULL, *h = NULL;
+    cr_assert_eq(mt_memory_plan_rank(c, &r, &p, &h), MT_OK, "%s", mt_last_error());
+    depth_point d = {r.peak, mt_plan_peak(h), r.recompute_scratch, 0, 0};
+    for (int i = 0; i < mt_plan_count(p); i++) {
+        const mt_plan_entry *e = mt_plan_entry_get(p, i);
+        if (strncmp(e->name, "layers.0.", 9) == 0) d.layer0_aligned += al(e->bytes);
+    }
+    for (int i = 0; i < mt_plan_count(h); i++) {
+        const mt_plan_entry *e = mt_plan_entry_get(h, i);
+        if (strncmp(e->name, "layers.0.", 9) == 0) d.layer0_host += al(e->bytes);
+    }
+    mt_plan_free(p);
+    mt_plan_free(h);
+    return d;
+}
+
+static void check_depths(mt_decoder_block blk, int k, const mt_remat_action *custom, const char *what) {
+    mt_train_config c;
+    base_cfg(&c, blk);
+    set_policy(&c, k, custom);
+    depth_point d2 = plan_at(&c, 2), d8 = plan_at(&c, 8), d35 = plan_at(&c, 35);
+    const size_t per_layer = d2.layer0_aligned + 16 * (size_t)layer_params(&c.model);
+    cr_expect_eq(d8.peak - d2.peak, 6 * per_layer, "%s: 2 -> 8 layers adds %zu, expected 6 x %zu", what,
+                 d8.peak - d2.peak, per_layer);
+    cr_expect_eq(d35.peak - d8.peak, 27 * per_layer, "%s: 8 -> 35 layers adds %zu, expected 27 x %zu", what,
+                 d35.peak - d8.peak, per_layer);
+    cr_expect_eq(d2.scratch, d35.scratch, "%s: recompute scratch %zu at 2 layers, %zu at 35", what, d2.scratch,
+                 d35.scratch);
+    cr_expect_eq(d8.scratch, d35.scratch, "%s: recompute scratch changes with depth", what);
+    cr_expect_eq(d35.host_peak - d2.host_peak, 33 * d2.layer0_host, "%s: host pool grows by %zu, expected 33 x %zu",
+                 what, d35.host_peak - d2.host_peak, d2.layer0_host);
+}
+
+Test(plan_remat, depth_adds_exactly_one_layer) {
+    const mt_decoder_block blocks[3] = {MT_DECODER_LLAMA2, MT_DECODER_GEMMA2, MT_DECODER_GEMMA3};
+    const char *names[3] = {"llama", "gemma2", "gemma3"};
+    const int policies[5] = {MT_REMAT_MINIMAL_WITH_CONTEXT, MT_REMAT_FULL, MT_REMAT_SAVE_DOT_EXCEPT_MLP,
+                             MT_REMAT_MINIMAL_OFFLOADED, MT_REMAT_CUSTOM};
+    for (int b = 0; b < 3; b++)
+        for (int i = 0; i < 5; i++) {
+            char what[96];
+            snprintf(what, sizeof what, "%s %s", names[b], mt_remat_policy_name((mt_remat_policy_kind)policies[i]));
+            check_depths(blocks[b], policies[i], policies[i] == MT_REMAT_CUSTOM ? k_mix : NULL, what);
+        }
+}
+
+/* Remat saves exactly the bytes not kept; full remat keeps only the layer inputs. */
+Test(plan_remat, full_remat_keeps_only_layer_inputs) {
+    mt_train_config c;
+    base_cfg(&c, MT_DECODER_LLAMA2);
+    c.model.num_decoder_layers = 4;
+    set_policy(&c, MT_REMAT_FULL, NULL);
+    mt_memory_report r;
+    cr_assert_eq(mt_memory_plan_rank(&c, &r, NULL, NULL), MT_OK, "%s", mt_last_error());
+    const size_t N = 2 * 16, D = 64;
+    cr_expect_eq(r.saved[MT_RT_DECODER_LAYER_INPUT], 4 * N * D * 4);
+    for (int t = 1; t < MT_RT_COUNT; t++) cr_expect_eq(r.saved[t], 0, "%d", t);
+    /* scratch: q [N,128], k, v [N,64], context [N,128] + lse [B,H,T], out [N,64],
+     * mlpwi_0/1 [N,128]; llama has no mlpwo; forward and backward copies */
+    const size_t one = 4 * (N * 128 + 2 * N * 64 + N * 128 + 2 * 4 * 16 + N * 64 + 2 * N * 128);
+    cr_expect_eq(r.recompute_scratch, 2 * one, "scratch %zu, expected %zu", r.recompute_scratch, 2 * one);
+}
+
+/* ---- the run allocates exactly the plan ---- */
+
+static char g_dir[256];
+
+/* A tiny llm.c shard dataset: train_000.bin and val_000.bin (uint16 tokens). */
+static void make_dataset(int vocab) {
+    snprintf(g_dir, sizeof g_dir, "/tmp/mt_plan_remat_%d", (int)getpid());
+    char path[512];
+    snprintf(path, sizeof path, "mkdir -p %s", g_dir);
+    cr_assert_eq(system(path), 0);
+    const char *split[2] = {"train", "val"};
+    for (int s = 0; s < 2; s++) {
+        snprintf(path, sizeof path, "%s/%s_000.bin", g_dir, split[s]);
+        FILE *f = fopen(path, "wb");
+        cr_assert_not_null(f);
+        int32_t hdr[256] = {20240520, 1, 4096};
+        fwrite(hdr, sizeof hdr, 1, f);
+        for (int i = 0; i < 4096; i++) {
+            uint16_t t = (uint16_t)((i * 7919u + (unsigned)s * 13u) % (unsigned)vocab);
+            fwrite(&t, sizeof t, 1, f);
+        }
+        fclose(f);
+    }
+}
+
+static void trainer_run(mt_train_config *c, double loss[3], size_t *dev, size_t *host) {
+    mt_trainer *t = NULL;
+    cr_assert_eq(mt_trainer_create(&t, c), MT_OK, "%s", mt_last_error());
+    *dev = mt_trainer_device_bytes(t);
+    *host = mt_trainer_host_bytes(t);
+    cr_expect_eq(*dev, mt_plan_peak(mt_trainer_get_plan(t)));
+    for (int s = 0; s < 3; s++) {
+        mt_step_metrics m;
+        cr_assert_eq(mt_trainer_step(t, &m), MT_OK, "%s", mt_last_error());
+        loss[s] = m.loss;
+    }
+    mt_trainer_free(t);
+}
+
+Test(plan_remat, run_allocates_exactly_the_plan) {
+    make_dataset(96);
+    const mt_decoder_block blocks[2] = {MT_DECODER_LLAMA2, MT_DECODER_GEMMA2};
+    const int policies[4] = {MT_REMAT_MINIMAL_WITH_CONTEXT, MT_REMAT_FULL, MT_REMAT_QKV_PROJ_OFFLOADED,
+                             MT_REMAT_CUSTOM};
+    for (int b = 0; b < 2; b++) {
+        double ref[3] = {0};
+        for (int i = 0; i < 4; i++) {
+            mt_train_config c;
+            base_cfg(&c, blocks[b]);
+            snprintf(c.dataset_path, sizeof c.dataset_path, "%s", g_dir);
+            c.model.num_decoder_layers = 3; /* parameter windows hold 2 of them */
+            c.eval_interval = 0;
+            c.steps = 3;
+            c.gradient_accumulation_steps = 1 + i % 2;
+            c.grad_dtype = i == 3 ? MT_BF16 : MT_F32;
+            c.optimizer_memory_host_offload = i == 2; /* AdamW moments in the host pool */
+            c.parameter_memory_host_offload = i == 2; /* parameters too, a layer at a time on the device */
+            set_policy(&c, policies[i], policies[i] == MT_REMAT_CUSTOM ? k_mix : NULL);
+            mt_memory_report r;
+            mt_plan *h = NULL;
+            cr_assert_eq(mt_memory_plan_rank(&c, &r, NULL, &h), MT_OK, "%s", mt_last_error());
+            const size_t host_plan = mt_plan_peak(h);
+            mt_plan_free(h);
+            double loss[3];
+            size_t dev, host;
+            trainer_run(&c, loss, &dev, &host);
+            cr_expect_eq(dev, r.peak, "block %d policy %d: arena %zu, plan %zu", b, policies[i], dev, r.peak);
+            cr_expect_eq(host, host_plan, "block %d policy %d: host pool %zu, plan %zu", b, policies[i], host,
+                         host_plan);
+            if (policies[i] == MT_REMAT_QKV_PROJ_OFFLOADED || policies[i] == MT_REMAT_CUSTOM)
+                cr_expect_gt(host, 0, "offloading policy with no host pool");
+            if (i == 2) {
+                cr_expect_eq(r.optimizer, 0, "optimizer offloaded but %zu bytes on the device", r.optimizer);
+                cr_expect_gt(r.host_optimizer, 0);
+                /* the device keeps two layer windows and the embedding / norm / head window */
+                const size_t lp = (size_t)layer_params(&c.model) * 4;
+                const size_t L = (size_t)c.model.num_decoder_layers;
+                cr_expect_eq(r.params, 2 * lp + (r.host_params - L * lp), "device params %zu", r.params);
+                cr_expect_lt(r.params, r.host_params);
+                cr_expect_eq(r.host_params, 4 * (size_t)r.num_params);
+            }
+            if (i == 0) memcpy(ref, loss, sizeof ref);
+            if (i == 2) /* same ga (1) and grad_dtype as the reference: bitwise losses */
+                for (int s = 0; s < 3; s++)
+                    cr_expect(memcmp(&loss[s], &ref[s], sizeof(double)) == 0, "block %d step %d: %.17g vs %.17g",
+                              b, s + 1, loss[s], ref[s]);
+        }
+    }
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
+    cr_expect_eq(system(cmd), 0);
+}
+
+/* Parameter sharding over a job: fsdp divides parameters, gradients and optimizer. */
+Test(plan_remat, num_devices_shards_parameter_state) {
+    mt_train_config c;
+    base_cfg(&c, MT_DECODER_LLAMA2);
+    c.model.num_decoder_layers = 4;
+    mt_memory_report r1, r8;
+    cr_assert_eq(mt_memory_plan_rank(&c, &r1, NULL, NULL), MT_OK, "%s", mt_last_error());
+    c.num_devices = 8;
+    cr_assert_eq(mt_memory_plan_rank(&c, &r8, NULL, NULL), MT_OK, "%s", mt_last_error());
+    cr_expect_eq(r8.dims[1], 8, "all devices on fsdp by default");
+    cr_expect_eq(r8.params, (r1.params + 7) / 8);
+    cr_expect_eq(r8.optimizer, 2 * ((r1.optimizer / 2 + 7) / 8));
+    cr_expect_gt(r8.comm, 0);
+    for (int t = 0; t < MT_RT_COUNT; t++) cr_expect_eq(r8.saved[t], r1.saved[t]);
+    /* optimizer on the host */
+    c.optimizer_memory_host_offload = 1;
+    mt_memory_report ro;
+    cr_assert_eq(mt_memory_plan_rank(&c, &ro, NULL, NULL), MT_OK, "%s", mt_last_error());
+    cr_expect_eq(ro.optimizer, 0);
+    cr_expect_eq(ro.host_optimizer, r8.optimizer);
+    cr_expect_lt(ro.peak, r8.peak);
+}
+
+/* A data-parallel ZeRO-1 job is planned by the trainer itself (exact): the optimizer
+ * state is a quarter per rank on 4 data ranks. */
+Test(plan_remat, zero1_job_is_the_trainers_plan) {
+    mt_train_config c;
+    base_cfg(&c, MT_DECODER_LLAMA2);
+    mt_memory_report r1, r4;
+    cr_assert_eq(mt_memory_plan_rank(&c, &r1, NULL, NULL), MT_OK, "%s", mt_last_error());
+    c.num_devices = 4;
+    c.ici_data_parallelism = -1;
+    c.shard_optimizer_over_data = 1;
+    cr_assert_eq(mt_memory_plan_rank(&c, &r4, NULL, NULL), MT_OK, "%s", mt_last_error());
+    cr_expect_eq(r4.dims[0], 4);
+    cr_expect_eq(r4.dims[1], 1);
+    const size_t numel = (size_t)r1.num_params;
+    cr_expect_eq(r4.optimizer, 2 * ((numel + 3) / 4) * 4, "optimizer %zu for %zu params", r4.optimizer, numel);
+    cr_expect_eq(r4.params, r1.params);
+}
+

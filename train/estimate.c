@@ -1,0 +1,624 @@
+/* train/estimate.c: per-device memory plan of a job, step-time model and the
+ * batch-size / remat-policy estimator (see estimate.h). */
+#include "train/estimate.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "parallel/mesh.h"
+#include "runtime/timer.h"
+#include "train/trainer.h"
+
+mt_status mt_memory_remat_policy(const mt_train_config *cfg, mt_remat_policy *out) {
+    mt_remat_action acts[MT_RT_COUNT];
+    for (int i = 0; i < MT_RT_COUNT; i++) acts[i] = (mt_remat_action)cfg->remat_custom[i];
+    return mt_remat_policy_resolve((mt_remat_policy_kind)cfg->remat_policy, acts, out);
+}
+
+mt_status mt_memory_apply_remat(const mt_train_config *cfg, mt_model *model) {
+    mt_remat_policy p;
+    MT_TRY(mt_memory_remat_policy(cfg, &p));
+    MT_TRY(mt_model_set_remat(model, &p));
+    return mt_model_set_param_offload(model, cfg->parameter_memory_host_offload);
+}
+
+/* ------------------------------------------------------------------ mesh ---- */
+
+static mt_status job_dims(const mt_train_config *cfg, int dims[4]) {
+    const int64_t ici[4] = {cfg->ici_data_parallelism, cfg->ici_fsdp_parallelism, cfg->ici_context_parallelism,
+                            cfg->ici_tensor_parallelism};
+    if (cfg->num_devices < 1 || cfg->num_devices > (1 << 30))
+        return mt_set_error(MT_ERR_INVALID, "key 'num_devices' = %lld: must be in [1, 2^30]",
+                            (long long)cfg->num_devices);
+    int all_one = 1;
+    for (int a = 0; a < 4; a++) all_one &= ici[a] == 1;
+    if (all_one) {
+        dims[MT_AXIS_DATA] = 1;
+        dims[MT_AXIS_FSDP] = (int)cfg->num_devices;
+        dims[MT_AXIS_CONTEXT] = 1;
+        dims[MT_AXIS_TENSOR] = 1;
+        return MT_OK;
+    }
+    return mt_mesh_resolve(ici, (int)cfg->num_devices, dims);
+}
+
+/* The config of one rank's local model: heads, kv heads and mlp split by tensor,
+ * vocabulary split by tensor (vocab-parallel), sequence by context; one device. */
+static mt_status local_config(const mt_train_config *cfg, const int dims[4], mt_train_config *lc) {
+    *lc = *cfg;
+    const int64_t Tn = dims[MT_AXIS_TENSOR], Cn = dims[MT_AXIS_CONTEXT];
+    mt_model_config *m = &lc->model;
+    if (Tn > 1) {
+        if (m->num_query_heads % Tn || m->mlp_dim % Tn)
+            return mt_set_error(MT_ERR_INVALID, "tensor axis %lld must divide base_num_query_heads=%lld and "
+                                "base_mlp_dim=%lld", (long long)Tn, (long long)m->num_query_heads,
+                                (long long)m->mlp_dim);
+        m->num_query_heads /= Tn;
+        if (m->num_kv_heads % Tn == 0) m->num_kv_heads /= Tn;
+        else if (Tn % m->num_kv_heads == 0) m->num_kv_heads = 1; /* kv heads replicated */
+        else
+            return mt_set_error(MT_ERR_INVALID, "tensor axis %lld and base_num_kv_heads=%lld: neither divides "
+                                "the other", (long long)Tn, (long long)m->num_kv_heads);
+        m->mlp_dim /= Tn;
+        m->vocab_size = (m->vocab_size + Tn - 1) / Tn;
+    }
+    if (Cn > 1) {
+        if (cfg->max_target_length % (2 * Cn))
+            return mt_set_error(MT_ERR_INVALID, "context axis %lld: max_target_length=%lld must divide into "
+                                "2 x %lld chunks", (long long)Cn, (long long)cfg->max_target_length, (long long)Cn);
+        lc->max_target_length /= Cn;
+        if (lc->num_vocab_tiling > lc->per_device_batch_size * lc->max_target_length)
+            lc->num_vocab_tiling = lc->per_device_batch_size * lc->max_target_length;
+    }
+    lc->ici_data_parallelism = lc->ici_fsdp_parallelism = lc->ici_context_parallelism = lc->ici_tensor_parallelism = 1;
+    lc->shard_optimizer_over_data = 0;
+    lc->gradient_accumulation_reduce = 0;
+    lc->num_devices = 1;
+    lc->parameter_memory_host_offload = lc->optimizer_memory_host_offload = 0;
+    return MT_OK;
+}
+
+/* Parameters of one decoder layer (all layers are alike) and of the embedding. */
+static int64_t layer_params(const mt_model_config *m) {
+    const int64_t emb = m->vocab_size * m->emb_dim * (m->logits_via_embedding ? 1 : 2);
+    return (mt_model_num_parameters(m) - emb - m->emb_dim) / m->num_decoder_layers;
+}
+
+static size_t ceil_div(size_t a, size_t b) { return b ? (a + b - 1) / b : a; }
+
+/* -------------------------------------------------------------- the plan ---- */
+
+static const char *const k_saved_names[] = {"decoder_layer_input", "query_proj", "key_proj", "value_proj",
+                                            "context", "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo"};
+
+/* The named tensor a "layers.<l>.<what>" entry belongs to, or -1. */
+static int saved_tensor(const char *name, int64_t *layer) {
+    if (strncmp(name, "layers.", 7) != 0) return -1;
+    char *end = NULL;
+    long long l = strtoll(name + 7, &end, 10);
+    if (!end || *end != '.') return -1;
+    if (layer) *layer = l;
+    const char *what = end + 1;
+    if (strcmp(what, "context_lse") == 0) return MT_RT_CONTEXT;
+    for (int t = 0; t < MT_RT_COUNT; t++)
+        if (strcmp(what, k_saved_names[t]) == 0) return t;
+    return -2; /* a layer entry that is not a named tensor (norm statistics) */
+}
+
+static void fill_report(mt_memory_report *r, const mt_plan *p, const mt_plan *h) {
+    size_t live[MT_MEM_CATEGORY_COUNT];
+    mt_plan_live_by_category(p, live, &r->peak_phase);
+    r->live_at_peak = 0;
+    for (int c = 0; c < MT_MEM_CATEGORY_COUNT; c++) r->live_at_peak += live[c];
+    r->peak = mt_plan_peak(p);
+    for (int i = 0; i < mt_plan_count(p); i++) {
+        const mt_plan_entry *e = mt_plan_entry_get(p, i);
+        int64_t layer = -1;
+        switch (e->category) {
+        case MT_MEM_PARAMS: r->params += e->bytes; break;
+        case MT_MEM_GRADS: r->grads += e->bytes; break;
+        case MT_MEM_OPTIMIZER: r->optimizer += e->bytes; break;
+        case MT_MEM_ACTIVATIONS: {
+            int t = saved_tensor(e->name, &layer);
+            if (t >= 0) r->saved[t] += e->bytes;
+            else r->saved_other += e->bytes;
+            if (layer == 0) r->layer_kept += e->bytes;
+            break;
+        }
+        case MT_MEM_SCRATCH:
+            if (strncmp(e->name, "remat.", 6) == 0) r->recompute_scratch += e->bytes;
+            else r->scratch += e->bytes;
+            break;
+        case MT_MEM_LOSS_TILE: r->loss_tile += e->bytes; break;
+        case MT_MEM_COMM: r->comm += e->bytes; break;
+        case MT_MEM_WORKSPACE: r->workspace += e->bytes; break;
+        default: break;
+        }
+    }
+    for (int i = 0; h && i < mt_plan_count(h); i++) {
+        const mt_plan_entry *e = mt_plan_entry_get(h, i);
+        if (e->category == MT_MEM_PARAMS) r->host_params += e->bytes;
+        else if (e->category == MT_MEM_OPTIMIZER) r->host_optimizer += e->bytes;
+        else r->host_activations += e->bytes;
+        r->host_total += e->bytes;
+    }
+}
+
+/* The rank's plan from p1, the trainer's plan of the same rank with the fsdp axis
+ * folded away (see estimate.h): parameter state divided by fsdp, the fsdp
+ * communication buffers added, parameters / optimizer moved to the host plan when
+ * offloaded. */
+static mt_status shard_plan(const mt_train_config *cfg, const int dims[4], const mt_plan *p1, const mt_plan *h1,
+                            mt_plan *p2, mt_plan *h2) {
+    const size_t Fs = (size_t)dims[MT_AXIS_FSDP], Tn = (size_t)dims[MT_AXIS_TENSOR];
+    int last = 0;
+    for (int i = 0; i < mt_plan_count(p1); i++)
+        if (mt_plan_entry_get(p1, i)->last > last) last = mt_plan_entry_get(p1, i)->last;
+    for (int i = 0; i < mt_plan_count(h1); i++) {
+        const mt_plan_entry *e = mt_plan_entry_get(h1, i);
+        const size_t b = e->category == MT_MEM_OPTIMIZER || e->category == MT_MEM_PARAMS ? ceil_div(e->bytes, Fs)
+                                                                                      : e->bytes;
+        MT_TRY(mt_plan_add(h2, e->name, e->category, b, e->first, e->last, NULL));
+    }
+    for (int i = 0; i < mt_plan_count(p1); i++) {
+        const mt_plan_entry *e = mt_plan_entry_get(p1, i);
+        size_t b = e->bytes;
+        mt_plan *dst = p2;
+        if (e->category == MT_MEM_PARAMS) {
+            if (strncmp(e->name, "params.window.", 14) != 0) b = ceil_div(b, Fs); /* windows hold whole layers */
+        } else if (e->category == MT_MEM_GRADS || strcmp(e->name, "grad_shard") == 0) {
+            b = ceil_div(b, Fs);
+        } else if (e->category == MT_MEM_OPTIMIZER) {
+            b = ceil_div(b, Fs);
+        }
+        MT_TRY(mt_plan_add(dst, e->name, e->category, b, e->first, e->last, NULL));
+    }
+    const mt_model_config *m = &cfg->model;
+    const int64_t L = m->num_decoder_layers;
+    const size_t layer_b = ceil_div((size_t)layer_params(m) * sizeof(float), Tn);
+    const size_t emb_b = ceil_div((size_t)(m->vocab_size * m->emb_dim) * sizeof(float), Tn);
+    const int loss = (int)(L + 1), bwd0 = (int)(L + 2), bwd1 = (int)(2 * L + 1);
+    if (Fs > 1) {
+        /* the layer in use and the next one prefetched (tensor-local size) */
+        MT_TRY(mt_plan_add(p2, "fsdp.gather.0", MT_MEM_COMM, layer_b, 0, last, NULL));
+        MT_TRY(mt_plan_add(p2, "fsdp.gather.1", MT_MEM_COMM, layer_b, 0, last, NULL));
+        MT_TRY(mt_plan_add(p2, "fsdp.grad_reduce_scatter", MT_MEM_COMM, layer_b, bwd0, bwd1, NULL));
+        MT_TRY(mt_plan_add(p2, "fsdp.gather.embedding", MT_MEM_COMM, emb_b, 0, 0, NULL));
+        MT_TRY(mt_plan_add(p2, "fsdp.gather.unembedding", MT_MEM_COMM, emb_b, loss, loss, NULL));
+    }
+    MT_TRY(mt_plan_finalize(p2));
+    return mt_plan_finalize(h2);
+}
+
+mt_status mt_memory_plan_rank(const mt_train_config *cfg, mt_memory_report *rep, mt_plan **plan, mt_plan **host_plan) {
+    if (plan) *plan = NULL;
+    if (host_plan) *host_plan = NULL;
+    memset(rep, 0, sizeof *rep);
+    int dims[4];
+    MT_TRY(job_dims(cfg, dims));
+    /* The trainer's own plan for rank 0 of the data x context x tensor mesh (exactly
+     * what that rank allocates), fsdp folded away. */
+    mt_train_config lc = *cfg;
+    lc.ici_data_parallelism = dims[MT_AXIS_DATA];
+    lc.ici_fsdp_parallelism = 1;
+    lc.ici_context_parallelism = dims[MT_AXIS_CONTEXT];
+    lc.ici_tensor_parallelism = dims[MT_AXIS_TENSOR];
+    lc.num_devices = cfg->num_devices / dims[MT_AXIS_FSDP];
+    mt_plan *p1 = NULL, *h1 = NULL, *p = NULL, *h = NULL;
+    int64_t local = 0;
+    MT_TRY(mt_trainer_plan_with_host(&lc, &p1, &h1, &local));
+    mt_status st = MT_OK;
+    const int exact = dims[MT_AXIS_FSDP] == 1;
+    if (exact) {
+        p = p1;
+        h = h1;
+        p1 = h1 = NULL;
+    } else {
+        st = mt_plan_new(&p);
+        if (st == MT_OK) st = mt_plan_new(&h);
+        if (st == MT_OK) st = shard_plan(cfg, dims, p1, h1, p, h);
+    }
+    mt_plan_free(p1);
+    mt_plan_free(h1);
+    if (st == MT_OK) {
+        memcpy(rep->dims, dims, sizeof dims);
+        rep->num_params = mt_model_num_parameters(&cfg->model);
+        rep->local_params = local;
+        fill_report(rep, p, h);
+    }
+    if (st != MT_OK || !plan) mt_plan_free(p);
+    else *plan = p;
+    if (st != MT_OK || !host_plan) mt_plan_free(h);
+    else *host_plan = h;
+    return st;
+}
+
+/* ------------------------------------------------------------ step model ---- */
+
+mt_step_model mt_step_model_default(void) {
+    mt_step_model s = {989e12, 55e9, 50e9};
+    return s;
+}
+
+/* Forward FLOPs per token of recomputing named tensor t of one layer (local dims,
+ * sequence T of the attention). */
+static double recompute_flops(const mt_model_config *m, int64_t T, int t) {
+    const double D = (double)m->emb_dim, QD = (double)(m->num_query_heads * m->head_dim);
+    const double KVD = (double)(m->num_kv_heads * m->head_dim), F = (double)m->mlp_dim;
+    switch (t) {
+    case MT_RT_QUERY_PROJ: return 2 * D * QD;
+    case MT_RT_KEY_PROJ:
+    case MT_RT_VALUE_PROJ: return 2 * D * KVD;
+    case MT_RT_CONTEXT: return 4.0 * (double)T * QD;
+    case MT_RT_OUT_PROJ: return 2 * QD * D;
+    case MT_RT_MLPWI_0:
+    case MT_RT_MLPWI_1: return 2 * D * F;
+    case MT_RT_MLPWO: return m->use_post_ffw_norm ? 2 * F * D : 0.0;
+    default: return 0.0;
+    }
+}
+
+/* Bytes of named tensor t of one layer (what the model's plan saves for it). */
+static double tensor_bytes(const mt_model_config *m, int64_t B, int64_t T, int t) {
+    const double N = (double)(B * T), f4 = 4.0;
+    const double D = (double)m->emb_dim, QD = (double)(m->num_query_heads * m->head_dim);
+    const double KVD = (double)(m->num_kv_heads * m->head_dim), F = (double)m->mlp_dim;
+    switch (t) {
+    case MT_RT_DECODER_LAYER_INPUT: return N * D * f4;
+    case MT_RT_QUERY_PROJ: return N * QD * f4;
+    case MT_RT_KEY_PROJ:
+    case MT_RT_VALUE_PROJ: return N * KVD * f4;
+    case MT_RT_CONTEXT: return (N * QD + (double)B * (double)m->num_query_heads * (double)T) * f4;
+    case MT_RT_OUT_PROJ: return N * D * f4;
+    case MT_RT_MLPWI_0:
+    case MT_RT_MLPWI_1: return N * F * f4;
+    case MT_RT_MLPWO: return m->use_post_ffw_norm ? N * D * f4 : 0.0;
+    default: return 0.0;
+    }
+}
+
+double mt_step_model_seconds(const mt_train_config *cfg, const mt_step_model *sm, double *flops_out,
+                             double *offload_out, double *comm_out) {
+    int dims[4];
+    mt_train_config lc;
+    if (job_dims(cfg, dims) != MT_OK || local_config(cfg, dims, &lc) != MT_OK) return INFINITY;
+    mt_remat_policy pol;
+    if (mt_memory_remat_policy(cfg, &pol) != MT_OK) return INFINITY;
+    const mt_model_config *m = &lc.model;
+    const double L = (double)m->num_decoder_layers;
+    const double tokens = (double)(lc.per_device_batch_size * lc.max_target_length) *
+                          (double)cfg->gradient_accumulation_steps;
+    const double P = (double)mt_model_num_parameters(m);
+    const double Pemb = (double)(m->vocab_size * m->emb_dim * (m->logits_via_embedding ? 1 : 2));
+    const double Tfull = (double)cfg->max_target_length;
+    double per_tok = 6.0 * (P - Pemb) + 12.0 * L * (double)(m->num_query_heads * m->head_dim) * Tfull +
+                     6.0 * (double)(m->vocab_size * m->emb_dim); /* the logits GEMMs (fwd + 2 bwd) */
+    double off_bytes = 0;
+    for (int t = 1; t < MT_RT_COUNT; t++) {
+        if (pol.action[t] == MT_RA_REMAT) per_tok += L * recompute_flops(m, (int64_t)Tfull, t);
+        if (pol.action[t] == MT_RA_OFFLOAD)
+            off_bytes += 2.0 * L * tensor_bytes(m, lc.per_device_batch_size, lc.max_target_length, t);
+    }
+    off_bytes *= (double)cfg->gradient_accumulation_steps;
+    const double Fs = dims[MT_AXIS_FSDP], Dp = dims[MT_AXIS_DATA], Tn = dims[MT_AXIS_TENSOR];
+    const double ga = (double)cfg->gradient_accumulation_steps;
+    const double pbytes = P * 4.0;
+    if (cfg->parameter_memory_host_offload) off_bytes += 2.0 * ga * pbytes / Fs;
+    if (cfg->optimizer_memory_host_offload) off_bytes += 2.0 * 2.0 * pbytes / (Fs * (cfg->shard_optimizer_over_data ? Dp : 1));
+    double comm = 0;
+    if (Fs > 1) comm += ga * 3.0 * pbytes * (Fs - 1) / Fs;          /* gather fwd + bwd, reduce-scatter */
+    if (Dp > 1) comm += 2.0 * (pbytes / Fs) * (Dp - 1) / Dp;         /* data all-reduce (or RS + AG) */
+    if (Tn > 1) comm += ga * 8.0 * L * (double)(lc.per_device_batch_size * lc.max_target_length) *
+                        (double)m->emb_dim * 4.0 * (Tn - 1) / Tn;   /* 2 all-reduces per layer, fwd + bwd */
+    const double flops = per_tok * tokens;
+    if (flops_out) *flops_out = flops;
+    if (offload_out) *offload_out = off_bytes;
+    if (comm_out) *comm_out = comm;
+    return flops / sm->device_flops + off_bytes / sm->host_bw + comm / sm->link_bw;
+}
+
+/* ------------------------------------------------------------- estimator ---- */
+
+typedef struct search {
+    const mt_train_config *base;
+    mt_train_config cfg;       /* scratch copy */
+    size_t budget;
+    int plans;
+    /* peak(L) = a + L * b per (batch, policy), from plans of 2 and 3 layers */
+} search;
+
+static void set_policy(mt_train_config *c, const mt_remat_policy *p) {
+    c->remat_policy = MT_REMAT_CUSTOM;
+    for (int t = 0; t < MT_RT_COUNT; t++) c->remat_custom[t] = (int)p->action[t];
+}
+
+/* Exact device peak of (batch, policy) with the full depth. */
+static mt_status exact_peak(search *s, int64_t batch, const mt_remat_policy *p, mt_memory_report *rep) {
+    s->cfg = *s->base;
+    s->cfg.per_device_batch_size = batch;
+    set_policy(&s->cfg, p);
+    s->plans++;
+    return mt_memory_plan_rank(&s->cfg, rep, NULL, NULL);
+}
+
+/* Device peak by depth extrapolation: every layer adds the same kept bytes and the
+ * scratch is one layer's worth (tests/test_plan_remat.c checks that the plan is
+ * additive in depth), so peak(L) = peak(3) + (L - 3) (peak(3) - peak(2)). The
+ * frontier found this way is confirmed with exact plans afterwards. */
+static mt_status fast_peak(search *s, int64_t batch, const mt_remat_policy *p, double *peak) {
+    const int64_t L = s->base->model.num_decoder_layers;
+    if (L <= 4) {
+        mt_memory_report r;
+        MT_TRY(exact_peak(s, batch, p, &r));
+        *peak = (double)r.peak;
+        return MT_OK;
+    }
+    double pk[2];
+    for (int i = 0; i < 2; i++) {
+        s->cfg = *s->base;
+        s->cfg.per_device_batch_size = batch;
+        s->cfg.model.num_decoder_layers = 2 + i;
+        set_policy(&s->cfg, p);
+        mt_memory_report r;
+        s->plans++;
+        MT_TRY(mt_memory_plan_rank(&s->cfg, &r, NULL, NULL));
+        pk[i] = (double)r.peak;
+    }
+    *peak = pk[1] + (double)(L - 3) * (pk[1] - pk[0]);
+    return MT_OK;
+}
+
+static mt_status fits(search *s, int64_t batch, const mt_remat_policy *p, int *ok) {
+    double pk;
+    s->cfg = *s->base;
+    s->cfg.per_device_batch_size = batch;
+    MT_TRY(fast_peak(s, batch, p, &pk));
+    *ok = pk <= (double)s->budget;
+    return MT_OK;
+}
+
+/* Largest batch in [1, hi] (hi = 0: unbounded) that fits p; 0 when none. */
+static mt_status max_batch(search *s, const mt_remat_policy *p, int64_t hi, int64_t *out) {
+    int ok;
+    *out = 0;
+    MT_TRY(fits(s, 1, p, &ok));
+    if (!ok) return MT_OK;
+    int64_t lo = 1, top;
+    if (hi > 0) {
+        top = hi;
+        MT_TRY(fits(s, top, p, &ok));
+        if (ok) return *out = top, MT_OK;
+    } else {
+        top = 2;
+        for (;;) {
+            MT_TRY(fits(s, top, p, &ok));
+            if (!ok) break;
+            lo = top;
+            if (top >= ((int64_t)1 << 24)) return *out = top, MT_OK;
+            top *= 2;
+        }
+    }
+    /* lo fits, top does not */
+    while (top - lo > 1) {
+        int64_t mid = lo + (top - lo) / 2;
+        MT_TRY(fits(s, mid, p, &ok));
+        if (ok) lo = mid;
+        else top = mid;
+    }
+    *out = lo;
+    return MT_OK;
+}
+
+/* Exact confirmation, cached: the device plan depends only on which tensors are kept
+ * (remat and offload both use the layer scratch), so one plan per (batch, kept set),
+ * made with every other tensor offloaded, gives the device peak of all its remat /
+ * offload mixes and the host bytes of each offloaded name. */
+typedef struct confirm_entry {
+    int64_t batch;
+    unsigned kept;                  /* bit t: tensor t on the device */
+    size_t peak, host_fixed;        /* device peak; host bytes that are not activations */
+    size_t host_name[MT_RT_COUNT];  /* host bytes of each offloaded name */
+} confirm_entry;
+typedef struct confirm_cache {
+    confirm_entry e[2 * MT_RT_COUNT + 8];
+    int n;
+} confirm_cache;
+
+static mt_status confirm(search *s, confirm_cache *c, int64_t batch, const mt_remat_policy *p, size_t *peak,
+                         size_t *host) {
+    unsigned kept = 0;
+    for (int t = 0; t < MT_RT_COUNT; t++)
+        if (p->action[t] == MT_RA_DEVICE) kept |= 1u << t;
+    confirm_entry *e = NULL;
+    for (int i = 0; i < c->n; i++)
+        if (c->e[i].batch == batch && c->e[i].kept == kept) e = &c->e[i];
+    if (!e) {
+        mt_remat_policy q = *p;
+        for (int t = 1; t < MT_RT_COUNT; t++)
+            if (q.action[t] != MT_RA_DEVICE) q.action[t] = MT_RA_OFFLOAD;
+        s->cfg = *s->base;
+        s->cfg.per_device_batch_size = batch;
+        set_policy(&s->cfg, &q);
+        s->plans++;
+        mt_memory_report r;
+        mt_plan *h = NULL;
+        MT_TRY(mt_memory_plan_rank(&s->cfg, &r, NULL, &h));
+        e = &c->e[c->n < (int)(sizeof c->e / sizeof c->e[0]) ? c->n++ : c->n - 1];
+        memset(e, 0, sizeof *e);
+        e->batch = batch;
+        e->kept = kept;
+        e->peak = r.peak;
+        e->host_fixed = r.host_total - r.host_activations;
+        for (int i = 0; i < mt_plan_count(h); i++) {
+            const mt_plan_entry *he = mt_plan_entry_get(h, i);
+            int t = saved_tensor(he->name, NULL);
+            if (he->category == MT_MEM_ACTIVATIONS && t >= 0) e->host_name[t] += he->bytes;
+        }
+        mt_plan_free(h);
+    }
+    *peak = e->peak;
+    *host = e->host_fixed;
+    for (int t = 0; t < MT_RT_COUNT; t++)
+        if (p->action[t] == MT_RA_OFFLOAD) *host += e->host_name[t];
+    return MT_OK;
+}
+
+static int cmp_rows(const void *a, const void *b) {
+    const mt_estimate_row *x = a, *y = b;
+    if (x->tokens_per_s != y->tokens_per_s) return x->tokens_per_s > y->tokens_per_s ? -1 : 1;
+    return (x->batch < y->batch) - (x->batch > y->batch);
+}
+
+static mt_status add_row(mt_estimate_result *r, int cap, int64_t batch, const mt_remat_policy *p) {
+    if (r->nrows >= cap) return mt_set_error(MT_ERR_OOM, "estimator: too many rows");
+    mt_estimate_row *row = &r->rows[r->nrows++];
+    memset(row, 0, sizeof *row);
+    row->batch = batch;
+    row->policy = *p;
+    return MT_OK;
+}
+
+mt_status mt_estimate(const mt_train_config *cfg, int64_t batch_fixed, const int fixed[MT_RT_COUNT],
+                      const mt_step_model *sm, mt_estimate_result *out) {
+    memset(out, 0, sizeof *out);
+    if (!(cfg->hbm_gib > 0))
+        return mt_set_error(MT_ERR_INVALID, "hbm_gib=%g: the device memory budget must be > 0 GiB", cfg->hbm_gib);
+    const double t0 = mt_time_now();
+    search s;
+    memset(&s, 0, sizeof s);
+    s.base = cfg;
+    s.budget = (size_t)(cfg->hbm_gib * 1073741824.0);
+    out->budget = s.budget;
+
+    /* The starting policy: fixed tensors from cfg's custom keys, the rest searched. */
+    mt_remat_policy user;
+    mt_remat_action acts[MT_RT_COUNT];
+    for (int t = 0; t < MT_RT_COUNT; t++) acts[t] = (mt_remat_action)cfg->remat_custom[t];
+    MT_TRY(mt_remat_policy_resolve(MT_REMAT_CUSTOM, acts, &user));
+    /* Searchable tensors ordered by size, largest first (ties: MaxText's name order). */
+    int order[MT_RT_COUNT], n = 0;
+    double sz[MT_RT_COUNT];
+    for (int t = 1; t < MT_RT_COUNT; t++) {
+        sz[t] = tensor_bytes(&cfg->model, 1, cfg->max_target_length, t);
+        if (fixed && fixed[t]) continue;
+        if (sz[t] <= 0) {
+            user.action[t] = MT_RA_REMAT;
+            continue;
+        }
+        order[n++] = t;
+    }
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && sz[order[j]] > sz[order[j - 1]]; j--) {
+            int x = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = x;
+        }
+    mt_remat_policy lightest = user, heaviest = user;
+    for (int i = 0; i < n; i++) {
+        lightest.action[order[i]] = MT_RA_REMAT;
+        heaviest.action[order[i]] = MT_RA_DEVICE;
+    }
+    const int cap = 2 * MT_RT_COUNT + 4;
+    out->rows = calloc((size_t)cap, sizeof *out->rows);
+    if (!out->rows) return mt_set_error(MT_ERR_OOM, "estimator: out of memory");
+    mt_status st = MT_OK;
+
+    if (batch_fixed <= 0) {
+        out->mode = 1;
+        int64_t b = 0;
+        st = max_batch(&s, &lightest, 0, &b);
+        if (st == MT_OK && b == 0) {
+            mt_memory_report r;
+            st = exact_peak(&s, 1, &lightest, &r);
+            if (st == MT_OK)
+                st = mt_set_error(MT_ERR_INVALID, "does not fit: even per_device_batch_size=1 with every searchable "
+                                  "tensor rematerialised needs %zu bytes (%.2f GiB) per device, the budget is "
+                                  "hbm_gib=%g (%zu bytes)", r.peak, (double)r.peak / 1073741824.0, cfg->hbm_gib,
+                                  s.budget);
+        }
+        mt_remat_policy p = lightest;
+        if (st == MT_OK) st = add_row(out, cap, b, &p);
+        /* remat -> offload, smallest first; then offload -> device, smallest first */
+        for (int phase = 0; st == MT_OK && phase < 2 && b > 0; phase++) {
+            for (int i = n - 1; st == MT_OK && i >= 0 && b > 0; i--) {
+                p.action[order[i]] = phase == 0 ? MT_RA_OFFLOAD : MT_RA_DEVICE;
+                int64_t nb = 0;
+                st = max_batch(&s, &p, b, &nb);
+                if (st != MT_OK || nb == 0) {
+                    b = 0;
+                    break;
+                }
+                st = add_row(out, cap, nb, &p); /* every (batch, policy) step is a candidate */
+                b = nb;
+            }
+        }
+    } else {
+        out->mode = 2;
+        int ok = 0;
+        st = fits(&s, batch_fixed, &lightest, &ok);
+        if (st == MT_OK && !ok) {
+            mt_memory_report r;
+            st = exact_peak(&s, batch_fixed, &lightest, &r);
+            if (st == MT_OK)
+                st = mt_set_error(MT_ERR_INVALID, "does not fit: per_device_batch_size=%lld with every searchable "
+                                  "tensor rematerialised needs %zu bytes (%.2f GiB) per device, the budget is "
+                                  "hbm_gib=%g (%zu bytes)", (long long)batch_fixed, r.peak,
+                                  (double)r.peak / 1073741824.0, cfg->hbm_gib, s.budget);
+        }
+        mt_remat_policy p = heaviest;
+        /* device -> offload largest first, then offload -> remat largest first */
+        for (int phase = 0; st == MT_OK && phase < 3; phase++) {
+            if (phase == 2) break;
+            if (st == MT_OK) st = fits(&s, batch_fixed, &p, &ok);
+            if (st == MT_OK && ok) break;
+            for (int i = 0; st == MT_OK && i < n; i++) {
+                p.action[order[i]] = phase == 0 ? MT_RA_OFFLOAD : MT_RA_REMAT;
+                st = fits(&s, batch_fixed, &p, &ok);
+                if (ok) break;
+            }
+            if (ok) break;
+        }
+        if (st == MT_OK) st = add_row(out, cap, batch_fixed, &p);
+    }
+
+    /* Confirm each row with the exact full-depth plan (stepping the batch down in the
+     * unlikely case extrapolation was optimistic), then model and rank. */
+    confirm_cache cache;
+    memset(&cache, 0, sizeof cache);
+    for (int i = 0; st == MT_OK && i < out->nrows; i++) {
+        mt_estimate_row *row = &out->rows[i];
+        size_t peak = 0, host = 0;
+        for (;;) {
+            st = confirm(&s, &cache, row->batch, &row->policy, &peak, &host);
+            if (st != MT_OK || peak <= s.budget || row->batch <= 1 || out->mode == 2) break;
+            row->batch--;
+        }
+        if (st != MT_OK) break;
+        row->peak = peak;
+        row->host = host;
+        s.cfg.per_device_batch_size = row->batch;
+        set_policy(&s.cfg, &row->policy);
+        row->step_s = mt_step_model_seconds(&s.cfg, sm, NULL, NULL, NULL);
+        int dims[4];
+        st = job_dims(cfg, dims);
+        if (st != MT_OK) break;
+        /* a tensor (or context) group shares its sequences: tokens per device */
+        const double tokens = (double)(row->batch * cfg->max_target_length * cfg->gradient_accumulation_steps) /
+                              (double)(dims[MT_AXIS_TENSOR] * dims[MT_AXIS_CONTEXT]);
+        row->tokens_per_s = row->step_s > 0 ? tokens / row->step_s : 0;
+    }
+    if (st == MT_OK) qsort(out->rows, (size_t)out->nrows, sizeof *out->rows, cmp_rows);
+    out->plans = s.plans;
+    out->seconds = mt_time_now() - t0;
+    if (st != MT_OK) mt_estimate_result_free(out);
+    return st;
+}
+
+void mt_estimate_result_free(mt_estimate_result *r) {
+    if (!r) return;
+    free(r->rows);
+    r->rows = NULL;
+    r->nrows = 0;
+}

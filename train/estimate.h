@@ -1,0 +1,122 @@
+/* train/estimate.h: the per-device memory plan of a (possibly large) job, and the
+ * batch-size / remat-policy estimator (MaxText's estimator, REFERENCE.md).
+ *
+ * Planning needs no device, no data and no mpirun. The plan of one rank is the
+ * trainer's own plan (mt_trainer_plan_with_host) for rank 0 of the data x context x
+ * tensor mesh the keys give, with remat, activation offload and parameter / optimizer
+ * host offload as the trainer runs them: exactly what that rank allocates. With an
+ * fsdp axis (which the run does not shard yet) it is modelled on top of that plan:
+ * parameters (or their host copy), gradients and optimizer state / fsdp, plus two
+ * gathered layers (use + prefetch), one layer's gradient reduce-scatter buffer and the
+ * gathered embedding (forward) and unembedding (loss), tensor-local.
+ * All bytes are float32 (the only dtype the trainer runs today). */
+#ifndef MT_TRAIN_ESTIMATE_H
+#define MT_TRAIN_ESTIMATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "models/model.h"
+#include "models/remat.h"
+#include "runtime/plan.h"
+#include "runtime/status.h"
+#include "train/config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The remat policy cfg asks for (remat_policy + the nine tensor keys).
+ * Errors: MT_ERR_INVALID (decoder_layer_input not device). */
+mt_status mt_memory_remat_policy(const mt_train_config *cfg, mt_remat_policy *out);
+
+/* mt_model_set_remat(model, mt_memory_remat_policy(cfg)) and
+ * mt_model_set_param_offload(model, cfg->parameter_memory_host_offload). */
+mt_status mt_memory_apply_remat(const mt_train_config *cfg, mt_model *model);
+
+/* One rank's memory, in bytes. Device figures are totals of plan entries (what each
+ * holds, whatever its lifetime) except peak (the arena size) and live_at_peak. */
+typedef struct mt_memory_report {
+    int dims[4];                  /* data, fsdp, context, tensor */
+    int64_t num_params;           /* of the whole model */
+    int64_t local_params;         /* held by this rank's model before fsdp sharding */
+    size_t peak;                  /* device arena bytes: mt_plan_peak */
+    size_t live_at_peak;          /* requested bytes live at the peak phase */
+    int peak_phase;
+    size_t params, grads, optimizer;
+    size_t saved[MT_RT_COUNT];    /* device-kept activations per named tensor, all layers */
+    size_t saved_other;           /* norm statistics, step inputs, final norm */
+    size_t recompute_scratch;     /* "remat.*": one layer's worth of non-kept tensors */
+    size_t scratch;               /* other per-op temporaries */
+    size_t loss_tile, comm, workspace;
+    size_t host_activations;      /* offloaded activations (host pool) */
+    size_t host_params, host_optimizer;
+    size_t host_total;
+    size_t layer_kept;            /* device bytes one layer adds (its kept tensors) */
+} mt_memory_report;
+
+/* Plan one rank of cfg (num_devices and the ici_* keys give the mesh; when every
+ * ici_* is 1 and num_devices > 1 the fsdp axis takes all devices, MaxText's default
+ * ici_fsdp_parallelism = -1). *plan / *host_plan (may be NULL) receive the finalised
+ * plans, which the caller frees. Errors: MT_ERR_INVALID (config, a mesh that does not
+ * match num_devices, a layout the model does not divide), MT_ERR_OOM. */
+mt_status mt_memory_plan_rank(const mt_train_config *cfg, mt_memory_report *rep, mt_plan **plan, mt_plan **host_plan);
+
+/* Step-time model of the estimator (constants printed with its output). */
+typedef struct mt_step_model {
+    double device_flops;  /* FLOP/s of one device */
+    double host_bw;       /* bytes/s host <-> device, each direction */
+    double link_bw;       /* bytes/s of one device's collective link */
+} mt_step_model;
+
+/* H100/H200 SXM dense bf16 peak 989e12 FLOP/s, PCIe 5 x16 55e9 B/s, 400 Gb/s
+ * InfiniBand per GPU 50e9 B/s. */
+mt_step_model mt_step_model_default(void);
+
+/* Modelled seconds of one optimizer step of cfg (all micro-batches): FLOPs (6 per
+ * parameter per token + 12 L H Dh T per token for attention, causal not discounted,
+ * plus the forward FLOPs of every recomputed tensor) / device_flops + offloaded bytes
+ * (out and back) / host_bw + collective bytes (fsdp all-gather forward and backward,
+ * gradient reduce-scatter, data all-reduce; ring factors (n-1)/n) / link_bw. Each
+ * term is returned too (may be NULL). Tokens per device per step:
+ * per_device_batch_size x max_target_length / context x gradient_accumulation_steps. */
+double mt_step_model_seconds(const mt_train_config *cfg, const mt_step_model *sm, double *flops,
+                             double *offload_bytes, double *comm_bytes);
+
+/* One estimator result. */
+typedef struct mt_estimate_row {
+    int64_t batch;              /* per_device_batch_size */
+    mt_remat_policy policy;
+    size_t peak;                /* device bytes (exact plan) */
+    size_t host;                /* host bytes */
+    double step_s, tokens_per_s;
+} mt_estimate_row;
+
+typedef struct mt_estimate_result {
+    int mode;                   /* 1: batch and policy searched, 2: batch fixed */
+    mt_estimate_row *rows;      /* ranked by tokens_per_s, best first */
+    int nrows;
+    int plans;                  /* plans evaluated */
+    double seconds;             /* wall time of the search */
+    size_t budget;              /* bytes */
+} mt_estimate_result;
+
+/* The estimator (REFERENCE.md "Estimator"). Tensors not in `fixed` (fixed[t] = 1:
+ * left at cfg's custom action) are searched, ordered by size; tensors of zero size
+ * (mlpwo without a post-MLP norm) are left remat. batch_fixed = 0: binary-search
+ * the largest batch under full remat, then step toward more memory (remat ->
+ * offload one tensor at a time, smallest first, then offload -> device), each step
+ * binary-searching the largest batch not above the previous one; every (batch,
+ * policy) pair of that walk (the Pareto list) is returned, ranked by modelled
+ * tokens per second per device. batch_fixed > 0: error if the lightest policy does not fit, else
+ * from all-device step back (device -> offload, largest first, then offload ->
+ * remat) until it fits. Budget: cfg->hbm_gib GiB.
+ * Errors: MT_ERR_INVALID (hbm_gib <= 0, config), MT_ERR_OOM; MT_ERR_INVALID with
+ * "does not fit" and the smallest plan's bytes against the budget when nothing fits. */
+mt_status mt_estimate(const mt_train_config *cfg, int64_t batch_fixed, const int fixed[MT_RT_COUNT],
+                      const mt_step_model *sm, mt_estimate_result *out);
+void mt_estimate_result_free(mt_estimate_result *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
