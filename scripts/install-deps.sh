@@ -17,6 +17,7 @@ packages=(
     python3 python3-numpy python3-torch  # reference tests (/usr/bin/python3)
     sentencepiece python3-sentencepiece  # tokenizer training and corpus encoding
     bible-kjv bible-kjv-text           # the corpus source (`bible` and its text)
+    python3-matplotlib                 # bench/plot (loss curves, scenario comparison)
 )
 
 command -v dpkg-query >/dev/null || {
