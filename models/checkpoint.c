@@ -154,6 +154,19 @@ static double ck_short(float v) {
     return strtod(b, NULL);
 }
 
+/* Add v to o as a JSON number that always carries a fraction or exponent ("8.0", not
+ * "8"): transformers' rope validation warns when rope_scaling's factor,
+ * low_freq_factor or high_freq_factor is a JSON integer. */
+static void ck_add_real(cJSON *o, const char *key, float v) {
+    char b[64];
+    for (int p = 6; p <= 9; p++) {
+        snprintf(b, sizeof b, "%.*g", p, (double)v);
+        if (strtof(b, NULL) == v) break;
+    }
+    if (!strpbrk(b, ".eEn")) strncat(b, ".0", sizeof b - strlen(b) - 1);
+    cJSON_AddRawToObject(o, key, b);
+}
+
 static const char *ck_act_name(mt_activation a) {
     return a == MT_ACT_SILU ? "silu" : "gelu_pytorch_tanh";
 }
@@ -184,14 +197,14 @@ static mt_status ck_config_write(const char *path, const mt_model_config *c, con
     if (c->rope_type == MT_ROPE_LLAMA3) {
         cJSON *r = cJSON_AddObjectToObject(j, "rope_scaling");
         cJSON_AddStringToObject(r, "rope_type", "llama3");
-        cJSON_AddNumberToObject(r, "factor", ck_short(c->rope_factor));
-        cJSON_AddNumberToObject(r, "low_freq_factor", ck_short(c->rope_low_freq_factor));
-        cJSON_AddNumberToObject(r, "high_freq_factor", ck_short(c->rope_high_freq_factor));
+        ck_add_real(r, "factor", c->rope_factor);
+        ck_add_real(r, "low_freq_factor", c->rope_low_freq_factor);
+        ck_add_real(r, "high_freq_factor", c->rope_high_freq_factor);
         cJSON_AddNumberToObject(r, "original_max_position_embeddings", (double)c->rope_original_max_position);
     } else if (c->rope_type == MT_ROPE_LINEAR) {
         cJSON *r = cJSON_AddObjectToObject(j, "rope_scaling");
         cJSON_AddStringToObject(r, "rope_type", "linear");
-        cJSON_AddNumberToObject(r, "factor", ck_short(c->rope_factor));
+        ck_add_real(r, "factor", c->rope_factor);
     } else {
         cJSON_AddNullToObject(j, "rope_scaling");
     }
@@ -378,7 +391,10 @@ static mt_status ck_layer_types(const ck_reader *r, const cJSON *lt, mt_model_co
         c->sliding_window_size = 0; /* every layer global */
         return MT_OK;
     }
-    c->sliding_window_pattern = nfull == 0 ? 0 : first_full + 1;
+    /* Every layer sliding (e.g. a gemma3 with fewer layers than its period, which
+     * transformers writes so): a period longer than the model, since pattern 0 means
+     * "all global" on gemma2/3 blocks (mt_model_layer_is_local). */
+    c->sliding_window_pattern = nfull == 0 ? c->num_decoder_layers + 1 : first_full + 1;
     if (c->sliding_window_size <= 0)
         return mt_set_error(MT_ERR_FORMAT, "%s: key \"layer_types\" has sliding layers but \"sliding_window\" is not set",
                             r->path);
@@ -572,11 +588,39 @@ mt_status mt_checkpoint_save_model(const char *dir, mt_model *m, mt_dtype dtype)
     return s;
 }
 
-static int ck_ignorable(const char *name, int tied) {
+static int ck_starts(const char *s, const char *prefix) {
+    return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+static int ck_ignorable(const char *name, int tied, int gemma3) {
     size_t n = strlen(name);
     static const char suf[] = "rotary_emb.inv_freq";
     if (n >= sizeof suf - 1 && strcmp(name + n - (sizeof suf - 1), suf) == 0) return 1;
+    /* Gemma 3 multimodal checkpoints (Gemma3ForConditionalGeneration): only the text
+     * model is loaded; the vision tower and its projector are skipped. */
+    if (gemma3 && (ck_starts(name, "vision_tower.") || ck_starts(name, "multi_modal_projector.") ||
+                   ck_starts(name, "model.vision_tower.") || ck_starts(name, "model.multi_modal_projector.")))
+        return 1;
     return tied && strcmp(name, "lm_head.weight") == 0;
+}
+
+/* The text-model name of a tensor: Gemma 3 multimodal checkpoints store the text
+ * model as "language_model.model.*" / "language_model.lm_head.*" (transformers'
+ * save_pretrained of Gemma3ForConditionalGeneration, and the published google/gemma-3-*
+ * files) or "model.language_model.*" (its module names); these map to the
+ * Gemma3ForCausalLM names "model.*" / "lm_head.*". Other names are returned as they are. */
+static const char *ck_text_name(const char *name, char *buf, size_t n) {
+    static const struct { const char *from, *to; } k_map[] = {
+        {"language_model.model.", "model."},
+        {"model.language_model.", "model."},
+        {"language_model.lm_head.", "lm_head."},
+    };
+    for (size_t i = 0; i < sizeof k_map / sizeof k_map[0]; i++)
+        if (ck_starts(name, k_map[i].from)) {
+            snprintf(buf, n, "%s%s", k_map[i].to, name + strlen(k_map[i].from));
+            return buf;
+        }
+    return name;
 }
 
 /* Where each model parameter lives. */
@@ -669,6 +713,7 @@ mt_status mt_checkpoint_load_model(const char *dir, mt_model *m) {
     if (!ops || !params) return mt_set_error(MT_ERR_INVALID, "%s: model parameters are not bound to memory", dir);
     const mt_model_config *cfg = mt_model_get_config(m);
     int tied = cfg->logits_via_embedding != 0;
+    int gemma3 = cfg->decoder_block == MT_DECODER_GEMMA3;
 
     mt_safetensors **files = NULL;
     int nfiles = 0;
@@ -688,9 +733,11 @@ mt_status mt_checkpoint_load_model(const char *dir, mt_model *m) {
         const char *fpath = mt_safetensors_path(files[f]);
         for (int k = 0; k < mt_safetensors_count(files[f]) && s == MT_OK; k++) {
             const mt_st_tensor *t = mt_safetensors_tensor(files[f], k);
-            int pi = mt_model_param_find(m, t->name);
+            char mapped[sizeof t->name + 16];
+            const char *pname = gemma3 ? ck_text_name(t->name, mapped, sizeof mapped) : t->name;
+            int pi = mt_model_param_find(m, pname);
             if (pi < 0) {
-                if (ck_ignorable(t->name, tied)) continue;
+                if (ck_ignorable(pname, tied, gemma3)) continue;
                 if (nunknown++ < 4) {
                     size_t u = strlen(unknown);
                     snprintf(unknown + u, sizeof unknown - u, "%s'%s'", u ? ", " : "", t->name);

@@ -32,7 +32,11 @@ mt_status mt_checkpoint_save_model(const char *dir, mt_model *m, mt_dtype dtype)
  * shapes); lm_head.weight may be absent when the model ties embeddings; tensors the
  * model does not have are an error naming them, except known-ignorable buffers
  * (names ending in "rotary_emb.inv_freq") and lm_head.weight in a tied model (some
- * tied HF checkpoints store the shared matrix twice; it is not read). F32/BF16/F16/F64
+ * tied HF checkpoints store the shared matrix twice; it is not read). For gemma3, a
+ * multimodal checkpoint (Gemma3ForConditionalGeneration) loads its text model:
+ * "language_model.model.*" / "model.language_model.*" are read as "model.*",
+ * "language_model.lm_head.*" as "lm_head.*", and vision_tower / multi_modal_projector
+ * tensors are skipped. F32/BF16/F16/F64
  * data are converted to float32 (NaN/Inf rejected) and copied with
  * ops->copy_to_device, one tensor at a time through one host buffer.
  * Names and shapes are all checked before anything is copied into m; a NaN/Inf is

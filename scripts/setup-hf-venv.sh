@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# scripts/setup-hf-venv.sh [VENV_DIR]: create the Python environment that the Hugging
+# Face parity test (tests/test_hf_parity.sh) runs transformers in. Default .venv-hf
+# at the repository root. Idempotent: an environment that already has the pinned
+# versions is left alone (a stamp file records them).
+#
+# Why a PyPI torch: transformers with Gemma 3 (>= 4.50) imports torch.distributed.tensor
+# and other torch 2 APIs, so Debian's python3-torch 1.13 cannot run it. PyPI's Linux
+# x86_64 torch wheel is the CUDA build and pulls the nvidia-* runtime wheels: about
+# 3.5 GB downloaded, 5.3 GB installed, ~4 minutes here on a fresh cache (it runs on
+# the CPU all the same). Debian's numpy is reused (--system-site-packages).
+#
+# Pinned: torch 2.5.1, transformers 4.57.6 (supports llama, gemma, gemma2, gemma3 and
+# writes safetensors by default), safetensors 0.8.0, tokenizers 0.22.2,
+# huggingface_hub 0.36.2. Exit 0 when the environment is ready, non-zero otherwise.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${1:-$ROOT/.venv-hf}
+PY=/usr/bin/python3
+PINS="torch==2.5.1 transformers==4.57.6 safetensors==0.8.0 tokenizers==0.22.2 huggingface_hub==0.36.2"
+STAMP="$VENV/.meshtrain-pins"
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$PINS" ] && [ -x "$VENV/bin/python" ]; then
+    echo "setup-hf-venv: $VENV is ready ($PINS)"
+    exit 0
+fi
+if [ ! -x "$PY" ]; then
+    echo "setup-hf-venv: $PY not found (Debian's python3 with python3-venv is needed)" >&2
+    exit 1
+fi
+if ! "$PY" -c "import numpy" >/dev/null 2>&1; then
+    echo "setup-hf-venv: $PY cannot import numpy (apt-get install python3-numpy)" >&2
+    exit 1
+fi
+rm -rf "$VENV"
+"$PY" -m venv --system-site-packages "$VENV"
+"$VENV/bin/python" -m pip install --disable-pip-version-check -q $PINS
+"$VENV/bin/python" - <<'PY'
+import torch, transformers, safetensors
+from transformers import LlamaForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM  # noqa: F401
+print("setup-hf-venv: torch", torch.__version__, "transformers", transformers.__version__,
+      "safetensors", safetensors.__version__)
+PY
+echo "$PINS" > "$STAMP"

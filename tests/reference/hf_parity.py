@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""tests/reference/hf_parity.py: the Hugging Face transformers side of the parity test
+(tests/test_hf_parity.sh; meshtrain's side is tests/tools/hf_parity.c).
+
+Runs in the environment made by scripts/setup-hf-venv.sh (pinned there: torch 2.5.1,
+transformers 4.57.6, safetensors 0.8.0). The models are transformers' own modelling
+classes (LlamaForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM),
+in float32 with the eager attention implementation.
+
+  hf_parity.py make ROOT FAMILY...   for each FAMILY (llama3 | gemma | gemma2 | gemma3 |
+      gemma3mm, a Gemma3ForConditionalGeneration whose text model meshtrain loads):
+      a tiny random model saved with save_pretrained (safetensors) to ROOT/FAMILY/hf;
+      tokens and next-token labels (int32, -1 = ignored) to ROOT/FAMILY/mt/{tokens,
+      labels}.bin; the reference outputs to ROOT/FAMILY/ref: logits.bin (float32
+      [B*T, V]), loss.bin (float64 [sum, count]) and grad.<name>.bin (float32,
+      gradient of the mean loss). Prints "B T TILES" for the C tool.
+  hf_parity.py check ROOT FAMILY...  for each FAMILY: compare ROOT/FAMILY/mt (written by
+      `hf_parity run`) with ROOT/FAMILY/ref and print the largest differences; then
+      from_pretrained(ROOT/FAMILY/mt/ckpt) (meshtrain's checkpoint) with no missing,
+      unexpected or mismatched keys and save_pretrained to ROOT/FAMILY/rt.
+      Exit 1 when any family fails.
+(One process per command: importing torch + transformers costs seconds.)
+
+Tolerances (fp32 on both sides, the same math in a different order):
+  logits and loss: max|mt - hf| / max|hf| <= 1e-4 (a tensor-wide relative error:
+      elementwise relative error is meaningless for entries near zero). float32
+      accumulation over d_model <= 256 gives differences of order 1e-6 relative.
+  gradients: per parameter, max|mt - hf| / max|hf| <= 1e-3. The backward is
+      hand-written in meshtrain and autograd in torch; both are fp32, and the
+      difference is dominated by the softmax/soft-cap chains, well under 1e-4 in
+      practice; 1e-3 is the issue's bound.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+import transformers
+
+B, T, TILES = 2, 13, 3  # 26 rows in 3 tiles (9, 9, 8); no vocabulary below divisible by 3
+LOGIT_TOL, LOSS_TOL, GRAD_TOL = 1e-4, 1e-4, 1e-3
+IGNORE = -1
+
+
+def family_config(family):
+    """The tiny config of each family: GQA everywhere but gemma (MQA, head_dim 256),
+    windows shorter than T, soft-caps small enough to be nonlinear, vocabularies
+    (67, 61, 53, 59) that the tile count 3 does not divide."""
+    common = dict(rms_norm_eps=1e-6, attention_bias=False, attention_dropout=0.0,
+                  max_position_embeddings=4096, use_cache=False,
+                  # No pad token: transformers builds nn.Embedding(padding_idx=pad_token_id),
+                  # which gives that row no gradient from the input lookup; meshtrain
+                  # has no pad token and treats every row alike (reported, not tested).
+                  pad_token_id=None, bos_token_id=1, eos_token_id=2)
+    if family == "llama3":
+        return transformers.LlamaConfig(
+            vocab_size=67, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, hidden_act="silu",
+            rope_theta=10000.0, tie_word_embeddings=False, mlp_bias=False,
+            # Llama 3.1 scaling with a short original context so that all three
+            # frequency bands (kept, blended, divided) occur at head_dim 16.
+            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 256},
+            **{**common, "rms_norm_eps": 1e-5})
+    if family == "gemma":
+        return transformers.GemmaConfig(
+            vocab_size=61, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=1, head_dim=256,
+            hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh",
+            rope_theta=10000.0, tie_word_embeddings=True, **common)
+    if family == "gemma2":
+        return transformers.Gemma2Config(
+            vocab_size=53, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            hidden_activation="gelu_pytorch_tanh", rope_theta=10000.0,
+            query_pre_attn_scalar=24, sliding_window=4, attn_logit_softcapping=2.0,
+            final_logit_softcapping=1.5, tie_word_embeddings=True, **common)
+    if family == "gemma3":
+        return transformers.Gemma3TextConfig(
+            vocab_size=59, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=256,
+            hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24, sliding_window=5,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+            rope_theta=1000000.0, rope_local_base_freq=10000.0,
+            rope_scaling={"rope_type": "linear", "factor": 8.0},
+            attn_logit_softcapping=None, final_logit_softcapping=None,
+            tie_word_embeddings=True, **common)
+    if family == "gemma3mm":
+        # Gemma 3 as published (Gemma3ForConditionalGeneration, model_type gemma3, the
+        # text model under text_config, a SigLIP vision tower): meshtrain loads the text
+        # weights only, and text-only input runs the same decoder.
+        text = family_config("gemma3").to_dict()
+        return transformers.Gemma3Config(
+            text_config=text,
+            vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                               num_attention_heads=2, image_size=28, patch_size=14),
+            mm_tokens_per_image=4, image_token_index=58, boi_token_index=56, eoi_token_index=57)
+    raise SystemExit(f"hf_parity.py: unknown family {family!r}")
+
+
+MODEL_CLASSES = {
+    "llama3": "LlamaForCausalLM", "gemma": "GemmaForCausalLM",
+    "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
+    "gemma3mm": "Gemma3ForConditionalGeneration",
+}
+
+
+def text_name(name):
+    """The Gemma3ForCausalLM name of a Gemma3ForConditionalGeneration text parameter."""
+    return "model." + name[len("model.language_model."):] if name.startswith("model.language_model.") else name
+
+
+def randomize(model, family, gen):
+    """Weights that put every nonlinearity away from its linear regime: matrices
+    N(0, 0.16^2), norm scales moved off their init (Llama w = 1 + N(0, 0.2^2); Gemma,
+    whose norms scale by 1 + w, w = N(0, 0.2^2))."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            if p.ndim == 2:
+                p.copy_(0.16 * noise)
+            elif family == "llama3":
+                p.copy_(1.0 + 0.2 * noise)
+            else:
+                p.copy_(0.2 * noise)
+
+
+def tokens_and_labels(vocab, gen):
+    tokens = torch.randint(0, vocab, (B, T), generator=gen, dtype=torch.int64)
+    labels = torch.empty_like(tokens)
+    labels[:, :-1] = tokens[:, 1:]
+    labels[:, -1] = torch.randint(0, vocab, (B,), generator=gen)
+    labels[0, 3] = IGNORE
+    labels[0, T - 1] = IGNORE
+    labels[1, 5] = IGNORE
+    return tokens, labels
+
+
+def write(path, array):
+    np.ascontiguousarray(array).tofile(path)
+
+
+def cmd_make(family, root):
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed({"llama3": 11, "gemma": 12, "gemma2": 13, "gemma3": 14, "gemma3mm": 15}[family])
+    cfg = family_config(family)
+    cls = getattr(transformers, MODEL_CLASSES[family])
+    model = cls(cfg).to(torch.float32)
+    model.config._attn_implementation = "eager"
+    randomize(model, family, gen)
+    model.eval()
+    hf_dir, mt_dir, ref_dir = (os.path.join(root, d) for d in ("hf", "mt", "ref"))
+    for d in (mt_dir, ref_dir):
+        os.makedirs(d, exist_ok=True)
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    # The same weights as transformers shards them (model.safetensors.index.json), and
+    # in bfloat16 / float16 next to their exact float32 values: meshtrain must load
+    # each pair to bitwise the same parameters (tests/tools/hf_parity same).
+    model.save_pretrained(os.path.join(root, "hf_sharded"), safe_serialization=True, max_shard_size="40KB")
+    for dt, tag in ((torch.bfloat16, "bf16"), (torch.float16, "f16")):
+        low = cls(cfg).to(torch.float32)
+        low.load_state_dict(model.state_dict())
+        low = low.to(dt)
+        low.save_pretrained(os.path.join(root, f"hf_{tag}"), safe_serialization=True)
+        low.to(torch.float32).save_pretrained(os.path.join(root, f"hf_{tag}_f32"), safe_serialization=True)
+
+    vocab = cfg.get_text_config().vocab_size
+    tokens, labels = tokens_and_labels(vocab - 3 if family == "gemma3mm" else vocab, gen)  # no image tokens
+    write(os.path.join(mt_dir, "tokens.bin"), tokens.numpy().astype("<i4"))
+    write(os.path.join(mt_dir, "labels.bin"), labels.numpy().astype("<i4"))
+
+    model.zero_grad(set_to_none=True)
+    logits = model(input_ids=tokens, use_cache=False).logits  # [B, T, V], final soft-cap applied
+    flat = logits.reshape(B * T, -1)
+    loss_sum = torch.nn.functional.cross_entropy(flat, labels.reshape(-1), ignore_index=IGNORE, reduction="sum")
+    count = int((labels != IGNORE).sum())
+    (loss_sum / count).backward()
+    write(os.path.join(ref_dir, "logits.bin"), flat.detach().numpy().astype("<f4"))
+    write(os.path.join(ref_dir, "loss.bin"), np.array([loss_sum.item(), count], dtype="<f8"))
+    names = []
+    for name, p in model.named_parameters():
+        if p.grad is None:  # the vision tower of gemma3mm: no text input reaches it
+            continue
+        write(os.path.join(ref_dir, f"grad.{text_name(name)}.bin"), p.grad.numpy().astype("<f4"))
+        names.append(text_name(name))
+    with open(os.path.join(ref_dir, "params.json"), "w") as f:
+        json.dump({"family": family, "names": names, "vocab": vocab}, f)
+
+
+def rel(a, b):
+    """max|a - b| / max|b| (float64)."""
+    a = a.astype(np.float64)
+    b = b.astype(np.float64)
+    scale = np.max(np.abs(b))
+    return float(np.max(np.abs(a - b)) / scale) if scale > 0 else float(np.max(np.abs(a)))
+
+
+def cmd_compare(root):
+    mt_dir, ref_dir = os.path.join(root, "mt"), os.path.join(root, "ref")
+    with open(os.path.join(ref_dir, "params.json")) as f:
+        meta = json.load(f)
+    family, ok = meta["family"], True
+    hf_logits = np.fromfile(os.path.join(ref_dir, "logits.bin"), dtype="<f4")
+    mt_logits = np.fromfile(os.path.join(mt_dir, "logits.bin"), dtype="<f4")
+    if hf_logits.shape != mt_logits.shape:
+        print(f"FAIL {family}: logits sizes {mt_logits.shape} (meshtrain) vs {hf_logits.shape} (transformers)")
+        return 1
+    r_logits = rel(mt_logits, hf_logits)
+    hf_loss = np.fromfile(os.path.join(ref_dir, "loss.bin"), dtype="<f8")
+    mt_loss = np.fromfile(os.path.join(mt_dir, "loss.bin"), dtype="<f8")
+    if hf_loss[1] != mt_loss[1]:
+        print(f"FAIL {family}: labelled token counts differ: {mt_loss[1]} vs {hf_loss[1]}")
+        ok = False
+    hf_mean, mt_mean = hf_loss[0] / hf_loss[1], mt_loss[0] / mt_loss[1]
+    r_loss = abs(mt_mean - hf_mean) / abs(hf_mean)
+    worst_grad, worst_name = 0.0, ""
+    for name in meta["names"]:
+        g_hf = np.fromfile(os.path.join(ref_dir, f"grad.{name}.bin"), dtype="<f4")
+        path = os.path.join(mt_dir, f"grad.{name}.bin")
+        if not os.path.exists(path):
+            print(f"FAIL {family}: meshtrain has no gradient for {name}")
+            ok = False
+            continue
+        g_mt = np.fromfile(path, dtype="<f4")
+        if g_mt.shape != g_hf.shape:
+            print(f"FAIL {family}: gradient {name} sizes {g_mt.shape} vs {g_hf.shape}")
+            ok = False
+            continue
+        r = rel(g_mt, g_hf)
+        if r > GRAD_TOL:
+            print(f"FAIL {family}: gradient {name}: max rel diff {r:.3e} > {GRAD_TOL:g}")
+            ok = False
+        if r >= worst_grad:
+            worst_grad, worst_name = r, name
+    extra = sorted(f[5:-4] for f in os.listdir(mt_dir) if f.startswith("grad.") and f[5:-4] not in meta["names"])
+    if extra:
+        print(f"FAIL {family}: meshtrain gradients transformers does not have: {extra}")
+        ok = False
+    if r_logits > LOGIT_TOL:
+        print(f"FAIL {family}: logits max rel diff {r_logits:.3e} > {LOGIT_TOL:g}")
+        ok = False
+    if r_loss > LOSS_TOL:
+        print(f"FAIL {family}: loss {mt_mean:.9f} vs {hf_mean:.9f}, rel diff {r_loss:.3e} > {LOSS_TOL:g}")
+        ok = False
+    print(f"{'ok  ' if ok else 'FAIL'} {family}: loss {hf_mean:.6f}, logits rel {r_logits:.2e}, "
+          f"loss rel {r_loss:.2e}, worst gradient rel {worst_grad:.2e} ({worst_name}); "
+          f"transformers {transformers.__version__}, torch {torch.__version__}")
+    return 0 if ok else 1
+
+
+def cmd_roundtrip(src, dst):
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        src, output_loading_info=True, dtype=torch.float32)
+    bad = {k: v for k, v in info.items() if v}
+    if bad:
+        print(f"FAIL roundtrip: transformers loaded {src} with {bad}")
+        return 1
+    model.save_pretrained(dst, safe_serialization=True)
+    print(f"ok   roundtrip: {type(model).__name__} loaded meshtrain's checkpoint with no missing/unexpected/"
+          f"mismatched keys, saved it again")
+    return 0
+
+
+def main(argv):
+    if len(argv) >= 4 and argv[1] == "make":
+        for fam in argv[3:]:
+            cmd_make(fam, os.path.join(argv[2], fam))
+        print(B, T, TILES)
+        return 0
+    if len(argv) >= 4 and argv[1] == "check":
+        status = 0
+        for fam in argv[3:]:
+            d = os.path.join(argv[2], fam)
+            if not os.path.exists(os.path.join(d, "mt", "logits.bin")):
+                print(f"FAIL {fam}: no meshtrain outputs in {d}/mt")
+                status = 1
+                continue
+            status |= cmd_compare(d)
+            status |= cmd_roundtrip(os.path.join(d, "mt", "ckpt"), os.path.join(d, "rt"))
+        return status
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

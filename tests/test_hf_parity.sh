@@ -1,0 +1,90 @@
+#!/bin/bash
+# tests/test_hf_parity.sh BUILD_DIR: meshtrain against Hugging Face transformers' own
+# modelling code (LlamaForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM,
+# Gemma3ForCausalLM, Gemma3ForConditionalGeneration), pinned in
+# scripts/setup-hf-venv.sh: transformers 4.57.6 on torch 2.5.1 (CPU, float32, eager
+# attention).
+#
+# For each tiny random family config (llama3 with GQA and llama3 RoPE scaling; gemma
+# with MQA and head_dim 256; gemma2 with GQA, a sliding window 4 < T = 13 and small
+# soft-caps; gemma3 with GQA, head_dim 256, window 5 < T, QK-norm, local/global RoPE;
+# gemma3mm, the same text model inside a Gemma3ForConditionalGeneration with a tiny
+# vision tower (config.json "gemma3" with text_config; meshtrain loads the text
+# weights only); vocabularies 67 / 61 / 53 / 59, which the 3 loss tiles do not divide):
+#   1. transformers makes the model and saves it with save_pretrained (safetensors);
+#   2. meshtrain (tests/tools/hf_parity) reads config.json + model.safetensors and
+#      computes logits, loss and every parameter gradient: compared to transformers'
+#      at 1e-4 (logits, loss) and 1e-3 (each gradient) relative (tests/reference/hf_parity.py);
+#   3. the checkpoint meshtrain saves holds bitwise the values it loaded; transformers'
+#      sharded save (model.safetensors.index.json) loads to the same values, and its
+#      bfloat16 and float16 saves load to bitwise their float32 values (torch's casts);
+#   4. round trip: meshtrain saves the model (mt_checkpoint_save_model), transformers
+#      loads it with no missing / unexpected / mismatched keys and saves it again, and
+#      meshtrain reads that back: the same config and bitwise the same parameters.
+# Exit 0 when all pass, 1 on any failure, 77 (skipped) when the environment from
+# scripts/setup-hf-venv.sh is missing (MT_HF_VENV overrides its path, default .venv-hf).
+set -u
+BUILD=${1:?usage: test_hf_parity.sh BUILD_DIR}
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+VENV=${MT_HF_VENV:-$SRC/.venv-hf}
+PY="$VENV/bin/python"
+TOOL="$BUILD/tests/tools/hf_parity"
+REF="$SRC/tests/reference/hf_parity.py"
+
+if [ ! -x "$PY" ] || ! "$PY" -c "import torch, transformers, safetensors" >/dev/null 2>&1; then
+    echo "skip: no transformers environment at $VENV (run scripts/setup-hf-venv.sh)"
+    exit 77
+fi
+if [ ! -x "$TOOL" ]; then
+    echo "FAIL: $TOOL not built"
+    exit 1
+fi
+WORK=$(mktemp -d /tmp/mt_hf_parity.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} TRANSFORMERS_VERBOSITY=error HF_HUB_OFFLINE=1 \
+       TOKENIZERS_PARALLELISM=false PYTHONWARNINGS=ignore
+
+FAMS=${MT_HF_FAMILIES:-llama3 gemma gemma2 gemma3 gemma3mm}
+# shellcheck disable=SC2086  # FAMS is a list of words
+if ! args=$("$PY" "$REF" make "$WORK" $FAMS); then
+    echo "FAIL: transformers could not make the models"
+    exit 1
+fi
+status=0
+for fam in $FAMS; do
+    # shellcheck disable=SC2086  # args is "B T TILES"
+    if ! "$TOOL" run "$WORK/$fam/hf" "$WORK/$fam/mt" $args; then
+        echo "FAIL $fam: meshtrain could not load or run the transformers checkpoint"
+        status=1
+    fi
+done
+# Compare, and let transformers load meshtrain's checkpoints and save them again.
+# shellcheck disable=SC2086
+"$PY" "$REF" check "$WORK" $FAMS || status=1
+for fam in $FAMS; do
+    [ -f "$WORK/$fam/mt/ckpt/model.safetensors" ] || continue
+    if ! "$TOOL" same "$WORK/$fam/hf" "$WORK/$fam/mt/ckpt" >/dev/null; then
+        "$TOOL" same "$WORK/$fam/hf" "$WORK/$fam/mt/ckpt"
+        echo "FAIL $fam: meshtrain's checkpoint does not hold the values it loaded"
+        status=1
+    fi
+    # transformers' sharded layout, and its bf16 / f16 files against their float32 values.
+    [ -f "$WORK/$fam/hf_sharded/model.safetensors.index.json" ] ||
+        { echo "FAIL $fam: transformers did not shard the model (raise the test's model size?)"; status=1; }
+    for pair in hf:hf_sharded hf_bf16:hf_bf16_f32 hf_f16:hf_f16_f32; do
+        if ! "$TOOL" same "$WORK/$fam/${pair%%:*}" "$WORK/$fam/${pair##*:}" >/dev/null; then
+            "$TOOL" same "$WORK/$fam/${pair%%:*}" "$WORK/$fam/${pair##*:}"
+            echo "FAIL $fam: meshtrain loads ${pair%%:*} and ${pair##*:} differently"
+            status=1
+        fi
+    done
+    [ -f "$WORK/$fam/rt/model.safetensors" ] || continue
+    if "$TOOL" same "$WORK/$fam/mt/ckpt" "$WORK/$fam/rt" >/dev/null; then
+        echo "ok   $fam: round trip meshtrain -> transformers -> meshtrain bitwise identical"
+    else
+        "$TOOL" same "$WORK/$fam/mt/ckpt" "$WORK/$fam/rt"
+        echo "FAIL $fam: round trip changed the model"
+        status=1
+    fi
+done
+exit $status
