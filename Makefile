@@ -12,7 +12,7 @@ CORPUS    := data/kjv
 # Must match base_output_directory/run_name in configs/demo.yml.
 DEMO_RUN  := out/demo
 
-.PHONY: all deps build test corpus demo clean distclean
+.PHONY: all deps hf-venv build test corpus demo clean distclean
 # Targets run in the order written (install before build); cmake parallelises.
 .NOTPARALLEL:
 
@@ -26,7 +26,12 @@ build:
 	@# MAKEFLAGS cleared: cmake's own make would otherwise print every directory change.
 	MAKEFLAGS= cmake --build $(BUILD_DIR) -j$(NPROC)
 
-test: deps build
+# The transformers parity test needs a PyPI torch 2 + transformers venv (.venv-hf,
+# ~3.5 GB download the first time, then cached): scripts/setup-hf-venv.sh.
+hf-venv:
+	scripts/setup-hf-venv.sh
+
+test: deps build hf-venv
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j2
 
 # Up to date when the stamp (written last) is newer than the scripts that made it

@@ -15,6 +15,7 @@ packages=(
     libcriterion-dev                   # tests
     openmpi-bin libopenmpi-dev         # multi-process runs and the MPI tests
     python3 python3-numpy python3-torch  # reference tests (/usr/bin/python3)
+    python3-venv python3-pip           # .venv-hf for the transformers parity test
     sentencepiece python3-sentencepiece  # tokenizer training and corpus encoding
     bible-kjv bible-kjv-text           # the corpus source (`bible` and its text)
     python3-matplotlib                 # bench/plot (loss curves, scenario comparison)
