@@ -23,8 +23,9 @@ deps:
 
 build:
 	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release
-	@# MAKEFLAGS cleared: cmake's own make would otherwise print every directory change.
-	MAKEFLAGS= cmake --build $(BUILD_DIR) -j$(NPROC)
+	@# MAKEFLAGS cleared, and --no-print-directory for cmake's own make: run from this
+	@# make it is a sub-make (MAKELEVEL > 0), which GNU make has print every directory change.
+	MAKEFLAGS= cmake --build $(BUILD_DIR) -j$(NPROC) -- --no-print-directory
 
 # The transformers parity test needs a PyPI torch 2 + transformers venv (.venv-hf,
 # ~3.5 GB download the first time, then cached): scripts/setup-hf-venv.sh.
@@ -48,7 +49,8 @@ corpus:
 demo: deps build corpus
 	rm -rf $(DEMO_RUN)
 	$(MESHTRAIN) train configs/demo.yml
-	ckpt=$$(ls -d $(DEMO_RUN)/checkpoints/step_* | sort -V | tail -n 1) && \
+	@# only complete checkpoints (step_<digits>), never a step_N.tmp left by a crash
+	ckpt=$$(ls -d $(DEMO_RUN)/checkpoints/step_* | grep -E '/step_[0-9]+$$' | sort -V | tail -n 1) && \
 	$(MESHTRAIN) sample configs/demo.yml load_checkpoint=$$ckpt
 
 clean:

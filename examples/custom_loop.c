@@ -1,13 +1,17 @@
 /* examples/custom_loop.c: a research training loop of one's own on top of meshtrain.
  *
  * What a researcher writes when the library's step is not the experiment:
- *   - the loss is their own: next-token cross-entropy plus lambda times a
- *     multi-token-prediction term (predict the token two ahead from the same hidden
- *     states and unembedding; Gloeckle et al., "Better & Faster Large Language Models
- *     via Multi-token Prediction", 2024, with a shared head). Each term is a
- *     cross-entropy of the final hidden states, so mt_session_forward_backward
- *     back-propagates each through the whole decoder with its own weight (dscale),
- *     and the gradients add up;
+ *   - the loss is their own, on the final hidden states h of ONE forward:
+ *       next-token cross-entropy
+ *       + lambda * cross-entropy of the token two ahead (multi-token prediction with a
+ *         shared head; Gloeckle et al., "Better & Faster Large Language Models via
+ *         Multi-token Prediction", 2024)
+ *       + beta * slowness, 0.5 * mean over neighbouring positions of ||h_t - h_{t-1}||^2
+ *         (a term on the hidden states themselves, which no built-in loss expresses).
+ *     The two cross-entropies come from the vocab-tiled loss, which returns their
+ *     d/dh and adds their unembedding gradient; the slowness gradient is computed
+ *     here; the sum d(loss)/dh goes back through the decoder with
+ *     mt_session_backward_hidden;
  *   - the optimizer is their own: SGD with Nesterov momentum and global-norm
  *     clipping, reading every gradient and writing every parameter by its Hugging
  *     Face name;
@@ -57,12 +61,31 @@ static int64_t count_labelled(const int32_t *labels, int64_t n) {
     return c;
 }
 
+/* Slowness of h[B*T, D]: 0.5 * mean over (b, t >= 1) of ||h_t - h_{t-1}||^2; adds
+ * beta * its gradient into dh. Returns the (unweighted) mean. */
+static double slowness(const float *h, float *dh, int64_t B, int64_t T, int64_t D, double beta) {
+    const double pairs = (double)(B * (T - 1));
+    double sum = 0.0;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 1; t < T; t++) {
+            const float *cur = h + (b * T + t) * D, *prev = cur - D;
+            float *dcur = dh + (b * T + t) * D, *dprev = dcur - D;
+            for (int64_t d = 0; d < D; d++) {
+                const double diff = (double)cur[d] - prev[d];
+                sum += 0.5 * diff * diff;
+                dcur[d] += (float)(beta * diff / pairs);
+                dprev[d] -= (float)(beta * diff / pairs);
+            }
+        }
+    return sum / pairs;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: custom_loop CONFIG.yml [key=value ...]\n");
         return 2;
     }
-    const double lambda = 0.3, lr = 0.05, momentum = 0.9, clip = 1.0;
+    const double lambda = 0.3, beta = 0.01, lr = 0.05, momentum = 0.9, clip = 1.0;
 
     mt_session *s = NULL;
     CHECK(mt_session_create(&s, argv[1], argc - 2, (const char *const *)argv + 2));
@@ -92,8 +115,9 @@ int main(int argc, char **argv) {
     int32_t *lab2 = malloc((size_t)N * sizeof(int32_t));
     int32_t *etok = malloc((size_t)N * sizeof(int32_t)), *elab = malloc((size_t)N * sizeof(int32_t));
     int32_t *elab2 = malloc((size_t)N * sizeof(int32_t));
-    float *hidden = malloc((size_t)(N * in.emb_dim) * sizeof(float));
-    if (!tok || !lab || !lab2 || !etok || !elab || !elab2 || !hidden) return 2;
+    const size_t hbytes = (size_t)(N * in.emb_dim) * sizeof(float);
+    float *hidden = malloc(hbytes), *dh = malloc(hbytes), *dh2 = malloc(hbytes);
+    if (!tok || !lab || !lab2 || !etok || !elab || !elab2 || !hidden || !dh || !dh2) return 2;
 
     /* a fixed batch for evaluation: the first one of the train split */
     CHECK(mt_session_next_batch(s, etok, elab));
@@ -103,13 +127,17 @@ int main(int argc, char **argv) {
     for (int64_t step = 1; step <= steps; step++) {
         CHECK(mt_session_next_batch(s, tok, lab));
         const int64_t n1 = count_labelled(lab, N), n2 = shift_labels(lab, lab2, in.batch, in.seq);
-        /* loss = mean CE(next token) + lambda * mean CE(token two ahead) */
+        /* loss = mean CE(next) + lambda * mean CE(two ahead) + beta * slowness(h) */
         double s1 = 0.0, s2 = 0.0;
         int64_t c1 = 0, c2 = 0;
         CHECK(mt_session_zero_grads(s));
-        CHECK(mt_session_forward_backward(s, tok, lab, (float)(1.0 / (double)n1), &s1, &c1));
-        CHECK(mt_session_forward_backward(s, tok, lab2, (float)(lambda / (double)n2), &s2, &c2));
-        loss = s1 / (double)c1 + lambda * s2 / (double)c2;
+        CHECK(mt_session_forward(s, tok, hidden));
+        CHECK(mt_session_tiled_loss(s, hidden, lab, N, (float)(1.0 / (double)n1), dh, 1, &s1, &c1));
+        CHECK(mt_session_tiled_loss(s, hidden, lab2, N, (float)(lambda / (double)n2), dh2, 1, &s2, &c2));
+        for (int64_t i = 0; i < N * in.emb_dim; i++) dh[i] += dh2[i];
+        const double slow = slowness(hidden, dh, in.batch, in.seq, in.emb_dim, beta);
+        CHECK(mt_session_backward_hidden(s, dh)); /* d(loss)/dh through the decoder */
+        loss = s1 / (double)c1 + lambda * s2 / (double)c2 + beta * slow;
         if (step == 1) first_loss = loss;
 
         /* own optimizer: global-norm clip, then SGD with Nesterov momentum */
@@ -128,8 +156,8 @@ int main(int argc, char **argv) {
             }
             CHECK(mt_session_set_param(s, t->info.name, t->w, t->info.numel));
         }
-        printf("step %3lld  loss %.4f  (next %.4f, two-ahead %.4f)  grad_norm %.3f\n", (long long)step, loss,
-               s1 / (double)c1, s2 / (double)c2, norm);
+        printf("step %3lld  loss %.4f  (next %.4f, two-ahead %.4f, slowness %.4f)  grad_norm %.3f\n",
+               (long long)step, loss, s1 / (double)c1, s2 / (double)c2, slow, norm);
     }
 
     /* evaluation: one forward, both heads' losses from the same hidden states */
@@ -156,6 +184,8 @@ int main(int argc, char **argv) {
     free(elab);
     free(elab2);
     free(hidden);
+    free(dh);
+    free(dh2);
     mt_session_free(s);
     return fell ? 0 : 1;
 }

@@ -12,6 +12,7 @@
  *   - run the library's own training step (data loader, loss, AdamW, clipping),
  *   - run the forward alone and read the final hidden states,
  *   - run forward + backward on its own tokens and labels with its own loss weight,
+ *   - back-propagate its own gradient of the final hidden states through the decoder,
  *   - call the vocab-tiled loss and its VJP on hidden states and labels it provides,
  *   - read and write every parameter and gradient by its Hugging Face name,
  *   - read a named activation saved by the forward (a probe),
@@ -189,7 +190,7 @@ mt_status mt_session_next_batch(mt_session *s, int32_t *tokens, int32_t *labels)
 
 /* Forward only: tokens[rows] -> hidden[rows, emb_dim], the final hidden states after
  * the final norm (the input of the unembedding). Afterwards the saved activations
- * can be read with mt_session_activation.
+ * can be read with mt_session_activation, and mt_session_backward_hidden can follow.
  * Errors: MT_ERR_INVALID (NULL, a token outside [0, vocab_size), naming it). */
 mt_status mt_session_forward(mt_session *s, const int32_t *tokens, float *hidden);
 
@@ -212,11 +213,22 @@ mt_status mt_session_zero_grads(mt_session *s);
 mt_status mt_session_forward_backward(mt_session *s, const int32_t *tokens, const int32_t *labels,
                                       float dscale, double *loss_sum, int64_t *count);
 
-/* Backward of the decoder from a caller-computed gradient of the final hidden states
- * dhidden[rows, emb_dim] (after mt_session_forward on the same tokens), adding into
- * the gradients: the way to train through a loss of one's own on the hidden states.
- * Not yet available: returns MT_ERR_UNSUPPORTED until models/model.h gains a
- * backward entry that starts from the final hidden states. */
+/* Backward of the decoder from a caller-computed gradient of the final hidden states:
+ * the way to train through a loss of one's own on the hidden states.
+ *   in: dhidden[rows, emb_dim] float32 = d(loss)/d(hidden) for the hidden states
+ *       (after the final norm) of the last mt_session_forward (or mt_session_loss),
+ *       on the same tokens and with the same parameters.
+ * ADDS to the gradients the VJP through the final norm, every decoder layer (the
+ * remat policy's recompute / restore as in mt_session_forward_backward, from the same
+ * code) and the embedding. The unembedding gets nothing here: a loss through it adds
+ * its share itself (mt_session_tiled_loss with add_unembedding_grad). So
+ *   forward -> tiled_loss(dscale, dhidden, add_unembedding_grad=1) -> backward_hidden
+ * gives the gradients of mt_session_forward_backward(dscale), and dhidden may carry
+ * any other term on the hidden states (e.g. + d(aux)/d(hidden)).
+ * The backward consumes the forward: call mt_session_forward again before the next
+ * backward_hidden (a step, forward_backward, set_param or load_model also drop it).
+ * Errors: MT_ERR_INVALID (NULL, or no forward to differentiate since the last step,
+ * backward or parameter write). */
 mt_status mt_session_backward_hidden(mt_session *s, const float *dhidden);
 
 /* The vocab-tiled cross-entropy and its VJP on caller-provided hidden states, with

@@ -89,10 +89,11 @@ struct mt_model {
 
     /* host copies of constant inputs */
     float *inv_freq_host;  /* [2 * Dh/2]: global table then local table */
-    int32_t *pos_host;     /* [N] */
+    int32_t *pos_host;     /* [T]: the positions of one sequence (every row of the batch repeats them) */
 
     /* plan ids and bound pointers */
     int planned, bound;
+    int fwd_kept; /* the saved activations hold a whole forward (mt_model_backward_hidden) */
     int gid[GB_COUNT];
     void *gptr[GB_COUNT];
     int (*lid)[LA_COUNT];
@@ -115,6 +116,15 @@ struct mt_model {
     float *pwin[3];
     int64_t win_layer[2];              /* layer held by each layer window, -1 none */
 
+    /* fsdp (mt_model_set_fsdp): the parameter windows above are filled by all-gather
+     * from the ranks' shards; GB_PARAMS holds this rank's shard [flo, fhi) of the flat
+     * buffer (rank r: [r * fper, (r + 1) * fper) clipped to numel). */
+    mt_comm *fsdp_comm;
+    int fsdp, fsdp_rank;
+    int64_t flo, fhi, fper;
+    int64_t *fsdp_counts;              /* [fsdp] all-gather counts scratch */
+    float *fsdp_shard;                 /* the bound shard (mt_model_fsdp_bind_full swaps it out) */
+
     /* tensor parallelism (mt_model_set_tensor_parallel): H, Hkv, F, QD, KVD above are
      * this rank's local sizes; the parameter table keeps the global shapes. */
     mt_comm *tp_comm;
@@ -123,6 +133,8 @@ struct mt_model {
     int64_t QDg, Fg;    /* global q width and mlp dim (row strides of o_proj, down_proj) */
     int64_t *tp_off;    /* per parameter: element offset of this rank's slice (NULL: none) */
     mt_status tp_status; /* first failed tensor-axis collective of the current pass */
+    int sp;             /* sequence parallelism (mt_model_set_sequence_parallel) */
+    int64_t *sp_counts; /* [tp]: elements of each rank's residual rows (N / tp x D) */
 
     /* context parallelism (mt_model_set_context_parallel): T and N above are this
      * rank's local rows (chunks cp_rank and 2C-1-cp_rank of every sequence). */
@@ -230,6 +242,7 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_o
     m->QD = m->H * m->Dh;
     m->KVD = m->Hkv * m->Dh;
     m->tp = 1;
+    m->fsdp = 1;
     m->cp = 1;
     m->Tg = m->T;
     for (int i = 0; i < 16; i++) m->cp_id[i] = -1;
@@ -248,7 +261,7 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_o
     m->hid = calloc((size_t)L, sizeof(*m->hid));
     m->hptr = calloc((size_t)L, sizeof(*m->hptr));
     m->inv_freq_host = calloc((size_t)m->Dh, sizeof(float));
-    m->pos_host = calloc((size_t)m->N, sizeof(int32_t));
+    m->pos_host = calloc((size_t)m->T, sizeof(int32_t)); /* [T], not [B*T]: planning a huge batch allocates nothing of its size */
     if (!m->params || !m->lp || !m->lid || !m->lptr || !m->hid || !m->hptr || !m->inv_freq_host ||
         !m->pos_host) {
         mt_model_free(m);
@@ -263,7 +276,7 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_o
     lc.sliding_window_pattern = 2; /* layer 0 of a 2-period is local in every block */
     mt_rope_inv_freq(&g, 0, m->inv_freq_host);
     mt_rope_inv_freq(&lc, 0, m->inv_freq_host + m->Dh / 2);
-    for (int64_t n = 0; n < m->N; n++) m->pos_host[n] = (int32_t)(n % m->T);
+    for (int64_t n = 0; n < m->T; n++) m->pos_host[n] = (int32_t)n;
 
     for (int i = 0; i < GB_COUNT; i++) m->gid[i] = -1;
     for (int64_t l = 0; l < L; l++)
@@ -286,6 +299,8 @@ void mt_model_free(mt_model *m) {
     free(m->inv_freq_host);
     free(m->pos_host);
     free(m->tp_off);
+    free(m->sp_counts);
+    free(m->fsdp_counts);
     free(m->cp_tok);
     free(m->cp_lab);
     free(m->cp_kpos_host);
@@ -308,13 +323,18 @@ static int ph_optim(const mt_model *m) { return (int)(2 * m->cfg.num_decoder_lay
 /* ------------------------------------------------------------------------------ */
 /* plan                                                                            */
 
+/* Rows of the residual stream this rank holds: N, or N / tp under sequence
+ * parallelism (rows [seq_row0, seq_row0 + seq_rows) of the N local rows). */
+static int64_t seq_rows(const mt_model *m) { return m->sp ? m->N / m->tp : m->N; }
+static int64_t seq_row0(const mt_model *m) { return m->sp ? m->tp_rank * (m->N / m->tp) : 0; }
+
 /* Elements (floats) of saved tensor j of a layer; 0 when this config has none. */
 static int64_t layer_act_elems(const mt_model *m, int j) {
     const mt_model_config *c = &m->cfg;
-    const int64_t N = m->N;
+    const int64_t N = m->N, Ns = seq_rows(m);
     switch (j) {
-    case LA_INPUT: return N * m->D;
-    case LA_RSTD_IN: return N;
+    case LA_INPUT: return Ns * m->D;
+    case LA_RSTD_IN: return Ns;
     case LA_RSTD_QN: return c->use_qk_norm ? N * m->H : 0;
     case LA_RSTD_KN: return c->use_qk_norm ? N * m->Hkv : 0;
     case LA_Q: return N * m->QD;
@@ -322,13 +342,13 @@ static int64_t layer_act_elems(const mt_model *m, int j) {
     case LA_V: return N * m->KVD;
     case LA_CTX: return N * m->QD;
     case LA_LSE: return m->B * m->H * m->T;
-    case LA_OUT: return N * m->D;
-    case LA_RSTD_PA: return c->use_post_attn_norm ? N : 0;
-    case LA_RSTD_MLP: return N;
+    case LA_OUT: return Ns * m->D;
+    case LA_RSTD_PA: return c->use_post_attn_norm ? Ns : 0;
+    case LA_RSTD_MLP: return Ns;
     case LA_GATE: return N * m->F;
     case LA_UP: return N * m->F;
-    case LA_MLPWO: return c->use_post_ffw_norm ? N * m->D : 0;
-    case LA_RSTD_PF: return c->use_post_ffw_norm ? N : 0;
+    case LA_MLPWO: return c->use_post_ffw_norm ? Ns * m->D : 0;
+    case LA_RSTD_PF: return c->use_post_ffw_norm ? Ns : 0;
     default: return 0;
     }
 }
@@ -383,11 +403,22 @@ int64_t mt_model_remat_tensor_bytes(const mt_model *m, mt_remat_tensor t) {
     return b;
 }
 
+static mt_status build_param_layer(mt_model *m);
+
 mt_status mt_model_set_param_offload(mt_model *m, int on) {
     if (!m) return mt_set_error(MT_ERR_INVALID, "mt_model_set_param_offload: NULL model");
     if (m->planned) return mt_set_error(MT_ERR_INVALID, "mt_model_set_param_offload: set it before planning");
+    if (on && m->fsdp > 1)
+        return mt_set_error(MT_ERR_UNSUPPORTED, "parameter_memory_host_offload with ici_fsdp_parallelism=%d: "
+                            "not supported together (fsdp already fills the parameter windows)", m->fsdp);
     m->param_offload = on != 0;
     if (!m->param_offload) return MT_OK;
+    return build_param_layer(m);
+}
+
+/* Per-parameter layer index and the window geometry (layer_numel, tail_off) of the
+ * parameter windows (host offload and fsdp). */
+static mt_status build_param_layer(mt_model *m) {
     if (!m->param_layer) m->param_layer = malloc(sizeof(int) * (size_t)m->nparams);
     if (!m->param_layer) return mt_set_error(MT_ERR_OOM, "mt_model_set_param_offload: out of memory");
     for (int i = 0; i < m->nparams; i++) m->param_layer[i] = -1;
@@ -461,10 +492,13 @@ mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan) {
     const int bwd0 = ph_bwd(m, L - 1), bwd1 = ph_bwd(m, 0);
     const int loss = ph_loss(m);
 
-    if (!m->param_offload) {
+    if (!m->param_offload && m->fsdp == 1) {
         MT_TRY(plan_add(m, plan, GB_PARAMS, "params", MT_MEM_PARAMS, (size_t)m->numel * f4, 0, last));
-    } else { /* the parameters live in the host pool; the device holds windows */
+    } else { /* the parameters live in the host pool (or, fsdp, as shards); the device holds windows */
         m->gid[GB_PARAMS] = -1;
+        if (m->fsdp > 1)
+            MT_TRY(plan_add(m, plan, GB_PARAMS, "params.shard", MT_MEM_PARAMS, (size_t)(m->fhi - m->flo) * f4, 0,
+                            last));
         MT_TRY(mt_plan_add(plan, "params.window.layer0", MT_MEM_PARAMS, (size_t)m->layer_numel * f4, 0, last,
                            &m->pwin_id[0]));
         MT_TRY(mt_plan_add(plan, "params.window.layer1", MT_MEM_PARAMS, (size_t)m->layer_numel * f4, 0, last,
@@ -495,27 +529,28 @@ mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan) {
                                &m->lid[l][j]));
         }
     }
-    MT_TRY(plan_add(m, plan, GB_FINAL_INPUT, "final_norm_input", MT_MEM_ACTIVATIONS, (size_t)(N * D) * f4,
+    const int64_t Ns = seq_rows(m); /* residual-stream rows (sequence parallelism: N / tp) */
+    MT_TRY(plan_add(m, plan, GB_FINAL_INPUT, "final_norm_input", MT_MEM_ACTIVATIONS, (size_t)(Ns * D) * f4,
                     fwd1, loss));
-    MT_TRY(plan_add(m, plan, GB_FINAL_RSTD, "final_norm_rstd", MT_MEM_ACTIVATIONS, (size_t)N * f4, loss, loss));
+    MT_TRY(plan_add(m, plan, GB_FINAL_RSTD, "final_norm_rstd", MT_MEM_ACTIVATIONS, (size_t)Ns * f4, loss, loss));
     MT_TRY(plan_add(m, plan, GB_FINAL_HIDDEN, "final_hidden", MT_MEM_ACTIVATIONS, (size_t)(N * D) * f4, loss,
                     loss));
     MT_TRY(plan_add(m, plan, GB_FINAL_HIDDEN_GRAD, "final_hidden_grad", MT_MEM_SCRATCH, (size_t)(N * D) * f4,
                     loss, loss));
     MT_TRY(plan_add(m, plan, GB_LOSS_TILE, "loss_tile", MT_MEM_LOSS_TILE,
                     (size_t)(mt_tiled_loss_tile_rows(N, m->tiles) * m->Vl) * f4, loss, loss));
-    MT_TRY(plan_add(m, plan, GB_RESID_GRAD, "residual_grad", MT_MEM_SCRATCH, (size_t)(N * D) * f4, loss,
+    MT_TRY(plan_add(m, plan, GB_RESID_GRAD, "residual_grad", MT_MEM_SCRATCH, (size_t)(Ns * D) * f4, loss,
                     ph_embed_bwd(m)));
 
     /* Forward scratch, shared by the layers' forward phases. */
     MT_TRY(plan_add(m, plan, GB_FWD_NORM, "fwd.normed", MT_MEM_SCRATCH, (size_t)(N * D) * f4, fwd0, fwd1));
-    MT_TRY(plan_add(m, plan, GB_FWD_RESID, "fwd.residual", MT_MEM_SCRATCH, (size_t)(N * D) * f4, fwd0, fwd1));
+    MT_TRY(plan_add(m, plan, GB_FWD_RESID, "fwd.residual", MT_MEM_SCRATCH, (size_t)(Ns * D) * f4, fwd0, fwd1));
     MT_TRY(plan_add(m, plan, GB_FWD_TMP, "fwd.tmp", MT_MEM_SCRATCH, (size_t)(N * max64(D, QD)) * f4, fwd0,
                     fwd1));
     MT_TRY(plan_add(m, plan, GB_FWD_GLU, "fwd.glu", MT_MEM_SCRATCH, (size_t)(N * F) * f4, fwd0, fwd1));
     /* Backward scratch, shared by the layers' backward phases. */
     MT_TRY(plan_add(m, plan, GB_BWD_NORM, "bwd.normed", MT_MEM_SCRATCH, (size_t)(N * D) * f4, bwd0, bwd1));
-    MT_TRY(plan_add(m, plan, GB_BWD_RESID, "bwd.residual", MT_MEM_SCRATCH, (size_t)(N * D) * f4, bwd0, bwd1));
+    MT_TRY(plan_add(m, plan, GB_BWD_RESID, "bwd.residual", MT_MEM_SCRATCH, (size_t)(Ns * D) * f4, bwd0, bwd1));
     MT_TRY(plan_add(m, plan, GB_BWD_D1, "bwd.d_model_a", MT_MEM_SCRATCH, (size_t)(N * D) * f4, bwd0, bwd1));
     MT_TRY(plan_add(m, plan, GB_BWD_D2, "bwd.d_model_b", MT_MEM_SCRATCH, (size_t)(N * D) * f4, bwd0, bwd1));
     MT_TRY(plan_add(m, plan, GB_BWD_W0, "bwd.work0", MT_MEM_SCRATCH, (size_t)(N * max64(F, QD)) * f4, bwd0,
@@ -549,6 +584,12 @@ mt_status mt_model_bind(mt_model *m, const mt_arena *arena, const mt_plan *plan)
     if (!m->planned) return mt_set_error(MT_ERR_INVALID, "mt_model_bind: call mt_model_add_to_plan first");
     if (m->gid[GB_GRADS] >= mt_plan_count(plan))
         return mt_set_error(MT_ERR_INVALID, "mt_model_bind: not the plan this model was added to");
+    if (m->cp > 1 && !m->cp_tok) { /* host [N] row selections of context parallelism */
+        m->cp_tok = malloc(sizeof(int32_t) * (size_t)m->N);
+        m->cp_lab = malloc(sizeof(int32_t) * (size_t)m->N);
+        if (!m->cp_tok || !m->cp_lab) return mt_set_error(MT_ERR_OOM, "mt_model_bind: out of memory");
+    }
+    m->fwd_kept = 0;
     for (int g = 0; g < GB_COUNT; g++) MT_TRY(bind_one(arena, plan, m->gid[g], &m->gptr[g]));
     for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++)
         for (int j = 0; j < LA_COUNT; j++) {
@@ -556,7 +597,7 @@ mt_status mt_model_bind(mt_model *m, const mt_arena *arena, const mt_plan *plan)
             MT_TRY(bind_one(arena, plan, m->lid[l][j], &p));
             m->lptr[l][j] = p;
         }
-    for (int w = 0; m->param_offload && w < 3; w++) {
+    for (int w = 0; (m->param_offload || m->fsdp > 1) && w < 3; w++) {
         void *p;
         MT_TRY(bind_one(arena, plan, m->pwin_id[w], &p));
         m->pwin[w] = p;
@@ -610,6 +651,7 @@ float *mt_model_grads(mt_model *m) { return m->gptr[GB_GRADS]; }
 
 mt_status mt_model_init_params(mt_model *m, uint64_t seed) {
     if (!m->bound) return mt_set_error(MT_ERR_INVALID, "mt_model_init_params: model not bound to an arena");
+    m->fwd_kept = 0; /* new weights: the saved activations are stale */
     float *base = m->gptr[GB_PARAMS];
     int64_t maxn = 0;
     for (int i = 0; i < m->nparams; i++) maxn = max64(maxn, m->params[i].numel);
@@ -623,6 +665,12 @@ mt_status mt_model_init_params(mt_model *m, uint64_t seed) {
         } else {
             for (int64_t j = 0; j < p->numel; j++) h[j] = norm_init;
         }
+        if (m->fsdp > 1) { /* this rank's shard [flo, fhi) only */
+            const int64_t a = p->offset > m->flo ? p->offset : m->flo;
+            const int64_t b = p->offset + p->numel < m->fhi ? p->offset + p->numel : m->fhi;
+            if (b > a) m->ops->copy_to_device(base + (a - m->flo), h + (a - p->offset), (size_t)(b - a) * sizeof(float));
+            continue;
+        }
         m->ops->copy_to_device(base + p->offset, h, (size_t)p->numel * sizeof(float));
     }
     free(h);
@@ -635,8 +683,8 @@ mt_status mt_model_init_params(mt_model *m, uint64_t seed) {
 /* Parameter i (its tensor-parallel slice: see "tensor parallelism" below). */
 static const float *PW(const mt_model *m, int i) {
     const int64_t tp = m->tp_off ? m->tp_off[i] : 0;
-    if (!m->param_offload) return (const float *)m->gptr[GB_PARAMS] + m->params[i].offset + tp;
-    /* parameter host offload: the device window holding parameter i */
+    if (!m->param_offload && m->fsdp == 1) return (const float *)m->gptr[GB_PARAMS] + m->params[i].offset + tp;
+    /* parameter host offload / fsdp: the device window holding parameter i */
     const int64_t off = m->params[i].offset;
     const int l = m->param_layer[i];
     if (l < 0) {
@@ -650,17 +698,28 @@ static const float *PW(const mt_model *m, int i) {
 /* Parameter host offload: bring layer l's parameters into its window (slot l % 2; a
  * no-op when it is there already), and the embedding, final norm and head into the
  * global window at the start of every forward (the optimizer may have changed them). */
+static void fsdp_gather(mt_model *m, float *win, int64_t a, int64_t b);
 static void fetch_layer(mt_model *m, int64_t l) {
-    if (!m->param_offload) return;
+    if (!m->param_offload && m->fsdp == 1) return;
     const int s = (int)(l % 2);
     if (m->win_layer[s] == l) return;
-    m->ops->copy_to_device(m->pwin[s], (const float *)m->gptr[GB_PARAMS] + m->params[m->lp[l].in_norm].offset,
-                           (size_t)m->layer_numel * sizeof(float));
+    const int64_t a = m->params[m->lp[l].in_norm].offset;
+    if (m->fsdp > 1)
+        fsdp_gather(m, m->pwin[s], a, a + m->layer_numel);
+    else
+        m->ops->copy_to_device(m->pwin[s], (const float *)m->gptr[GB_PARAMS] + a,
+                               (size_t)m->layer_numel * sizeof(float));
     m->win_layer[s] = l;
 }
 static void fetch_global(mt_model *m) {
-    if (!m->param_offload) return;
+    if (!m->param_offload && m->fsdp == 1) return;
     const int64_t emb = m->params[m->p_embed].numel;
+    if (m->fsdp > 1) {
+        fsdp_gather(m, m->pwin[2], 0, emb);
+        fsdp_gather(m, m->pwin[2] + emb, m->tail_off, m->numel);
+        m->win_layer[0] = m->win_layer[1] = -1;
+        return;
+    }
     const float *host = m->gptr[GB_PARAMS];
     m->ops->copy_to_device(m->pwin[2], host, (size_t)emb * sizeof(float));
     m->ops->copy_to_device(m->pwin[2] + emb, host + m->tail_off, (size_t)(m->numel - m->tail_off) * sizeof(float));
@@ -699,20 +758,69 @@ static void tp_sum(mt_model *m, float *x, int64_t n) {
     if (m->tp > 1 && m->tp_status == MT_OK) m->tp_status = mt_comm_all_reduce(m->tp_comm, x, n, MT_COMM_F32);
 }
 
-/* y[N, D] = (beta: y +) sum over the group of x[N, in_l] W_slice^T; W_slice = columns of
- * parameter pi with row stride ldw. scratch [N, D] is needed when beta != 0 and tp > 1. */
+/* ---- sequence parallelism (Korthikanti et al. 2022, "Reducing Activation
+ * Recomputation in Large Transformer Models", section 4.2.2), on top of tensor
+ * parallelism: the residual stream (layer inputs, residual adds, norm inputs and
+ * statistics, o_proj / down_proj outputs, its gradient) holds only this rank's
+ * seq_rows = N / tp rows (a contiguous block of the N local rows). Each norm runs on
+ * those rows and its output is all-gathered over the tensor group before the
+ * column-parallel GEMMs; the row-parallel GEMM's partial sums are reduce-scattered
+ * instead of all-reduced. Backward: the gradient entering a row-parallel GEMM is
+ * all-gathered, the column-parallel input gradient reduce-scattered, and the norm
+ * outputs the backward recomputes are all-gathered again (Megatron-LM does the same
+ * rather than keep the full normed input). Per layer and micro-batch: 4 all-gathers /
+ * reduce-scatters of N x D floats in the forward, 6 in the backward (all tensors
+ * kept), each moving (tp - 1) / tp of N x D x 4 bytes. Without it these helpers are
+ * the plain full-row ops. */
+
+/* full[N, D]: this rank's rows [row0, row0 + rows) already written there; under
+ * sequence parallelism all-gather the other ranks' rows (no-op otherwise). */
+static void sp_gather(mt_model *m, float *full) {
+    if (!m->sp || m->tp_status != MT_OK) return;
+    m->tp_status = mt_comm_all_gather(m->tp_comm, full + seq_row0(m) * m->D, full, m->sp_counts, MT_COMM_F32);
+}
+
+/* full[N, D] = RMSNorm(x) where x holds this rank's residual rows (all rows without
+ * sequence parallelism); rstd gets this rank's rows' statistics. */
+static void norm_gather(mt_model *m, float *full, float *rstd, const float *x, int wi) {
+    m->ops->rmsnorm_fwd(full + seq_row0(m) * m->D, rstd, x, PW(m, wi), seq_rows(m), m->D, m->eps, m->w_off);
+    sp_gather(m, full);
+}
+
+/* The partial input gradient d[N, D] of the column-parallel GEMMs summed over the
+ * tensor group: all-reduced in place (returns d), or under sequence parallelism
+ * reduce-scattered into this rank's rows of part[seq_rows, D] (returns part). */
+static const float *tp_sum_input_grad(mt_model *m, float *d, float *part) {
+    if (!m->sp) {
+        tp_sum(m, d, m->N * m->D);
+        return d;
+    }
+    if (m->tp_status == MT_OK) m->tp_status = mt_comm_reduce_scatter(m->tp_comm, d, part, m->sp_counts, MT_COMM_F32);
+    return part;
+}
+
+/* y = (beta: y +) sum over the group of x[N, in_l] W_slice^T; W_slice = columns of
+ * parameter pi with row stride ldw. y has N rows, or seq_rows under sequence
+ * parallelism (the sum reduce-scattered). full [N, D] scratch is needed under sequence
+ * parallelism; part [N, D] (sequence parallel: [seq_rows, D]) when beta != 0 and tp > 1. */
 static void row_fwd(mt_model *m, float *y, const float *x, int pi, int64_t in_l, int64_t ldw, float beta,
-                    float *scratch) {
+                    float *full, float *part) {
     const mt_ops *ops = m->ops;
     const int64_t N = m->N, D = m->D;
     if (m->tp == 1) {
         ops->gemm(0, 1, N, D, in_l, 1.0f, x, in_l, PW(m, pi), ldw, beta, y, D);
         return;
     }
-    float *dst = beta == 0.0f ? y : scratch;
-    ops->gemm(0, 1, N, D, in_l, 1.0f, x, in_l, PW(m, pi), ldw, 0.0f, dst, D);
-    tp_sum(m, dst, N * D);
-    if (beta != 0.0f) ops->axpy(y, scratch, 1.0f, N * D);
+    float *dst = beta == 0.0f ? y : part;
+    if (m->sp) {
+        ops->gemm(0, 1, N, D, in_l, 1.0f, x, in_l, PW(m, pi), ldw, 0.0f, full, D);
+        if (m->tp_status == MT_OK)
+            m->tp_status = mt_comm_reduce_scatter(m->tp_comm, full, dst, m->sp_counts, MT_COMM_F32);
+    } else {
+        ops->gemm(0, 1, N, D, in_l, 1.0f, x, in_l, PW(m, pi), ldw, 0.0f, dst, D);
+        tp_sum(m, dst, N * D);
+    }
+    if (beta != 0.0f) ops->axpy(y, part, 1.0f, seq_rows(m) * D);
 }
 /* dW_slice[D, in_l] (row stride ldw) += dy[N, D]^T x[N, in_l] */
 static void row_bwd_w(mt_model *m, int pi, const float *dy, const float *x, int64_t in_l, int64_t ldw) {
@@ -1004,7 +1112,8 @@ static void layer_forward(mt_model *m, int64_t l) {
     layer_ptrs(m, l, 1, a);
     const int64_t N = m->N, D = m->D, F = m->F, H = m->H, Hkv = m->Hkv, Dh = m->Dh;
     const int64_t QD = m->QD, KVD = m->KVD;
-    const size_t ND = (size_t)(N * D) * sizeof(float);
+    const int64_t Ns = seq_rows(m); /* residual rows (sequence parallelism: N / tp) */
+    const size_t ND = (size_t)(Ns * D) * sizeof(float);
     float *nrm = m->gptr[GB_FWD_NORM], *res = m->gptr[GB_FWD_RESID];
     float *tmp = m->gptr[GB_FWD_TMP], *glu = m->gptr[GB_FWD_GLU];
     const int32_t *pos = m->gptr[GB_POSITIONS];
@@ -1013,7 +1122,7 @@ static void layer_forward(mt_model *m, int64_t l) {
     float *y = l + 1 < m->cfg.num_decoder_layers ? m->lptr[l + 1][LA_INPUT] : m->gptr[GB_FINAL_INPUT];
 
     /* attention block */
-    ops->rmsnorm_fwd(nrm, a[LA_RSTD_IN], x, PW(m, lp->in_norm), N, D, m->eps, m->w_off);
+    norm_gather(m, nrm, a[LA_RSTD_IN], x, lp->in_norm);
     if (m->cfg.use_qk_norm) {
         linear_fwd(ops, tmp, nrm, PW(m, lp->q), N, D, QD, 0.0f);
         ops->rmsnorm_fwd(a[LA_Q], a[LA_RSTD_QN], tmp, PW(m, lp->q_norm), N * H, Dh, m->eps, m->w_off);
@@ -1027,27 +1136,27 @@ static void layer_forward(mt_model *m, int64_t l) {
     ops->rope_fwd(a[LA_K], pos, inv_freq, N, Hkv, Dh);
     linear_fwd(ops, a[LA_V], nrm, PW(m, lp->v), N, D, KVD, 0.0f);
     cp_attention_fwd(m, l, a[LA_CTX], a[LA_LSE], a[LA_Q], a[LA_K], a[LA_V]);
-    row_fwd(m, a[LA_OUT], a[LA_CTX], lp->o, QD, m->QDg, 0.0f, NULL);
+    row_fwd(m, a[LA_OUT], a[LA_CTX], lp->o, QD, m->QDg, 0.0f, tmp, NULL);
     ops->copy(res, x, ND);
     if (m->cfg.use_post_attn_norm) {
-        ops->rmsnorm_fwd(tmp, a[LA_RSTD_PA], a[LA_OUT], PW(m, lp->post_attn_norm), N, D, m->eps, m->w_off);
-        ops->axpy(res, tmp, 1.0f, N * D);
+        ops->rmsnorm_fwd(tmp, a[LA_RSTD_PA], a[LA_OUT], PW(m, lp->post_attn_norm), Ns, D, m->eps, m->w_off);
+        ops->axpy(res, tmp, 1.0f, Ns * D);
     } else {
-        ops->axpy(res, a[LA_OUT], 1.0f, N * D);
+        ops->axpy(res, a[LA_OUT], 1.0f, Ns * D);
     }
 
     /* MLP block */
-    ops->rmsnorm_fwd(nrm, a[LA_RSTD_MLP], res, PW(m, lp->pre_mlp_norm), N, D, m->eps, m->w_off);
+    norm_gather(m, nrm, a[LA_RSTD_MLP], res, lp->pre_mlp_norm);
     linear_fwd(ops, a[LA_GATE], nrm, PW(m, lp->gate), N, D, F, 0.0f);
     linear_fwd(ops, a[LA_UP], nrm, PW(m, lp->up), N, D, F, 0.0f);
     ops->glu_fwd(glu, a[LA_GATE], a[LA_UP], N * F, m->cfg.mlp_activation);
     ops->copy(y, res, ND);
     if (m->cfg.use_post_ffw_norm) {
-        row_fwd(m, a[LA_MLPWO], glu, lp->down, F, m->Fg, 0.0f, NULL);
-        ops->rmsnorm_fwd(tmp, a[LA_RSTD_PF], a[LA_MLPWO], PW(m, lp->post_ffw_norm), N, D, m->eps, m->w_off);
-        ops->axpy(y, tmp, 1.0f, N * D);
+        row_fwd(m, a[LA_MLPWO], glu, lp->down, F, m->Fg, 0.0f, nrm, NULL);
+        ops->rmsnorm_fwd(tmp, a[LA_RSTD_PF], a[LA_MLPWO], PW(m, lp->post_ffw_norm), Ns, D, m->eps, m->w_off);
+        ops->axpy(y, tmp, 1.0f, Ns * D);
     } else {
-        row_fwd(m, y, glu, lp->down, F, m->Fg, 1.0f, tmp);
+        row_fwd(m, y, glu, lp->down, F, m->Fg, 1.0f, nrm, tmp);
     }
     layer_offload(m, l, a);
 }
@@ -1063,8 +1172,7 @@ static void layer_recompute_attn(mt_model *m, int64_t l, float *a[LA_COUNT]) {
     const int32_t *pos = m->gptr[GB_POSITIONS];
     const float *inv_freq = layer_inv_freq(m, l);
     float *nrm = m->gptr[GB_BWD_NORM], *tmp = m->gptr[GB_BWD_W0];
-    if (rq || rk || rv)
-        ops->rmsnorm_fwd(nrm, a[LA_RSTD_IN], a[LA_INPUT], PW(m, lp->in_norm), N, D, m->eps, m->w_off);
+    if (rq || rk || rv) norm_gather(m, nrm, a[LA_RSTD_IN], a[LA_INPUT], lp->in_norm);
     if (rq) {
         if (m->cfg.use_qk_norm) {
             linear_fwd(ops, tmp, nrm, PW(m, lp->q), N, D, QD, 0.0f);
@@ -1087,12 +1195,13 @@ static void layer_recompute_attn(mt_model *m, int64_t l, float *a[LA_COUNT]) {
     if (la_is_remat(m, LA_CTX)) {
         cp_attention_fwd(m, l, a[LA_CTX], a[LA_LSE], a[LA_Q], a[LA_K], a[LA_V]);
     }
-    if (la_is_remat(m, LA_OUT)) row_fwd(m, a[LA_OUT], a[LA_CTX], lp->o, QD, m->QDg, 0.0f, NULL);
+    if (la_is_remat(m, LA_OUT)) row_fwd(m, a[LA_OUT], a[LA_CTX], lp->o, QD, m->QDg, 0.0f, nrm, NULL);
 }
 
 /* MLP half: given n2 = pre-MLP norm(h) in nrm, recompute mlpwi_0, mlpwi_1 and (with a
- * post-MLP norm) mlpwo when they were not kept. Uses glu as a temporary. */
-static void layer_recompute_mlp(mt_model *m, int64_t l, float *a[LA_COUNT], const float *nrm, float *glu) {
+ * post-MLP norm) mlpwo when they were not kept. Uses glu and full [N, D] as temporaries. */
+static void layer_recompute_mlp(mt_model *m, int64_t l, float *a[LA_COUNT], const float *nrm, float *glu,
+                                float *full) {
     const mt_ops *ops = m->ops;
     const layer_params *lp = &m->lp[l];
     const int64_t N = m->N, D = m->D, F = m->F;
@@ -1100,7 +1209,7 @@ static void layer_recompute_mlp(mt_model *m, int64_t l, float *a[LA_COUNT], cons
     if (la_is_remat(m, LA_UP)) linear_fwd(ops, a[LA_UP], nrm, PW(m, lp->up), N, D, F, 0.0f);
     if (la_is_remat(m, LA_MLPWO)) {
         ops->glu_fwd(glu, a[LA_GATE], a[LA_UP], N * F, m->cfg.mlp_activation);
-        row_fwd(m, a[LA_MLPWO], glu, lp->down, F, m->Fg, 0.0f, NULL);
+        row_fwd(m, a[LA_MLPWO], glu, lp->down, F, m->Fg, 0.0f, full, NULL);
     }
 }
 
@@ -1115,7 +1224,8 @@ static void layer_backward(mt_model *m, int64_t l) {
     layer_recompute_attn(m, l, a);
     const int64_t N = m->N, D = m->D, F = m->F, H = m->H, Hkv = m->Hkv, Dh = m->Dh;
     const int64_t QD = m->QD, KVD = m->KVD;
-    const size_t ND = (size_t)(N * D) * sizeof(float);
+    const int64_t Ns = seq_rows(m), s0 = seq_row0(m); /* residual rows (sequence parallelism) */
+    const size_t ND = (size_t)(Ns * D) * sizeof(float);
     const float eps = m->eps, off = m->w_off;
     float *G = m->gptr[GB_RESID_GRAD];
     float *nrm = m->gptr[GB_BWD_NORM], *res = m->gptr[GB_BWD_RESID];
@@ -1130,20 +1240,26 @@ static void layer_backward(mt_model *m, int64_t l) {
     /* recompute h = x + [post_attn](o) and n2 = norm(h), then the MLP tensors not kept */
     ops->copy(res, x, ND);
     if (m->cfg.use_post_attn_norm) {
-        ops->rmsnorm_fwd(d2, a[LA_RSTD_PA], a[LA_OUT], PW(m, lp->post_attn_norm), N, D, eps, off);
-        ops->axpy(res, d2, 1.0f, N * D);
+        ops->rmsnorm_fwd(d2, a[LA_RSTD_PA], a[LA_OUT], PW(m, lp->post_attn_norm), Ns, D, eps, off);
+        ops->axpy(res, d2, 1.0f, Ns * D);
     } else {
-        ops->axpy(res, a[LA_OUT], 1.0f, N * D);
+        ops->axpy(res, a[LA_OUT], 1.0f, Ns * D);
     }
-    ops->rmsnorm_fwd(nrm, a[LA_RSTD_MLP], res, PW(m, lp->pre_mlp_norm), N, D, eps, off);
-    layer_recompute_mlp(m, l, a, nrm, w0);
+    norm_gather(m, nrm, a[LA_RSTD_MLP], res, lp->pre_mlp_norm);
+    layer_recompute_mlp(m, l, a, nrm, w0, d2);
+    /* d(down_proj output) [N, D]: under sequence parallelism this rank's rows are
+     * written into d1 and all-gathered */
     const float *dmlp = G;
     if (m->cfg.use_post_ffw_norm) {
-        ops->zero(d1, ND);
-        ops->rmsnorm_bwd(d1, GW(m, lp->post_ffw_norm), G, a[LA_MLPWO], PW(m, lp->post_ffw_norm),
-                         a[LA_RSTD_PF], N, D, off);
+        ops->zero(d1 + s0 * D, ND);
+        ops->rmsnorm_bwd(d1 + s0 * D, GW(m, lp->post_ffw_norm), G, a[LA_MLPWO], PW(m, lp->post_ffw_norm),
+                         a[LA_RSTD_PF], Ns, D, off);
+        dmlp = d1;
+    } else if (m->sp) {
+        ops->copy(d1 + s0 * D, G, ND);
         dmlp = d1;
     }
+    sp_gather(m, d1);
     ops->glu_fwd(w0, a[LA_GATE], a[LA_UP], N * F, m->cfg.mlp_activation);
     row_bwd_w(m, lp->down, dmlp, w0, F, m->Fg);
     row_bwd_x(m, w0, dmlp, lp->down, F, m->Fg, 0.0f); /* d(act(g) u) */
@@ -1152,24 +1268,29 @@ static void layer_backward(mt_model *m, int64_t l) {
     linear_bwd_w(ops, GW(m, lp->up), w2, nrm, N, D, F);
     linear_bwd_x(ops, d2, w1, PW(m, lp->gate), N, D, F, 0.0f);
     linear_bwd_x(ops, d2, w2, PW(m, lp->up), N, D, F, 1.0f);
-    tp_sum(m, d2, N * D); /* column-parallel gate/up: partial input gradient */
-    ops->rmsnorm_bwd(G, GW(m, lp->pre_mlp_norm), d2, res, PW(m, lp->pre_mlp_norm), a[LA_RSTD_MLP], N, D,
+    /* column-parallel gate/up: partial input gradient (d1 is free again) */
+    const float *dn2 = tp_sum_input_grad(m, d2, d1);
+    ops->rmsnorm_bwd(G, GW(m, lp->pre_mlp_norm), dn2, res, PW(m, lp->pre_mlp_norm), a[LA_RSTD_MLP], Ns, D,
                      off);
 
     /* ---- attention block: h = x + [post_attn](o_proj(attn(...))) ---- */
     const float *dattn = G;
     if (m->cfg.use_post_attn_norm) {
-        ops->zero(d1, ND);
-        ops->rmsnorm_bwd(d1, GW(m, lp->post_attn_norm), G, a[LA_OUT], PW(m, lp->post_attn_norm),
-                         a[LA_RSTD_PA], N, D, off);
+        ops->zero(d1 + s0 * D, ND);
+        ops->rmsnorm_bwd(d1 + s0 * D, GW(m, lp->post_attn_norm), G, a[LA_OUT], PW(m, lp->post_attn_norm),
+                         a[LA_RSTD_PA], Ns, D, off);
+        dattn = d1;
+    } else if (m->sp) {
+        ops->copy(d1 + s0 * D, G, ND);
         dattn = d1;
     }
+    sp_gather(m, d1);
     row_bwd_w(m, lp->o, dattn, a[LA_CTX], QD, m->QDg);
     row_bwd_x(m, w0, dattn, lp->o, QD, m->QDg, 0.0f); /* dcontext */
     cp_attention_bwd(m, l, w1, w2, w3, w0, a[LA_Q], a[LA_K], a[LA_V], a[LA_CTX], a[LA_LSE]);
     ops->rope_bwd(w1, pos, inv_freq, N, H, Dh);
     ops->rope_bwd(w2, pos, inv_freq, N, Hkv, Dh);
-    ops->rmsnorm_fwd(nrm, a[LA_RSTD_IN], x, PW(m, lp->in_norm), N, D, eps, off); /* recompute n1 */
+    norm_gather(m, nrm, a[LA_RSTD_IN], x, lp->in_norm); /* recompute n1 */
     const float *dq = w1, *dk = w2, *dv = w3;
     if (m->cfg.use_qk_norm) {
         linear_fwd(ops, w0, nrm, PW(m, lp->q), N, D, QD, 0.0f); /* q before q_norm */
@@ -1187,8 +1308,8 @@ static void layer_backward(mt_model *m, int64_t l) {
     linear_bwd_x(ops, d2, dq, PW(m, lp->q), N, D, QD, 0.0f);
     linear_bwd_x(ops, d2, dk, PW(m, lp->k), N, D, KVD, 1.0f);
     linear_bwd_x(ops, d2, dv, PW(m, lp->v), N, D, KVD, 1.0f);
-    tp_sum(m, d2, N * D); /* column-parallel q/k/v: partial input gradient */
-    ops->rmsnorm_bwd(G, GW(m, lp->in_norm), d2, x, PW(m, lp->in_norm), a[LA_RSTD_IN], N, D, off);
+    const float *dn1 = tp_sum_input_grad(m, d2, d1); /* column-parallel q/k/v: partial input gradient */
+    ops->rmsnorm_bwd(G, GW(m, lp->in_norm), dn1, x, PW(m, lp->in_norm), a[LA_RSTD_IN], Ns, D, off);
 }
 
 /* Phases 0 .. L and the final norm of phase L + 1: tokens -> final_hidden. */
@@ -1196,17 +1317,23 @@ static void model_forward(mt_model *m, const int32_t *tokens) {
     const mt_ops *ops = m->ops;
     const int64_t N = m->N, D = m->D;
     ops->copy_to_device(m->gptr[GB_TOKENS], tokens, (size_t)N * sizeof(int32_t));
-    ops->copy_to_device(m->gptr[GB_POSITIONS], m->pos_host, (size_t)N * sizeof(int32_t));
+    for (int64_t b = 0; b < m->B; b++) /* the same T positions for each of the B rows */
+        ops->copy_to_device((int32_t *)m->gptr[GB_POSITIONS] + b * m->T, m->pos_host, (size_t)m->T * sizeof(int32_t));
     if (m->cp > 1) ops->copy_to_device(m->cp_buf[CP_KPOS], m->cp_kpos_host, (size_t)m->Tg * sizeof(int32_t));
     ops->copy_to_device(m->gptr[GB_INV_FREQ], m->inv_freq_host, (size_t)m->Dh * sizeof(float));
     fetch_global(m);
-    ops->embedding_fwd(m->lptr[0][LA_INPUT], PW(m, m->p_embed), m->gptr[GB_TOKENS], N, D, m->emb_scale);
+    const int64_t Ns = seq_rows(m), s0 = seq_row0(m); /* sequence parallelism: this rank's rows */
+    ops->embedding_fwd(m->lptr[0][LA_INPUT], PW(m, m->p_embed), (const int32_t *)m->gptr[GB_TOKENS] + s0, Ns, D,
+                       m->emb_scale);
     for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++) {
         fetch_layer(m, l);
         layer_forward(m, l);
     }
-    ops->rmsnorm_fwd(m->gptr[GB_FINAL_HIDDEN], m->gptr[GB_FINAL_RSTD], m->gptr[GB_FINAL_INPUT],
-                     PW(m, m->p_final_norm), N, D, m->eps, m->w_off);
+    /* the loss needs every row's hidden state (each tensor rank computes its vocabulary
+     * slice of all rows): under sequence parallelism all-gathered */
+    ops->rmsnorm_fwd((float *)m->gptr[GB_FINAL_HIDDEN] + s0 * D, m->gptr[GB_FINAL_RSTD], m->gptr[GB_FINAL_INPUT],
+                     PW(m, m->p_final_norm), Ns, D, m->eps, m->w_off);
+    sp_gather(m, m->gptr[GB_FINAL_HIDDEN]);
 }
 
 static const float *unembedding(const mt_model *m) {
@@ -1222,6 +1349,36 @@ static mt_status check_ready(const mt_model *m, const char *fn) {
     return MT_OK;
 }
 
+/* The backward of everything below the final hidden states, phases L + 1 (final norm)
+ * to 2L + 2 (embedding), shared by mt_model_forward_backward and
+ * mt_model_backward_hidden: reads dloss/dfinal_hidden from GB_FINAL_HIDDEN_GRAD and
+ * the activations a whole forward saved (model_forward), ADDS into the gradients, and
+ * leaves the saved activations consumed (the backward scratch reuses their memory). */
+static mt_status backward_from_final_hidden(mt_model *m) {
+    const mt_ops *ops = m->ops;
+    const int64_t D = m->D, Ns = seq_rows(m), s0 = seq_row0(m);
+    m->fwd_kept = 0;
+    float *G = m->gptr[GB_RESID_GRAD];
+    ops->zero(G, (size_t)(Ns * D) * sizeof(float));
+    /* dloss/dfinal_hidden [N, D] is the same on every tensor rank; under sequence
+     * parallelism each rank takes its rows */
+    ops->rmsnorm_bwd(G, GW(m, m->p_final_norm), (const float *)m->gptr[GB_FINAL_HIDDEN_GRAD] + s0 * D,
+                     m->gptr[GB_FINAL_INPUT], PW(m, m->p_final_norm), m->gptr[GB_FINAL_RSTD], Ns, D, m->w_off);
+    for (int64_t l = m->cfg.num_decoder_layers - 1; l >= 0; l--) {
+        fetch_layer(m, l);
+        layer_backward(m, l);
+    }
+    MT_TRY(m->tp_status);
+    /* phase 2L + 2 (tensor parallel: G is the same on every rank of the group; only
+     * rank 0 adds it, so the group's sum of embedding gradients counts it once; under
+     * sequence parallelism each rank adds its own rows) */
+    if (m->tp_rank == 0 || m->sp)
+        ops->embedding_bwd(GW(m, m->p_embed), G, (const int32_t *)m->gptr[GB_TOKENS] + s0, Ns, m->V, D,
+                           m->emb_scale);
+    ops->sync();
+    return MT_OK;
+}
+
 static mt_status forward_loss(mt_model *m, const int32_t *tokens, const int32_t *labels, float dscale,
                               int backward, double *loss_sum, int64_t *count) {
     MT_TRY(check_ready(m, backward ? "mt_model_forward_backward" : "mt_model_loss"));
@@ -1232,6 +1389,7 @@ static mt_status forward_loss(mt_model *m, const int32_t *tokens, const int32_t 
     const mt_ops *ops = m->ops;
     const int64_t N = m->N, D = m->D;
     m->tp_status = MT_OK;
+    m->fwd_kept = 0;
     model_forward(m, tokens);
     MT_TRY(m->tp_status);
 
@@ -1257,23 +1415,11 @@ static mt_status forward_loss(mt_model *m, const int32_t *tokens, const int32_t 
     }
     if (loss_sum) *loss_sum = ls;
     if (count) *count = cnt;
-    if (!backward) return MT_OK;
-
-    float *G = m->gptr[GB_RESID_GRAD];
-    ops->zero(G, (size_t)(N * D) * sizeof(float));
-    ops->rmsnorm_bwd(G, GW(m, m->p_final_norm), dh, m->gptr[GB_FINAL_INPUT], PW(m, m->p_final_norm),
-                     m->gptr[GB_FINAL_RSTD], N, D, m->w_off);
-    for (int64_t l = m->cfg.num_decoder_layers - 1; l >= 0; l--) {
-        fetch_layer(m, l);
-        layer_backward(m, l);
+    if (!backward) {
+        m->fwd_kept = 1; /* mt_model_backward_hidden may follow */
+        return MT_OK;
     }
-    MT_TRY(m->tp_status);
-    /* phase 2L + 2 (tensor parallel: G is the same on every rank of the group; only
-     * rank 0 adds it, so the group's sum of embedding gradients counts it once) */
-    if (m->tp_rank == 0)
-        ops->embedding_bwd(GW(m, m->p_embed), G, m->gptr[GB_TOKENS], N, m->V, D, m->emb_scale);
-    ops->sync();
-    return MT_OK;
+    return backward_from_final_hidden(m);
 }
 
 mt_status mt_model_forward_backward(mt_model *m, const int32_t *tokens, const int32_t *labels,
@@ -1294,10 +1440,26 @@ mt_status mt_model_hidden(mt_model *m, const int32_t *tokens, float *hidden) {
     MT_TRY(check_ids(m, tokens, "tokens", 0));
     if (!hidden) return mt_set_error(MT_ERR_INVALID, "mt_model_hidden: hidden is NULL");
     m->tp_status = MT_OK;
+    m->fwd_kept = 0;
     model_forward(m, tokens);
     MT_TRY(m->tp_status); /* tensor parallel: the row-parallel all-reduces */
     m->ops->copy_to_host(hidden, m->gptr[GB_FINAL_HIDDEN], (size_t)(m->N * m->D) * sizeof(float));
+    m->fwd_kept = 1; /* mt_model_backward_hidden may follow */
     return MT_OK;
+}
+
+mt_status mt_model_backward_hidden(mt_model *m, const float *dhidden) {
+    MT_TRY(check_ready(m, "mt_model_backward_hidden"));
+    if (!dhidden) return mt_set_error(MT_ERR_INVALID, "mt_model_backward_hidden: dhidden is NULL");
+    if (m->cp > 1)
+        return mt_set_error(MT_ERR_UNSUPPORTED, "mt_model_backward_hidden: under context parallelism each rank "
+                            "holds only its chunks (as for mt_model_hidden)");
+    if (!m->fwd_kept)
+        return mt_set_error(MT_ERR_INVALID, "mt_model_backward_hidden: no forward to differentiate (call "
+                            "mt_model_hidden or mt_model_loss first; a backward consumes the forward)");
+    m->ops->copy_to_device(m->gptr[GB_FINAL_HIDDEN_GRAD], dhidden, (size_t)(m->N * m->D) * sizeof(float));
+    m->tp_status = MT_OK;
+    return backward_from_final_hidden(m);
 }
 
 mt_status mt_model_logits(mt_model *m, const int32_t *tokens, float *logits) {
@@ -1307,6 +1469,7 @@ mt_status mt_model_logits(mt_model *m, const int32_t *tokens, float *logits) {
                             "gathered (use mt_model_loss)");
     MT_TRY(check_ids(m, tokens, "tokens", 0));
     if (!logits) return mt_set_error(MT_ERR_INVALID, "mt_model_logits: logits is NULL");
+    m->fwd_kept = 0; /* mt_model_backward_hidden follows mt_model_hidden / mt_model_loss only */
     const mt_ops *ops = m->ops;
     const int64_t N = m->N, D = m->D, V = m->V;
     model_forward(m, tokens);
@@ -1368,7 +1531,7 @@ mt_status mt_model_set_tensor_parallel(mt_model *m, mt_comm *comm, int size, int
 }
 
 int mt_model_tp_grad_replicated(const mt_model *m, int i) {
-    if (!m || m->tp == 1 || i < 0 || i >= m->nparams || m->params[i].ndim != 1) return 0;
+    if (!m || m->tp == 1 || m->sp || i < 0 || i >= m->nparams || m->params[i].ndim != 1) return 0;
     for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++)
         if (i == m->lp[l].q_norm || i == m->lp[l].k_norm) return 0; /* summed over the heads of each rank */
     return 1;
@@ -1379,8 +1542,9 @@ int mt_model_tp_grad_replicated(const mt_model *m, int i) {
 
 mt_status mt_model_set_context_parallel(mt_model *m, mt_comm *comm, int size, int rank, int ring) {
     if (!m) return mt_set_error(MT_ERR_INVALID, "mt_model_set_context_parallel: model is NULL");
-    if (m->planned || m->cp != 1)
-        return mt_set_error(MT_ERR_INVALID, "mt_model_set_context_parallel: call once, before mt_model_add_to_plan");
+    if (m->planned || m->cp != 1 || m->sp)
+        return mt_set_error(MT_ERR_INVALID, "mt_model_set_context_parallel: call once, before "
+                            "mt_model_set_sequence_parallel and mt_model_add_to_plan");
     if (size < 1 || rank < 0 || rank >= size)
         return mt_set_error(MT_ERR_INVALID, "context parallelism: rank %d outside a group of %d", rank, size);
     if (size == 1) return MT_OK;
@@ -1394,14 +1558,121 @@ mt_status mt_model_set_context_parallel(mt_model *m, mt_comm *comm, int size, in
     m->Tg = m->T;
     m->T = m->Tg / size;
     m->N = m->B * m->T;
-    m->cp_tok = malloc(sizeof(int32_t) * (size_t)m->N);
-    m->cp_lab = malloc(sizeof(int32_t) * (size_t)m->N);
+    /* cp_tok / cp_lab ([N] each) are allocated by mt_model_bind: planning allocates
+     * nothing proportional to the batch. */
     m->cp_kpos_host = malloc(sizeof(int32_t) * (size_t)m->Tg);
-    if (!m->cp_tok || !m->cp_lab || !m->cp_kpos_host)
-        return mt_set_error(MT_ERR_OOM, "mt_model_set_context_parallel: out of memory");
-    for (int64_t n = 0; n < m->N; n++) m->pos_host[n] = cp_position(m, rank, n % m->T);
+    if (!m->cp_kpos_host) return mt_set_error(MT_ERR_OOM, "mt_model_set_context_parallel: out of memory");
+    for (int64_t n = 0; n < m->T; n++) m->pos_host[n] = cp_position(m, rank, n);
     for (int r = 0; r < size; r++)
         for (int64_t j = 0; j < m->T; j++) m->cp_kpos_host[r * m->T + j] = cp_position(m, r, j);
     if (m->tiles > m->N) m->tiles = m->N;
+    return MT_OK;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* sequence parallelism: set-up (the compute is in norm_gather / row_fwd /        */
+/* tp_sum_input_grad above)                                                       */
+
+mt_status mt_model_set_sequence_parallel(mt_model *m, int on) {
+    if (!m) return mt_set_error(MT_ERR_INVALID, "mt_model_set_sequence_parallel: model is NULL");
+    if (m->planned || m->sp)
+        return mt_set_error(MT_ERR_INVALID, "mt_model_set_sequence_parallel: call once, before mt_model_add_to_plan");
+    if (!on || m->tp == 1) return MT_OK; /* nothing to split without a tensor group */
+    if (m->N % m->tp != 0)
+        return mt_set_error(MT_ERR_INVALID, "tensor_sequence_parallelism: the %lld rows per rank "
+                            "(per_device_batch_size=%lld x max_target_length=%lld / ici_context_parallelism=%d) "
+                            "are not divisible by ici_tensor_parallelism=%d", (long long)m->N, (long long)m->B,
+                            (long long)(m->cp > 1 ? m->Tg : m->T), m->cp, m->tp);
+    m->sp_counts = malloc(sizeof(int64_t) * (size_t)m->tp);
+    if (!m->sp_counts) return mt_set_error(MT_ERR_OOM, "mt_model_set_sequence_parallel: out of memory");
+    for (int r = 0; r < m->tp; r++) m->sp_counts[r] = m->N / m->tp * m->D;
+    m->sp = 1;
+    return MT_OK;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* fsdp (ZeRO-3 style parameter sharding; Rajbhandari et al. 2020, Zhao et al. 2023 */
+/* "PyTorch FSDP"): the flat parameter buffer is cut into equal contiguous shards   */
+/* (the ZeRO-1 split of parallel/zero1.h), each rank keeps its own; the parameter    */
+/* windows of the host-offload path are filled by all-gathers over the fsdp group     */
+/* instead of host copies: the embedding, final norm and head at the start of every  */
+/* forward, each layer just before its forward (slot l % 2, overwriting layer l - 2), */
+/* and in the backward each layer whose slot was reused (all but the last two).      */
+
+/* Elements of [a, b) inside rank r's shard. */
+static int64_t fsdp_own(const mt_model *m, int r, int64_t a, int64_t b) {
+    int64_t lo = (int64_t)r * m->fper, hi = lo + m->fper;
+    if (hi > m->numel) hi = m->numel;
+    if (lo < a) lo = a;
+    if (hi > b) hi = b;
+    return hi > lo ? hi - lo : 0;
+}
+
+/* win[0, b - a) = flat parameters [a, b), gathered from the shards (each rank sends
+ * its part; rank order is flat order). Failures go to tp_status (first of the pass). */
+static void fsdp_gather(mt_model *m, float *win, int64_t a, int64_t b) {
+    if (m->tp_status != MT_OK) return;
+    for (int r = 0; r < m->fsdp; r++) m->fsdp_counts[r] = fsdp_own(m, r, a, b);
+    const int64_t own0 = a > m->flo ? a : m->flo;
+    const float *send = m->fsdp_counts[m->fsdp_rank] > 0 ? (const float *)m->gptr[GB_PARAMS] + (own0 - m->flo)
+                                                          : (const float *)m->gptr[GB_PARAMS];
+    m->tp_status = mt_comm_all_gather(m->fsdp_comm, send, win, m->fsdp_counts, MT_COMM_F32);
+}
+
+mt_status mt_model_set_fsdp(mt_model *m, mt_comm *comm, int size, int rank) {
+    if (!m) return mt_set_error(MT_ERR_INVALID, "mt_model_set_fsdp: model is NULL");
+    if (m->planned || m->fsdp != 1)
+        return mt_set_error(MT_ERR_INVALID, "mt_model_set_fsdp: call once, before mt_model_add_to_plan");
+    if (size < 1 || rank < 0 || rank >= size)
+        return mt_set_error(MT_ERR_INVALID, "fsdp: rank %d outside a group of %d", rank, size);
+    if (size == 1) return MT_OK;
+    if (m->param_offload)
+        return mt_set_error(MT_ERR_UNSUPPORTED, "parameter_memory_host_offload with ici_fsdp_parallelism=%d: "
+                            "not supported together (fsdp already fills the parameter windows)", size);
+    if (m->numel < size)
+        return mt_set_error(MT_ERR_INVALID, "ici_fsdp_parallelism=%d exceeds the %lld parameters", size,
+                            (long long)m->numel);
+    m->fsdp_counts = malloc(sizeof(int64_t) * (size_t)size);
+    if (!m->fsdp_counts) return mt_set_error(MT_ERR_OOM, "mt_model_set_fsdp: out of memory");
+    MT_TRY(build_param_layer(m));
+    m->fsdp = size;
+    m->fsdp_rank = rank;
+    m->fsdp_comm = comm;
+    m->fper = (m->numel + size - 1) / size;
+    m->flo = (int64_t)rank * m->fper;
+    m->fhi = m->flo + m->fper;
+    if (m->flo > m->numel) m->flo = m->numel;
+    if (m->fhi > m->numel) m->fhi = m->numel;
+    return MT_OK;
+}
+
+void mt_model_fsdp_range(const mt_model *m, int64_t *lo, int64_t *hi) {
+    *lo = m->fsdp > 1 ? m->flo : 0;
+    *hi = m->fsdp > 1 ? m->fhi : m->numel;
+}
+
+int64_t mt_model_fsdp_gather_floats(const mt_model *m) {
+    if (m->fsdp == 1) return 0;
+    const int r = m->fsdp_rank;
+    const int64_t emb = m->params[m->p_embed].numel, L = m->cfg.num_decoder_layers;
+    int64_t f = (emb - fsdp_own(m, r, 0, emb)) + (m->numel - m->tail_off - fsdp_own(m, r, m->tail_off, m->numel));
+    for (int64_t l = 0; l < L; l++) {
+        const int64_t a = m->params[m->lp[l].in_norm].offset, n = m->layer_numel - fsdp_own(m, r, a, a + m->layer_numel);
+        f += n;                 /* forward */
+        if (l + 2 < L) f += n;  /* backward: slot l % 2 was reused by layer l + 2 */
+    }
+    return f;
+}
+
+mt_status mt_model_fsdp_bind_full(mt_model *m, float *full) {
+    if (!m || m->fsdp == 1 || !m->bound)
+        return mt_set_error(MT_ERR_INVALID, "mt_model_fsdp_bind_full: no bound fsdp model");
+    if (full) {
+        if (!m->fsdp_shard) m->fsdp_shard = m->gptr[GB_PARAMS];
+        m->gptr[GB_PARAMS] = full;
+    } else if (m->fsdp_shard) {
+        m->gptr[GB_PARAMS] = m->fsdp_shard;
+        m->fsdp_shard = NULL;
+    }
     return MT_OK;
 }

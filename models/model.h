@@ -131,6 +131,50 @@ mt_status mt_model_set_tensor_parallel(mt_model *m, mt_comm *comm, int size, int
  * seq not divisible by 2 x size), MT_ERR_OOM. */
 mt_status mt_model_set_context_parallel(mt_model *m, mt_comm *comm, int size, int rank, int ring);
 
+/* Sequence parallelism (Korthikanti et al. 2022, section 4.2.2) on the tensor group of
+ * mt_model_set_tensor_parallel; on = 0, or a group of one, leaves the model as it is.
+ * Call once, after mt_model_set_tensor_parallel and mt_model_set_context_parallel,
+ * before mt_model_add_to_plan. The residual stream (layer inputs and outputs, norms,
+ * residual adds, their gradients) holds only this rank's block of N / tp of the N
+ * local rows (N = batch x local sequence); norm outputs are all-gathered before the
+ * column-parallel GEMMs and the row-parallel outputs reduce-scattered instead of
+ * all-reduced (and the mirror image in the backward). The 1-D norm gradients then
+ * cover this rank's rows only, so none is replicated (mt_model_tp_grad_replicated
+ * returns 0) and every rank adds its rows' embedding gradient. Results equal the
+ * plain tensor-parallel run up to fp32 summation order.
+ * Errors: MT_ERR_INVALID (called twice or after planning, N not divisible by tp),
+ * MT_ERR_OOM. */
+mt_status mt_model_set_sequence_parallel(mt_model *m, int on);
+
+/* fsdp over `size` ranks (this one `rank`, comm the fsdp group; NULL when only
+ * planning). Call once, before mt_model_add_to_plan; not with parameter host offload.
+ * The flat parameter buffer is cut into equal shards (rank r: [r p, (r + 1) p) with
+ * p = ceil(numel / size), clipped: the ZeRO-1 split of parallel/zero1.h); the plan
+ * holds this rank's shard ("params.shard") and the windows of the host-offload path
+ * (two layers, plus embedding / final norm / head), which are filled by all-gathers over
+ * comm: the global window at the start of each forward, layer l's window (slot l % 2)
+ * just before its forward, and again before its backward when layer l + 2 reused the
+ * slot. mt_model_params then returns the shard (element i is flat element lo + i,
+ * mt_model_fsdp_range); mt_model_grads stays the full buffer, which the caller
+ * reduce-scatters (ZeRO-1). mt_model_init_params writes the shard of the same values.
+ * Errors: MT_ERR_INVALID (twice or after planning, rank outside [0, size), fewer
+ * parameters than ranks), MT_ERR_UNSUPPORTED (with parameter host offload), MT_ERR_OOM. */
+mt_status mt_model_set_fsdp(mt_model *m, mt_comm *comm, int size, int rank);
+
+/* This rank's fsdp shard [lo, hi) of the flat buffer ([0, numel) without fsdp). */
+void mt_model_fsdp_range(const mt_model *m, int64_t *lo, int64_t *hi);
+
+/* Floats this rank sends in the fsdp all-gathers of one mt_model_forward_backward
+ * (parallel/comm.h accounting: each gather of a range of S floats costs S minus this
+ * rank's part of it); 0 without fsdp. */
+int64_t mt_model_fsdp_gather_floats(const mt_model *m);
+
+/* Checkpoint I/O under fsdp: full != NULL points mt_model_params at full[numel] (host
+ * memory: CPU backend) instead of the shard, NULL points it back. Only mt_model_params
+ * readers / writers may run in between (no forward). Errors: MT_ERR_INVALID (no bound
+ * fsdp model). */
+mt_status mt_model_fsdp_bind_full(mt_model *m, float *full);
+
 /* 1 when parameter i's gradient is identical on every rank of the tensor group (the
  * 1-D norm scales except q_norm / k_norm), 0 otherwise and without tensor parallelism. */
 int mt_model_tp_grad_replicated(const mt_model *m, int i);
@@ -166,6 +210,25 @@ mt_status mt_model_loss(mt_model *m, const int32_t *tokens, const int32_t *label
 /* Forward only; copies the final hidden states (after model.norm) to host
  * hidden[batch * seq, emb_dim]. */
 mt_status mt_model_hidden(mt_model *m, const int32_t *tokens, float *hidden);
+
+/* Backward from a caller-supplied gradient of the final hidden states: dhidden is host
+ * float32 [batch * seq, emb_dim], d(loss)/d(hidden) for the hidden states (after
+ * model.norm) of the preceding forward. ADDS to mt_model_grads the VJP through
+ * model.norm, every layer (in reverse, with the remat policy's recompute / restore and
+ * the tensor-parallel collectives) and the embedding: exactly the backward that
+ * mt_model_forward_backward runs after its loss, from the same code, so the
+ * unembedding gets no gradient here (the caller's loss owns it, e.g. the tiled loss
+ * with dW). The forward is the last mt_model_hidden or mt_model_loss on this model
+ * (with the same parameters: writing mt_model_params in between is the caller's
+ * error); both keep every activation the backward needs. A backward consumes it:
+ * mt_model_forward_backward, mt_model_backward_hidden, mt_model_logits,
+ * mt_model_init_params and mt_model_bind leave no forward to differentiate. Under
+ * tensor parallelism every rank of the group passes the same dhidden (the embedding
+ * gradient is added on rank 0, as in mt_model_forward_backward).
+ * Errors: MT_ERR_INVALID (NULL, no forward to differentiate), MT_ERR_UNSUPPORTED
+ * (context parallelism, like mt_model_hidden), MT_ERR_RUNTIME (a tensor-axis
+ * collective failed). */
+mt_status mt_model_backward_hidden(mt_model *m, const float *dhidden);
 
 /* Forward only; copies logits (after the final soft-cap) of every row to host
  * logits[batch * seq, vocab_size], computed tile by tile. For tests and sampling. */

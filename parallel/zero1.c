@@ -165,7 +165,7 @@ mt_status mt_grad_sync_gather(mt_grad_sync *g, const float *shard, float *full) 
 }
 
 mt_status mt_grad_sync_gather_params(mt_grad_sync *g, float *params) {
-    if (!g->zero1) return MT_OK;
+    if (!g->zero1 || g->params_sharded) return MT_OK;
     return mt_comm_all_gather(g->comm, params + g->lo, params, g->counts, MT_COMM_F32);
 }
 
@@ -183,6 +183,6 @@ static uint64_t data_bytes(const mt_grad_sync *g, int64_t K) {
     if (n == 1) return 0;
     if (!g->zero1) return 2 * (n - 1) * G / n;
     const uint64_t own = 4 * (uint64_t)(g->hi - g->lo);
-    const uint64_t rs = G - own, ag = G - own;
+    const uint64_t rs = G - own, ag = g->params_sharded ? 0 : G - own;
     return (g->sched == MT_GA_REDUCE_EVERY ? (uint64_t)K : 1) * rs + ag;
 }

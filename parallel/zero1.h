@@ -69,6 +69,10 @@ typedef struct mt_grad_sync {
     int tp, tp_rank;
     int64_t *rep_off, *rep_n; /* ranges whose gradient every tensor rank holds whole */
     int nrep;
+    /* fsdp (models/model.h mt_model_set_fsdp; the trainer turns ZeRO-1 on with it, on
+     * the same shards): the parameters stay sharded (the model gathers what it uses), so
+     * mt_grad_sync_gather_params does nothing and the step's bytes have no gather */
+    int params_sharded;
 } mt_grad_sync;
 
 /* Set up for a group of n ranks where this is `rank` (comm may be NULL at planning

@@ -115,6 +115,47 @@ expect_bad "missing checkpoint" "$tmp/nockpt" -- train "$run" load_checkpoint="$
 expect_bad "not key=value" "steps" -- train "$run" steps
 expect_bad "unknown command" "frobnicate" -- frobnicate "$run"
 
+# Paths given empty, or of the wrong kind, or missing: the message names the key / the real problem.
+expect_bad "empty dataset_path" "dataset_path" -- train "$run" dataset_path= base_output_directory="$tmp/out2"
+expect_bad "empty base_output_directory" "base_output_directory" -- train "$run" base_output_directory= \
+    run_name="meshtrain_test_bad_$$"
+[ ! -e "/meshtrain_test_bad_$$" ] || { fail "empty base_output_directory wrote under /"; rm -rf "/meshtrain_test_bad_$$"; }
+expect_bad "config is a directory" "$tmp/cfg" "is a directory" -- train "$tmp/cfg"
+expect_bad "missing checkpoint says so" "$tmp/nockpt" "does not exist" -- train "$run" load_checkpoint="$tmp/nockpt"
+expect_bad "both starting points" "load_checkpoint" "load_parameters_path" -- \
+    train "$run" load_checkpoint="$tmp/out/keep/checkpoints/step_2" load_parameters_path="$tmp/out/keep/checkpoints/step_2"
+expect_bad "tokenizer_path is a directory" "tokenizer_path" "is a directory" -- \
+    sample "$run" load_checkpoint="$tmp/out/keep/checkpoints/step_2" tokenizer_path="$tmp/data"
+expect_bad "override first" "steps=20" "CONFIG.yml must come first" -- train steps=20 "$run"
+# A missing model file: each directory tried once, by its real path.
+# From the config's own directory ./configs/models and <CONFIG dir>/configs/models are one.
+(cd "$tmp/cfg" && "$bin" train run.yml model_name=nope > /dev/null 2> "$tmp/nope.err")
+tried="$(sed -n 's/.* in //p' "$tmp/nope.err" | tr ',' '\n' | sed 's/^ *//')"
+[ "$(echo "$tried" | sort | uniq -d)" = "" ] || fail "model_name=nope lists a directory twice: $(cat "$tmp/nope.err")"
+echo "$tried" | grep -qv '^/' && fail "model_name=nope lists a relative path: $(cat "$tmp/nope.err")"
+# Model files: a missing dimension is named as missing; run keys are refused.
+printf 'decoder_block: llama2\nvocab_size: 64\n' > "$tmp/cfg/models/nowidth.yml"
+expect_bad "model file without base_emb_dim" "base_emb_dim" "missing" "nowidth.yml" -- train "$run" model_name=nowidth
+sed 's/^vocab_size: 64$/vocab_size: 64\nsteps: 3/' "$tmp/cfg/models/tiny.yml" > "$tmp/cfg/models/runkey.yml"
+expect_bad "run key in a model file" "steps" "runkey.yml" "run key" -- train "$run" model_name=runkey
+# YAML: a key set twice in one file.
+printf 'model_name: tiny\nsteps: 3\nlog_period: 1\nsteps: 5\n' > "$tmp/cfg/dup.yml"
+expect_bad "duplicate key" "steps" "dup.yml" "lines 2 and 4" -- train "$tmp/cfg/dup.yml" base_output_directory="$tmp/out2"
+# Values: decimal floats only, bools true|false only, did-you-mean ignores case.
+expect_bad "hex float" "learning_rate" "0x10" -- train "$run" learning_rate=0x10
+expect_bad "bool yes" "logits_via_embedding" "yes" -- train "$run" logits_via_embedding=yes
+expect_bad "upper-case key" "STEPS" "did you mean 'steps'" -- train "$run" STEPS=20
+# Sizes whose byte counts overflow int64 are bad input naming the key; a huge batch
+# that does fit is planned without allocating it (plan needs no memory of its size).
+expect_bad "overflowing batch" "per_device_batch_size" -- plan "$run" per_device_batch_size=100000000000000
+# 1e9 x 8 tokens: a host array of 4 bytes per token would be 32 GB.
+"$bin" plan "$run" per_device_batch_size=1000000000 > "$tmp/plan.out" 2>&1 || fail "plan of a 1e9 batch: $(cat "$tmp/plan.out")"
+# plan: --json anywhere; a model file given as CONFIG prints its own name.
+"$bin" plan --json "$run" > "$tmp/plan.json" 2>&1 && grep -q '"model_name": "tiny"' "$tmp/plan.json" ||
+    fail "plan --json CONFIG: $(cat "$tmp/plan.json")"
+"$bin" plan "$tmp/cfg/models/tiny.yml" > "$tmp/plan.out" 2>&1 && head -1 "$tmp/plan.out" | grep -q ": tiny," ||
+    fail "plan MODEL.yml does not print the model used: $(head -1 "$tmp/plan.out")"
+
 # Help lists the keys with their defaults and docs.
 "$bin" --help > "$tmp/help.out" 2>&1 || fail "--help failed"
 grep -q "learning_rate" "$tmp/help.out" && grep -q "0.0003" "$tmp/help.out" || fail "--help does not list learning_rate and its default"

@@ -159,6 +159,48 @@ layout cp4_ring_gemma2 ref_b2_g2 4 model_name=tinyg2 per_device_batch_size=2 num
     ici_context_parallelism=4 context_parallel_strategy=ring
 layout tp2xcp2 ref_b4 4 per_device_batch_size=4 ici_tensor_parallelism=2 ici_context_parallelism=2
 
+# sequence parallelism on the tensor axis (Megatron: norms and residual adds on
+# sequence shards, all-gather / reduce-scatter instead of all-reduce), alone, with
+# post-norms + soft-caps + tied tiled loss (gemma2), and composed with context.
+layout tp2_sp ref_b4 2 per_device_batch_size=4 ici_tensor_parallelism=2 tensor_sequence_parallelism=true
+layout tp2_sp_gemma2 ref_b2_g2 2 model_name=tinyg2 per_device_batch_size=2 num_vocab_tiling=4 \
+    ici_tensor_parallelism=2 tensor_sequence_parallelism=true
+layout tp2xcp2_sp ref_b4 4 per_device_batch_size=4 ici_tensor_parallelism=2 ici_context_parallelism=2 \
+    tensor_sequence_parallelism=true
+
+# fsdp: parameters sharded (the ZeRO-1 split), each layer all-gathered into its window
+# before its forward and, when its window was reused (4 layers: layers 0 and 1), again
+# before its backward; gradients reduce-scattered; alone, with tensor (and sequence)
+# parallelism, with accumulation, and with gemma2's tied head and post-norms.
+ref ref_b4_l4 per_device_batch_size=4 base_num_decoder_layers=4
+layout fsdp2 ref_b4 2 per_device_batch_size=2 ici_fsdp_parallelism=2
+layout fsdp2_l4 ref_b4_l4 2 per_device_batch_size=2 ici_fsdp_parallelism=2 base_num_decoder_layers=4
+layout fsdp2_gemma2 ref_b2_g2 2 model_name=tinyg2 per_device_batch_size=1 num_vocab_tiling=4 ici_fsdp_parallelism=2
+layout fsdp2_ga2_every ref_b8 2 per_device_batch_size=2 gradient_accumulation_steps=2 ici_fsdp_parallelism=2 \
+    shard_optimizer_over_data=true \
+    gradient_accumulation_reduce=every
+layout fsdp2xtp2 ref_b4 4 per_device_batch_size=2 ici_fsdp_parallelism=2 ici_tensor_parallelism=2
+layout fsdp2xtp2_sp ref_b4_l4 4 per_device_batch_size=2 ici_fsdp_parallelism=2 ici_tensor_parallelism=2 \
+    tensor_sequence_parallelism=true base_num_decoder_layers=4
+
+# fsdp shrinks the parameter memory of the trainer's own plan (rank 0, 8 layers):
+# shard ceil(numel / F) + two layer windows + the embedding / final norm / head window.
+layer=$((2 * 32 + 32 * 32 + 2 * 16 * 32 + 32 * 32 + 3 * 64 * 32)) glob=$((64 * 32 + 32 + 64 * 32))
+numel=$((8 * layer + glob))
+prev=0
+for f in 1 2 4; do
+    got="$("$tool" plan "$cfg" per_device_batch_size=2 base_num_decoder_layers=8 ici_fsdp_parallelism=$f 2>&1)"
+    p="$(awk '{print $2}' <<< "$got")"
+    if [ $f -eq 1 ]; then want=$((4 * numel)); else want=$((4 * ((numel + f - 1) / f + 2 * layer + glob))); fi
+    printf 'plan fsdp%d: parameter bytes %s (formula %s)\n' "$f" "$p" "$want"
+    [ "$p" = "$want" ] || fail "plan fsdp$f: params $p, formula $want ($got)"
+    [ $prev -eq 0 ] || [ "$p" -lt "$prev" ] 2>/dev/null || fail "plan fsdp$f: params $p not below $prev"
+    prev=$p
+done
+out="$(mpi 4 "$tool" run "$tmp/bad_fsdp" "$cfg" ici_fsdp_parallelism=2 ici_data_parallelism=2 2>&1)"; rc=$?
+[ $rc -ne 0 ] || fail "fsdp x data: exit 0"
+grep -q "ici_fsdp_parallelism=2 with ici_data_parallelism=2" <<< "$out" || fail "fsdp x data message: $out"
+
 # bf16 accumulators, both schedules, against the fp32 reference (bound in the header).
 for s in once every; do
     n="dp2_zero1_ga4_bf16_$s"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tests/test_mpi_resume.sh BUILD_DIR: `meshtrain train` under mpirun with dp2 x tp2,
-# ZeRO-1 and 2 micro-batches (4 ranks):
+# ZeRO-1 and 2 micro-batches (4 ranks), and with fsdp2 x tp2 (parameters sharded: the
+# checkpoint gathers them, the resume scatters them back):
 #  - its losses equal the single-process run on the same global batch (4 sequences x 2
 #    micro-batches) to 1e-5 relative (fp32 sums in another order);
 #  - its step-2 checkpoint (model.safetensors, and train_state.safetensors with the
@@ -55,22 +56,24 @@ log_period: 1
 backend: cpu
 seed: 5
 YML
-par="ici_data_parallelism=2 ici_tensor_parallelism=2 shard_optimizer_over_data=true per_device_batch_size=2"
 "$bin" train "$tmp/cfg/run.yml" run_name=single per_device_batch_size=4 > "$tmp/single.log" 2>&1 ||
     fail "single run: $(tail -3 "$tmp/single.log")"
-mpirun --oversubscribe -np 4 "$bin" train "$tmp/cfg/run.yml" run_name=par $par > "$tmp/par.log" 2>&1 ||
-    fail "parallel run: $(tail -5 "$tmp/par.log")"
-mpirun --oversubscribe -np 4 "$bin" train "$tmp/cfg/run.yml" run_name=resumed $par \
-    load_checkpoint="$tmp/out/par/checkpoints/step_2" > "$tmp/res.log" 2>&1 ||
-    fail "resumed run: $(tail -5 "$tmp/res.log")"
-
-$py - "$tmp/out" <<'PY' || fail "comparison"
+# check NAME ARGS...: a 4-rank run NAME and its resume NAME_resumed against the single run
+check() {
+local name=$1; shift
+mpirun --oversubscribe -np 4 "$bin" train "$tmp/cfg/run.yml" run_name=$name "$@" > "$tmp/$name.log" 2>&1 ||
+    fail "$name run: $(tail -5 "$tmp/$name.log")"
+mpirun --oversubscribe -np 4 "$bin" train "$tmp/cfg/run.yml" run_name=${name}_resumed "$@" \
+    load_checkpoint="$tmp/out/$name/checkpoints/step_2" > "$tmp/${name}_res.log" 2>&1 ||
+    fail "$name resumed run: $(tail -5 "$tmp/${name}_res.log")"
+echo "== $name"
+$py - "$tmp/out" "$name" <<'PY' || fail "$name comparison"
 import json, struct, sys
 import numpy as np
-out = sys.argv[1]
+out, name = sys.argv[1], sys.argv[2]
 def rows(run):
     return [json.loads(l) for l in open(f"{out}/{run}/metrics.jsonl") if '"loss"' in l]
-single, par, res = rows("single"), rows("par"), rows("resumed")
+single, par, res = rows("single"), rows(name), rows(name + "_resumed")
 bad = 0
 for a, b in zip(par, single):
     e = abs(a["loss"] - b["loss"]) / abs(b["loss"])
@@ -92,13 +95,16 @@ def load(path):
         t[k] = np.frombuffer(data[a:b], dtype=np.float32)
     return t
 for f in ("model.safetensors", "train_state.safetensors"):
-    A = load(f"{out}/par/checkpoints/step_2/{f}"); B = load(f"{out}/single/checkpoints/step_2/{f}")
+    A = load(f"{out}/{name}/checkpoints/step_2/{f}"); B = load(f"{out}/single/checkpoints/step_2/{f}")
     if A.keys() != B.keys(): print(f, "tensor names differ"); bad += 1; continue
     worst = max(float(np.linalg.norm(A[k].astype(np.float64) - B[k]) / max(np.linalg.norm(B[k].astype(np.float64)), 1e-30)) for k in A)
     print(f"{f}: {len(A)} tensors, worst relative error {worst:.2e}")
     if worst > 1e-5: bad += 1
 sys.exit(1 if bad else 0)
 PY
+}
+check par ici_data_parallelism=2 ici_tensor_parallelism=2 shard_optimizer_over_data=true per_device_batch_size=2
+check fsdp ici_fsdp_parallelism=2 ici_tensor_parallelism=2 per_device_batch_size=2
 
 if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
 echo "parallel checkpoints and resume agree"

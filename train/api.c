@@ -354,9 +354,12 @@ mt_status mt_session_forward_backward(mt_session *s, const int32_t *tokens, cons
 
 mt_status mt_session_backward_hidden(mt_session *s, const float *dhidden) {
     NEED(s && dhidden, "mt_session_backward_hidden");
-    return mt_set_error(MT_ERR_UNSUPPORTED,
-                        "mt_session_backward_hidden: not available yet (models/model.h has no backward "
-                        "that starts from the final hidden states); use mt_session_forward_backward");
+    if (!s->fwd_fresh)
+        return mt_set_error(MT_ERR_INVALID,
+                            "mt_session_backward_hidden: no forward to differentiate since the last step, "
+                            "backward or parameter write (call mt_session_forward or mt_session_loss first)");
+    s->fwd_fresh = 0; /* the backward consumes the saved activations */
+    return mt_model_backward_hidden(s->model, dhidden);
 }
 
 /* Index of the unembedding parameter (lm_head, or the embedding when tied). */

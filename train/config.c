@@ -1,5 +1,6 @@
 /* train/config.c: the key table, YAML loading (libyaml), precedence and validation
  * (see config.h). */
+#define _XOPEN_SOURCE 700 /* realpath */
 #include "train/config.h"
 
 #include <ctype.h>
@@ -8,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml.h>
 
 _Static_assert(sizeof(mt_dtype) == sizeof(int), "enum keys are stored as int");
@@ -115,6 +118,9 @@ static const mt_config_key mt_keys[] = {
               "micro-batch into the ZeRO-1 shard accumulator"),
     RKEY_ENUM(context_parallel_strategy, cp_strategy_names, cp_strategy_values, "all_gather",
               "context parallelism: all_gather keys/values, or pass them around a ring"),
+    {"tensor_sequence_parallelism", MT_KEY_BOOL, OFF(tensor_sequence_parallelism), 0, NULL, NULL, 0, "false", 0,
+     0, 0, 0, "Megatron sequence parallelism on the tensor axis: norms and residual adds on sequence shards, "
+     "reduce-scatter / all-gather instead of all-reduce"},
     RKEY_DBL(collective_timeout_s, "30", 0, 0, 0, 0,
              "a collective running longer than this (seconds, > 0) ends the rank with a message"),
     /* memory: remat, host offload, planning (models/remat.h, train/estimate.h) */
@@ -173,6 +179,7 @@ static const mt_config_key mt_keys[] = {
 };
 
 #define MT_KEY_N ((int)(sizeof mt_keys / sizeof mt_keys[0]))
+#define PATH_MAX_MT 4096 /* realpath(3) output (PATH_MAX on Linux) */
 
 int mt_config_key_count(void) { return MT_KEY_N; }
 
@@ -238,6 +245,12 @@ static int edit_distance(const char *a, const char *b) {
 static const char *closest_key(const char *name) {
     const char *best = NULL;
     int bestd = 1 << 30;
+    /* case-insensitive: STEPS suggests steps (every key is lower case) */
+    char low[65];
+    size_t i0 = 0;
+    for (; name[i0] && i0 < sizeof low - 1; i0++) low[i0] = (char)tolower((unsigned char)name[i0]);
+    low[i0] = '\0';
+    name = low;
     for (int i = 0; i < MT_KEY_N; i++) {
         int d = edit_distance(name, mt_keys[i].name);
         if (d < bestd) bestd = d, best = mt_keys[i].name;
@@ -261,6 +274,9 @@ static int parse_int(const char *s, int64_t *out) {
 
 static int parse_double(const char *s, double *out) {
     if (!s || !*s) return 0;
+    /* decimal only: strtod would also take hex floats (0x10), inf and nan */
+    for (const char *c = s; *c; c++)
+        if (!isdigit((unsigned char)*c) && !strchr("+-.eE", *c)) return 0;
     errno = 0;
     char *end;
     double v = strtod(s, &end);
@@ -276,12 +292,10 @@ static int str_ieq(const char *a, const char *b) {
     return *a == *b;
 }
 
+/* true | false (any case, as YAML writes True/TRUE): what --help documents; yes/no/on/off/1/0 are refused. */
 static int parse_bool(const char *s, int *out) {
-    static const char *const t[] = {"true", "yes", "on", "1"}, *const f[] = {"false", "no", "off", "0"};
-    for (int i = 0; i < 4; i++) {
-        if (str_ieq(s, t[i])) return *out = 1, 1;
-        if (str_ieq(s, f[i])) return *out = 0, 1;
-    }
+    if (str_ieq(s, "true")) return *out = 1, 1;
+    if (str_ieq(s, "false")) return *out = 0, 1;
     return 0;
 }
 
@@ -344,7 +358,7 @@ mt_status mt_train_config_set(mt_train_config *cfg, const char *name, const char
     case MT_KEY_DOUBLE: {
         double v;
         if (!parse_double(value, &v))
-            return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': expected a number", source,
+            return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': expected a decimal number", source,
                                 k->name, value);
         if (k->type == MT_KEY_FLOAT) {
             float f = (float)v;
@@ -474,6 +488,31 @@ void mt_train_config_defaults(mt_train_config *cfg) {
     }
 }
 
+/* Model keys that a checkpoint's config.json pins: the parameter shapes and the math
+ * of a step (a resumed or sampled model must agree on them). */
+static const char *const checkpoint_model_keys[] = {
+    "decoder_block", "vocab_size", "base_emb_dim", "base_num_query_heads", "base_num_kv_heads", "head_dim",
+    "base_mlp_dim", "base_num_decoder_layers", "mlp_activations", "logits_via_embedding",
+    "normalization_layer_epsilon", "rope_max_timescale", "rope_type", NULL};
+
+const mt_config_key *mt_model_config_diff(const mt_model_config *a, const mt_model_config *b, const char *only_key,
+                                          char *va, char *vb, size_t n) {
+    mt_train_config *ta = calloc(2, sizeof *ta);
+    if (!ta) return NULL;
+    ta[0].model = *a;
+    ta[1].model = *b;
+    const mt_config_key *found = NULL;
+    for (int i = 0; !found && checkpoint_model_keys[i]; i++) {
+        if (only_key && strcmp(only_key, checkpoint_model_keys[i]) != 0) continue;
+        const mt_config_key *k = mt_config_key_find(checkpoint_model_keys[i]);
+        mt_train_config_format(&ta[0], k, va, n);
+        mt_train_config_format(&ta[1], k, vb, n);
+        if (strcmp(va, vb) != 0) found = k;
+    }
+    free(ta);
+    return found;
+}
+
 /* -------------------------------------------------------------- YAML files ---- */
 
 typedef struct cfg_entry {
@@ -531,9 +570,22 @@ static const char *scalar_text(const yaml_event_t *ev) {
     return v;
 }
 
+/* A key set twice in one file is an error (YAML says keys are unique; last-wins
+ * would hide a typo'd edit). The layer holds this file's entries only. */
+static mt_status layer_check_duplicate(const cfg_layer *l, const char *key, const char *path, size_t line) {
+    const cfg_entry *e = layer_last(l, key);
+    if (!e) return MT_OK;
+    const char *colon = strrchr(e->source, ':');
+    return mt_set_error(MT_ERR_INVALID, "%s:%zu: key '%s' is set twice (lines %s and %zu)", path, line, key,
+                        colon ? colon + 1 : "?", line);
+}
+
 /* Parse a flat YAML mapping of scalars (values may be a flow or block sequence of
  * scalars, joined as "[a, b]") into a layer; keys are not checked here. */
 static mt_status layer_parse_file(cfg_layer *l, const char *path) {
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return mt_set_error(MT_ERR_IO, "config file '%s' is a directory, not a YAML file", path);
     FILE *f = fopen(path, "rb");
     if (!f) return mt_set_error(MT_ERR_IO, "cannot open config file '%s': %s", path, strerror(errno));
     yaml_parser_t parser;
@@ -586,7 +638,8 @@ static mt_status layer_parse_file(cfg_layer *l, const char *path) {
             size_t len = strlen(seq);
             snprintf(seq + len, sizeof seq - len, "]");
             snprintf(src, sizeof src, "%s:%zu", path, key_line);
-            st = layer_add(l, key, strlen(key), seq, src);
+            st = layer_check_duplicate(l, key, path, key_line);
+            if (st == MT_OK) st = layer_add(l, key, strlen(key), seq, src);
             free(key), key = NULL;
             in_seq = 0;
             break;
@@ -604,7 +657,8 @@ static mt_status layer_parse_file(cfg_layer *l, const char *path) {
                 if (!key) st = mt_set_error(MT_ERR_OOM, "config: out of memory");
             } else {
                 snprintf(src, sizeof src, "%s:%zu", path, key_line);
-                st = layer_add(l, key, strlen(key), scalar_text(&ev), src);
+                st = layer_check_duplicate(l, key, path, key_line);
+                if (st == MT_OK) st = layer_add(l, key, strlen(key), scalar_text(&ev), src);
                 free(key), key = NULL;
             }
             break;
@@ -681,6 +735,44 @@ mt_status mt_train_config_validate(const mt_train_config *c) {
         for (int i = 0; i < MT_RT_COUNT; i++) acts[i] = (mt_remat_action)c->remat_custom[i];
         MT_TRY(mt_remat_policy_resolve(MT_REMAT_CUSTOM, acts, &rp));
     }
+    if (c->load_checkpoint[0] && c->load_parameters_path[0])
+        return mt_set_error(MT_ERR_INVALID, "keys 'load_checkpoint' = '%s' and 'load_parameters_path' = '%s' "
+                            "conflict: set one (load_checkpoint resumes a run, load_parameters_path starts one "
+                            "from weights)", c->load_checkpoint, c->load_parameters_path);
+    /* Byte counts of the step must fit int64 (plans are sized in bytes): bound the
+     * activations, about (layers + 2) x 16 buffers of tokens x the widest row of float32,
+     * and the parameter state (16 bytes per parameter), computed in double. */
+    {
+        const mt_model_config *mc = &c->model;
+        double w = (double)mc->emb_dim;
+        const double widths[] = {(double)mc->mlp_dim, (double)mc->num_query_heads * (double)mc->head_dim,
+                                 (double)mc->vocab_size / (double)(c->num_vocab_tiling > 0 ? c->num_vocab_tiling : 1)};
+        for (int i = 0; i < 3; i++)
+            if (widths[i] > w) w = widths[i];
+        const double tokens = (double)c->per_device_batch_size * (double)c->max_target_length;
+        const double act = tokens * w * 4.0 * ((double)mc->num_decoder_layers + 2.0) * 16.0;
+        const double par = ((double)mc->vocab_size * (double)mc->emb_dim * 2.0 +
+                            (double)mc->num_decoder_layers * (double)mc->emb_dim *
+                                ((double)mc->mlp_dim * 3.0 + (double)mc->head_dim *
+                                 ((double)mc->num_query_heads * 2.0 + (double)mc->num_kv_heads * 2.0))) * 16.0;
+        const double lim = 9.2e18; /* INT64_MAX */
+        if (tokens * 4.0 * (double)c->gradient_accumulation_steps > lim || act > lim)
+            return mt_set_error(MT_ERR_INVALID, "key '%s' = %lld (with %s = %lld): the step's activations "
+                                "(%.3g bytes) overflow a 64-bit byte count",
+                                c->per_device_batch_size >= c->max_target_length ? "per_device_batch_size"
+                                                                                  : "max_target_length",
+                                (long long)(c->per_device_batch_size >= c->max_target_length
+                                                ? c->per_device_batch_size : c->max_target_length),
+                                c->per_device_batch_size >= c->max_target_length ? "max_target_length"
+                                                                                  : "per_device_batch_size",
+                                (long long)(c->per_device_batch_size >= c->max_target_length
+                                                ? c->max_target_length : c->per_device_batch_size),
+                                act);
+        if (par > lim)
+            return mt_set_error(MT_ERR_INVALID, "model '%s': the parameter state (%.3g bytes) overflows a "
+                                "64-bit byte count (check vocab_size, base_emb_dim, base_mlp_dim, "
+                                "base_num_decoder_layers)", mc->model_name, par);
+    }
     int64_t rows = c->per_device_batch_size * c->max_target_length;
     if (c->num_vocab_tiling < 1 || c->num_vocab_tiling > rows)
         return mt_set_error(MT_ERR_INVALID,
@@ -728,14 +820,35 @@ static mt_status find_model_file(const char *config_path, const char *model_name
     if (env && env[0] && path_cat(dirs[nd], MT_CONFIG_PATH_MAX, env, "/models", "")) nd++;
     if (config_path && path_cat(dirs[nd], MT_CONFIG_PATH_MAX, cdir, "/configs/models", "")) nd++;
     if (path_cat(dirs[nd], MT_CONFIG_PATH_MAX, "configs/models", "", "")) nd++;
-    char tried[4 * MT_CONFIG_PATH_MAX + 16] = "";
+    /* The directories tried, each once, by their real path (./configs/models and
+     * <CONFIG dir>/models are often the same directory). */
+    char tried[4 * (MT_CONFIG_PATH_MAX + 24) + 16] = "";
+    char real[4][PATH_MAX_MT];
+    int nreal = 0;
     for (int i = 0; i < nd; i++) {
+        char shown[PATH_MAX_MT];
+        int exists = realpath(dirs[i], shown) != NULL;
+        char cwd[PATH_MAX_MT / 2];
+        const size_t ld = strlen(dirs[i]);
+        if (!exists) snprintf(shown, sizeof shown, "%s", dirs[i]);
+        if (!exists && dirs[i][0] != '/' && getcwd(cwd, sizeof cwd) && strlen(cwd) + 1 + ld < sizeof shown) {
+            const size_t lc = strlen(cwd); /* absolute, as the real paths are */
+            memcpy(shown, cwd, lc);
+            shown[lc] = '/';
+            memcpy(shown + lc + 1, dirs[i], ld + 1);
+        }
+        int dup = 0;
+        for (int j = 0; j < nreal; j++) dup |= strcmp(real[j], shown) == 0;
+        if (dup) continue;
+        snprintf(real[nreal++], sizeof real[0], "%s", shown);
         if (path_cat(out, n, dirs[i], "/", model_name) && strlen(out) + 5 < n) {
             strcat(out, ".yml");
             if (file_readable(out)) return MT_OK;
         }
         size_t len = strlen(tried);
-        if (!path_cat(tried + len, sizeof tried - len, i ? ", " : "", dirs[i], "")) break;
+        int w = snprintf(tried + len, sizeof tried - len, "%s%s%s", len ? ", " : "", shown,
+                         exists ? "" : " (no such directory)");
+        if (w < 0 || (size_t)w >= sizeof tried - len) break;
     }
     return mt_set_error(MT_ERR_INVALID, "model_name '%s': no model file %s.yml in %s", model_name, model_name,
                         tried);
@@ -763,11 +876,34 @@ mt_status mt_train_config_load(mt_train_config *cfg, const char *config_path, in
     if (st == MT_OK && (e = layer_last(&lfile, "model_name"))) st = mt_train_config_set(cfg, e->key, e->value, e->source);
     if (st == MT_OK && (e = layer_last(&lcli, "model_name"))) st = mt_train_config_set(cfg, e->key, e->value, e->source);
     char model_path[MT_CONFIG_PATH_MAX + 80];
-    if (st == MT_OK) st = find_model_file(config_path, cfg->model.model_name, model_path, sizeof model_path);
-    if (st == MT_OK) st = layer_parse_file(&lmodel, model_path);
-    if (st == MT_OK) st = layer_check_keys(&lmodel);
-    if (st == MT_OK && (e = layer_last(&lmodel, "model_name")))
-        st = mt_set_error(MT_ERR_INVALID, "%s: a model file must not set model_name", e->source);
+    /* CONFIG.yml that sets decoder_block and no model_name (e.g. configs/models/x.yml
+     * itself) describes the whole model: it is the model file, and model_name is its
+     * file name, so what is printed is what is used (no other model file mixed in). */
+    const int self_model = st == MT_OK && config_path && layer_last(&lfile, "decoder_block") &&
+                           !layer_last(&lfile, "model_name") && !layer_last(&lcli, "model_name");
+    if (self_model) {
+        const char *base = strrchr(config_path, '/');
+        base = base ? base + 1 : config_path;
+        size_t bl = strlen(base);
+        const char *dot = strrchr(base, '.');
+        if (dot && dot != base) bl = (size_t)(dot - base);
+        if (bl >= sizeof cfg->model.model_name) bl = sizeof cfg->model.model_name - 1;
+        memcpy(cfg->model.model_name, base, bl);
+        cfg->model.model_name[bl] = '\0';
+        snprintf(model_path, sizeof model_path, "%s", config_path);
+    }
+    if (st == MT_OK && !self_model) {
+        st = find_model_file(config_path, cfg->model.model_name, model_path, sizeof model_path);
+        if (st == MT_OK) st = layer_parse_file(&lmodel, model_path);
+        if (st == MT_OK) st = layer_check_keys(&lmodel);
+        if (st == MT_OK && (e = layer_last(&lmodel, "model_name")))
+            st = mt_set_error(MT_ERR_INVALID, "%s: a model file must not set model_name", e->source);
+        for (int i = 0; st == MT_OK && i < lmodel.n; i++)
+            if (!mt_config_key_find(lmodel.e[i].key)->is_model)
+                st = mt_set_error(MT_ERR_INVALID, "%s: '%s' is a run key; a model file (%s) may only hold model "
+                                  "keys: set it in the run config or on the command line",
+                                  lmodel.e[i].source, lmodel.e[i].key, model_path);
+    }
 
     /* decoder_block: the last layer that sets it decides the model defaults. */
     const cfg_entry *blk = NULL;
@@ -791,6 +927,17 @@ mt_status mt_train_config_load(mt_train_config *cfg, const char *config_path, in
     if (st == MT_OK) st = layer_apply(cfg, &lmodel);
     if (st == MT_OK) st = layer_apply(cfg, &lfile);
     if (st == MT_OK) st = layer_apply(cfg, &lcli);
+    /* A model dimension no layer sets keeps the block's 0: say it is missing, rather
+     * than "= 0 must be positive". */
+    for (int i = 0; st == MT_OK && i < MT_KEY_N; i++) {
+        const mt_config_key *k = &mt_keys[i];
+        if (!k->is_model || k->type != MT_KEY_INT || !(k->has_min && k->min >= 1)) continue;
+        int64_t v;
+        memcpy(&v, (const char *)cfg + k->offset, sizeof v);
+        if (v < 1 && !layer_last(&lmodel, k->name) && !layer_last(&lfile, k->name) && !layer_last(&lcli, k->name))
+            st = mt_set_error(MT_ERR_INVALID, "%s: model key '%s' is missing from the model file (decoder_block %s "
+                              "has no default for it)", model_path, k->name, blk ? blk->value : "?");
+    }
     if (st == MT_OK) st = mt_train_config_validate(cfg);
     layer_free(&lfile);
     layer_free(&lcli);

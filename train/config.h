@@ -68,6 +68,7 @@ typedef struct mt_train_config {
     int shard_optimizer_over_data;                  /* ZeRO-1: optimizer state sharded over data x fsdp */
     int gradient_accumulation_reduce;               /* mt_ga_reduce: 0 once, 1 every micro-batch */
     int context_parallel_strategy;                  /* 0 all_gather, 1 ring */
+    int tensor_sequence_parallelism;                /* sequence parallelism on the tensor axis */
     double collective_timeout_s;                    /* watchdog limit of one collective (seconds) */
     /* ---- memory: remat, host offload, planning (models/remat.h, train/estimate.h) ---- */
     int remat_policy;                               /* mt_remat_policy_kind */
@@ -82,7 +83,7 @@ typedef enum mt_key_type {
     MT_KEY_INT = 0,    /* int64_t */
     MT_KEY_FLOAT,      /* float (model keys) */
     MT_KEY_DOUBLE,     /* double (run keys) */
-    MT_KEY_BOOL,       /* int 0/1; true|false|yes|no|on|off|1|0 */
+    MT_KEY_BOOL,       /* int 0/1; true|false (any case) */
     MT_KEY_STRING,     /* char[size] */
     MT_KEY_ENUM,       /* int-sized enum; one of `choices` */
     MT_KEY_ACTIVATIONS /* mlp_activations list: [silu, linear] | [gelu, linear] */
@@ -140,7 +141,11 @@ mt_status mt_train_config_apply_file(mt_train_config *cfg, const char *path);
  * Then validates (mt_train_config_validate).
  * Errors: MT_ERR_IO (config_path unreadable), MT_ERR_INVALID (any key error, an
  * override without '=', a model file that cannot be found (naming the directories
- * tried), a model file setting model_name, no decoder_block, validation). */
+ * tried), a model file setting model_name or any run key, a key set twice in one file
+ * (naming both lines), a model dimension no layer sets, no decoder_block, validation).
+ * A config_path that sets decoder_block but not model_name (nor does the command
+ * line) is the model file itself: model_name becomes its file name without extension
+ * and no other model file is read. */
 mt_status mt_train_config_load(mt_train_config *cfg, const char *config_path, int n_overrides,
                                const char *const *overrides);
 
@@ -149,8 +154,19 @@ mt_status mt_train_config_load(mt_train_config *cfg, const char *config_path, in
  * 1 <= num_vocab_tiling <= batch*seq; learning_rate >= 0; warmup and final fractions
  * in [0, 1]; adam_b1, adam_b2 in [0, 1); adam_eps > 0; weight decay, clipping
  * threshold, checkpoint_period, temperature, top_k >= 0; run_name non-empty and
- * without '/'. Errors: MT_ERR_INVALID naming the key and value. */
+ * without '/'; load_checkpoint and load_parameters_path not both set; the step's byte
+ * counts (activations, parameter state) within int64. Errors: MT_ERR_INVALID naming
+ * the key and value. */
 mt_status mt_train_config_validate(const mt_train_config *cfg);
+
+/* The first model key on which a and b differ, among those a checkpoint's config.json
+ * pins (decoder_block, vocab_size, base_emb_dim, base_num_query_heads,
+ * base_num_kv_heads, head_dim, base_mlp_dim, base_num_decoder_layers, mlp_activations,
+ * logits_via_embedding, normalization_layer_epsilon, rope_max_timescale, rope_type);
+ * only_key (may be NULL) compares that key alone. va and vb (n bytes each) receive the
+ * two values as config text. Returns NULL when they agree (or on OOM). */
+const mt_config_key *mt_model_config_diff(const mt_model_config *a, const mt_model_config *b, const char *only_key,
+                                          char *va, char *vb, size_t n);
 
 /* Text form of key k's value in cfg (the same text mt_train_config_set accepts;
  * floats in the shortest form that reads back exactly). Returns buf. */

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "models/checkpoint.h"
 #include "models/model.h"
 #include "runtime/log.h"
 #include "runtime/plan.h"
@@ -104,17 +105,32 @@ static void print_help(const char *cmd) {
     print_keys(o);
 }
 
-/* Load CONFIG.yml + overrides from argv (after the command); --json is taken out. */
+/* The CONFIG.yml argument must come first: a first argument of the form key=value
+ * that is not a file is a misplaced override. */
+static mt_status check_config_first(const char *path) {
+    const char *eq = strchr(path, '=');
+    FILE *f = eq ? fopen(path, "rb") : NULL;
+    if (f) fclose(f);
+    if (eq && !f)
+        return mt_set_error(MT_ERR_INVALID, "'%s' is not a config file: CONFIG.yml must come first and key=value "
+                            "overrides after it (meshtrain <command> CONFIG.yml [key=value ...])", path);
+    return MT_OK;
+}
+
+/* Load CONFIG.yml + overrides from argv (after the command); --json (accepted
+ * anywhere when json is non-NULL) is taken out. */
 static mt_status load_config(int argc, char **argv, mt_train_config *cfg, int *json) {
-    const char *path = argv[0];
     const char **ov = calloc((size_t)argc + 1, sizeof(char *));
     if (!ov) return mt_set_error(MT_ERR_OOM, "out of memory");
+    const char *path = NULL;
     int n = 0;
-    for (int i = 1; i < argc; i++) {
+    for (int i = 0; i < argc; i++) {
         if (json && strcmp(argv[i], "--json") == 0) *json = 1;
+        else if (!path) path = argv[i];
         else ov[n++] = argv[i];
     }
-    mt_status st = mt_train_config_load(cfg, path, n, ov);
+    mt_status st = path ? check_config_first(path) : mt_set_error(MT_ERR_INVALID, "missing CONFIG.yml");
+    if (st == MT_OK) st = mt_train_config_load(cfg, path, n, ov);
     free(ov);
     return st;
 }
@@ -172,6 +188,12 @@ static int cmd_train(int argc, char **argv) {
     mt_trainer *t = NULL;
     st = mt_trainer_create(&t, &cfg);
     if (st != MT_OK) return fail(st);
+    /* Every input is checked; the outputs last, before anything is written. */
+    st = mt_trainer_check_outputs(t);
+    if (st != MT_OK) {
+        mt_trainer_free(t);
+        return fail(st);
+    }
     char peak[32];
     human_bytes((double)mt_plan_peak(mt_trainer_get_plan(t)), peak, sizeof peak);
     const mt_model *model = mt_trainer_model(t);
@@ -183,6 +205,13 @@ static int cmd_train(int argc, char **argv) {
     printf("meshtrain: outputs in %s/%s\n", cfg.base_output_directory, cfg.run_name);
     if (mt_trainer_step_count(t) > 0)
         printf("meshtrain: resuming at step %" PRId64 " from %s\n", mt_trainer_step_count(t), cfg.load_checkpoint);
+    if (mt_trainer_step_count(t) >= cfg.steps) {
+        printf("meshtrain: the run is already complete: %s is at step %" PRId64 " and steps = %" PRId64
+               "; nothing to do (set steps higher to train on)\n",
+               cfg.load_checkpoint, mt_trainer_step_count(t), cfg.steps);
+        mt_trainer_free(t);
+        return 0;
+    }
     fflush(stdout);
     console c = {cfg.log_period};
     st = mt_trainer_run(t, on_step, &c);
@@ -191,11 +220,45 @@ static int cmd_train(int argc, char **argv) {
     return 0;
 }
 
+/* `sample` builds the checkpoint's model (its config.json): a model key given on the
+ * command line must agree with it, or it would be silently ignored. */
+static mt_status check_sample_overrides(int argc, char **argv, const mt_train_config *cfg) {
+    char path[MT_CONFIG_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/config.json", cfg->load_checkpoint);
+    mt_train_config ck;
+    int have_ck = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *eq = strchr(argv[i], '=');
+        if (!eq) continue;
+        char key[64];
+        snprintf(key, sizeof key, "%.*s", (int)((size_t)(eq - argv[i]) < 63 ? (size_t)(eq - argv[i]) : 63), argv[i]);
+        const mt_config_key *k = mt_config_key_find(key);
+        if (!k || !k->is_model) continue;
+        if (!have_ck) {
+            FILE *f = fopen(path, "rb");
+            if (!f) return MT_OK; /* mt_sample_generate reports the missing checkpoint */
+            fclose(f);
+            memset(&ck, 0, sizeof ck);
+            MT_TRY(mt_hf_config_read(path, &ck.model));
+            have_ck = 1;
+        }
+        char want[128], have[128];
+        mt_train_config_format(cfg, k, want, sizeof want);
+        mt_train_config_format(&ck, k, have, sizeof have);
+        if (strcmp(want, have) != 0)
+            return mt_set_error(MT_ERR_INVALID, "key '%s' = %s conflicts with the checkpoint's %s (%s = %s): sample "
+                                "uses the checkpoint's model; drop the override", k->name, want, path, k->name, have);
+    }
+    return MT_OK;
+}
+
 static int cmd_sample(int argc, char **argv) {
     mt_train_config cfg;
     mt_status st = load_config(argc, argv, &cfg, NULL);
     if (st != MT_OK) return fail(st);
     if (!cfg.load_checkpoint[0]) return usage_error("sample needs load_checkpoint=DIR");
+    st = check_sample_overrides(argc, argv, &cfg);
+    if (st != MT_OK) return fail(st);
     mt_sample_result r;
     st = mt_sample_generate(&cfg, cfg.load_checkpoint, &r);
     if (st != MT_OK) return fail(st);
@@ -320,6 +383,7 @@ static int cmd_plan(int argc, char **argv) {
 /* `meshtrain estimate`: batch size and remat policy for a memory budget. */
 static int cmd_estimate(int argc, char **argv) {
     const char *path = argv[0];
+    if (check_config_first(path) != MT_OK) return fail(MT_ERR_INVALID);
     const char **ov = calloc((size_t)argc + 1, sizeof(char *));
     if (!ov) return fail(mt_set_error(MT_ERR_OOM, "out of memory"));
     int n = 0, fixed[MT_RT_COUNT] = {0};

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 double mt_flops_per_token(const mt_model_config *c, int64_t seq) {
     const double n = (double)mt_model_num_parameters(c);
@@ -86,8 +87,80 @@ mt_status mt_metrics_write(mt_metrics_writer *w, const mt_step_metrics *m) {
     if (mt_metrics_format_json(m, line, sizeof line) < 0)
         return mt_set_error(MT_ERR_RUNTIME, "metrics: line too long");
     if (fprintf(w->f, "%s\n", line) < 0 || fflush(w->f) != 0)
-        return mt_set_error(MT_ERR_IO, "cannot write metrics file '%s': %s", w->path, strerror(errno));
+        return mt_set_error(MT_ERR_RUNTIME, "cannot write metrics file '%s': %s", w->path, strerror(errno));
     return MT_OK;
+}
+
+/* The step of a complete row `{"step": N, ...}` (line without its newline), or -1. */
+static int64_t row_step(const char *line) {
+    static const char head[] = "{\"step\": ";
+    if (strncmp(line, head, sizeof head - 1) != 0) return -1;
+    const char *p = line + sizeof head - 1;
+    char *end;
+    errno = 0;
+    long long v = strtoll(p, &end, 10);
+    if (errno || end == p || v < 0 || (*end != ',' && *end != '}')) return -1;
+    size_t len = strlen(line);
+    if (len == 0 || line[len - 1] != '}') return -1;
+    return (int64_t)v;
+}
+
+mt_status mt_metrics_open_resume(mt_metrics_writer **out, const char *path, int64_t step) {
+    *out = NULL;
+    FILE *in = fopen(path, "rb");
+    if (!in) {
+        if (errno != ENOENT)
+            return mt_set_error(MT_ERR_IO, "cannot read metrics file '%s': %s", path, strerror(errno));
+        return mt_metrics_open(out, path, 1);
+    }
+    char tmp[1100];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
+        fclose(in);
+        return mt_set_error(MT_ERR_IO, "metrics path too long: '%s'", path);
+    }
+    FILE *o = fopen(tmp, "wb");
+    if (!o) {
+        mt_status s = mt_set_error(MT_ERR_IO, "cannot write '%s': %s", tmp, strerror(errno));
+        fclose(in);
+        return s;
+    }
+    mt_status st = MT_OK;
+    size_t cap = 4096, len = 0;
+    char *line = malloc(cap);
+    if (!line) st = mt_set_error(MT_ERR_OOM, "metrics: out of memory");
+    for (int c; st == MT_OK && (c = fgetc(in)) != EOF;) {
+        if (len + 1 >= cap) {
+            char *p = realloc(line, cap * 2);
+            if (!p) {
+                st = mt_set_error(MT_ERR_OOM, "metrics: out of memory");
+                break;
+            }
+            line = p, cap *= 2;
+        }
+        if (c != '\n') {
+            line[len++] = (char)c;
+            continue;
+        }
+        line[len] = '\0';
+        const int64_t s = row_step(line);
+        if (s >= 0 && s <= step && fprintf(o, "%s\n", line) < 0)
+            st = mt_set_error(MT_ERR_RUNTIME, "cannot write '%s': %s", tmp, strerror(errno));
+        len = 0; /* a last line without its newline (a crash mid-write) is dropped */
+    }
+    if (st == MT_OK && ferror(in)) st = mt_set_error(MT_ERR_IO, "cannot read metrics file '%s'", path);
+    free(line);
+    fclose(in);
+    if (fflush(o) != 0 || fsync(fileno(o)) != 0) {
+        if (st == MT_OK) st = mt_set_error(MT_ERR_RUNTIME, "cannot write '%s': %s", tmp, strerror(errno));
+    }
+    if (fclose(o) != 0 && st == MT_OK) st = mt_set_error(MT_ERR_RUNTIME, "cannot write '%s': %s", tmp, strerror(errno));
+    if (st == MT_OK && rename(tmp, path) != 0)
+        st = mt_set_error(MT_ERR_IO, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
+    if (st != MT_OK) {
+        remove(tmp); /* the original file is untouched */
+        return st;
+    }
+    return mt_metrics_open(out, path, 1);
 }
 
 void mt_metrics_close(mt_metrics_writer *w) {

@@ -63,7 +63,16 @@ typedef struct mt_metrics_writer mt_metrics_writer;
  * naming the path, MT_ERR_OOM. */
 mt_status mt_metrics_open(mt_metrics_writer **out, const char *path, int append);
 
-/* Append one line and flush it. Errors: MT_ERR_IO. */
+/* Open `path` of a run resumed at step `step` for appending: an existing file is first
+ * rewritten atomically (path.tmp, fsync, rename) keeping only its complete rows
+ * (ending in a newline, starting {"step": N) with N <= step, so rows of steps the
+ * resumed run repeats are not duplicated and a row cut short by a crash does not have
+ * the next row glued to it. A missing file is created. Errors: MT_ERR_IO (cannot read
+ * or open), MT_ERR_RUNTIME (a write of the rewrite fails: disk full), MT_ERR_OOM. */
+mt_status mt_metrics_open_resume(mt_metrics_writer **out, const char *path, int64_t step);
+
+/* Append one line and flush it. Errors: MT_ERR_RUNTIME (the write failed: disk full,
+ * I/O error) naming the file. */
 mt_status mt_metrics_write(mt_metrics_writer *w, const mt_step_metrics *m);
 
 /* Close; NULL is fine. */

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include "models/checkpoint.h"
@@ -176,6 +177,16 @@ mt_status mt_sample_generate(const mt_train_config *cfg, const char *checkpoint_
         return mt_set_error(MT_ERR_INVALID, "sample: no checkpoint (set load_checkpoint=DIR)");
     const mt_ops *ops;
     MT_TRY(mt_trainer_select_backend(cfg, &ops));
+    struct stat sb;
+    if (stat(checkpoint_dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return mt_set_error(MT_ERR_IO, "key 'load_checkpoint': checkpoint directory '%s' %s", checkpoint_dir,
+                            stat(checkpoint_dir, &sb) != 0 ? "does not exist" : "is not a directory");
+    if (!cfg->tokenizer_path[0])
+        return mt_set_error(MT_ERR_INVALID, "key 'tokenizer_path' is empty: sample decodes with a SentencePiece "
+                            ".vocab file");
+    if (stat(cfg->tokenizer_path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return mt_set_error(MT_ERR_IO, "key 'tokenizer_path' = '%s' is a directory, not a .vocab file",
+                            cfg->tokenizer_path);
     mt_vocab *vocab = NULL;
     MT_TRY(mt_vocab_load(&vocab, cfg->tokenizer_path));
     const int64_t bos = mt_vocab_find(vocab, "<s>"), eos = mt_vocab_find(vocab, "</s>");

@@ -155,11 +155,16 @@ static mt_status check_layout(const mt_train_config *cfg, const int dims[MT_MESH
     const mt_layout_sizes ls = {cfg->model.num_query_heads, cfg->model.num_kv_heads, cfg->model.mlp_dim,
                                 cfg->model.vocab_size, cfg->max_target_length, cfg->per_device_batch_size};
     MT_TRY(mt_mesh_check_layout(dims, &ls));
-    for (int a = MT_AXIS_FSDP; a < MT_AXIS_CONTEXT; a++)
-        if (dims[a] > 1)
-            return mt_set_error(MT_ERR_UNSUPPORTED, "%s=%d: only the data (with ZeRO-1), context and "
-                                "tensor axes are implemented so far; use %s=1", mt_mesh_axis_key((mt_mesh_axis)a), dims[a],
-                                mt_mesh_axis_key((mt_mesh_axis)a));
+    /* fsdp's parameter shards are the ZeRO-1 shards of the gradient group, which is
+     * the fsdp group only when data and context are 1 */
+    if (dims[MT_AXIS_FSDP] > 1 && (dims[MT_AXIS_DATA] > 1 || dims[MT_AXIS_CONTEXT] > 1))
+        return mt_set_error(MT_ERR_UNSUPPORTED, "ici_fsdp_parallelism=%d with ici_data_parallelism=%d and "
+                            "ici_context_parallelism=%d: fsdp composes with the tensor axis only so far; use "
+                            "ici_data_parallelism=1 and ici_context_parallelism=1 (or fsdp 1)",
+                            dims[MT_AXIS_FSDP], dims[MT_AXIS_DATA], dims[MT_AXIS_CONTEXT]);
+    if (dims[MT_AXIS_FSDP] > 1 && cfg->parameter_memory_host_offload)
+        return mt_set_error(MT_ERR_UNSUPPORTED, "ici_fsdp_parallelism=%d with parameter_memory_host_offload: not "
+                            "supported together (fsdp fills the same parameter windows)", dims[MT_AXIS_FSDP]);
     return MT_OK;
 }
 
@@ -241,7 +246,8 @@ static mt_status build_plan(const mt_train_config *cfg, const mt_ops *ops, mt_mo
     *plan = NULL;
     /* gradients add up over data x fsdp x context (mesh->grad) */
     mt_comm *dp_comm = mesh ? mesh->grad : NULL, *tp_comm = mesh ? mesh->axis[MT_AXIS_TENSOR] : NULL;
-    mt_comm *cp_comm = mesh ? mesh->axis[MT_AXIS_CONTEXT] : NULL;
+    mt_comm *cp_comm = mesh ? mesh->axis[MT_AXIS_CONTEXT] : NULL, *fsdp_comm = mesh ? mesh->axis[MT_AXIS_FSDP] : NULL;
+    const int fsdp_n = dims[MT_AXIS_FSDP], fsdp_rank = mesh ? mesh->coord[MT_AXIS_FSDP] : 0;
     const int dp_n = dims[MT_AXIS_DATA] * dims[MT_AXIS_FSDP] * dims[MT_AXIS_CONTEXT], tp_n = dims[MT_AXIS_TENSOR];
     const int cp_n = dims[MT_AXIS_CONTEXT];
     const int dp_rank = mesh ? mt_comm_rank(mesh->grad) : 0;
@@ -252,13 +258,23 @@ static mt_status build_plan(const mt_train_config *cfg, const mt_ops *ops, mt_mo
     if (st == MT_OK) st = mt_model_set_tensor_parallel(*model, tp_comm, tp_n, tp_rank);
     if (st == MT_OK) st = mt_model_set_context_parallel(*model, cp_comm, cp_n, cp_rank,
                                                          cfg->context_parallel_strategy);
+    if (st == MT_OK) st = mt_model_set_sequence_parallel(*model, cfg->tensor_sequence_parallelism);
+    if (st == MT_OK) st = mt_model_set_fsdp(*model, fsdp_comm, fsdp_n, fsdp_rank);
     if (st == MT_OK) st = mt_memory_apply_remat(cfg, *model);
     if (st == MT_OK) st = mt_plan_new(plan);
     if (st == MT_OK) st = mt_model_add_to_plan(*model, *plan);
     if (st == MT_OK)
-        st = mt_grad_sync_init(gs, dp_comm, dp_n, dp_rank, mt_model_numel(*model), cfg->shard_optimizer_over_data,
-                               cfg->grad_dtype, (mt_ga_reduce)cfg->gradient_accumulation_reduce,
-                               cfg->gradient_accumulation_steps);
+        st = mt_grad_sync_init(gs, dp_comm, dp_n, dp_rank, mt_model_numel(*model),
+                               cfg->shard_optimizer_over_data || fsdp_n > 1, cfg->grad_dtype,
+                               (mt_ga_reduce)cfg->gradient_accumulation_reduce, cfg->gradient_accumulation_steps);
+    if (st == MT_OK && fsdp_n > 1) { /* fsdp implies ZeRO-1 on the same shards (check_layout) */
+        int64_t lo, hi;
+        mt_model_fsdp_range(*model, &lo, &hi);
+        gs->params_sharded = 1;
+        if (lo != gs->lo || hi != gs->hi)
+            st = mt_set_error(MT_ERR_RUNTIME, "fsdp shard [%lld, %lld) differs from the optimizer shard [%lld, %lld)",
+                              (long long)lo, (long long)hi, (long long)gs->lo, (long long)gs->hi);
+    }
     if (st == MT_OK) st = setup_tensor(*model, gs, tp_comm, tp_n, tp_rank);
     if (st == MT_OK) st = mt_grad_sync_add_to_plan(gs, *plan, mt_model_phase_count(*model) - 1);
     if (st == MT_OK) {
@@ -406,6 +422,23 @@ static mt_status load_train_state(mt_trainer *t, const char *dir) {
                           vals[0], t->cfg.steps);
         goto done;
     }
+    {
+        /* The data position counts windows of this batch shape over these data ranks
+         * (written since the keys were added; older train states lack them). */
+        const char *mk[3] = {"per_device_batch_size", "max_target_length", "data_parallel_ranks"};
+        const int64_t now[3] = {t->cfg.per_device_batch_size, t->cfg.max_target_length, dp_size(t->mesh)};
+        for (int i = 0; i < 3; i++) {
+            const char *sv = mt_safetensors_metadata(f, mk[i]);
+            if (sv && strtoll(sv, NULL, 10) != now[i]) {
+                const char *key = i == 2 ? "ici_data_parallelism" : mk[i];
+                st = mt_set_error(MT_ERR_INVALID, "%s: key '%s': the checkpoint's data position was made with "
+                                  "%s = %s, this run has %" PRId64 "%s; resume with the same batch shape",
+                                  path, key, mk[i], sv, now[i],
+                                  i == 2 ? " (data x fsdp ranks)" : "");
+                goto done;
+            }
+        }
+    }
     mt_data_position pos = {vals[1], vals[2], vals[3]};
     st = mt_data_seek(t->train, pos);
     if (st != MT_OK) {
@@ -420,6 +453,9 @@ done:
 
 static mt_status open_loader(mt_data_loader **out, const mt_train_config *cfg, const char *split, int rank,
                              int world) {
+    if (!cfg->dataset_path[0])
+        return mt_set_error(MT_ERR_INVALID, "key 'dataset_path' is empty: training needs a directory of "
+                            "train_*.bin (and val_*.bin) shards");
     MT_TRY(mt_data_open(out, cfg->dataset_path, split, cfg->per_device_batch_size, cfg->max_target_length, rank,
                         world));
     int64_t mx = mt_data_max_token(*out);
@@ -450,6 +486,67 @@ static mt_status setup_host_pool(mt_trainer *t) {
     MT_TRY(mt_arena_create(&t->host_arena, t->host_plan, NULL, NULL));
     t->have_host_arena = 1;
     return mt_model_bind_host(t->model, &t->host_arena, t->host_plan);
+}
+
+/* The Hugging Face config.json field of a model key, for messages. */
+static const char *hf_field(const char *key) {
+    static const char *const map[][2] = {
+        {"decoder_block", "model_type"}, {"vocab_size", "vocab_size"}, {"base_emb_dim", "hidden_size"},
+        {"base_num_query_heads", "num_attention_heads"}, {"base_num_kv_heads", "num_key_value_heads"},
+        {"head_dim", "head_dim"}, {"base_mlp_dim", "intermediate_size"},
+        {"base_num_decoder_layers", "num_hidden_layers"}, {"mlp_activations", "hidden_act"},
+        {"logits_via_embedding", "tie_word_embeddings"}, {"normalization_layer_epsilon", "rms_norm_eps"},
+        {"rope_max_timescale", "rope_theta"}, {"rope_type", "rope_scaling"}};
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (strcmp(map[i][0], key) == 0) return map[i][1];
+    return key;
+}
+
+/* The directory of key `key` exists; with `compare`, its config.json is read
+ * (mt_hf_config_read) and must describe the configured model (mt_model_config_diff).
+ * Errors: MT_ERR_IO (no such directory, no config.json), MT_ERR_FORMAT (config.json),
+ * MT_ERR_INVALID (a mismatch, naming the file, the field and both values). */
+static mt_status check_checkpoint_dir(const mt_train_config *cfg, const char *key, const char *dir, int compare) {
+    struct stat sb;
+    if (stat(dir, &sb) != 0)
+        return mt_set_error(MT_ERR_IO, "key '%s': checkpoint directory '%s' does not exist (%s)", key, dir,
+                            strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return mt_set_error(MT_ERR_IO, "key '%s': '%s' is not a directory (give the checkpoint directory, "
+                            "e.g. .../checkpoints/step_N)", key, dir);
+    if (!compare) return MT_OK;
+    char path[MT_PATH];
+    if (!path_join(path, sizeof path, dir, "config.json")) return mt_set_error(MT_ERR_IO, "path too long: '%s'", dir);
+    if (stat(path, &sb) != 0)
+        return mt_set_error(MT_ERR_IO, "key '%s': '%s' is missing: a checkpoint directory holds config.json, "
+                            "model.safetensors and train_state.safetensors", key, path);
+    mt_model_config ck;
+    MT_TRY(mt_hf_config_read(path, &ck));
+    char va[128], vb[128];
+    const mt_config_key *k = mt_model_config_diff(&cfg->model, &ck, NULL, va, vb, sizeof va);
+    if (k)
+        return mt_set_error(MT_ERR_INVALID, "%s: field '%s' gives %s = %s, but the configured model '%s' has "
+                            "%s = %s: resume with the model the checkpoint was written with", path,
+                            hf_field(k->name), k->name, vb, cfg->model.model_name, k->name, va);
+    return MT_OK;
+}
+
+/* mt_checkpoint_load_model; under fsdp through a full host buffer of which this rank
+ * keeps its shard. */
+static mt_status load_model_params(mt_trainer *t, const char *dir) {
+    if (!t->gs.params_sharded) return mt_checkpoint_load_model(dir, t->model);
+    float *full = malloc(sizeof(float) * (size_t)t->numel);
+    if (!full) return mt_set_error(MT_ERR_OOM, "fsdp: cannot allocate %lld floats", (long long)t->numel);
+    mt_status st = mt_model_fsdp_bind_full(t->model, full);
+    if (st == MT_OK) {
+        st = mt_checkpoint_load_model(dir, t->model);
+        mt_model_fsdp_bind_full(t->model, NULL);
+    }
+    if (st == MT_OK)
+        t->ops->copy_to_device(mt_model_params(t->model), full + t->gs.lo,
+                               (size_t)(t->gs.hi - t->gs.lo) * sizeof(float));
+    free(full);
+    return st;
 }
 
 size_t mt_trainer_host_bytes(const mt_trainer *t) { return t->have_host_arena ? t->host_arena.bytes : 0; }
@@ -493,11 +590,13 @@ mt_status mt_trainer_create(mt_trainer **out, const mt_train_config *cfg) {
     if (st == MT_OK) st = build_shard_table(t);
     if (st == MT_OK) {
         if (cfg->load_checkpoint[0]) {
-            st = mt_checkpoint_load_model(cfg->load_checkpoint, t->model);
+            st = check_checkpoint_dir(cfg, "load_checkpoint", cfg->load_checkpoint, 1);
+            if (st == MT_OK) st = load_model_params(t, cfg->load_checkpoint);
             if (st == MT_OK) st = load_train_state(t, cfg->load_checkpoint);
             t->resumed = 1;
         } else if (cfg->load_parameters_path[0]) {
-            st = mt_checkpoint_load_model(cfg->load_parameters_path, t->model);
+            st = check_checkpoint_dir(cfg, "load_parameters_path", cfg->load_parameters_path, 0);
+            if (st == MT_OK) st = load_model_params(t, cfg->load_parameters_path);
         } else {
             st = mt_model_init_params(t->model, (uint64_t)cfg->seed);
         }
@@ -557,9 +656,12 @@ mt_status mt_trainer_gather_grad(mt_trainer *t, float *host) {
 static uint64_t ar_bytes(uint64_t S, uint64_t T) { return T > 1 ? 2 * (T - 1) * S / T : 0; }
 
 /* Tensor-axis bytes of one micro-batch's forward + backward (models/model.h, all
- * tensors kept on the device): per layer the o_proj and down_proj outputs and the two
- * column-parallel input gradients (4 all-reduces of N x D floats); per loss tile the
- * row maxima (R floats) and the sum-exp / label logits (2R doubles); dh (N x D floats). */
+ * tensors kept on the device; a remat policy that recomputes o_proj / mlpwo or the
+ * q/k/v projections adds collectives this formula does not count): per layer the
+ * o_proj and down_proj outputs and the two column-parallel input gradients (4
+ * all-reduces of N x D floats; with tensor_sequence_parallelism 10 all-gathers /
+ * reduce-scatters plus the final hidden state's all-gather); per loss tile the row
+ * maxima (R floats) and the sum-exp / label logits (2R doubles); dh (N x D floats). */
 static uint64_t tensor_model_bytes(const mt_trainer *t) {
     const uint64_t T = (uint64_t)t->mesh->dims[MT_AXIS_TENSOR];
     if (T <= 1) return 0;
@@ -568,7 +670,13 @@ static uint64_t tensor_model_bytes(const mt_trainer *t) {
     const int64_t L = t->cfg.model.num_decoder_layers;
     int64_t K = t->cfg.num_vocab_tiling;
     if (K > N) K = N;
-    uint64_t b = 4 * (uint64_t)L * ar_bytes(4 * (uint64_t)(N * D), T) + ar_bytes(4 * (uint64_t)(N * D), T);
+    const uint64_t ND4 = 4 * (uint64_t)(N * D);
+    /* sequence parallelism (models/model.h): per layer 4 all-gathers / reduce-scatters
+     * in the forward and 6 in the backward, (T - 1) / T of N x D floats each, plus the
+     * final hidden state all-gathered; dh is still all-reduced by the loss */
+    uint64_t b = t->cfg.tensor_sequence_parallelism ? 10 * (uint64_t)L * ((T - 1) * ND4 / T) + (T - 1) * ND4 / T
+                                                    : 4 * (uint64_t)L * ar_bytes(ND4, T);
+    b += ar_bytes(ND4, T);
     for (int64_t k = 0; k < K; k++) {
         const uint64_t R = (uint64_t)((k + 1) * N / K - k * N / K);
         b += ar_bytes(4 * R, T) + ar_bytes(16 * R, T);
@@ -598,7 +706,9 @@ void mt_trainer_step_bytes(const mt_trainer *t, uint64_t *measured, uint64_t *fo
     if (formula)
         *formula = mt_grad_sync_step_bytes(&t->gs, t->cfg.gradient_accumulation_steps) +
                    (t->gs.zero1 ? 3 : 2) * scalar +
-                   (uint64_t)t->cfg.gradient_accumulation_steps * (tensor_model_bytes(t) + context_model_bytes(t));
+                   (uint64_t)t->cfg.gradient_accumulation_steps *
+                       (tensor_model_bytes(t) + context_model_bytes(t) +
+                        4 * (uint64_t)mt_model_fsdp_gather_floats(t->model)); /* fsdp parameter all-gathers */
 }
 
 /* ----------------------------------------------------------------- a step ---- */
@@ -654,8 +764,9 @@ mt_status mt_trainer_step(mt_trainer *t, mt_step_metrics *m) {
     const double clip = mt_clip_scale(norm, t->cfg.gradient_clipping_threshold);
     const double lr = mt_lr_schedule_at(&t->sched, t->step);
     float *params = mt_model_params(t->model);
-    MT_TRY(mt_adamw_step(&t->opt, t->sparams, t->nsparams, params + t->gs.lo, g, (float)lr, (float)clip,
-                         t->step + 1));
+    /* fsdp: the model holds only the shard, which is the optimizer's */
+    MT_TRY(mt_adamw_step(&t->opt, t->sparams, t->nsparams, t->gs.params_sharded ? params : params + t->gs.lo, g,
+                         (float)lr, (float)clip, t->step + 1));
     MT_TRY(mt_grad_sync_gather_params(&t->gs, params));
     t->last_step_bytes = mt_mesh_bytes_total(t->mesh) - bytes0;
     ops->sync();
@@ -733,7 +844,10 @@ static mt_status write_train_state(mt_trainer *t, const char *dir) {
         }
     }
     const mt_data_position pos = mt_data_tell(t->train);
-    char step[32], shard[32], off[32], epoch[32], seed[32];
+    char step[32], shard[32], off[32], epoch[32], seed[32], bsz[32], seq[32], dpw[32];
+    snprintf(bsz, sizeof bsz, "%" PRId64, t->cfg.per_device_batch_size);
+    snprintf(seq, sizeof seq, "%" PRId64, t->cfg.max_target_length);
+    snprintf(dpw, sizeof dpw, "%d", dp_size(t->mesh));
     snprintf(step, sizeof step, "%" PRId64, t->step);
     snprintf(shard, sizeof shard, "%" PRId64, pos.shard);
     snprintf(off, sizeof off, "%" PRId64, pos.offset);
@@ -741,7 +855,10 @@ static mt_status write_train_state(mt_trainer *t, const char *dir) {
     snprintf(seed, sizeof seed, "%" PRId64, t->cfg.seed);
     const char *meta[] = {"format", MT_TRAIN_STATE_FORMAT, "version", MT_TRAIN_STATE_VERSION,
                           "step", step, "data_shard", shard, "data_offset", off, "data_epoch", epoch,
-                          "seed", seed, NULL};
+                          "seed", seed,
+                          /* the batch shape the data position was made with (checked on resume) */
+                          "per_device_batch_size", bsz, "max_target_length", seq, "data_parallel_ranks", dpw,
+                          NULL};
     char path[MT_PATH];
     if (!path_join(path, sizeof path, dir, "train_state.safetensors"))
         st = mt_set_error(MT_ERR_IO, "path too long: '%s'", dir);
@@ -755,7 +872,31 @@ done:
     return st;
 }
 
+static mt_status save_checkpoint(mt_trainer *t, char *out_path, size_t out_size);
+
 mt_status mt_trainer_save_checkpoint(mt_trainer *t, char *out_path, size_t out_size) {
+    if (t->gs.params_sharded) { /* fsdp: every rank joins the gather of the shards, rank 0 writes them */
+        float *full = malloc(sizeof(float) * (size_t)t->numel);
+        if (!full) return mt_set_error(MT_ERR_OOM, "fsdp: cannot allocate %lld floats", (long long)t->numel);
+        mt_status st = mt_trainer_gather_params(t, full);
+        if (st == MT_OK) st = mt_model_fsdp_bind_full(t->model, full);
+        if (st == MT_OK) {
+            st = save_checkpoint(t, out_path, out_size);
+            mt_model_fsdp_bind_full(t->model, NULL);
+        }
+        free(full);
+        return st;
+    }
+    return save_checkpoint(t, out_path, out_size);
+}
+
+mt_status mt_trainer_gather_params(mt_trainer *t, float *host) {
+    if (t->gs.params_sharded) return mt_grad_sync_gather(&t->gs, mt_model_params(t->model), host);
+    t->ops->copy_to_host(host, mt_model_params(t->model), (size_t)t->numel * sizeof(float));
+    return MT_OK;
+}
+
+static mt_status save_checkpoint(mt_trainer *t, char *out_path, size_t out_size) {
     char ckdir[MT_PATH], final[MT_PATH], tmp[MT_PATH + 8], old[MT_PATH + 8], name[48];
     if (t->mesh->rank != 0) { /* joins rank 0's gather of the optimizer shards; writes nothing */
         if (out_path && out_size) out_path[0] = '\0';
@@ -770,8 +911,17 @@ mt_status mt_trainer_save_checkpoint(mt_trainer *t, char *out_path, size_t out_s
     MT_TRY(mkdir_p(ckdir));
     MT_TRY(remove_flat_dir(tmp));
     MT_TRY(mkdir_p(tmp));
-    MT_TRY(mt_checkpoint_save_model(tmp, t->model, MT_F32));
-    MT_TRY(write_train_state(t, tmp));
+    mt_status ws = mt_checkpoint_save_model(tmp, t->model, MT_F32);
+    if (ws == MT_OK) ws = write_train_state(t, tmp);
+    if (ws != MT_OK) {
+        /* Writing into the directory just made failed (disk full, I/O error, short
+         * write): a runtime failure (exit 1), and no half checkpoint is left. */
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", mt_last_error());
+        (void)remove_flat_dir(tmp);
+        return mt_set_error(ws == MT_ERR_OOM ? MT_ERR_OOM : MT_ERR_RUNTIME,
+                            "writing checkpoint '%s' failed (the partial '%s' was removed): %s", final, tmp, msg);
+    }
     /* Swap into place: an existing step_N moves aside first, so step_N is always
      * either the old or the new complete checkpoint. */
     struct stat sb;
@@ -789,6 +939,102 @@ mt_status mt_trainer_save_checkpoint(mt_trainer *t, char *out_path, size_t out_s
 
 /* -------------------------------------------------------------------- run ---- */
 
+/* The newest complete checkpoint step_<digits> under ckdir, or -1. */
+static int64_t latest_checkpoint(const char *ckdir) {
+    DIR *d = opendir(ckdir);
+    if (!d) return -1;
+    int64_t best = -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *n = e->d_name;
+        if (strncmp(n, "step_", 5) != 0 || !n[5]) continue;
+        int digits = 1;
+        for (const char *p = n + 5; *p; p++) digits &= *p >= '0' && *p <= '9';
+        if (!digits) continue;
+        int64_t v = strtoll(n + 5, NULL, 10);
+        if (v > best) best = v;
+    }
+    closedir(d);
+    return best;
+}
+
+/* Does the directory hold any entry? */
+static int dir_has_entries(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return 0;
+    int any = 0;
+    struct dirent *e;
+    while (!any && (e = readdir(d))) any = strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(d);
+    return any;
+}
+
+static mt_status check_outputs_here(const mt_trainer *t) {
+    const mt_train_config *c = &t->cfg;
+    struct stat sb;
+    if (!c->base_output_directory[0])
+        return mt_set_error(MT_ERR_INVALID, "key 'base_output_directory' is empty: outputs go to "
+                            "<base_output_directory>/<run_name>/ (use '.' for the current directory)");
+    if (stat(c->base_output_directory, &sb) == 0 && !S_ISDIR(sb.st_mode))
+        return mt_set_error(MT_ERR_INVALID, "key 'base_output_directory' = '%s' exists and is not a directory",
+                            c->base_output_directory);
+    /* The nearest existing ancestor of the run directory must be writable. */
+    char anc[MT_PATH];
+    snprintf(anc, sizeof anc, "%s", t->run_dir);
+    while (stat(anc, &sb) != 0) {
+        char *slash = strrchr(anc, '/');
+        if (!slash) {
+            snprintf(anc, sizeof anc, ".");
+            break;
+        }
+        if (slash == anc) slash[1] = '\0';
+        else *slash = '\0';
+        if (strcmp(anc, "/") == 0) break;
+    }
+    if (stat(anc, &sb) == 0 && S_ISDIR(sb.st_mode) && access(anc, W_OK | X_OK) != 0)
+        return mt_set_error(MT_ERR_IO, "cannot write the run directory '%s': '%s' is not writable (%s)", t->run_dir,
+                            anc, strerror(errno));
+    if (stat(t->run_dir, &sb) != 0) return MT_OK; /* a new run directory */
+    if (!S_ISDIR(sb.st_mode))
+        return mt_set_error(MT_ERR_INVALID, "run directory '%s' exists and is not a directory (run_name '%s')",
+                            t->run_dir, c->run_name);
+    char ck[MT_PATH], mpath[MT_PATH];
+    if (!path_join(ck, sizeof ck, t->run_dir, "checkpoints") || !path_join(mpath, sizeof mpath, t->run_dir, "metrics.jsonl"))
+        return mt_set_error(MT_ERR_INVALID, "base_output_directory + run_name is too long");
+    const int has_ck = stat(ck, &sb) == 0;
+    if (has_ck && !S_ISDIR(sb.st_mode))
+        return mt_set_error(MT_ERR_INVALID, "'%s' exists and is not a directory: checkpoints could not be written "
+                            "there (remove it or choose another run_name)", ck);
+    const int has_metrics = stat(mpath, &sb) == 0;
+    if (has_metrics && !S_ISREG(sb.st_mode))
+        return mt_set_error(MT_ERR_INVALID, "'%s' exists and is not a file", mpath);
+    if (c->load_checkpoint[0]) return MT_OK; /* resuming: metrics are cut back to the resumed step */
+    if (has_metrics || (has_ck && dir_has_entries(ck))) {
+        const int64_t n = latest_checkpoint(ck);
+        if (n >= 0)
+            return mt_set_error(MT_ERR_INVALID, "run directory %s already holds a run; resume with "
+                                "load_checkpoint=%s/step_%" PRId64 " or choose another run_name", t->run_dir, ck, n);
+        return mt_set_error(MT_ERR_INVALID, "run directory %s already holds a run (no complete checkpoint to "
+                            "resume from); remove it or choose another run_name", t->run_dir);
+    }
+    return MT_OK;
+}
+
+mt_status mt_trainer_check_outputs(mt_trainer *t) {
+    /* World rank 0 writes the run directory: it checks, and every rank learns the
+     * verdict before any rank goes on (so no rank sees rank 0's first writes). */
+    mt_status st = t->mesh->rank == 0 ? check_outputs_here(t) : MT_OK;
+    int64_t bad = st != MT_OK;
+    if (t->mesh->dims[0] * t->mesh->dims[1] * t->mesh->dims[2] * t->mesh->dims[3] > 1) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", mt_last_error());
+        MT_TRY(mt_comm_all_reduce(t->mesh->all, &bad, 1, MT_COMM_I64));
+        if (st != MT_OK) return mt_set_error(st, "%s", msg);
+        if (bad) return mt_set_error(MT_ERR_INVALID, "rank 0 refused the run directory '%s'", t->run_dir);
+    }
+    return st;
+}
+
 mt_status mt_trainer_run(mt_trainer *t, mt_train_callback cb, void *user) {
     /* Under mpirun only world rank 0 writes the run directory and calls cb. */
     const int lead = t->mesh->rank == 0;
@@ -798,12 +1044,11 @@ mt_status mt_trainer_run(mt_trainer *t, mt_train_callback cb, void *user) {
         char mpath[MT_PATH];
         if (!path_join(mpath, sizeof mpath, t->run_dir, "metrics.jsonl"))
             return mt_set_error(MT_ERR_IO, "path too long: '%s'", t->run_dir);
-        MT_TRY(mt_metrics_open(&mw, mpath, t->resumed));
+        /* resumed: keep the complete rows up to the resumed step (atomic rewrite) */
+        MT_TRY(t->resumed ? mt_metrics_open_resume(&mw, mpath, t->step) : mt_metrics_open(&mw, mpath, 0));
     }
     mt_status st = MT_OK;
     const mt_train_config *c = &t->cfg;
-    if (t->resumed && lead)
-        MT_LOG_I("resumed from %s at step %" PRId64, c->load_checkpoint, t->step);
     if (t->step == 0 && t->val) {
         mt_step_metrics m;
         memset(&m, 0, sizeof m);

@@ -15,7 +15,8 @@
  * slice of the global batch, and world rank 0 alone writes metrics and checkpoints.
  *
  * Outputs under <base_output_directory>/<run_name>/ (DESIGN.md section 6):
- * metrics.jsonl (train/metrics.h) and checkpoints/step_<N>/ holding model.safetensors
+ * metrics.jsonl (train/metrics.h; on resume cut back atomically to the rows up to the
+ * resumed step, then appended) and checkpoints/step_<N>/ holding model.safetensors
  * + config.json (mt_checkpoint_save_model, F32) and train_state.safetensors:
  * "<hf name>.adam_m" and "<hf name>.adam_v" (F32, the parameter's shape) for every
  * parameter, and __metadata__ {format: "meshtrain-train-state", version: "1", step,
@@ -90,6 +91,11 @@ int mt_trainer_world_rank(const mt_trainer *t);
  * every rank must call it). Errors: MT_ERR_INVALID before the first step. */
 mt_status mt_trainer_gather_grad(mt_trainer *t, float *host);
 
+/* The parameters, all numel fp32 values in the model's flat layout, copied to
+ * host[numel] on every rank (a collective under fsdp, where each rank holds a shard:
+ * every rank must call it). Errors: those of the gather. */
+mt_status mt_trainer_gather_params(mt_trainer *t, float *host);
+
 /* Bytes this rank sent during the last step (parallel/comm.h accounting) and the
  * layout's formula for them (parallel/zero1.h: gradient and parameter collectives plus
  * the 8-byte all-reduces of loss sum, token count and, under ZeRO-1, squared norm). */
@@ -106,8 +112,21 @@ mt_status mt_trainer_step(mt_trainer *t, mt_step_metrics *m);
 mt_status mt_trainer_evaluate(mt_trainer *t, double *val_loss, int64_t *val_tokens);
 
 /* Write <run dir>/checkpoints/step_<N>/ for the current step N (replacing an
- * existing one). path (may be NULL) receives the directory. Errors: MT_ERR_IO, MT_ERR_OOM. */
+ * existing one). path (may be NULL) receives the directory. A failed write (disk
+ * full, I/O error, short write) removes step_<N>.tmp/ and is MT_ERR_RUNTIME (exit 1).
+ * Errors: MT_ERR_IO (cannot create or rename the directories), MT_ERR_RUNTIME, MT_ERR_OOM. */
 mt_status mt_trainer_save_checkpoint(mt_trainer *t, char *path, size_t path_size);
+
+/* Check the outputs before anything is written (the CLI calls it after
+ * mt_trainer_create and before mt_trainer_run): base_output_directory is non-empty
+ * and a directory if it exists, the run directory's nearest existing ancestor is
+ * writable, <run dir>, <run dir>/checkpoints and metrics.jsonl are of the right kind,
+ * and, unless load_checkpoint resumes, the run directory does not already hold a run
+ * (metrics.jsonl, or anything under checkpoints/): its message names the newest
+ * complete checkpoint to resume from. World rank 0 checks; under mpirun every rank
+ * gets the verdict (a collective on the world). Errors: MT_ERR_INVALID naming the key
+ * or path, MT_ERR_IO (not writable). */
+mt_status mt_trainer_check_outputs(mt_trainer *t);
 
 /* Called after every step (and after the evaluation before training) with that
  * step's metrics row; the CLI prints from it. */

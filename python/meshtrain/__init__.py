@@ -303,8 +303,14 @@ class Session:
         return ls.value, c.value
 
     def backward_hidden(self, dhidden):
-        """Backward from d(loss)/d(hidden): not available yet (raises, MT_ERR_UNSUPPORTED)."""
-        d = np.ascontiguousarray(dhidden, dtype=np.float32)
+        """Adds the gradients of a loss of one's own on the hidden states of the last
+        forward(): dhidden [rows, emb_dim] = d(loss)/d(hidden), back-propagated through
+        the final norm, the layers and the embedding (not the unembedding). One backward
+        per forward (raises MeshtrainError "invalid input" otherwise)."""
+        d = np.ascontiguousarray(dhidden, dtype=np.float32).reshape(-1)
+        if d.size != self.rows * self.emb_dim:
+            raise ValueError("dhidden has %d elements, expected rows x emb_dim = %d"
+                             % (d.size, self.rows * self.emb_dim))
         _call("mt_session_backward_hidden", self._s, d)
 
     def tiled_loss(self, hidden, labels, dscale=1.0, grad=True, add_unembedding_grad=False):

@@ -115,9 +115,23 @@ class MeshtrainTest(unittest.TestCase):
             one, c1, _ = s.tiled_loss(h[:1].astype(np.float32), y[:1], grad=False)
             self.assertEqual(c1, 1)
             self.assertAlmostEqual(one, -np.log(p[0, y[0]]), delta=1e-5)
+            # the tiled loss's dhidden back through the decoder (backward_hidden) gives
+            # forward_backward's gradients: the same ops on the same values
+            names = s.param_names()
+            s.zero_grads()
+            _, _, dh = s.tiled_loss(s.forward(tok), lab, dscale=0.25, add_unembedding_grad=True)
+            s.backward_hidden(dh)
+            g1 = {n: s.grad(n) for n in names}
+            s.zero_grads()
+            s.forward_backward(tok, lab, dscale=0.25)
+            for n in names:
+                g2 = s.grad(n)
+                self.assertGreater(np.abs(g2).max(), 0.0, n)
+                # fp32; only the order of additions may differ: 1e-6 of the largest entry
+                np.testing.assert_allclose(g1[n], g2, rtol=0, atol=1e-6 * np.abs(g2).max(), err_msg=n)
             with self.assertRaises(meshtrain.MeshtrainError) as e:
-                s.backward_hidden(dh)
-            self.assertEqual(e.exception.status_name, "unsupported")
+                s.backward_hidden(dh)  # forward_backward consumed the forward
+            self.assertEqual(e.exception.status_name, "invalid input")
 
     def test_gradient_directional_derivative(self):
         """d/de L(p + e g) at e = 0 equals |g|^2 for g = dL/dp (L = mean loss)."""

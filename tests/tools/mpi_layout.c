@@ -9,6 +9,9 @@
  *                                     OUT/params.bin (parameters after step 3, fp32);
  *                                     every rank writes OUT/bytes.<rank>.txt
  *                                     ("measured formula" bytes sent in each step)
+ *   mpi_layout plan CONFIG [k=v]      the trainer's own plan of rank 0 of the layout
+ *                                     (no mpirun): "params P grads G optimizer O
+ *                                     peak K" (bytes; P = sum of the params entries)
  *   mpi_layout compare REF RUN TOL    loss, every parameter's gradient and every
  *                                     parameter after 3 steps: relative error
  *                                     ||a - b|| / ||b|| per tensor <= TOL; exit 1 if not.
@@ -86,6 +89,8 @@ static int cmd_run(const char *out, const char *config, int n, const char *const
             if (rank == 0 && write_floats(path, buf, numel)) return die(path);
         }
     }
+    /* every rank joins the gather (fsdp: each holds a shard) */
+    if (mt_trainer_gather_params(t, buf) != MT_OK) return die("gather params");
     snprintf(path, sizeof path, "%s/bytes.%d.txt", out, rank);
     FILE *f = fopen(path, "w");
     if (!f) return die(path);
@@ -93,7 +98,7 @@ static int cmd_run(const char *out, const char *config, int n, const char *const
     fclose(f);
     if (rank == 0) {
         snprintf(path, sizeof path, "%s/params.bin", out);
-        if (write_floats(path, mt_model_params(m), numel)) return die(path);
+        if (write_floats(path, buf, numel)) return die(path);
         snprintf(path, sizeof path, "%s/loss.txt", out);
         f = fopen(path, "w");
         for (int s = 0; s < 3; s++) fprintf(f, "%.17g\n", loss[s]);
@@ -108,6 +113,20 @@ static int cmd_run(const char *out, const char *config, int n, const char *const
     }
     free(buf);
     mt_trainer_free(t);
+    return 0;
+}
+
+static int cmd_plan(const char *config, int n, const char *const *ov) {
+    mt_train_config cfg;
+    if (mt_train_config_load(&cfg, config, n, ov) != MT_OK) return die("config");
+    mt_plan *plan = NULL;
+    int64_t np = 0;
+    if (mt_trainer_plan(&cfg, &plan, &np) != MT_OK) return die("plan");
+    size_t tot[MT_MEM_CATEGORY_COUNT];
+    mt_plan_total_by_category(plan, tot);
+    printf("params %zu grads %zu optimizer %zu peak %zu\n", tot[MT_MEM_PARAMS], tot[MT_MEM_GRADS],
+           tot[MT_MEM_OPTIMIZER], mt_plan_peak(plan));
+    mt_plan_free(plan);
     return 0;
 }
 
@@ -184,7 +203,9 @@ int main(int argc, char **argv) {
     if (argc >= 3 && strcmp(argv[1], "data") == 0) return cmd_data(argv[2]);
     if (argc >= 4 && strcmp(argv[1], "run") == 0)
         return cmd_run(argv[2], argv[3], argc - 4, (const char *const *)argv + 4);
+    if (argc >= 3 && strcmp(argv[1], "plan") == 0) return cmd_plan(argv[2], argc - 3, (const char *const *)argv + 3);
     if (argc == 5 && strcmp(argv[1], "compare") == 0) return cmd_compare(argv[2], argv[3], atof(argv[4]));
-    fprintf(stderr, "usage: mpi_layout data DIR | run OUT CONFIG [k=v ...] | compare REF RUN TOL\n");
+    fprintf(stderr, "usage: mpi_layout data DIR | run OUT CONFIG [k=v ...] | plan CONFIG [k=v ...] | "
+            "compare REF RUN TOL\n");
     return 2;
 }
