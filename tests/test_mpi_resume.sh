@@ -8,7 +8,11 @@
 #    AdamW moments gathered from the ZeRO-1 shards) equals the single-process one to
 #    1e-5 relative per tensor;
 #  - resuming from that checkpoint under the same layout reproduces steps 3..4 of the
-#    uninterrupted run bitwise (loss and grad_norm printed with %.17g in metrics.jsonl).
+#    uninterrupted run bitwise (loss and grad_norm printed with %.17g in metrics.jsonl);
+#  - that multi-rank checkpoint loads as load_parameters_path into runs of other
+#    layouts (one process, and cp2 over 2 ranks) with learning_rate 0: their first
+#    losses agree to 1e-5 and the checkpoints they write hold the loaded parameters
+#    bitwise.
 # adam_eps = 1e-5 for the reason given in tests/test_mpi_layouts.sh.
 set -u
 build="${1:?usage: test_mpi_resume.sh BUILD_DIR}"
@@ -105,6 +109,38 @@ PY
 }
 check par ici_data_parallelism=2 ici_tensor_parallelism=2 shard_optimizer_over_data=true per_device_batch_size=2
 check fsdp ici_fsdp_parallelism=2 ici_tensor_parallelism=2 per_device_batch_size=2
+
+# Cross-layout load: the dp2 x tp2 run's step_2 parameters into a single process and
+# into a cp2 run (2 ranks), one step at learning_rate 0 (AdamW then moves nothing).
+src="$tmp/out/par/checkpoints/step_2"
+"$bin" train "$tmp/cfg/run.yml" run_name=x_single per_device_batch_size=4 steps=1 \
+    learning_rate=0 load_parameters_path="$src" > "$tmp/x_single.log" 2>&1 ||
+    fail "load into single process: $(tail -3 "$tmp/x_single.log")"
+mpirun --oversubscribe -np 2 "$bin" train "$tmp/cfg/run.yml" run_name=x_cp2 per_device_batch_size=4 \
+    steps=1 learning_rate=0 ici_context_parallelism=2 load_parameters_path="$src" \
+    > "$tmp/x_cp2.log" 2>&1 || fail "load into cp2: $(tail -3 "$tmp/x_cp2.log")"
+echo "== cross-layout load of $src"
+$py - "$tmp/out" "$src" <<'PY' || fail "cross-layout load comparison"
+import json, sys
+out, src = sys.argv[1], sys.argv[2]
+def loss(run):
+    return [json.loads(l) for l in open(f"{out}/{run}/metrics.jsonl") if '"loss"' in l][0]["loss"]
+a, b = loss("x_single"), loss("x_cp2")
+e = abs(a - b) / abs(a)
+print(f"first loss: single {a:.9f} cp2 {b:.9f} rel {e:.1e}")
+bad = e > 1e-5
+def blob(path):
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little"); hdr = json.loads(f.read(n)); data = f.read()
+    return {k: data[v["data_offsets"][0]:v["data_offsets"][1]] for k, v in hdr.items() if k != "__metadata__"}
+ref = blob(f"{src}/model.safetensors")
+for run in ("x_single", "x_cp2"):
+    got = blob(f"{out}/{run}/checkpoints/step_1/model.safetensors")
+    same = got.keys() == ref.keys() and all(got[k] == ref[k] for k in ref)
+    print(f"{run}: parameters {'bitwise equal to' if same else 'DIFFER from'} the loaded checkpoint")
+    bad |= not same
+sys.exit(1 if bad else 0)
+PY
 
 if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
 echo "parallel checkpoints and resume agree"
