@@ -1,0 +1,389 @@
+/* bench/gpu_bench.c: the GPU figures of issue 4, written as JSON files into OUTDIR.
+ *
+ *   gemm.json       C = A B at LLM shapes through the backend's gemm (fp32 cuBLASLt,
+ *                   no TF32), next to cuBLASLt called directly for the same shape in
+ *                   fp32 and in bf16 (fp32 accumulation): the library's own figures.
+ *   attention.json  attention forward + backward TFLOP/s, causal, head_dim 128 and 256,
+ *                   sequence 4096 and 8192 (FLOPs: 4 B H T^2 Dh / 2 forward, 2.5 times
+ *                   that backward, the FlashAttention-2 paper's convention).
+ *   step.json       one training step (forward, backward, global norm, AdamW) of
+ *                   gemma-2b- and llama3.1-8b-shaped models: tokens/s, MFU against 989
+ *                   TFLOP/s (H100/H200 dense bf16) with 6 N + 6 L H Dh T FLOPs per token
+ *                   (PaLM's formula, attention halved for causality), and planned
+ *                   (mt_plan_peak + AdamW moments + GEMM workspace) against measured
+ *                   (cudaMemGetInfo before/after) device memory. Layers are removed
+ *                   until the fp32 step fits in 85% of the device.
+ *
+ * Usage: gpu_bench OUTDIR [SOURCE_DIR]   (SOURCE_DIR holds configs/models/NAME.yml)
+ * Exit 77 when no CUDA device is visible. The whole run is sized for under 3 minutes
+ * on an H200 with the fp32 baseline kernels.
+ * UNVERIFIED: written without a GPU; it compiles and links, it has never run. */
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/ops.h"
+#include "models/config.h"
+#include "models/model.h"
+#include "runtime/plan.h"
+#include "runtime/status.h"
+#include "train/config.h"
+
+#define PEAK_TFLOPS 989.0
+
+static const mt_ops *G;
+
+/* Milliseconds per call of fn(ctx), after one warm-up, averaged over reps. */
+static double time_ms(void (*fn)(void *), void *ctx, int reps) {
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    fn(ctx);
+    cudaDeviceSynchronize();
+    cudaEventRecord(a, 0);
+    for (int i = 0; i < reps; i++) fn(ctx);
+    cudaEventRecord(b, 0);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return ms / reps;
+}
+
+/* Device buffer filled with N(0,1)-ish fp32 values (a 4 MiB random pattern repeated):
+ * zeros would flatter the tensor cores' power draw. */
+static void fill_random(void *p, size_t bytes);
+
+static void *dalloc_fill(size_t bytes) {
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) return NULL;
+    fill_random(p, bytes);
+    return p;
+}
+
+static void fill_random(void *p, size_t bytes) {
+    enum { PAT = 1 << 20 };
+    static float *pat;
+    if (!pat) {
+        pat = malloc(PAT * sizeof(float));
+        uint64_t s = 88172645463325252ull;
+        for (int i = 0; i < PAT; i++) {
+            float u = 0;
+            for (int j = 0; j < 4; j++) { /* sum of 4 uniforms, centred: roughly normal */
+                s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+                u += (float)(s >> 40) * (1.0f / 16777216.0f);
+            }
+            pat[i] = (u - 2.0f) * 1.7f;
+        }
+    }
+    for (size_t off = 0; off < bytes; off += PAT * sizeof(float)) {
+        const size_t n = bytes - off < PAT * sizeof(float) ? bytes - off : PAT * sizeof(float);
+        cudaMemcpy((char *)p + off, pat, n, cudaMemcpyHostToDevice);
+    }
+}
+
+/* ---- GEMM ---- */
+
+typedef struct gemm_ctx {
+    int64_t M, N, K;
+    float *A, *B, *C;
+    /* direct cuBLASLt */
+    cublasLtHandle_t lt;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+    void *ws;
+    const void *dA, *dB;
+    void *dC;
+} gemm_ctx;
+
+static void gemm_ours(void *p) {
+    gemm_ctx *c = p;
+    G->gemm(0, 1, c->M, c->N, c->K, 1.0f, c->A, c->K, c->B, c->K, 0.0f, c->C, c->N); /* x W^T */
+}
+
+static void gemm_direct(void *p) {
+    gemm_ctx *c = p;
+    const float one = 1.0f, zero = 0.0f;
+    cublasLtMatmul(c->lt, c->desc, &one, c->dB, c->la, c->dA, c->lb, &zero, c->dC, c->lc, c->dC, c->lc, &c->algo, c->ws,
+                   (size_t)32 << 20, 0);
+}
+
+/* Set up the direct cuBLASLt call for C[M,N] = A[M,K] W[N,K]^T in `type` (fp32 or bf16
+ * inputs/outputs, fp32 compute without TF32). Returns 0 when no algorithm is found. */
+static int direct_setup(gemm_ctx *c, cudaDataType_t type, const void *A, const void *B, void *C) {
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    cublasLtMatmulDescCreate(&c->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    cublasLtMatmulDescSetAttribute(c->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
+    cublasLtMatmulDescSetAttribute(c->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+    cublasLtMatrixLayoutCreate(&c->la, type, (uint64_t)c->K, (uint64_t)c->N, c->K);
+    cublasLtMatrixLayoutCreate(&c->lb, type, (uint64_t)c->K, (uint64_t)c->M, c->K);
+    cublasLtMatrixLayoutCreate(&c->lc, type, (uint64_t)c->N, (uint64_t)c->M, c->N);
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulPreferenceCreate(&pref);
+    size_t ws = (size_t)32 << 20;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    cublasLtMatmulAlgoGetHeuristic(c->lt, c->desc, c->la, c->lb, c->lc, c->lc, pref, 1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    c->algo = res.algo;
+    c->dA = A;
+    c->dB = B;
+    c->dC = C;
+    return found > 0;
+}
+
+static void direct_teardown(gemm_ctx *c) {
+    cublasLtMatrixLayoutDestroy(c->la);
+    cublasLtMatrixLayoutDestroy(c->lb);
+    cublasLtMatrixLayoutDestroy(c->lc);
+    cublasLtMatmulDescDestroy(c->desc);
+}
+
+static int bench_gemm(const char *dir) {
+    static const int64_t shapes[][3] = {
+        {8192, 4096, 4096},   /* llama3.1-8b q_proj / o_proj, 8k tokens */
+        {8192, 14336, 4096},  /* llama3.1-8b gate / up */
+        {8192, 4096, 14336},  /* llama3.1-8b down */
+        {8192, 16384, 2048},  /* gemma-2b gate / up */
+        {8192, 32768, 2048},  /* a vocabulary tile of gemma-2b's unembedding */
+    };
+    char path[4096];
+    snprintf(path, sizeof path, "%s/gemm.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return 1;
+    fprintf(f, "{\"device_peak_bf16_tflops\": %.1f, \"gemm\": [\n", PEAK_TFLOPS);
+    cublasLtHandle_t lt;
+    cublasLtCreate(&lt);
+    void *ws = dalloc_fill((size_t)32 << 20);
+    const int ns = (int)(sizeof shapes / sizeof shapes[0]);
+    for (int s = 0; s < ns; s++) {
+        gemm_ctx c;
+        memset(&c, 0, sizeof c);
+        c.M = shapes[s][0];
+        c.N = shapes[s][1];
+        c.K = shapes[s][2];
+        c.lt = lt;
+        c.ws = ws;
+        c.A = dalloc_fill((size_t)(c.M * c.K) * 4);
+        c.B = dalloc_fill((size_t)(c.N * c.K) * 4);
+        c.C = dalloc_fill((size_t)(c.M * c.N) * 4);
+        const double flop = 2.0 * c.M * c.N * c.K;
+        const double t_ours = time_ms(gemm_ours, &c, 5);
+        double t_f32 = NAN, t_bf16 = NAN;
+        if (direct_setup(&c, CUDA_R_32F, c.A, c.B, c.C)) t_f32 = time_ms(gemm_direct, &c, 5);
+        direct_teardown(&c);
+        /* bf16 reuses the fp32 buffers (read as bf16 pairs: finite values but for ~1/256) */
+        if (direct_setup(&c, CUDA_R_16BF, c.A, c.B, c.C)) t_bf16 = time_ms(gemm_direct, &c, 5);
+        direct_teardown(&c);
+        fprintf(f,
+                "  {\"M\": %lld, \"N\": %lld, \"K\": %lld, \"meshtrain_fp32_tflops\": %.2f, "
+                "\"cublaslt_fp32_tflops\": %.2f, \"cublaslt_bf16_tflops\": %.2f}%s\n",
+                (long long)c.M, (long long)c.N, (long long)c.K, flop / t_ours / 1e9, flop / t_f32 / 1e9,
+                flop / t_bf16 / 1e9, s + 1 < ns ? "," : "");
+        cudaFree(c.A);
+        cudaFree(c.B);
+        cudaFree(c.C);
+    }
+    fprintf(f, "]}\n");
+    fclose(f);
+    cudaFree(ws);
+    cublasLtDestroy(lt);
+    return 0;
+}
+
+/* ---- attention ---- */
+
+typedef struct att_ctx {
+    mt_attn_args a;
+    float *q, *k, *v, *o, *lse, *dout, *dq, *dk, *dv;
+} att_ctx;
+
+static void att_fwd(void *p) {
+    att_ctx *c = p;
+    G->attention_fwd(&c->a, c->o, c->lse, c->q, c->k, c->v);
+}
+
+static void att_bwd(void *p) {
+    att_ctx *c = p;
+    G->attention_bwd(&c->a, c->dq, c->dk, c->dv, c->dout, c->q, c->k, c->v, c->o, c->lse);
+}
+
+static int bench_attention(const char *dir) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/attention.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return 1;
+    fprintf(f, "{\"causal\": true, \"dtype\": \"fp32\", \"attention\": [\n");
+    static const int64_t cases[][4] = {{128, 4096, 16, 8}, {128, 8192, 16, 8}, {256, 4096, 8, 4}, {256, 8192, 8, 4}};
+    for (int i = 0; i < 4; i++) {
+        att_ctx c;
+        memset(&c, 0, sizeof c);
+        const int64_t Dh = cases[i][0], T = cases[i][1], H = cases[i][2], Hkv = cases[i][3], B = 1;
+        c.a = (mt_attn_args){.B = B, .Tq = T, .Tk = T, .H = H, .Hkv = Hkv, .Dh = Dh,
+                             .scale = (float)(1.0 / sqrt((double)Dh)), .softcap = 0.0f, .window = 0};
+        const size_t nq = (size_t)(B * T * H * Dh) * 4, nk = (size_t)(B * T * Hkv * Dh) * 4;
+        c.q = dalloc_fill(nq), c.o = dalloc_fill(nq), c.dout = dalloc_fill(nq), c.dq = dalloc_fill(nq);
+        c.k = dalloc_fill(nk), c.v = dalloc_fill(nk), c.dk = dalloc_fill(nk), c.dv = dalloc_fill(nk);
+        c.lse = dalloc_fill((size_t)(B * H * T) * 4);
+        const double fwd_flop = 4.0 * B * H * (double)T * T * Dh / 2.0;
+        const double tf = time_ms(att_fwd, &c, 2), tb = time_ms(att_bwd, &c, 2);
+        fprintf(f,
+                "  {\"head_dim\": %lld, \"seq\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"fwd_ms\": %.3f, "
+                "\"bwd_ms\": %.3f, \"fwd_tflops\": %.2f, \"bwd_tflops\": %.2f, \"fwd_bwd_tflops\": %.2f}%s\n",
+                (long long)Dh, (long long)T, (long long)H, (long long)Hkv, tf, tb, fwd_flop / tf / 1e9,
+                2.5 * fwd_flop / tb / 1e9, 3.5 * fwd_flop / (tf + tb) / 1e9, i < 3 ? "," : "");
+        cudaFree(c.q), cudaFree(c.o), cudaFree(c.dout), cudaFree(c.dq), cudaFree(c.k), cudaFree(c.v);
+        cudaFree(c.dk), cudaFree(c.dv), cudaFree(c.lse);
+    }
+    fprintf(f, "]}\n");
+    fclose(f);
+    return 0;
+}
+
+/* ---- training step ---- */
+
+typedef struct step_ctx {
+    mt_model *m;
+    float *mom, *var;
+    int32_t *tok, *lab;
+    int64_t P, ntok, t;
+} step_ctx;
+
+static void train_step(void *p) {
+    step_ctx *c = p;
+    G->zero(mt_model_grads(c->m), (size_t)c->P * 4);
+    double l = 0;
+    int64_t n = 0;
+    if (mt_model_forward_backward(c->m, c->tok, c->lab, 1.0f / (float)c->ntok, &l, &n) != MT_OK)
+        fprintf(stderr, "gpu_bench: step: %s\n", mt_last_error());
+    const double norm = sqrt(G->sumsq(mt_model_grads(c->m), c->P));
+    const float gs = norm > 1.0 ? (float)(1.0 / norm) : 1.0f;
+    c->t++;
+    G->adamw(mt_model_params(c->m), mt_model_grads(c->m), c->mom, c->var, c->P, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, gs,
+             c->t);
+}
+
+static int bench_step_model(FILE *f, const char *src, const char *name, int64_t B, int64_t T, int last) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/configs/models/%s.yml", src, name);
+    static mt_train_config cfg;
+    if (mt_train_config_load(&cfg, path, 0, NULL) != MT_OK) {
+        fprintf(stderr, "gpu_bench: %s: %s\n", path, mt_last_error());
+        return 1;
+    }
+    mt_model_config mc = cfg.model;
+    const int64_t full_layers = mc.num_decoder_layers;
+    size_t freeb = 0, total = 0;
+    cudaMemGetInfo(&freeb, &total);
+    const size_t ws = (size_t)32 << 20;
+    mt_model *m = NULL;
+    mt_plan *plan = NULL;
+    size_t planned = 0;
+    const int64_t tiles = 8;
+    for (;;) { /* drop layers until the fp32 step fits in 85% of the device */
+        if (mt_model_create(&m, &mc, G, B, T, tiles) != MT_OK || mt_plan_new(&plan) != MT_OK ||
+            mt_model_add_to_plan(m, plan) != MT_OK || mt_plan_finalize(plan) != MT_OK) {
+            fprintf(stderr, "gpu_bench: %s: %s\n", name, mt_last_error());
+            return 1;
+        }
+        planned = mt_plan_peak(plan) + 2 * (size_t)mt_model_numel(m) * 4 + ws;
+        if (planned <= total / 100 * 85 || mc.num_decoder_layers <= 1) break;
+        mt_plan_free(plan);
+        mt_model_free(m);
+        mc.num_decoder_layers = mc.num_decoder_layers * 3 / 4;
+    }
+    cudaDeviceSynchronize();
+    cudaMemGetInfo(&freeb, &total);
+    const size_t free0 = freeb;
+    mt_arena arena;
+    if (mt_arena_create(&arena, plan, G->alloc, G->release) != MT_OK || mt_model_bind(m, &arena, plan) != MT_OK) {
+        fprintf(stderr, "gpu_bench: %s: %s\n", name, mt_last_error());
+        return 1;
+    }
+    step_ctx c = {.m = m, .P = mt_model_numel(m), .ntok = B * T};
+    c.mom = G->alloc((size_t)c.P * 4);
+    c.var = G->alloc((size_t)c.P * 4);
+    G->zero(c.mom, (size_t)c.P * 4);
+    G->zero(c.var, (size_t)c.P * 4);
+    /* mt_model_init_params draws billions of normals on the host (a minute at 8B):
+     * the timing needs only realistic magnitudes, so parameters are a repeated random
+     * pattern times 0.02 (the init's std). */
+    fill_random(mt_model_params(m), (size_t)c.P * 4);
+    G->scale(mt_model_params(m), 0.02f, c.P);
+    c.tok = malloc((size_t)(B * T) * sizeof(int32_t));
+    c.lab = malloc((size_t)(B * T) * sizeof(int32_t));
+    for (int64_t i = 0; i < B * T; i++) {
+        c.tok[i] = (int32_t)((i * 7919) % mc.vocab_size);
+        c.lab[i] = (int32_t)((i * 104729 + 1) % mc.vocab_size);
+    }
+    const double ms = time_ms(train_step, &c, 3);
+    cudaDeviceSynchronize();
+    cudaMemGetInfo(&freeb, &total);
+    const size_t measured = free0 - freeb;
+    const double N = (double)c.P;
+    const double L = (double)mc.num_decoder_layers;
+    const double flop_tok = 6.0 * N + 6.0 * L * mc.num_query_heads * mc.head_dim * (double)T;
+    const double tps = (double)(B * T) / (ms / 1e3);
+    fprintf(f,
+            "  {\"model\": \"%s\", \"dtype\": \"fp32\", \"layers\": %lld, \"full_layers\": %lld, \"params\": %lld, "
+            "\"batch\": %lld, \"seq\": %lld, \"vocab_tiles\": %lld, \"step_ms\": %.2f, \"tokens_per_s\": %.1f, "
+            "\"model_tflops\": %.2f, \"mfu\": %.4f, \"planned_bytes\": %zu, \"measured_bytes\": %zu, "
+            "\"device_bytes\": %zu}%s\n",
+            name, (long long)mc.num_decoder_layers, (long long)full_layers, (long long)c.P, (long long)B,
+            (long long)T, (long long)tiles, ms, tps, flop_tok * tps / 1e12, flop_tok * tps / 1e12 / PEAK_TFLOPS,
+            planned, measured, total, last ? "" : ",");
+    fflush(f);
+    G->release(c.mom);
+    G->release(c.var);
+    free(c.tok);
+    free(c.lab);
+    mt_arena_destroy(&arena);
+    mt_plan_free(plan);
+    mt_model_free(m);
+    return 0;
+}
+
+static int bench_step(const char *dir, const char *src) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/step.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return 1;
+    fprintf(f, "{\"peak_tflops\": %.1f, \"flops_per_token\": \"6N + 6 L H Dh T\", \"step\": [\n", PEAK_TFLOPS);
+    int rc = bench_step_model(f, src, "gemma-2b", 2, 2048, 0);
+    rc |= bench_step_model(f, src, "llama3.1-8b", 1, 4096, 1);
+    fprintf(f, "]}\n");
+    fclose(f);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: gpu_bench OUTDIR [SOURCE_DIR]\n");
+        return 2;
+    }
+    G = mt_cuda_ops();
+    if (!G) {
+        fprintf(stderr, "gpu_bench: no CUDA device\n");
+        return 77;
+    }
+#ifdef MT_SOURCE_DIR
+    const char *src = argc > 2 ? argv[2] : MT_SOURCE_DIR;
+#else
+    const char *src = argc > 2 ? argv[2] : ".";
+#endif
+    int rc = 0;
+    const char *only = getenv("MT_GPU_BENCH_ONLY"); /* gemm | attention | step */
+    if (!only || !strcmp(only, "gemm")) rc |= bench_gemm(argv[1]);
+    fprintf(stderr, "gpu_bench: gemm done\n");
+    if (!only || !strcmp(only, "attention")) rc |= bench_attention(argv[1]);
+    fprintf(stderr, "gpu_bench: attention done\n");
+    if (!only || !strcmp(only, "step")) rc |= bench_step(argv[1], src);
+    fprintf(stderr, "gpu_bench: step done\n");
+    return rc;
+}

@@ -1,0 +1,415 @@
+/* kernels/cuda/attention.cu: block-wise attention with an online softmax, fp32
+ * (Dao, "FlashAttention-2", 2023, algorithms 1 and 2; semantics in ops.h mt_attn_args).
+ *
+ * Why this shape: it is the simplest kernel that keeps no [Tq, Tk] matrix, handles
+ * every case the op table allows (GQA/MQA, sliding window, soft-cap, arbitrary
+ * q_pos/k_pos, any head_dim up to 256) with no template per head_dim, and is
+ * deterministic without atomics. It is a correctness baseline, not the fast path:
+ * the bf16 wgmma/TMA kernel of issue 4 replaces it for speed.
+ * - Forward: one block (4 warps) per (query tile of 16 rows, head, batch). Each warp
+ *   owns 4 query rows. Key/value tiles of 32 rows are staged in shared memory; lane j
+ *   scores key j of the tile (K rows padded to Dh + 1 floats so the 32 lanes hit 32
+ *   banks), the warp's max/sum shuffles give the online-softmax update, and each lane
+ *   accumulates output columns d = lane + 32 c (c < 8, so Dh <= 256) with p_j broadcast
+ *   by shuffle. The scale is folded into the staged queries, as on the CPU.
+ * - A (query tile, key tile) pair with no allowed entry is skipped (a block vote), which
+ *   gives the causal and windowed savings for any positions.
+ * - Backward: D_i = <dout_i, out_i> first (one warp per row). Then two kernels, each
+ *   output owned by one thread that adds in a fixed order: dq per (query tile, head,
+ *   batch) looping over key tiles (as the forward, recomputing P from lse), and dk/dv
+ *   per (16 keys, kv head, batch) looping over the group's query heads in order and
+ *   query tiles of 32 in increasing order, lane = query: P_ij and dS_ij are recomputed
+ *   and broadcast by shuffle. No atomics anywhere, so results are bitwise reproducible.
+ * UNVERIFIED on a device (written without a GPU; tests/test_gpu_ops.c checks it
+ * against kernels/cpu/attention.c). */
+#include <math.h>
+
+#include "kernels/cuda/common.cuh"
+
+#define AT_WARPS 4
+#define AT_THREADS (AT_WARPS * 32)
+#define AT_RW 4                    /* rows per warp */
+#define AT_BQ (AT_WARPS * AT_RW)   /* 16 query rows per forward / dq block */
+#define AT_BK 32                   /* keys per staged tile (one per lane) */
+#define AT_BKV (AT_WARPS * AT_RW)  /* 16 key rows per dk/dv block */
+#define AT_BQ2 32                  /* queries per dk/dv tile (one per lane) */
+#define AT_NC 8                    /* output columns per lane: Dh <= 256 */
+#define AT_DMAX (32 * AT_NC)
+
+typedef struct att_p {
+    int64_t B, Tq, Tk, H, Hkv, Dh, G;
+    float scale, softcap;
+    int64_t window;
+    const int32_t *q_pos, *k_pos;
+} att_p;
+
+__device__ __forceinline__ int att_allowed(const att_p &p, int64_t qp, int64_t kp) {
+    const int64_t diff = qp - kp;
+    return diff >= 0 && (p.window <= 0 || diff < p.window);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Stage rows [r0, r0 + nrows) of a [B, T, heads, Dh] tensor's head `hh` into dst with
+ * row stride ld, times mul; rows past T are zero. */
+__device__ __forceinline__ void att_stage(float *dst, int ld, const float *src, const att_p &p, int64_t b,
+                                          int64_t T, int64_t heads, int64_t hh, int64_t r0, int nrows, float mul) {
+    const int Dh = (int)p.Dh;
+    for (int idx = threadIdx.x; idx < nrows * Dh; idx += blockDim.x) {
+        const int r = idx / Dh, d = idx % Dh;
+        const int64_t t = r0 + r;
+        dst[r * ld + d] = t < T ? mul * src[((b * T + t) * heads + hh) * p.Dh + d] : 0.0f;
+    }
+}
+
+/* Positions of rows [r0, r0 + n); rows past T get a flag value never allowed. */
+__device__ __forceinline__ void att_stage_pos(long long *dst, const int32_t *pos, int64_t T, int64_t r0, int n) {
+    for (int r = threadIdx.x; r < n; r += blockDim.x) {
+        const int64_t t = r0 + r;
+        dst[r] = t < T ? (pos ? (long long)pos[t] : (long long)t) : (long long)INT64_MIN / 2;
+    }
+}
+
+/* 1 if any (query, key) pair of the staged tiles is allowed (block-wide vote). */
+__device__ __forceinline__ int att_tile_any(const att_p &p, const long long *qp, int nq, const long long *kp,
+                                            int nk) {
+    int any = 0;
+    const long long bad = (long long)INT64_MIN / 2;
+    for (int idx = threadIdx.x; idx < nq * nk && !any; idx += blockDim.x) {
+        const long long a = qp[idx / nk], c = kp[idx % nk];
+        any = a != bad && c != bad && att_allowed(p, a, c);
+    }
+    return __syncthreads_or(any);
+}
+
+__device__ __forceinline__ float att_cap(const att_p &p, float s, float *t_out) {
+    if (p.softcap > 0.0f) {
+        const float t = tanhf(s * (1.0f / p.softcap));
+        *t_out = t;
+        return p.softcap * t;
+    }
+    *t_out = 0.0f;
+    return s;
+}
+
+__global__ void __launch_bounds__(AT_THREADS) att_fwd_kernel(att_p p, float *out, float *lse, const float *q,
+                                                             const float *k, const float *v) {
+    extern __shared__ float sm[];
+    const int Dh = (int)p.Dh, ldk = Dh + 1;
+    float *sQ = sm;                   /* [BQ][Dh], scaled */
+    float *sK = sQ + AT_BQ * Dh;      /* [BK][Dh + 1] */
+    float *sV = sK + AT_BK * ldk;     /* [BK][Dh] */
+    long long *sQp = (long long *)(sV + AT_BK * Dh);
+    long long *sKp = sQp + AT_BQ;
+    const int64_t b = blockIdx.z, h = blockIdx.y, i0 = (int64_t)blockIdx.x * AT_BQ, hk = h / p.G;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+
+    att_stage(sQ, Dh, q, p, b, p.Tq, p.H, h, i0, AT_BQ, p.scale);
+    att_stage_pos(sQp, p.q_pos, p.Tq, i0, AT_BQ);
+    float m[AT_RW], l[AT_RW], acc[AT_RW][AT_NC];
+    for (int rr = 0; rr < AT_RW; rr++) {
+        m[rr] = -INFINITY;
+        l[rr] = 0.0f;
+        for (int c = 0; c < AT_NC; c++) acc[rr][c] = 0.0f;
+    }
+    for (int64_t j0 = 0; j0 < p.Tk; j0 += AT_BK) {
+        __syncthreads(); /* the previous tile is no longer read */
+        att_stage(sK, ldk, k, p, b, p.Tk, p.Hkv, hk, j0, AT_BK, 1.0f);
+        att_stage(sV, Dh, v, p, b, p.Tk, p.Hkv, hk, j0, AT_BK, 1.0f);
+        att_stage_pos(sKp, p.k_pos, p.Tk, j0, AT_BK);
+        __syncthreads();
+        if (!att_tile_any(p, sQp, AT_BQ, sKp, AT_BK)) continue;
+        for (int rr = 0; rr < AT_RW; rr++) {
+            const int r = w * AT_RW + rr;
+            if (i0 + r >= p.Tq) break; /* warp-uniform */
+            const long long kp = sKp[lane];
+            const int ok = kp != (long long)INT64_MIN / 2 && att_allowed(p, sQp[r], kp);
+            float s = -INFINITY;
+            if (ok) {
+                float dot = 0.0f;
+                for (int d = 0; d < Dh; d++) dot += sQ[r * Dh + d] * sK[lane * ldk + d];
+                float t;
+                s = att_cap(p, dot, &t);
+            }
+            const float mnew = fmaxf(m[rr], warp_max(s));
+            if (mnew == -INFINITY) continue; /* nothing allowed yet for this row */
+            const float pj = ok ? expf(s - mnew) : 0.0f;
+            const float corr = expf(m[rr] - mnew); /* 0 when m was -inf */
+            l[rr] = l[rr] * corr + warp_sum(pj);
+            for (int c = 0; c < AT_NC; c++) acc[rr][c] *= corr;
+            for (int jj = 0; jj < AT_BK; jj++) {
+                const float pb = __shfl_sync(0xffffffffu, pj, jj);
+                for (int c = 0; c < AT_NC; c++) {
+                    const int d = lane + 32 * c;
+                    if (d < Dh) acc[rr][c] += pb * sV[jj * Dh + d];
+                }
+            }
+            m[rr] = mnew;
+        }
+    }
+    for (int rr = 0; rr < AT_RW; rr++) {
+        const int64_t i = i0 + w * AT_RW + rr;
+        if (i >= p.Tq) break;
+        const float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
+        float *o = out + ((b * p.Tq + i) * p.H + h) * p.Dh;
+        for (int c = 0; c < AT_NC; c++) {
+            const int d = lane + 32 * c;
+            if (d < Dh) o[d] = acc[rr][c] * inv;
+        }
+        if (lane == 0) lse[(b * p.H + h) * p.Tq + i] = l[rr] > 0.0f ? m[rr] + logf(l[rr]) : -INFINITY;
+    }
+}
+
+/* Dv[b, h, i] = <dout_i, out_i>: one warp per (b, i, h) row. */
+__global__ void att_bwd_dot_kernel(att_p p, float *Dv, const float *dout, const float *out) {
+    const int64_t rows = p.B * p.Tq * p.H;
+    const int lane = threadIdx.x & 31;
+    for (int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < rows;
+         row += ((int64_t)gridDim.x * blockDim.x) >> 5) {
+        const float *a = dout + row * p.Dh, *o = out + row * p.Dh;
+        float s = 0.0f;
+        for (int64_t d = lane; d < p.Dh; d += 32) s += a[d] * o[d];
+        s = warp_sum(s);
+        const int64_t h = row % p.H, bi = row / p.H, i = bi % p.Tq, b = bi / p.Tq;
+        if (lane == 0) Dv[(b * p.H + h) * p.Tq + i] = s;
+    }
+}
+
+__global__ void __launch_bounds__(AT_THREADS) att_bwd_dq_kernel(att_p p, float *dq, const float *dout,
+                                                                const float *q, const float *k, const float *v,
+                                                                const float *lse, const float *Dv) {
+    extern __shared__ float sm[];
+    const int Dh = (int)p.Dh, ldk = Dh + 1;
+    float *sQ = sm;                 /* [BQ][Dh], scaled */
+    float *sO = sQ + AT_BQ * Dh;    /* [BQ][Dh], dout */
+    float *sK = sO + AT_BQ * Dh;    /* [BK][Dh + 1] */
+    float *sV = sK + AT_BK * ldk;   /* [BK][Dh + 1] */
+    long long *sQp = (long long *)(sV + AT_BK * ldk);
+    long long *sKp = sQp + AT_BQ;
+    const int64_t b = blockIdx.z, h = blockIdx.y, i0 = (int64_t)blockIdx.x * AT_BQ, hk = h / p.G;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+
+    att_stage(sQ, Dh, q, p, b, p.Tq, p.H, h, i0, AT_BQ, p.scale);
+    att_stage(sO, Dh, dout, p, b, p.Tq, p.H, h, i0, AT_BQ, 1.0f);
+    att_stage_pos(sQp, p.q_pos, p.Tq, i0, AT_BQ);
+    float L[AT_RW], Di[AT_RW], acc[AT_RW][AT_NC];
+    for (int rr = 0; rr < AT_RW; rr++) {
+        const int64_t i = i0 + w * AT_RW + rr;
+        L[rr] = i < p.Tq ? lse[(b * p.H + h) * p.Tq + i] : 0.0f;
+        Di[rr] = i < p.Tq ? Dv[(b * p.H + h) * p.Tq + i] : 0.0f;
+        for (int c = 0; c < AT_NC; c++) acc[rr][c] = 0.0f;
+    }
+    for (int64_t j0 = 0; j0 < p.Tk; j0 += AT_BK) {
+        __syncthreads();
+        att_stage(sK, ldk, k, p, b, p.Tk, p.Hkv, hk, j0, AT_BK, 1.0f);
+        att_stage(sV, ldk, v, p, b, p.Tk, p.Hkv, hk, j0, AT_BK, 1.0f);
+        att_stage_pos(sKp, p.k_pos, p.Tk, j0, AT_BK);
+        __syncthreads();
+        if (!att_tile_any(p, sQp, AT_BQ, sKp, AT_BK)) continue;
+        for (int rr = 0; rr < AT_RW; rr++) {
+            const int r = w * AT_RW + rr;
+            if (i0 + r >= p.Tq) break;
+            const long long kp = sKp[lane];
+            const int ok = kp != (long long)INT64_MIN / 2 && att_allowed(p, sQp[r], kp);
+            float ds = 0.0f;
+            if (ok) {
+                float dot = 0.0f, dp = 0.0f;
+                for (int d = 0; d < Dh; d++) {
+                    dot += sQ[r * Dh + d] * sK[lane * ldk + d];
+                    dp += sO[r * Dh + d] * sV[lane * ldk + d];
+                }
+                float t;
+                const float s = att_cap(p, dot, &t);
+                const float pr = expf(s - L[rr]);
+                ds = pr * (dp - Di[rr]);
+                if (p.softcap > 0.0f) ds *= 1.0f - t * t;
+            }
+            for (int jj = 0; jj < AT_BK; jj++) {
+                const float db = __shfl_sync(0xffffffffu, ds, jj);
+                for (int c = 0; c < AT_NC; c++) {
+                    const int d = lane + 32 * c;
+                    if (d < Dh) acc[rr][c] += db * sK[jj * ldk + d];
+                }
+            }
+        }
+    }
+    for (int rr = 0; rr < AT_RW; rr++) {
+        const int64_t i = i0 + w * AT_RW + rr;
+        if (i >= p.Tq) break;
+        float *o = dq + ((b * p.Tq + i) * p.H + h) * p.Dh;
+        for (int c = 0; c < AT_NC; c++) {
+            const int d = lane + 32 * c;
+            if (d < Dh) o[d] = p.scale * acc[rr][c];
+        }
+    }
+}
+
+__global__ void __launch_bounds__(AT_THREADS) att_bwd_dkdv_kernel(att_p p, float *dk, float *dv,
+                                                                  const float *dout, const float *q,
+                                                                  const float *k, const float *v,
+                                                                  const float *lse, const float *Dv) {
+    extern __shared__ float sm[];
+    const int Dh = (int)p.Dh, ldq = Dh + 1;
+    float *sK = sm;                  /* [BKV][Dh] */
+    float *sV = sK + AT_BKV * Dh;    /* [BKV][Dh] */
+    float *sQ = sV + AT_BKV * Dh;    /* [BQ2][Dh + 1], scaled */
+    float *sO = sQ + AT_BQ2 * ldq;   /* [BQ2][Dh + 1], dout */
+    float *sL = sO + AT_BQ2 * ldq;   /* [BQ2] lse */
+    float *sD = sL + AT_BQ2;         /* [BQ2] D_i */
+    long long *sQp = (long long *)(sD + AT_BQ2);
+    long long *sKp = sQp + AT_BQ2;
+    const int64_t b = blockIdx.z, hk = blockIdx.y, j0 = (int64_t)blockIdx.x * AT_BKV;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+
+    att_stage(sK, Dh, k, p, b, p.Tk, p.Hkv, hk, j0, AT_BKV, 1.0f);
+    att_stage(sV, Dh, v, p, b, p.Tk, p.Hkv, hk, j0, AT_BKV, 1.0f);
+    att_stage_pos(sKp, p.k_pos, p.Tk, j0, AT_BKV);
+    float adk[AT_RW][AT_NC], adv[AT_RW][AT_NC];
+    for (int rr = 0; rr < AT_RW; rr++)
+        for (int c = 0; c < AT_NC; c++) adk[rr][c] = adv[rr][c] = 0.0f;
+    for (int64_t gi = 0; gi < p.G; gi++) {
+        const int64_t h = hk * p.G + gi;
+        for (int64_t i0 = 0; i0 < p.Tq; i0 += AT_BQ2) {
+            __syncthreads();
+            att_stage(sQ, ldq, q, p, b, p.Tq, p.H, h, i0, AT_BQ2, p.scale);
+            att_stage(sO, ldq, dout, p, b, p.Tq, p.H, h, i0, AT_BQ2, 1.0f);
+            att_stage_pos(sQp, p.q_pos, p.Tq, i0, AT_BQ2);
+            for (int r = threadIdx.x; r < AT_BQ2; r += blockDim.x) {
+                const int64_t i = i0 + r;
+                sL[r] = i < p.Tq ? lse[(b * p.H + h) * p.Tq + i] : 0.0f;
+                sD[r] = i < p.Tq ? Dv[(b * p.H + h) * p.Tq + i] : 0.0f;
+            }
+            __syncthreads();
+            if (!att_tile_any(p, sQp, AT_BQ2, sKp, AT_BKV)) continue;
+            for (int rr = 0; rr < AT_RW; rr++) {
+                const int jr = w * AT_RW + rr;
+                if (j0 + jr >= p.Tk) break;
+                const long long qp = sQp[lane];
+                const int ok = qp != (long long)INT64_MIN / 2 && att_allowed(p, qp, sKp[jr]);
+                float pr = 0.0f, ds = 0.0f;
+                if (ok) {
+                    float dot = 0.0f, dp = 0.0f;
+                    for (int d = 0; d < Dh; d++) {
+                        dot += sQ[lane * ldq + d] * sK[jr * Dh + d];
+                        dp += sO[lane * ldq + d] * sV[jr * Dh + d];
+                    }
+                    float t;
+                    const float s = att_cap(p, dot, &t);
+                    pr = expf(s - sL[lane]);
+                    ds = pr * (dp - sD[lane]);
+                    if (p.softcap > 0.0f) ds *= 1.0f - t * t;
+                }
+                for (int ii = 0; ii < AT_BQ2; ii++) {
+                    const float pb = __shfl_sync(0xffffffffu, pr, ii);
+                    const float db = __shfl_sync(0xffffffffu, ds, ii);
+                    for (int c = 0; c < AT_NC; c++) {
+                        const int d = lane + 32 * c;
+                        if (d < Dh) {
+                            adv[rr][c] += pb * sO[ii * ldq + d];
+                            adk[rr][c] += db * sQ[ii * ldq + d]; /* sQ carries the scale */
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (int rr = 0; rr < AT_RW; rr++) {
+        const int64_t j = j0 + w * AT_RW + rr;
+        if (j >= p.Tk) break;
+        float *ok_ = dk + ((b * p.Tk + j) * p.Hkv + hk) * p.Dh;
+        float *ov = dv + ((b * p.Tk + j) * p.Hkv + hk) * p.Dh;
+        for (int c = 0; c < AT_NC; c++) {
+            const int d = lane + 32 * c;
+            if (d < Dh) {
+                ok_[d] = adk[rr][c];
+                ov[d] = adv[rr][c];
+            }
+        }
+    }
+}
+
+static att_p att_params(const mt_attn_args *a) {
+    att_p p;
+    p.B = a->B;
+    p.Tq = a->Tq;
+    p.Tk = a->Tk;
+    p.H = a->H;
+    p.Hkv = a->Hkv;
+    p.Dh = a->Dh;
+    p.G = a->H / a->Hkv;
+    p.scale = a->scale;
+    p.softcap = a->softcap;
+    p.window = a->window;
+    p.q_pos = a->q_pos;
+    p.k_pos = a->k_pos;
+    return p;
+}
+
+static int att_check(const mt_attn_args *a) {
+    if (a->Dh > AT_DMAX || a->Dh <= 0 || a->Hkv <= 0 || a->H % a->Hkv != 0 || a->H > 65535 || a->B > 65535) {
+        mt_cuda_fail(__FILE__, __LINE__, "attention", "unsupported shape (head_dim 1..256, H % Hkv == 0)");
+        return 0;
+    }
+    return 1;
+}
+
+/* Dynamic shared memory above 48 KiB needs an opt-in per kernel. */
+template <typename K>
+static void att_smem(K kernel, size_t bytes) {
+    if (bytes > 48 * 1024) MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                              (int)bytes));
+}
+
+void mt_cuda_attention_fwd(const mt_attn_args *a, float *out, float *lse, const float *q, const float *k,
+                           const float *v) {
+    if (a->B <= 0 || a->Tq <= 0 || a->H <= 0) return;
+    if (!att_check(a)) return;
+    const att_p p = att_params(a);
+    const size_t Dh = (size_t)p.Dh;
+    const size_t smem = (AT_BQ * Dh + AT_BK * (Dh + 1) + AT_BK * Dh) * sizeof(float) +
+                        (AT_BQ + AT_BK) * sizeof(long long);
+    att_smem(att_fwd_kernel, smem);
+    dim3 grid((unsigned)((p.Tq + AT_BQ - 1) / AT_BQ), (unsigned)p.H, (unsigned)p.B);
+    att_fwd_kernel<<<grid, AT_THREADS, smem>>>(p, out, lse, q, k, v);
+    MT_CUDA_LAUNCHED();
+}
+
+void mt_cuda_attention_bwd(const mt_attn_args *a, float *dq, float *dk, float *dv, const float *dout,
+                           const float *q, const float *k, const float *v, const float *out, const float *lse) {
+    if (a->B <= 0 || a->H <= 0) return;
+    if (!att_check(a)) return;
+    const att_p p = att_params(a);
+    const size_t Dh = (size_t)p.Dh;
+    if (p.Tq <= 0 || p.Tk <= 0) { /* nothing attends: zero gradients */
+        if (p.Tq > 0) MT_CUDA_CHECK(cudaMemsetAsync(dq, 0, (size_t)(p.B * p.Tq * p.H) * Dh * sizeof(float), 0));
+        if (p.Tk > 0) {
+            MT_CUDA_CHECK(cudaMemsetAsync(dk, 0, (size_t)(p.B * p.Tk * p.Hkv) * Dh * sizeof(float), 0));
+            MT_CUDA_CHECK(cudaMemsetAsync(dv, 0, (size_t)(p.B * p.Tk * p.Hkv) * Dh * sizeof(float), 0));
+        }
+        return;
+    }
+    float *Dv = (float *)mt_cuda_scratch(MT_CUDA_SCRATCH_ATTN, (size_t)(p.B * p.H * p.Tq) * sizeof(float));
+    if (!Dv) return;
+    att_bwd_dot_kernel<<<mt_cuda_blocks(p.B * p.Tq * p.H * 32, 256), 256>>>(p, Dv, dout, out);
+    MT_CUDA_LAUNCHED();
+    const size_t smem_dq = (2 * AT_BQ * Dh + 2 * AT_BK * (Dh + 1)) * sizeof(float) +
+                           (AT_BQ + AT_BK) * sizeof(long long);
+    att_smem(att_bwd_dq_kernel, smem_dq);
+    dim3 gq((unsigned)((p.Tq + AT_BQ - 1) / AT_BQ), (unsigned)p.H, (unsigned)p.B);
+    att_bwd_dq_kernel<<<gq, AT_THREADS, smem_dq>>>(p, dq, dout, q, k, v, lse, Dv);
+    MT_CUDA_LAUNCHED();
+    const size_t smem_kv = (2 * AT_BKV * Dh + 2 * AT_BQ2 * (Dh + 1) + 2 * AT_BQ2) * sizeof(float) +
+                           (AT_BQ2 + AT_BKV) * sizeof(long long);
+    att_smem(att_bwd_dkdv_kernel, smem_kv);
+    dim3 gk((unsigned)((p.Tk + AT_BKV - 1) / AT_BKV), (unsigned)p.Hkv, (unsigned)p.B);
+    att_bwd_dkdv_kernel<<<gk, AT_THREADS, smem_kv>>>(p, dk, dv, dout, q, k, v, lse, Dv);
+    MT_CUDA_LAUNCHED();
+}
