@@ -86,11 +86,16 @@ mt_status mt_set_verbosity(int level);
  * a pointer to the caller's MPI_Comm (e.g. &MPI_COMM_WORLD or a sub-communicator),
  * passed as void * so this header does not need mpi.h; NULL means MPI_COMM_WORLD, or
  * a single process when the program was not started by mpirun.
- * This build's library API is single-process: with mpi_comm == NULL and no launcher
- * world size above 1 (OMPI_COMM_WORLD_SIZE / PMI_SIZE / PMIX_SIZE) it sets *rank = 0
- * and *world_size = 1; a non-NULL mpi_comm or a world size > 1 returns
- * MT_ERR_UNSUPPORTED until the MPI backend is wired into this API. Calling it is
- * optional for a single process. rank / world_size may be NULL. */
+ * With a communicator, the caller initialised MPI and finalises it; the library
+ * duplicates the communicator and installs no exit handler or watchdog. With NULL
+ * under mpirun the library initialises MPI itself (and finalises it at exit). Call it
+ * before creating sessions; every rank of the communicator must then create its
+ * sessions with the same config (ici_* keys whose product is world_size) and call
+ * mt_session_step together. Sessions without data (dataset_path=) are single-process.
+ * *rank / *world_size receive this process's rank and the world size (may be NULL).
+ * Errors: MT_ERR_INVALID (MPI not initialised by the caller, or already joined to
+ * another communicator), MT_ERR_RUNTIME (MPI failure), MT_ERR_UNSUPPORTED (a
+ * communicator given to a build without MPI). */
 mt_status mt_distributed_init(void *mpi_comm, int *rank, int *world_size);
 
 /* ----------------------------------------------------------------- session ---- */

@@ -68,6 +68,13 @@ size_t mt_comm_dtype_size(mt_comm_dtype dt);
  * Errors: MT_ERR_RUNTIME (MPI init failed; or started by mpirun in a build without
  * MPI and the world has more than one rank). */
 mt_status mt_comm_world_init(void);
+/* Join the caller's communicator instead: mpi_comm points to an MPI_Comm of an MPI the
+ * caller initialised (and will finalise); it is duplicated. No exit handler, signal
+ * handler or watchdog is installed: the caller's program decides how it ends. NULL
+ * means mt_comm_world_init(). Call before any communicator is split.
+ * Errors: MT_ERR_INVALID (MPI not initialised, or already joined to another
+ * communicator), MT_ERR_RUNTIME (MPI_Comm_dup failed), MT_ERR_UNSUPPORTED (no MPI). */
+mt_status mt_comm_world_init_from(void *mpi_comm);
 int mt_comm_world_rank(void); /* 0 before init */
 int mt_comm_world_size(void); /* 1 before init */
 /* "mpi" or "none" (world of one without MPI). */

@@ -26,6 +26,11 @@ struct mt_comm {
 };
 
 static int g_inited = 0, g_use_mpi = 0, g_rank = 0, g_size = 1;
+#ifdef MT_HAVE_MPI
+/* The world of this library: MPI_COMM_WORLD, or a duplicate of the communicator a
+ * caller handed to mt_comm_world_init_from (then the caller owns MPI's lifetime). */
+static MPI_Comm g_world = MPI_COMM_NULL;
+#endif
 
 /* A NULL communicator is a group of one (planning, single process). */
 static mt_comm g_solo = {.name = "solo", .rank = 0, .size = 1};
@@ -144,7 +149,7 @@ static void finalize_at_exit(void) {
     MPI_Finalized(&fin);
     if (fin) return;
     MPI_Request req;
-    if (MPI_Ibarrier(MPI_COMM_WORLD, &req) == MPI_SUCCESS) {
+    if (MPI_Ibarrier(g_world, &req) == MPI_SUCCESS) {
         double t0 = now_s();
         int done = 0;
         while (!done && now_s() - t0 < 10.0) {
@@ -157,7 +162,7 @@ static void finalize_at_exit(void) {
         }
     }
     fprintf(stderr, "meshtrain: rank %d: peers did not reach the end of the run; aborting\n", g_rank);
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Abort(g_world, 1);
 }
 #endif
 
@@ -175,6 +180,7 @@ mt_status mt_comm_world_init(void) {
     int provided = 0;
     if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
         return mt_set_error(MT_ERR_RUNTIME, "MPI_Init_thread failed");
+    g_world = MPI_COMM_WORLD;
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
@@ -204,6 +210,38 @@ mt_status mt_comm_world_init(void) {
 #endif
 }
 
+mt_status mt_comm_world_init_from(void *mpi_comm) {
+    if (!mpi_comm) return mt_comm_world_init();
+#ifdef MT_HAVE_MPI
+    int ok = 0, fin = 0;
+    MPI_Initialized(&ok);
+    MPI_Finalized(&fin);
+    if (!ok || fin)
+        return mt_set_error(MT_ERR_INVALID,
+                            "mt_comm_world_init_from: MPI is not initialised (call MPI_Init first)");
+    if (g_inited && g_use_mpi) {
+        int cmp = MPI_UNEQUAL;
+        MPI_Comm_compare(g_world, *(MPI_Comm *)mpi_comm, &cmp);
+        if (cmp == MPI_IDENT || cmp == MPI_CONGRUENT) return MT_OK;
+        return mt_set_error(MT_ERR_INVALID,
+                            "mt_comm_world_init_from: this process already joined another communicator");
+    }
+    if (g_inited && g_size > 1)
+        return mt_set_error(MT_ERR_INVALID, "mt_comm_world_init_from: already initialised");
+    if (MPI_Comm_dup(*(MPI_Comm *)mpi_comm, &g_world) != MPI_SUCCESS)
+        return mt_set_error(MT_ERR_RUNTIME, "mt_comm_world_init_from: MPI_Comm_dup failed");
+    MPI_Comm_set_errhandler(g_world, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(g_world, &g_rank);
+    MPI_Comm_size(g_world, &g_size);
+    snprintf(g_rank_str, sizeof g_rank_str, "%d", g_rank);
+    g_use_mpi = 1;
+    g_inited = 1; /* no exit handler, no SIGTERM handler, no watchdog: the caller owns them */
+    return MT_OK;
+#else
+    return mt_set_error(MT_ERR_UNSUPPORTED, "mt_comm_world_init_from: this build has no MPI");
+#endif
+}
+
 int mt_comm_world_rank(void) { return g_rank; }
 int mt_comm_world_size(void) { return g_size; }
 const char *mt_comm_backend(void) { return g_use_mpi ? "mpi" : "none"; }
@@ -220,7 +258,7 @@ mt_status mt_comm_split(mt_comm **out, int color, int key, const char *name) {
 #ifdef MT_HAVE_MPI
     c->mpi = MPI_COMM_NULL;
     if (g_use_mpi) {
-        if (MPI_Comm_split(MPI_COMM_WORLD, color, key, &c->mpi) != MPI_SUCCESS) {
+        if (MPI_Comm_split(g_world, color, key, &c->mpi) != MPI_SUCCESS) {
             free(c);
             return mt_set_error(MT_ERR_RUNTIME, "rank %d: MPI_Comm_split for '%s' failed", g_rank, c->name);
         }

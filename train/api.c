@@ -19,6 +19,7 @@
 #include "kernels/tiled_loss.h"
 #include "models/checkpoint.h"
 #include "models/model.h"
+#include "parallel/comm.h"
 #include "runtime/log.h"
 #include "runtime/plan.h"
 #include "train/config.h"
@@ -67,32 +68,10 @@ mt_status mt_set_verbosity(int level) {
 
 /* --------------------------------------------------------- processes ---- */
 
-/* World size announced by the launcher (Open MPI, MPICH/PMI), 1 when none. */
-static long launcher_world_size(void) {
-    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        const char *v = getenv(vars[i]);
-        if (v && *v) {
-            long n = strtol(v, NULL, 10);
-            if (n > 0) return n;
-        }
-    }
-    return 1;
-}
-
 mt_status mt_distributed_init(void *mpi_comm, int *rank, int *world_size) {
-    if (mpi_comm)
-        return mt_set_error(MT_ERR_UNSUPPORTED,
-                            "mt_distributed_init: an MPI communicator was given, but the library API is "
-                            "single-process in this build (pass NULL)");
-    long world = launcher_world_size();
-    if (world > 1)
-        return mt_set_error(MT_ERR_UNSUPPORTED,
-                            "mt_distributed_init: started with %ld ranks, but the library API is "
-                            "single-process in this build",
-                            world);
-    if (rank) *rank = 0;
-    if (world_size) *world_size = 1;
+    MT_TRY(mt_comm_world_init_from(mpi_comm));
+    if (rank) *rank = mt_comm_world_rank();
+    if (world_size) *world_size = mt_comm_world_size();
     return MT_OK;
 }
 
@@ -157,6 +136,11 @@ static mt_status finish_create(mt_session **out, mt_session *s) {
                 s->plan = mt_trainer_get_plan(s->trainer);
                 s->ops = mt_model_ops(s->model);
             }
+        } else if (mt_comm_world_size() > 1) {
+            st = mt_set_error(MT_ERR_INVALID,
+                              "a session without data (dataset_path empty) is single-process, but "
+                              "this process is rank %d of %d; give dataset_path",
+                              mt_comm_world_rank(), mt_comm_world_size());
         } else {
             st = build_standalone(s);
         }

@@ -163,7 +163,9 @@ def set_verbosity(level):
 
 
 def distributed_init():
-    """(rank, world_size); single-process in this build (see mt_distributed_init)."""
+    """(rank, world_size) of this process; under mpirun the library initialises MPI
+    itself (MPI_COMM_WORLD). Passing a caller's communicator is C-only
+    (mt_distributed_init)."""
     r, w = C.c_int(), C.c_int()
     _call("mt_distributed_init", None, C.byref(r), C.byref(w))
     return r.value, w.value
