@@ -22,13 +22,14 @@
  *
  * Failures: communicators return errors instead of aborting (MPI_ERRORS_RETURN);
  * a failed call returns MT_ERR_RUNTIME naming this rank, the collective and the
- * group. A watchdog thread watches the collective in progress: if one does not
- * complete within the timeout (mt_comm_set_timeout, default 30 s) it writes
+ * group. When the program asks for it (mt_comm_set_process_control(1): the CLI does,
+ * a library user may), a watchdog thread watches the collective in progress: if one
+ * does not complete within the timeout (mt_comm_set_timeout, default 30 s) it writes
  * "meshtrain: rank R: <collective> on <group> did not complete in T s ..." to stderr
- * and ends the process with exit status 1 (the only place the library ends a
- * process: a peer that died or hangs would otherwise hang this rank forever); mpirun
- * then stops the remaining ranks. A rank killed outright is reported by mpirun,
- * which stops the others. */
+ * and ends the process with exit status 1 (a peer that died or hangs would otherwise
+ * hang this rank forever); mpirun then stops the remaining ranks. A rank killed
+ * outright is reported by mpirun, which stops the others. Without process control the
+ * library never ends the process or installs signal handlers. */
 #ifndef MT_PARALLEL_COMM_H
 #define MT_PARALLEL_COMM_H
 
@@ -68,6 +69,11 @@ size_t mt_comm_dtype_size(mt_comm_dtype dt);
  * Errors: MT_ERR_RUNTIME (MPI init failed; or started by mpirun in a build without
  * MPI and the world has more than one rank). */
 mt_status mt_comm_world_init(void);
+/* Let the library own process-level failure handling: the collective watchdog (which
+ * ends a hung rank with exit status 1) and a SIGTERM handler naming where the rank was
+ * stopped. Off by default (a linked library must not end its host process); the CLI
+ * turns it on. Takes effect at the next mt_comm_world_init that starts MPI. */
+void mt_comm_set_process_control(int on);
 /* Join the caller's communicator instead: mpi_comm points to an MPI_Comm of an MPI the
  * caller initialised (and will finalise); it is duplicated. No exit handler, signal
  * handler or watchdog is installed: the caller's program decides how it ends. NULL

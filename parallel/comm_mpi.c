@@ -42,6 +42,9 @@ static mt_comm g_solo = {.name = "solo", .rank = 0, .size = 1};
 /* ------------------------------------------------------------------ watchdog ---- */
 
 static _Atomic double g_wd_timeout = 30.0;     /* seconds (mt_comm_set_timeout) */
+static int g_process_control = 0;              /* mt_comm_set_process_control */
+
+void mt_comm_set_process_control(int on) { g_process_control = on != 0; }
 
 #ifdef MT_HAVE_MPI
 static _Atomic int g_wd_active = 0;            /* a collective is in progress */
@@ -188,7 +191,7 @@ mt_status mt_comm_world_init(void) {
     g_inited = 1;
     atexit(finalize_at_exit);
     snprintf(g_rank_str, sizeof g_rank_str, "%d", g_rank);
-    if (g_size > 1) {
+    if (g_size > 1 && g_process_control) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = on_sigterm;

@@ -17,6 +17,7 @@
 
 #include "models/checkpoint.h"
 #include "models/model.h"
+#include "parallel/comm.h"
 #include "runtime/log.h"
 #include "runtime/plan.h"
 #include "runtime/status.h"
@@ -498,6 +499,7 @@ static int cmd_estimate(int argc, char **argv) {
 
 int main(int argc, char **argv) {
     mt_log_set_level(MT_LOG_INFO);
+    mt_comm_set_process_control(1); /* the CLI owns the process: watchdog + SIGTERM report */
     if (argc < 2) return usage_error("missing command (train, sample, plan, estimate)");
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
         print_help(NULL);
