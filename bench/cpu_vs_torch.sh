@@ -2,7 +2,8 @@
 # One training step of a llama-shaped model (d_model 512, 8 layers, 8 heads, seq 512,
 # batch 8, vocab 32000), meshtrain (CPU backend, float32, vocab-tiled loss) against
 # PyTorch eager (Debian's python3-torch, float32, full logits) on the same number of
-# threads, alternated in one run so machine noise hits both. Prints both JSON lines,
+# threads, alternated in one run so machine noise hits both (STEP_BENCH= another
+# build's bench/step_bench to compare builds). Prints both JSON lines,
 # the step-time ratio per pair and both peak RSS. Needs `make build` first.
 # Usage: bench/cpu_vs_torch.sh [threads] [pairs] [steps]   (defaults 2 1 2)
 set -euo pipefail
@@ -12,7 +13,7 @@ shape="512 8 8 8 1376 512 8 32000"
 export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
 out=$(mktemp -d)
 for p in $(seq 1 "$pairs"); do
-  ./build/bench/step_bench $shape "$threads" "$steps" 8 | tee "$out/mt_$p.json"
+  ${STEP_BENCH:-./build/bench/step_bench} $shape "$threads" "$steps" 8 | tee "$out/mt_$p.json"
   /usr/bin/python3 bench/torch_step.py $shape "$threads" "$steps" | tee "$out/pt_$p.json"
 done
 /usr/bin/python3 - "$out" "$pairs" <<'PY'
