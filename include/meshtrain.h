@@ -104,7 +104,8 @@ typedef struct mt_session mt_session;
 
 /* A session from a run configuration: built-in defaults < the model file
  * configs/models/<model_name>.yml < config_path (may be NULL: key=value pairs
- * alone) < the n_overrides strings "key=value" (MaxText keys; README.md).
+ * alone) < the n_overrides strings "key=value" (MaxText keys; README.md; every
+ * string non-NULL).
  * If dataset_path is non-empty the session owns the library's trainer: its train
  * shards are opened and checked (and the val shards when eval_interval > 0), and
  * mt_session_step / mt_session_next_batch / mt_session_evaluate work. With
@@ -113,9 +114,9 @@ typedef struct mt_session mt_session;
  * weights, AdamW moments, step, data position), else load_parameters_path (weights
  * only), else a seeded initialisation (seed).
  * Allocates the whole memory plan (mt_session_memory) once, here.
- * Errors: MT_ERR_INVALID / MT_ERR_UNSUPPORTED (config: the message names the key),
- * MT_ERR_IO / MT_ERR_FORMAT (config, data or checkpoint files, naming them),
- * MT_ERR_OOM. */
+ * Errors: MT_ERR_INVALID / MT_ERR_UNSUPPORTED (config: the message names the key; a
+ * NULL override string), MT_ERR_IO / MT_ERR_FORMAT (config, data or checkpoint files,
+ * naming them), MT_ERR_OOM. */
 mt_status mt_session_create(mt_session **out, const char *config_path,
                             int n_overrides, const char *const *overrides);
 
@@ -214,7 +215,7 @@ mt_status mt_session_zero_grads(mt_session *s);
  * with other labels and another weight adds another loss term (a weighted sum of
  * cross-entropies of the same hidden states, e.g. a multi-token-prediction term).
  * labels[rows] int32, -1 = ignored. *loss_sum / *count as mt_session_loss (may be NULL).
- * Errors: MT_ERR_INVALID (NULL tokens/labels, ids out of range). */
+ * Errors: MT_ERR_INVALID (NULL tokens/labels, ids out of range, dscale not finite). */
 mt_status mt_session_forward_backward(mt_session *s, const int32_t *tokens, const int32_t *labels,
                                       float dscale, double *loss_sum, int64_t *count);
 
@@ -332,7 +333,9 @@ mt_status mt_session_memory(const mt_session *s, mt_memory_info *out);
  * <base_output_directory>/<run_name>/checkpoints/step_<N>/ (model.safetensors,
  * config.json, train_state.safetensors), atomic. path[path_size] (may be NULL) gets
  * the directory. Resume with the key load_checkpoint=<that directory>.
- * Errors: MT_ERR_INVALID (session without data), MT_ERR_IO, MT_ERR_OOM. */
+ * Errors: MT_ERR_INVALID (session without data; or path_size too small for the
+ * directory name: the checkpoint is then written and the message names it),
+ * MT_ERR_IO, MT_ERR_RUNTIME (a write failed), MT_ERR_OOM. */
 mt_status mt_session_save_checkpoint(mt_session *s, char *path, size_t path_size);
 
 /* Weights only, as a Hugging Face directory (dir/model.safetensors in float32, or

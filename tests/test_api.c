@@ -220,6 +220,8 @@ Test(api, tiled_loss_on_hidden_states) {
     cr_assert_eq(mt_session_tiled_loss(s, h, lab, N, dscale, NULL, 1, &ls, &c), MT_OK);
     cr_assert_eq(mt_session_get_grad(s, "lm_head.weight", g1, V * D), MT_OK);
     cr_assert_eq(mt_session_zero_grads(s), MT_OK);
+    cr_assert_eq(mt_session_forward_backward(s, tok, lab, NAN, NULL, NULL), MT_ERR_INVALID);
+    cr_assert(strstr(mt_last_error(), "dscale"));
     cr_assert_eq(mt_session_forward_backward(s, tok, lab, dscale, NULL, NULL), MT_OK);
     cr_assert_eq(mt_session_get_grad(s, "lm_head.weight", g2, V * D), MT_OK);
     for (int i = 0; i < V * D; i++)
@@ -382,7 +384,10 @@ Test(api, train_checkpoint_resume_and_hf) {
      * from log(64) = 4.16 on this data; the pattern carries ~3 nats) */
     cr_assert_lt(r.loss, first - 0.5, "loss %g -> %g", first, r.loss);
     cr_assert_lt(v1, v0 - 0.5, "val %g -> %g", v0, v1);
-    char path[1024];
+    char path[1024], tiny[3] = "xy";
+    /* a too-small path buffer is an error, not a silently cut path */
+    cr_assert_eq(mt_session_save_checkpoint(s, tiny, sizeof tiny), MT_ERR_INVALID);
+    cr_assert(strstr(mt_last_error(), "step_20") && strstr(mt_last_error(), "needs"));
     cr_assert_eq(mt_session_save_checkpoint(s, path, sizeof path), MT_OK, "%s", mt_last_error());
     cr_assert(strstr(path, "step_20"));
 
@@ -444,6 +449,10 @@ Test(api, distributed_and_errors) {
     cr_assert_eq(mt_distributed_init(NULL, &rank, &world), MT_OK);
     cr_assert(rank == 0 && world == 1);
     mt_session *s = (mt_session *)&fake_comm;
+    const char *null_entry[] = {"steps=2", NULL}; /* found by a new user: crashed once */
+    cr_assert_eq(mt_session_create(&s, g_cfg, 2, null_entry), MT_ERR_INVALID);
+    cr_assert_null(s);
+    cr_assert(strstr(mt_last_error(), "overrides[1]"));
     const char *ov[] = {"learning_rate=fast"};
     cr_assert_eq(mt_session_create(&s, g_cfg, 1, ov), MT_ERR_INVALID);
     cr_assert_null(s);

@@ -161,6 +161,11 @@ mt_status mt_session_create(mt_session **out, const char *config_path, int n_ove
         return mt_set_error(MT_ERR_INVALID, "mt_session_create: bad override count %d or NULL list", n_overrides);
     mt_session *s = calloc(1, sizeof *s);
     if (!s) return mt_set_error(MT_ERR_OOM, "mt_session_create: out of memory");
+    for (int i = 0; i < n_overrides; i++)
+        if (!overrides[i]) {
+            free(s);
+            return mt_set_error(MT_ERR_INVALID, "mt_session_create: overrides[%d] is NULL", i);
+        }
     mt_status st = mt_train_config_load(&s->cfg, config_path, n_overrides, overrides);
     if (st != MT_OK) {
         free(s);
@@ -327,6 +332,8 @@ mt_status mt_session_zero_grads(mt_session *s) {
 mt_status mt_session_forward_backward(mt_session *s, const int32_t *tokens, const int32_t *labels, float dscale,
                                       double *loss_sum, int64_t *count) {
     NEED(s && tokens && labels, "mt_session_forward_backward");
+    if (!isfinite(dscale))
+        return mt_set_error(MT_ERR_INVALID, "mt_session_forward_backward: dscale = %g must be finite", (double)dscale);
     s->fwd_fresh = 0;
     double ls = 0.0;
     int64_t c = 0;
@@ -554,7 +561,17 @@ mt_status mt_session_memory(const mt_session *s, mt_memory_info *out) {
 
 mt_status mt_session_save_checkpoint(mt_session *s, char *path, size_t path_size) {
     MT_TRY(need_data(s, "mt_session_save_checkpoint"));
-    return mt_trainer_save_checkpoint(s->trainer, path, path_size);
+    char where[4096];
+    MT_TRY(mt_trainer_save_checkpoint(s->trainer, where, sizeof where));
+    if (path && path_size > 0) {
+        if (strlen(where) >= path_size)
+            return mt_set_error(MT_ERR_INVALID,
+                                "mt_session_save_checkpoint: the checkpoint was written to '%s', but the "
+                                "path buffer has %zu bytes and needs %zu",
+                                where, path_size, strlen(where) + 1);
+        memcpy(path, where, strlen(where) + 1);
+    }
+    return MT_OK;
 }
 
 mt_status mt_session_save_model(mt_session *s, const char *dir, int bf16) {
