@@ -458,8 +458,14 @@ static mt_status ck_config_read(ck_reader *r, mt_model_config *c) {
     if (bias) return mt_set_error(MT_ERR_FORMAT, "%s: key \"attention_bias\" = true is not supported", r->path);
     MT_TRY(ck_bool(r, "mlp_bias", 0, &bias));
     if (bias) return mt_set_error(MT_ERR_FORMAT, "%s: key \"mlp_bias\" = true is not supported", r->path);
-    /* Gemma's MLP reads hidden_activation (default gelu_pytorch_tanh; HF GemmaMLP
-     * ignores hidden_act); Llama's reads hidden_act. */
+    /* Gemma's MLP is tanh-approximate GELU (Google's gemma_pytorch, MaxText); the HF
+     * key for it is hidden_activation (default gelu_pytorch_tanh), which Gemma 2/3's
+     * modeling files read. Note: transformers 4.57's GemmaMLP (Gemma 1) reads the
+     * legacy hidden_act instead, and the published gemma-2b/7b config.json files say
+     * hidden_act "gelu" (exact erf GELU), so transformers runs those checkpoints with
+     * exact GELU; we keep the model's own tanh GELU (our exports write both keys as
+     * gelu_pytorch_tanh, so a round trip agrees with transformers). Llama reads
+     * hidden_act. */
     if (b == MT_DECODER_LLAMA2) MT_TRY(ck_act(r, "hidden_act", "silu", &c->mlp_activation));
     else MT_TRY(ck_act(r, "hidden_activation", "gelu_pytorch_tanh", &c->mlp_activation));
 
