@@ -1,13 +1,29 @@
 /* parallel/comm.h: communicators and collectives (DESIGN.md section 5).
  *
  * models/ and train/ call only this header, never mpi.h (or nccl.h). A communicator
- * is a group of ranks (one mesh axis, data x fsdp, or the world). This build has the
- * MPI backend: buffers are HOST memory (the CPU backend's tensors are host memory);
- * a process not started by mpirun (no OMPI_COMM_WORLD_SIZE / PMI_SIZE in the
- * environment) runs as a world of one without touching MPI, and every collective on
- * a group of one is a local copy that moves 0 bytes. The NCCL backend (device
- * buffers, unique id broadcast over MPI) is not built yet: mt_comm_backend() says
- * which backend is active.
+ * is a group of ranks (one mesh axis, data x fsdp, or the world). Two backends:
+ * - MPI (parallel/comm_mpi.c): HOST buffers (the CPU backend's tensors are host
+ *   memory). A process not started by mpirun (no OMPI_COMM_WORLD_SIZE / PMI_SIZE in
+ *   the environment) runs as a world of one without touching MPI, and every
+ *   collective on a group of one is a local copy that moves 0 bytes.
+ * - NCCL (parallel/comm_nccl.c, built when CUDA and NCCL are found): a communicator
+ *   split with MT_COMM_DEVICE (mt_comm_split_on, mt_mesh_create_on) also carries an
+ *   NCCL communicator of the same group, created from a unique id that the group's
+ *   rank 0 broadcasts over MPI (ncclCommInitRank). A call on such a communicator whose
+ *   buffer is DEVICE memory (cudaPointerGetAttributes: device or managed) goes to
+ *   NCCL; a host buffer on the same communicator still goes to MPI, so host-side
+ *   sums (loss counts, checkpoint gathers) need no second communicator.
+ *   NCCL work runs on a communication stream of its own (one per communicator,
+ *   non-blocking): an event recorded on the CUDA backend's compute stream
+ *   (mt_cuda_compute_stream) before the call makes the comm stream wait for the
+ *   compute work that produced the input, and an event recorded after it makes the
+ *   compute stream wait before the result is used (mt_comm_wait, or at once for the
+ *   blocking calls). So a "blocking" NCCL call returns when the collective is QUEUED:
+ *   the buffers are ordered with the compute stream, not the host (copy_to_host and
+ *   ops->sync wait for it). On a device group of one the local copy is a
+ *   cudaMemcpyAsync on the compute stream.
+ * mt_comm_backend() says whether MPI runs; mt_comm_is_device() whether a communicator
+ * carries NCCL.
  *
  * Reductions are sums. Every call adds the bytes THIS rank sends under the ring
  * algorithm (NCCL's accounting; Patarasuk & Yuan 2009) to the communicator's counter
@@ -29,7 +45,16 @@
  * and ends the process with exit status 1 (a peer that died or hangs would otherwise
  * hang this rank forever); mpirun then stops the remaining ranks. A rank killed
  * outright is reported by mpirun, which stops the others. Without process control the
- * library never ends the process or installs signal handlers. */
+ * library never ends the process or installs signal handlers.
+ * NCCL: the same watchdog polls each NCCL communicator's oldest queued collective
+ * (cudaEventQuery on its completion event) and its asynchronous error
+ * (ncclCommGetAsyncError); a collective not complete within the timeout (counted from
+ * its launch, so it includes compute work it was queued behind), or an
+ * asynchronous error, makes it call ncclCommAbort on that communicator (which ends
+ * the kernels stuck on it), write the same message naming the rank, the collective
+ * and the group, and end the process with exit status 1. Without process control a
+ * hung NCCL collective is the caller's to notice (its next stream synchronisation
+ * does not return). */
 #ifndef MT_PARALLEL_COMM_H
 #define MT_PARALLEL_COMM_H
 
@@ -63,7 +88,8 @@ typedef struct mt_comm mt_comm;
 /* Bytes of one element of dt. */
 size_t mt_comm_dtype_size(mt_comm_dtype dt);
 
-/* Start the process group once per process (idempotent): MPI_Init_thread when started
+/* Start the process group once per process (idempotent): MPI_Init_thread (asking for
+ * MPI_THREAD_MULTIPLE, for the asynchronous collectives' progress thread) when started
  * by mpirun, else a world of one. Registers an exit handler that finalises MPI (with
  * a bounded wait, so a rank exiting on an error does not hang on its peers).
  * Errors: MT_ERR_RUNTIME (MPI init failed; or started by mpirun in a build without
@@ -93,6 +119,30 @@ void mt_comm_set_timeout(double seconds);
  * MPI_Comm_split rule), collective over the world. `name` (e.g. "data", "tensor")
  * appears in byte tables and error messages. Errors: MT_ERR_RUNTIME, MT_ERR_OOM. */
 mt_status mt_comm_split(mt_comm **out, int color, int key, const char *name);
+
+/* Where a communicator's collectives may take their buffers. */
+typedef enum mt_comm_mem {
+    MT_COMM_HOST = 0,  /* host buffers, MPI */
+    MT_COMM_DEVICE = 1 /* also device buffers: NCCL (see the header comment) */
+} mt_comm_mem;
+
+/* 1 when this build has the NCCL backend (CUDA and NCCL found at configure time). */
+int mt_comm_have_nccl(void);
+
+/* mt_comm_split, and with MT_COMM_DEVICE also the group's NCCL communicator
+ * (collective over the group: rank 0 makes the unique id, MPI_Bcast sends it,
+ * ncclCommInitRank on each rank; a group of one needs none). The first device split of
+ * a process selects its GPU: node-local rank (OMPI_COMM_WORLD_LOCAL_RANK, or MPICH's
+ * MPI_LOCALRANKID, else 0) modulo the visible devices (cudaSetDevice), so call it
+ * before allocating device memory; one rank per GPU (NCCL refuses two ranks on one
+ * device). A device group of one (any axis of size 1) has no NCCL communicator: its
+ * collectives are local copies on the compute stream.
+ * Errors: those of mt_comm_split; MT_ERR_UNSUPPORTED (MT_COMM_DEVICE in a build
+ * without NCCL, or with no device visible); MT_ERR_RUNTIME naming the rank, the
+ * group and NCCL's or CUDA's error text. */
+mt_status mt_comm_split_on(mt_comm **out, int color, int key, const char *name, mt_comm_mem mem);
+/* 1 when c was split with MT_COMM_DEVICE (its device buffers go to NCCL). */
+int mt_comm_is_device(const mt_comm *c);
 void mt_comm_free(mt_comm *c);
 
 int mt_comm_rank(const mt_comm *c);
@@ -126,10 +176,50 @@ mt_status mt_comm_recv(mt_comm *c, void *buf, int64_t count, mt_comm_dtype dt, i
 mt_status mt_comm_sendrecv(mt_comm *c, const void *sbuf, int to, void *rbuf, int from, int64_t count,
                            mt_comm_dtype dt);
 
+/* Every rank of the group reaches here (MPI_Barrier). On a device communicator the
+ * compute stream is synchronised first, so the rank's queued device work (NCCL
+ * collectives included) is done. */
 mt_status mt_comm_barrier(mt_comm *c);
 /* A barrier the watchdog allows `seconds` instead of the collective timeout: for ranks
  * waiting while one rank does long I/O (rank 0 writing a checkpoint). */
 mt_status mt_comm_barrier_wait(mt_comm *c, double seconds);
+
+/* ---- asynchronous collectives (both backends) ----
+ * _start queues the collective and returns at once with *req; mt_comm_wait(req)
+ * completes it and frees req. Between the two, the caller must neither write `send`
+ * (or the in-place buffer) nor read `recv`. Several requests may be outstanding on one
+ * communicator; every rank of the group starts the same collectives in the same order
+ * (the MPI rule) and must wait on each of them. Same arguments, results, byte
+ * accounting (counted at _start) and errors as the blocking calls above, whose
+ * sequence _start + wait is. *req is NULL when nothing is left to wait for (a group of
+ * one: the local copy is done at _start); mt_comm_wait(NULL) returns MT_OK.
+ *   MPI (host buffers): MPI_Iallreduce / MPI_Ireduce_scatter / MPI_Iallgatherv, under
+ *   the watchdog in the wait (its timeout counts from the start of the wait, the time
+ *   this rank blocks). Open MPI advances a non-blocking collective only inside MPI
+ *   calls, so a progress thread (started at the first _start when MPI provides
+ *   MPI_THREAD_MULTIPLE, which mt_comm_world_init asks for) calls MPI_Test on the
+ *   requests in flight about every 50 us and the wait waits for its word: the transfer
+ *   overlaps the caller's compute. Without MPI_THREAD_MULTIPLE (a caller's MPI joined
+ *   by mt_comm_world_init_from at a lower level) the wait is MPI_Wait and the transfer
+ *   of messages above the eager limit happens in it.
+ *   NCCL (device buffers): launched on the comm stream after the compute stream's
+ *   work so far; wait makes the compute stream wait for it (the host does not
+ *   block). */
+typedef struct mt_comm_request mt_comm_request;
+
+/* Asynchronous mt_comm_all_reduce (sum, in place). Errors: as mt_comm_all_reduce; MT_ERR_OOM. */
+mt_status mt_comm_all_reduce_start(mt_comm *c, void *buf, int64_t count, mt_comm_dtype dt, mt_comm_request **req);
+/* Asynchronous mt_comm_reduce_scatter. Errors: as mt_comm_reduce_scatter; MT_ERR_OOM. */
+mt_status mt_comm_reduce_scatter_start(mt_comm *c, const void *send, void *recv, const int64_t *counts,
+                                       mt_comm_dtype dt, mt_comm_request **req);
+/* Asynchronous mt_comm_all_gather (send may point into recv at its own chunk).
+ * Errors: as mt_comm_all_gather; MT_ERR_OOM. */
+mt_status mt_comm_all_gather_start(mt_comm *c, const void *send, void *recv, const int64_t *counts,
+                                   mt_comm_dtype dt, mt_comm_request **req);
+/* Complete req (see above) and free it; NULL is a no-op. Errors: MT_ERR_RUNTIME naming
+ * the rank, the collective and the group (MPI_Wait failed; NCCL: the event wait could
+ * not be queued). */
+mt_status mt_comm_wait(mt_comm_request *req);
 
 /* Bytes this rank sent on c by collective kind (see the header comment), and the
  * sum over kinds; reset zeroes all kinds. */

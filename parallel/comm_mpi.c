@@ -1,7 +1,10 @@
 /* parallel/comm_mpi.c: the MPI backend of parallel/comm.h (host buffers), with the
- * byte counters and the collective watchdog. Without MT_HAVE_MPI (no MPI found at
- * configure time) only the world of one exists. */
+ * byte counters and the collective watchdog; it owns every communicator and hands the
+ * device buffers of a device communicator to the NCCL backend (parallel/comm_nccl.c,
+ * with MT_HAVE_NCCL). Without MT_HAVE_MPI (no MPI found at configure time) only the
+ * world of one exists. */
 #include "parallel/comm.h"
+#include "parallel/comm_nccl.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -20,9 +23,27 @@ struct mt_comm {
     char name[32];
     int rank, size;
     uint64_t bytes[MT_COLL_KINDS];
+    int device;   /* split with MT_COMM_DEVICE */
 #ifdef MT_HAVE_MPI
     MPI_Comm mpi; /* MPI_COMM_NULL for a group of one without MPI */
 #endif
+#ifdef MT_HAVE_NCCL
+    mt_nccl *nccl; /* a device communicator of more than one rank */
+#endif
+};
+
+/* An outstanding asynchronous collective (mt_comm_wait frees it). */
+struct mt_comm_request {
+    mt_comm *c;
+    const char *what;  /* static string */
+    void *nccl_done;   /* NCCL: the completion event; NULL for MPI */
+#ifdef MT_HAVE_MPI
+    MPI_Request mpi;
+    int adopted;       /* owned by the progress thread until done */
+    int done, rc;      /* set by the progress thread (under g_pg_mu) */
+    struct mt_comm_request *next; /* the progress thread's list */
+#endif
+    int ic[];          /* MPI v-collectives: counts[size] then displacements[size], live until the wait */
 };
 
 static int g_inited = 0, g_use_mpi = 0, g_rank = 0, g_size = 1;
@@ -67,6 +88,14 @@ static void *watchdog_main(void *arg) {
     (void)arg;
     for (;;) {
         sleep_ms(200);
+#ifdef MT_HAVE_NCCL
+        char nmsg[320];
+        if (mt_nccl_poll(atomic_load(&g_wd_timeout), nmsg, sizeof nmsg)) {
+            fprintf(stderr, "meshtrain: %s; exiting\n", nmsg);
+            fflush(stderr);
+            _exit(1);
+        }
+#endif
         if (!atomic_load(&g_wd_active)) continue;
         double start = atomic_load(&g_wd_start), lim = atomic_load(&g_wd_timeout);
         double el = now_s() - start;
@@ -122,6 +151,86 @@ static void on_sigterm(int sig) {
 }
 #endif
 
+#ifdef MT_HAVE_MPI
+/* ------------------------------------------------------------ MPI progress ---- */
+/* Open MPI advances a non-blocking collective only inside MPI calls, so a request
+ * started before a layer's compute would move its data in mt_comm_wait, after the
+ * compute: no overlap. When MPI runs with MPI_THREAD_MULTIPLE, a progress thread
+ * (started at the first asynchronous collective) owns every request in flight and
+ * calls MPI_Test on them about every 50 us until they complete; mt_comm_wait then
+ * waits for its signal. It sleeps on a condition variable while nothing is in flight.
+ * Without MPI_THREAD_MULTIPLE (a caller's MPI initialised at a lower level)
+ * mt_comm_wait calls MPI_Wait itself. */
+static int g_thread_multiple = 0;              /* MPI provides MPI_THREAD_MULTIPLE */
+static int g_pg_started = 0, g_pg_stop = 0;    /* under g_pg_mu */
+static pthread_mutex_t g_pg_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_pg_work = PTHREAD_COND_INITIALIZER, g_pg_done = PTHREAD_COND_INITIALIZER;
+static mt_comm_request *g_pg_list = NULL;      /* requests in flight, owned by the thread */
+
+static void *progress_main(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&g_pg_mu);
+    for (;;) {
+        while (!g_pg_list && !g_pg_stop) pthread_cond_wait(&g_pg_work, &g_pg_mu);
+        if (g_pg_stop) break;
+        int finished = 0;
+        for (mt_comm_request **p = &g_pg_list; *p;) {
+            mt_comm_request *r = *p;
+            int flag = 0;
+            r->rc = MPI_Test(&r->mpi, &flag, MPI_STATUS_IGNORE);
+            if (flag || r->rc != MPI_SUCCESS) {
+                r->done = 1;
+                *p = r->next;
+                finished = 1;
+            } else {
+                p = &r->next;
+            }
+        }
+        if (finished) pthread_cond_broadcast(&g_pg_done);
+        if (g_pg_list) {
+            pthread_mutex_unlock(&g_pg_mu);
+            struct timespec ts = {0, 50000};
+            nanosleep(&ts, NULL);
+            pthread_mutex_lock(&g_pg_mu);
+        }
+    }
+    pthread_mutex_unlock(&g_pg_mu);
+    return NULL;
+}
+
+/* Hand a started request to the progress thread; 0 when there is none (the wait then
+ * calls MPI_Wait). */
+static int progress_adopt(mt_comm_request *r) {
+    if (!g_thread_multiple) return 0;
+    pthread_mutex_lock(&g_pg_mu);
+    if (!g_pg_started && !g_pg_stop) {
+        pthread_t th;
+        if (pthread_create(&th, NULL, progress_main, NULL) == 0) {
+            pthread_detach(th);
+            g_pg_started = 1;
+        }
+    }
+    const int ok = g_pg_started && !g_pg_stop;
+    if (ok) {
+        r->done = 0;
+        r->next = g_pg_list;
+        g_pg_list = r;
+        pthread_cond_signal(&g_pg_work);
+    }
+    pthread_mutex_unlock(&g_pg_mu);
+    return ok;
+}
+
+/* Before MPI_Finalize: the progress thread makes no further MPI call. */
+static void progress_stop(void) {
+    pthread_mutex_lock(&g_pg_mu);
+    g_pg_stop = 1;
+    g_pg_list = NULL;
+    pthread_cond_broadcast(&g_pg_work);
+    pthread_mutex_unlock(&g_pg_mu);
+}
+#endif
+
 void mt_comm_set_timeout(double seconds) {
     if (seconds > 0) atomic_store(&g_wd_timeout, seconds);
 }
@@ -151,6 +260,7 @@ static void finalize_at_exit(void) {
     int fin = 0;
     MPI_Finalized(&fin);
     if (fin) return;
+    progress_stop();
     MPI_Request req;
     if (MPI_Ibarrier(g_world, &req) == MPI_SUCCESS) {
         double t0 = now_s();
@@ -181,8 +291,11 @@ mt_status mt_comm_world_init(void) {
     }
 #ifdef MT_HAVE_MPI
     int provided = 0;
-    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+    /* MPI_THREAD_MULTIPLE for the progress thread of the asynchronous collectives;
+     * the other threads (watchdog, NCCL) make no MPI call */
+    if (MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
         return mt_set_error(MT_ERR_RUNTIME, "MPI_Init_thread failed");
+    g_thread_multiple = provided >= MPI_THREAD_MULTIPLE;
     g_world = MPI_COMM_WORLD;
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
@@ -236,6 +349,9 @@ mt_status mt_comm_world_init_from(void *mpi_comm) {
     MPI_Comm_set_errhandler(g_world, MPI_ERRORS_RETURN);
     MPI_Comm_rank(g_world, &g_rank);
     MPI_Comm_size(g_world, &g_size);
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    g_thread_multiple = level >= MPI_THREAD_MULTIPLE;
     snprintf(g_rank_str, sizeof g_rank_str, "%d", g_rank);
     g_use_mpi = 1;
     g_inited = 1; /* no exit handler, no SIGTERM handler, no watchdog: the caller owns them */
@@ -252,7 +368,60 @@ const char *mt_comm_backend(void) { return g_use_mpi ? "mpi" : "none"; }
 /* ------------------------------------------------------------ communicators ---- */
 
 mt_status mt_comm_split(mt_comm **out, int color, int key, const char *name) {
+    return mt_comm_split_on(out, color, key, name, MT_COMM_HOST);
+}
+
+int mt_comm_have_nccl(void) {
+#ifdef MT_HAVE_NCCL
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+int mt_comm_is_device(const mt_comm *c) { return c ? c->device : 0; }
+
+#ifdef MT_HAVE_NCCL
+/* The NCCL communicator of c's group (size > 1): rank 0's unique id over c->mpi. */
+static mt_status nccl_attach(mt_comm *c) {
+    const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (!lr) lr = getenv("MPI_LOCALRANKID");
+    mt_status st = mt_nccl_select_device(lr ? atoi(lr) : 0, g_rank);
+    if (c->size == 1) return st;
+#ifdef MT_HAVE_MPI
+    unsigned char id[512];
+    const size_t nb = mt_nccl_id_bytes();
+    if (st == MT_OK && nb > sizeof id) st = mt_set_error(MT_ERR_RUNTIME, "NCCL unique id of %zu bytes", nb);
+    if (st == MT_OK && c->rank == 0) st = mt_nccl_get_id(id);
+    /* every rank learns whether all have a device and rank 0 an id, so none is left
+     * waiting in ncclCommInitRank for a peer that gave up */
+    int ok = st == MT_OK, all = 0;
+    wd_enter(c, "NCCL communicator setup");
+    if (MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, c->mpi) != MPI_SUCCESS || !all) {
+        wd_leave();
+        return st != MT_OK ? st : mt_set_error(MT_ERR_RUNTIME, "rank %d: a peer in '%s' could not set up NCCL "
+                                               "(see its message)", g_rank, c->name);
+    }
+    if (MPI_Bcast(id, (int)nb, MPI_BYTE, 0, c->mpi) != MPI_SUCCESS) {
+        wd_leave();
+        return mt_set_error(MT_ERR_RUNTIME, "rank %d: broadcast of the NCCL unique id for '%s' failed", g_rank, c->name);
+    }
+    st = mt_nccl_create(&c->nccl, id, c->size, c->rank, c->name, g_rank);
+    wd_leave();
+    return st;
+#else
+    return st;
+#endif
+}
+#endif
+
+mt_status mt_comm_split_on(mt_comm **out, int color, int key, const char *name, mt_comm_mem mem) {
     MT_TRY(mt_comm_world_init());
+#ifndef MT_HAVE_NCCL
+    if (mem == MT_COMM_DEVICE)
+        return mt_set_error(MT_ERR_UNSUPPORTED, "communicator '%s' on device buffers: this build has no NCCL "
+                            "(CUDA and NCCL are found at configure time)", name ? name : "comm");
+#endif
     mt_comm *c = calloc(1, sizeof *c);
     if (!c) return mt_set_error(MT_ERR_OOM, "mt_comm_split: out of memory");
     snprintf(c->name, sizeof c->name, "%s", name ? name : "comm");
@@ -273,12 +442,25 @@ mt_status mt_comm_split(mt_comm **out, int color, int key, const char *name) {
     (void)color;
     (void)key;
 #endif
+#ifdef MT_HAVE_NCCL
+    if (mem == MT_COMM_DEVICE) {
+        c->device = 1;
+        mt_status st = nccl_attach(c);
+        if (st != MT_OK) {
+            mt_comm_free(c);
+            return st;
+        }
+    }
+#endif
     *out = c;
     return MT_OK;
 }
 
 void mt_comm_free(mt_comm *c) {
     if (!c) return;
+#ifdef MT_HAVE_NCCL
+    mt_nccl_free(c->nccl);
+#endif
 #ifdef MT_HAVE_MPI
     int fin = 0;
     MPI_Finalized(&fin);
@@ -353,57 +535,146 @@ static mt_status check_count(const mt_comm *c, int64_t count, const char *what) 
     return MT_OK;
 }
 
-mt_status mt_comm_all_reduce(mt_comm *c, void *buf, int64_t count, mt_comm_dtype dt) {
+#if defined(MT_HAVE_MPI) || defined(MT_HAVE_NCCL)
+/* A request for c with `nint` ints of MPI count storage; NULL when out of memory. */
+static mt_comm_request *new_request(mt_comm *c, const char *what, int nint) {
+    mt_comm_request *r = calloc(1, sizeof *r + sizeof(int) * (size_t)nint);
+    if (!r) return NULL;
+    r->c = c;
+    r->what = what;
+#ifdef MT_HAVE_MPI
+    r->mpi = MPI_REQUEST_NULL;
+#endif
+    return r;
+}
+
+static mt_status request_oom(const mt_comm *c, const char *what) {
+    return mt_set_error(MT_ERR_OOM, "rank %d: %s on '%s': out of memory for the request", g_rank, what, c->name);
+}
+#endif
+
+#ifdef MT_HAVE_NCCL
+/* Whether buffer p of a call on c goes to NCCL (device memory on a device communicator). */
+static int on_device(const mt_comm *c, const void *p) { return c->device && mt_nccl_is_device_ptr(p); }
+
+/* After an NCCL launch: blocking (req NULL): the compute stream waits for it now;
+ * asynchronous: a request holding its completion event. */
+static mt_status nccl_finish(mt_comm *c, const char *what, void *done, mt_comm_request **req) {
+    if (!req) return mt_nccl_wait(done);
+    mt_comm_request *r = new_request(c, what, 0);
+    if (!r) {
+        (void)mt_nccl_wait(done); /* keep the stream order; the caller gets the error */
+        return request_oom(c, what);
+    }
+    r->nccl_done = done;
+    *req = r;
+    return MT_OK;
+}
+#endif
+
+/* A same-rank copy (group of one): on the compute stream for device buffers. */
+static mt_status local_copy(const mt_comm *c, void *dst, const void *src, size_t bytes) {
+    if (dst == src || bytes == 0) return MT_OK;
+#ifdef MT_HAVE_NCCL
+    if (on_device(c, dst) || on_device(c, src)) return mt_nccl_copy(dst, src, bytes);
+#else
+    (void)c;
+#endif
+    memmove(dst, src, bytes);
+    return MT_OK;
+}
+
+/* all_reduce (sum, max = 0) and all_reduce_max (max = 1); req NULL: blocking. */
+static mt_status all_reduce_impl(mt_comm *c, void *buf, int64_t count, mt_comm_dtype dt, int max,
+                                 mt_comm_request **req) {
+    const char *what = max ? "all_reduce_max" : "all_reduce";
+    if (req) *req = NULL;
     SOLO(c);
-    MT_TRY(check_count(c, count, "all_reduce"));
-    if (dt == MT_COMM_U16) return mt_set_error(MT_ERR_INVALID, "all_reduce: 16-bit payloads cannot be summed");
+    MT_TRY(check_count(c, count, what));
+    if (max && dt != MT_COMM_F32 && dt != MT_COMM_F64)
+        return mt_set_error(MT_ERR_INVALID, "all_reduce_max: float32 or float64 payloads only");
+    if (!max && dt == MT_COMM_U16) return mt_set_error(MT_ERR_INVALID, "all_reduce: 16-bit payloads cannot be summed");
     if (c->size == 1 || count == 0) return MT_OK;
     const uint64_t S = (uint64_t)count * mt_comm_dtype_size(dt);
     c->bytes[MT_COLL_ALL_REDUCE] += 2 * (uint64_t)(c->size - 1) * S / (uint64_t)c->size;
+#ifdef MT_HAVE_NCCL
+    if (on_device(c, buf)) {
+        void *done = NULL;
+        MT_TRY(mt_nccl_all_reduce(c->nccl, buf, count, dt, max, &done));
+        return nccl_finish(c, max ? "all_reduce_max (ncclAllReduce)" : "all_reduce (ncclAllReduce)", done, req);
+    }
+#endif
 #ifdef MT_HAVE_MPI
-    wd_enter(c, "all_reduce");
-    int rc = MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, mpi_type(dt), MPI_SUM, c->mpi);
+    const MPI_Op op = max ? MPI_MAX : MPI_SUM;
+    if (req) {
+        const char *w = max ? "all_reduce_max (MPI_Iallreduce)" : "all_reduce (MPI_Iallreduce)";
+        mt_comm_request *r = new_request(c, w, 0);
+        if (!r) return request_oom(c, w);
+        int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, mpi_type(dt), op, c->mpi, &r->mpi);
+        if (rc != MPI_SUCCESS) {
+            free(r);
+            return mpi_fail(c, w, rc);
+        }
+        r->adopted = progress_adopt(r);
+        *req = r;
+        return MT_OK;
+    }
+    wd_enter(c, what);
+    int rc = MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, mpi_type(dt), op, c->mpi);
     wd_leave();
-    if (rc != MPI_SUCCESS) return mpi_fail(c, "all_reduce (MPI_Allreduce)", rc);
+    if (rc != MPI_SUCCESS) return mpi_fail(c, max ? "all_reduce_max (MPI_Allreduce)" : "all_reduce (MPI_Allreduce)", rc);
 #else
     (void)buf;
 #endif
     return MT_OK;
+}
+
+mt_status mt_comm_all_reduce(mt_comm *c, void *buf, int64_t count, mt_comm_dtype dt) {
+    return all_reduce_impl(c, buf, count, dt, 0, NULL);
 }
 
 mt_status mt_comm_all_reduce_max(mt_comm *c, void *buf, int64_t count, mt_comm_dtype dt) {
-    SOLO(c);
-    MT_TRY(check_count(c, count, "all_reduce_max"));
-    if (dt != MT_COMM_F32 && dt != MT_COMM_F64)
-        return mt_set_error(MT_ERR_INVALID, "all_reduce_max: float32 or float64 payloads only");
-    if (c->size == 1 || count == 0) return MT_OK;
-    const uint64_t S = (uint64_t)count * mt_comm_dtype_size(dt);
-    c->bytes[MT_COLL_ALL_REDUCE] += 2 * (uint64_t)(c->size - 1) * S / (uint64_t)c->size;
-#ifdef MT_HAVE_MPI
-    wd_enter(c, "all_reduce_max");
-    int rc = MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, mpi_type(dt), MPI_MAX, c->mpi);
-    wd_leave();
-    if (rc != MPI_SUCCESS) return mpi_fail(c, "all_reduce_max (MPI_Allreduce)", rc);
-#else
-    (void)buf;
-#endif
-    return MT_OK;
+    return all_reduce_impl(c, buf, count, dt, 1, NULL);
 }
 
-mt_status mt_comm_reduce_scatter(mt_comm *c, const void *send, void *recv, const int64_t *counts,
-                                 mt_comm_dtype dt) {
+mt_status mt_comm_all_reduce_start(mt_comm *c, void *buf, int64_t count, mt_comm_dtype dt, mt_comm_request **req) {
+    if (!req) return mt_set_error(MT_ERR_INVALID, "mt_comm_all_reduce_start: req is NULL");
+    return all_reduce_impl(c, buf, count, dt, 0, req);
+}
+
+static mt_status reduce_scatter_impl(mt_comm *c, const void *send, void *recv, const int64_t *counts,
+                                     mt_comm_dtype dt, mt_comm_request **req) {
+    if (req) *req = NULL;
     SOLO(c);
     if (dt == MT_COMM_U16) return mt_set_error(MT_ERR_INVALID, "reduce_scatter: 16-bit payloads cannot be summed");
     const size_t es = mt_comm_dtype_size(dt);
-    if (c->size == 1) {
-        if (send != recv && counts[0] > 0) memmove(recv, send, (size_t)counts[0] * es);
-        return MT_OK;
-    }
+    if (c->size == 1) return local_copy(c, recv, send, counts[0] > 0 ? (size_t)counts[0] * es : 0);
     const int64_t total = sum_counts(counts, c->size);
     c->bytes[MT_COLL_REDUCE_SCATTER] += (uint64_t)(total - counts[c->rank]) * es;
+#ifdef MT_HAVE_NCCL
+    if (on_device(c, recv)) {
+        void *done = NULL;
+        MT_TRY(mt_nccl_reduce_scatter(c->nccl, send, recv, counts, dt, &done));
+        return nccl_finish(c, "reduce_scatter (NCCL)", done, req);
+    }
+#endif
 #ifdef MT_HAVE_MPI
-    int ic[c->size], id[c->size];
-    MT_TRY(int_counts(c, counts, ic, id));
+    int ic[2 * c->size];
+    MT_TRY(int_counts(c, counts, ic, ic + c->size));
+    if (req) {
+        const char *w = "reduce_scatter (MPI_Ireduce_scatter)";
+        mt_comm_request *r = new_request(c, w, c->size);
+        if (!r) return request_oom(c, w);
+        memcpy(r->ic, ic, sizeof(int) * (size_t)c->size);
+        int rc = MPI_Ireduce_scatter(send, recv, r->ic, mpi_type(dt), MPI_SUM, c->mpi, &r->mpi);
+        if (rc != MPI_SUCCESS) {
+            free(r);
+            return mpi_fail(c, w, rc);
+        }
+        r->adopted = progress_adopt(r);
+        *req = r;
+        return MT_OK;
+    }
     wd_enter(c, "reduce_scatter");
     int rc = MPI_Reduce_scatter(send, recv, ic, mpi_type(dt), MPI_SUM, c->mpi);
     wd_leave();
@@ -412,27 +683,98 @@ mt_status mt_comm_reduce_scatter(mt_comm *c, const void *send, void *recv, const
     return MT_OK;
 }
 
-mt_status mt_comm_all_gather(mt_comm *c, const void *send, void *recv, const int64_t *counts,
-                             mt_comm_dtype dt) {
+mt_status mt_comm_reduce_scatter(mt_comm *c, const void *send, void *recv, const int64_t *counts,
+                                 mt_comm_dtype dt) {
+    return reduce_scatter_impl(c, send, recv, counts, dt, NULL);
+}
+
+mt_status mt_comm_reduce_scatter_start(mt_comm *c, const void *send, void *recv, const int64_t *counts,
+                                       mt_comm_dtype dt, mt_comm_request **req) {
+    if (!req) return mt_set_error(MT_ERR_INVALID, "mt_comm_reduce_scatter_start: req is NULL");
+    return reduce_scatter_impl(c, send, recv, counts, dt, req);
+}
+
+static mt_status all_gather_impl(mt_comm *c, const void *send, void *recv, const int64_t *counts, mt_comm_dtype dt,
+                                 mt_comm_request **req) {
+    if (req) *req = NULL;
     SOLO(c);
     const size_t es = mt_comm_dtype_size(dt);
-    if (c->size == 1) {
-        if (send != recv && counts[0] > 0) memmove(recv, send, (size_t)counts[0] * es);
-        return MT_OK;
-    }
+    if (c->size == 1) return local_copy(c, recv, send, counts[0] > 0 ? (size_t)counts[0] * es : 0);
     const int64_t total = sum_counts(counts, c->size);
     c->bytes[MT_COLL_ALL_GATHER] += (uint64_t)(total - counts[c->rank]) * es;
+#ifdef MT_HAVE_NCCL
+    if (on_device(c, recv)) {
+        void *done = NULL;
+        MT_TRY(mt_nccl_all_gather(c->nccl, send, recv, counts, dt, &done));
+        return nccl_finish(c, "all_gather (NCCL)", done, req);
+    }
+#endif
 #ifdef MT_HAVE_MPI
-    int ic[c->size], id[c->size];
+    int ic[2 * c->size];
+    int *id = ic + c->size;
     MT_TRY(int_counts(c, counts, ic, id));
     const char *own = (const char *)recv + (size_t)id[c->rank] * es;
     const void *sb = send == (const void *)own ? MPI_IN_PLACE : send;
+    if (req) {
+        const char *w = "all_gather (MPI_Iallgatherv)";
+        mt_comm_request *r = new_request(c, w, 2 * c->size);
+        if (!r) return request_oom(c, w);
+        memcpy(r->ic, ic, sizeof ic);
+        int rc = MPI_Iallgatherv(sb, ic[c->rank], mpi_type(dt), recv, r->ic, r->ic + c->size, mpi_type(dt), c->mpi,
+                                 &r->mpi);
+        if (rc != MPI_SUCCESS) {
+            free(r);
+            return mpi_fail(c, w, rc);
+        }
+        r->adopted = progress_adopt(r);
+        *req = r;
+        return MT_OK;
+    }
     wd_enter(c, "all_gather");
     int rc = MPI_Allgatherv(sb, ic[c->rank], mpi_type(dt), recv, ic, id, mpi_type(dt), c->mpi);
     wd_leave();
     if (rc != MPI_SUCCESS) return mpi_fail(c, "all_gather (MPI_Allgatherv)", rc);
 #endif
     return MT_OK;
+}
+
+mt_status mt_comm_all_gather(mt_comm *c, const void *send, void *recv, const int64_t *counts,
+                             mt_comm_dtype dt) {
+    return all_gather_impl(c, send, recv, counts, dt, NULL);
+}
+
+mt_status mt_comm_all_gather_start(mt_comm *c, const void *send, void *recv, const int64_t *counts,
+                                   mt_comm_dtype dt, mt_comm_request **req) {
+    if (!req) return mt_set_error(MT_ERR_INVALID, "mt_comm_all_gather_start: req is NULL");
+    return all_gather_impl(c, send, recv, counts, dt, req);
+}
+
+mt_status mt_comm_wait(mt_comm_request *r) {
+    if (!r) return MT_OK;
+    mt_status st = MT_OK;
+#ifdef MT_HAVE_NCCL
+    if (r->nccl_done) {
+        st = mt_nccl_wait(r->nccl_done);
+        free(r);
+        return st;
+    }
+#endif
+#ifdef MT_HAVE_MPI
+    wd_enter(r->c, r->what);
+    int rc = MPI_SUCCESS;
+    if (r->adopted) { /* the progress thread tests it; wait for its word */
+        pthread_mutex_lock(&g_pg_mu);
+        while (!r->done && !g_pg_stop) pthread_cond_wait(&g_pg_done, &g_pg_mu);
+        rc = r->done ? r->rc : MPI_ERR_OTHER;
+        pthread_mutex_unlock(&g_pg_mu);
+    } else {
+        rc = MPI_Wait(&r->mpi, MPI_STATUS_IGNORE);
+    }
+    wd_leave();
+    if (rc != MPI_SUCCESS) st = mpi_fail(r->c, r->what, rc);
+#endif
+    free(r);
+    return st;
 }
 
 mt_status mt_comm_broadcast(mt_comm *c, void *buf, int64_t count, mt_comm_dtype dt, int root) {
@@ -442,6 +784,13 @@ mt_status mt_comm_broadcast(mt_comm *c, void *buf, int64_t count, mt_comm_dtype 
         return mt_set_error(MT_ERR_INVALID, "broadcast on '%s': root %d outside [0, %d)", c->name, root, c->size);
     if (c->size == 1 || count == 0) return MT_OK;
     if (c->rank == root) c->bytes[MT_COLL_BROADCAST] += (uint64_t)count * mt_comm_dtype_size(dt);
+#ifdef MT_HAVE_NCCL
+    if (on_device(c, buf)) {
+        void *done = NULL;
+        MT_TRY(mt_nccl_broadcast(c->nccl, buf, count, dt, root, &done));
+        return mt_nccl_wait(done);
+    }
+#endif
 #ifdef MT_HAVE_MPI
     wd_enter(c, "broadcast");
     int rc = MPI_Bcast(buf, (int)count, mpi_type(dt), root, c->mpi);
@@ -465,6 +814,13 @@ mt_status mt_comm_send(mt_comm *c, const void *buf, int64_t count, mt_comm_dtype
     MT_TRY(check_peer(c, peer, "send"));
     if (peer == c->rank) return mt_set_error(MT_ERR_INVALID, "send on '%s': a rank cannot send to itself", c->name);
     c->bytes[MT_COLL_SEND] += (uint64_t)count * mt_comm_dtype_size(dt);
+#ifdef MT_HAVE_NCCL
+    if (on_device(c, buf)) {
+        void *done = NULL;
+        MT_TRY(mt_nccl_sendrecv(c->nccl, buf, peer, NULL, -1, count, dt, &done));
+        return mt_nccl_wait(done);
+    }
+#endif
 #ifdef MT_HAVE_MPI
     wd_enter(c, "send");
     int rc = MPI_Send(buf, (int)count, mpi_type(dt), peer, 7, c->mpi);
@@ -481,6 +837,13 @@ mt_status mt_comm_recv(mt_comm *c, void *buf, int64_t count, mt_comm_dtype dt, i
     MT_TRY(check_count(c, count, "recv"));
     MT_TRY(check_peer(c, peer, "recv"));
     if (peer == c->rank) return mt_set_error(MT_ERR_INVALID, "recv on '%s': a rank cannot receive from itself", c->name);
+#ifdef MT_HAVE_NCCL
+    if (on_device(c, buf)) {
+        void *done = NULL;
+        MT_TRY(mt_nccl_sendrecv(c->nccl, NULL, -1, buf, peer, count, dt, &done));
+        return mt_nccl_wait(done);
+    }
+#endif
 #ifdef MT_HAVE_MPI
     wd_enter(c, "recv");
     int rc = MPI_Recv(buf, (int)count, mpi_type(dt), peer, 7, c->mpi, MPI_STATUS_IGNORE);
@@ -500,11 +863,15 @@ mt_status mt_comm_sendrecv(mt_comm *c, const void *sbuf, int to, void *rbuf, int
     MT_TRY(check_peer(c, to, "sendrecv"));
     MT_TRY(check_peer(c, from, "sendrecv"));
     const size_t S = (size_t)count * mt_comm_dtype_size(dt);
-    if (to == c->rank && from == c->rank) {
-        if (sbuf != rbuf && S) memmove(rbuf, sbuf, S);
-        return MT_OK;
-    }
+    if (to == c->rank && from == c->rank) return local_copy(c, rbuf, sbuf, S);
     c->bytes[MT_COLL_SEND] += S;
+#ifdef MT_HAVE_NCCL
+    if (on_device(c, rbuf) || on_device(c, sbuf)) {
+        void *done = NULL;
+        MT_TRY(mt_nccl_sendrecv(c->nccl, sbuf, to, rbuf, from, count, dt, &done));
+        return mt_nccl_wait(done);
+    }
+#endif
 #ifdef MT_HAVE_MPI
     wd_enter(c, "sendrecv");
     int rc = MPI_Sendrecv(sbuf, (int)count, mpi_type(dt), to, 9, rbuf, (int)count, mpi_type(dt), from, 9, c->mpi,
@@ -525,6 +892,9 @@ mt_status mt_comm_barrier_wait(mt_comm *c, double seconds) {
 
 mt_status mt_comm_barrier(mt_comm *c) {
     SOLO(c);
+#ifdef MT_HAVE_NCCL
+    if (c->device) MT_TRY(mt_nccl_sync());
+#endif
     if (c->size == 1) return MT_OK;
 #ifdef MT_HAVE_MPI
     wd_enter(c, "barrier");

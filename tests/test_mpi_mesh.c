@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/ops.h"
 #include "parallel/comm.h"
 #include "parallel/mesh.h"
 #include "parallel/zero1.h"
@@ -74,6 +75,52 @@ Test(mesh, world_of_one) {
     mt_mesh *m2 = NULL;
     cr_assert_eq(mt_mesh_create(&m2, bad), MT_ERR_INVALID);
     mt_mesh_free(m);
+}
+
+/* The asynchronous collectives on a group of one: done at _start (req NULL), the
+ * local copy made, 0 bytes counted; argument errors as for the blocking calls. */
+Test(comm, async_on_a_group_of_one) {
+    cr_assert_eq(mt_comm_world_init(), MT_OK);
+    mt_comm *c = NULL;
+    cr_assert_eq(mt_comm_split(&c, 0, 0, "one"), MT_OK);
+    float send[3] = {1, 2, 3}, recv[3] = {0, 0, 0};
+    int64_t counts[1] = {3};
+    mt_comm_request *q = (mt_comm_request *)1;
+    cr_assert_eq(mt_comm_all_gather_start(c, send, recv, counts, MT_COMM_F32, &q), MT_OK);
+    cr_assert_null(q);
+    cr_assert_eq(mt_comm_wait(q), MT_OK);
+    cr_assert(recv[0] == 1 && recv[1] == 2 && recv[2] == 3);
+    float rs[3] = {0, 0, 0};
+    cr_assert_eq(mt_comm_reduce_scatter_start(c, send, rs, counts, MT_COMM_F32, &q), MT_OK);
+    cr_assert(q == NULL && rs[2] == 3);
+    cr_assert_eq(mt_comm_all_reduce_start(c, send, 3, MT_COMM_F32, &q), MT_OK);
+    cr_assert(q == NULL && send[1] == 2);
+    cr_assert_eq(mt_comm_bytes_total(c), 0);
+    cr_assert_eq(mt_comm_all_gather_start(c, send, recv, counts, MT_COMM_F32, NULL), MT_ERR_INVALID);
+    cr_assert_eq(mt_comm_reduce_scatter_start(c, send, rs, counts, MT_COMM_U16, &q), MT_ERR_INVALID);
+    cr_assert_eq(mt_comm_all_reduce_start(c, send, -1, MT_COMM_F32, &q), MT_ERR_INVALID);
+    cr_assert(strstr(mt_last_error(), "count -1"), "%s", mt_last_error());
+    cr_assert_eq(mt_comm_is_device(c), 0);
+    mt_comm_free(c);
+}
+
+/* A device communicator needs NCCL in the build and a visible GPU; the error says
+ * which is missing. */
+Test(comm, device_split_needs_nccl_and_a_gpu) {
+    cr_assert_eq(mt_comm_world_init(), MT_OK);
+    mt_comm *c = NULL;
+    const mt_status st = mt_comm_split_on(&c, 0, 0, "dev", MT_COMM_DEVICE);
+    if (!mt_comm_have_nccl()) {
+        cr_assert_eq(st, MT_ERR_UNSUPPORTED);
+        cr_assert(strstr(mt_last_error(), "'dev'") && strstr(mt_last_error(), "no NCCL"), "%s", mt_last_error());
+    } else if (!mt_cuda_ops()) {
+        cr_assert_eq(st, MT_ERR_UNSUPPORTED);
+        cr_assert(strstr(mt_last_error(), "none is visible"), "%s", mt_last_error());
+    } else {
+        cr_assert_eq(st, MT_OK, "%s", mt_last_error());
+        cr_assert_eq(mt_comm_is_device(c), 1);
+        mt_comm_free(c);
+    }
 }
 
 Test(zero1, shards_cover_the_buffer) {

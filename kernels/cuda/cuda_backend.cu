@@ -78,6 +78,11 @@ static void cu_zero(void *p, size_t bytes) {
 
 static void cu_sync(void) { MT_CUDA_CHECK(cudaDeviceSynchronize()); }
 
+/* The compute stream (a cudaStream_t; declared for C in parallel/comm_nccl.h): the
+ * stream every op above is queued on, today the legacy default stream (0). The NCCL
+ * backend orders its communication stream against it with events (comm.h). */
+extern "C" void *mt_cuda_compute_stream(void) { return (void *)(cudaStream_t)0; }
+
 static const mt_ops mt_cuda_ops_table = {
     "cuda",
     cu_alloc,
