@@ -124,6 +124,15 @@ struct mt_model {
     int64_t flo, fhi, fper;
     int64_t *fsdp_counts;              /* [fsdp] all-gather counts scratch */
     float *fsdp_shard;                 /* the bound shard (mt_model_fsdp_bind_full swaps it out) */
+    mt_comm_request *fsdp_req;         /* the prefetch in flight (its layer's win_layer is set), or NULL */
+
+    /* gradient sink (mt_model_set_grad_sink): instead of the full "grads" buffer, one
+     * layer window (slot 0, layer_numel floats), the embedding window (slot 1) and the
+     * tail window (slot 2: model.norm and lm_head, flat [tail_off, numel)) */
+    mt_grad_sink_fn sink;
+    void *sink_ctx;
+    int gwin_id[3];
+    float *gwin[3];
 
     /* tensor parallelism (mt_model_set_tensor_parallel): H, Hkv, F, QD, KVD above are
      * this rank's local sizes; the parameter table keeps the global shapes. */
@@ -283,6 +292,7 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_o
         for (int j = 0; j < LA_COUNT; j++) m->lid[l][j] = m->hid[l][j] = -1;
     for (int j = 0; j < LA_COUNT; j++) m->rs_fwd_id[j] = m->rs_bwd_id[j] = -1;
     m->remat = mt_remat_policy_keep_all();
+    m->gwin_id[0] = m->gwin_id[1] = m->gwin_id[2] = -1;
     *out = m;
     return MT_OK;
 }
@@ -300,6 +310,7 @@ void mt_model_free(mt_model *m) {
     free(m->pos_host);
     free(m->tp_off);
     free(m->sp_counts);
+    (void)mt_comm_wait(m->fsdp_req); /* NULL unless a pass stopped mid-way */
     free(m->fsdp_counts);
     free(m->cp_tok);
     free(m->cp_lab);
@@ -405,12 +416,18 @@ int64_t mt_model_remat_tensor_bytes(const mt_model *m, mt_remat_tensor t) {
 
 static mt_status build_param_layer(mt_model *m);
 
+mt_status mt_model_set_grad_sink(mt_model *m, mt_grad_sink_fn fn, void *ctx) {
+    if (!m) return mt_set_error(MT_ERR_INVALID, "mt_model_set_grad_sink: NULL model");
+    if (m->planned) return mt_set_error(MT_ERR_INVALID, "mt_model_set_grad_sink: set it before planning");
+    m->sink = fn;
+    m->sink_ctx = ctx;
+    if (fn && !m->param_layer) return build_param_layer(m);
+    return MT_OK;
+}
+
 mt_status mt_model_set_param_offload(mt_model *m, int on) {
     if (!m) return mt_set_error(MT_ERR_INVALID, "mt_model_set_param_offload: NULL model");
     if (m->planned) return mt_set_error(MT_ERR_INVALID, "mt_model_set_param_offload: set it before planning");
-    if (on && m->fsdp > 1)
-        return mt_set_error(MT_ERR_UNSUPPORTED, "parameter_memory_host_offload with ici_fsdp_parallelism=%d: "
-                            "not supported together (fsdp already fills the parameter windows)", m->fsdp);
     m->param_offload = on != 0;
     if (!m->param_offload) return MT_OK;
     return build_param_layer(m);
@@ -467,8 +484,9 @@ mt_status mt_model_add_to_host_plan(mt_model *m, mt_plan *host_plan) {
                                ph_bwd(m, l), &m->hid[l][j]));
         }
     m->hparams_id = -1;
-    if (m->param_offload)
-        MT_TRY(mt_plan_add(host_plan, "params", MT_MEM_PARAMS, (size_t)m->numel * sizeof(float), 0, ph_optim(m),
+    if (m->param_offload) /* under fsdp this rank's shard only */
+        MT_TRY(mt_plan_add(host_plan, m->fsdp > 1 ? "params.shard" : "params", MT_MEM_PARAMS,
+                           (size_t)(m->fsdp > 1 ? m->fhi - m->flo : m->numel) * sizeof(float), 0, ph_optim(m),
                            &m->hparams_id));
     m->host_planned = 1;
     m->host_bound = 0;
@@ -496,7 +514,7 @@ mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan) {
         MT_TRY(plan_add(m, plan, GB_PARAMS, "params", MT_MEM_PARAMS, (size_t)m->numel * f4, 0, last));
     } else { /* the parameters live in the host pool (or, fsdp, as shards); the device holds windows */
         m->gid[GB_PARAMS] = -1;
-        if (m->fsdp > 1)
+        if (m->fsdp > 1 && !m->param_offload) /* with offload the shard is in the host pool */
             MT_TRY(plan_add(m, plan, GB_PARAMS, "params.shard", MT_MEM_PARAMS, (size_t)(m->fhi - m->flo) * f4, 0,
                             last));
         MT_TRY(mt_plan_add(plan, "params.window.layer0", MT_MEM_PARAMS, (size_t)m->layer_numel * f4, 0, last,
@@ -507,7 +525,17 @@ mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan) {
                            (size_t)(m->params[m->p_embed].numel + m->numel - m->tail_off) * f4, 0, last,
                            &m->pwin_id[2]));
     }
-    MT_TRY(plan_add(m, plan, GB_GRADS, "grads", MT_MEM_GRADS, (size_t)m->numel * f4, 0, last));
+    if (!m->sink) {
+        MT_TRY(plan_add(m, plan, GB_GRADS, "grads", MT_MEM_GRADS, (size_t)m->numel * f4, 0, last));
+    } else { /* gradient sink: windows live while their gradients are written (mt_model_set_grad_sink) */
+        m->gid[GB_GRADS] = -1;
+        MT_TRY(mt_plan_add(plan, "grads.window.layer", MT_MEM_GRADS, (size_t)m->layer_numel * f4, bwd0, bwd1,
+                           &m->gwin_id[0]));
+        MT_TRY(mt_plan_add(plan, "grads.window.embedding", MT_MEM_GRADS, (size_t)m->params[m->p_embed].numel * f4,
+                           m->cfg.logits_via_embedding ? loss : ph_embed_bwd(m), ph_embed_bwd(m), &m->gwin_id[1]));
+        MT_TRY(mt_plan_add(plan, "grads.window.tail", MT_MEM_GRADS, (size_t)(m->numel - m->tail_off) * f4, loss,
+                           loss, &m->gwin_id[2]));
+    }
     /* Step inputs: uploaded in phase 0 (labels in the loss phase), kept while used. */
     MT_TRY(plan_add(m, plan, GB_TOKENS, "tokens", MT_MEM_ACTIVATIONS, (size_t)N * i4, 0, ph_embed_bwd(m)));
     MT_TRY(plan_add(m, plan, GB_LABELS, "labels", MT_MEM_ACTIVATIONS, (size_t)N * i4, loss, loss));
@@ -601,6 +629,11 @@ mt_status mt_model_bind(mt_model *m, const mt_arena *arena, const mt_plan *plan)
         void *p;
         MT_TRY(bind_one(arena, plan, m->pwin_id[w], &p));
         m->pwin[w] = p;
+    }
+    for (int w = 0; w < 3; w++) {
+        void *p;
+        MT_TRY(bind_one(arena, plan, m->sink ? m->gwin_id[w] : -1, &p));
+        m->gwin[w] = p;
     }
     for (int j = 0; j < LA_COUNT; j++) {
         void *p;
@@ -697,26 +730,44 @@ static const float *PW(const mt_model *m, int i) {
 
 /* Parameter host offload: bring layer l's parameters into its window (slot l % 2; a
  * no-op when it is there already), and the embedding, final norm and head into the
- * global window at the start of every forward (the optimizer may have changed them). */
-static void fsdp_gather(mt_model *m, float *win, int64_t a, int64_t b);
+ * global window at the start of every forward (the optimizer may have changed them).
+ * fsdp: first complete the prefetch in flight (prefetch_layer), which may be layer l. */
+static void fsdp_gather(mt_model *m, float *win, int64_t a, int64_t b, int async);
+static void fsdp_wait(mt_model *m);
 static void fetch_layer(mt_model *m, int64_t l) {
     if (!m->param_offload && m->fsdp == 1) return;
+    fsdp_wait(m);
     const int s = (int)(l % 2);
     if (m->win_layer[s] == l) return;
     const int64_t a = m->params[m->lp[l].in_norm].offset;
     if (m->fsdp > 1)
-        fsdp_gather(m, m->pwin[s], a, a + m->layer_numel);
+        fsdp_gather(m, m->pwin[s], a, a + m->layer_numel, 0);
     else
         m->ops->copy_to_device(m->pwin[s], (const float *)m->gptr[GB_PARAMS] + a,
                                (size_t)m->layer_numel * sizeof(float));
     m->win_layer[s] = l;
 }
+/* fsdp prefetch: start the all-gather of layer l's window (slot l % 2) so that it
+ * overlaps the layer being computed (forward: l = current + 1; backward: l = current -
+ * 1, whose slot the current layer does not use); fetch_layer(l) waits for it. A no-op
+ * outside [0, L), without fsdp, when l is in its slot already or while another
+ * prefetch is in flight, so it gathers exactly the layers fetch_layer would have
+ * (mt_model_fsdp_gather_floats holds) and needs no window beyond the two layer slots. */
+static void prefetch_layer(mt_model *m, int64_t l) {
+    if (m->fsdp == 1 || l < 0 || l >= m->cfg.num_decoder_layers || m->fsdp_req) return;
+    const int s = (int)(l % 2);
+    if (m->win_layer[s] == l) return;
+    const int64_t a = m->params[m->lp[l].in_norm].offset;
+    fsdp_gather(m, m->pwin[s], a, a + m->layer_numel, 1);
+    m->win_layer[s] = m->tp_status == MT_OK ? l : -1;
+}
 static void fetch_global(mt_model *m) {
     if (!m->param_offload && m->fsdp == 1) return;
+    fsdp_wait(m);
     const int64_t emb = m->params[m->p_embed].numel;
     if (m->fsdp > 1) {
-        fsdp_gather(m, m->pwin[2], 0, emb);
-        fsdp_gather(m, m->pwin[2] + emb, m->tail_off, m->numel);
+        fsdp_gather(m, m->pwin[2], 0, emb, 0);
+        fsdp_gather(m, m->pwin[2] + emb, m->tail_off, m->numel, 0);
         m->win_layer[0] = m->win_layer[1] = -1;
         return;
     }
@@ -725,8 +776,25 @@ static void fetch_global(mt_model *m) {
     m->ops->copy_to_device(m->pwin[2] + emb, host + m->tail_off, (size_t)(m->numel - m->tail_off) * sizeof(float));
     m->win_layer[0] = m->win_layer[1] = -1;
 }
+/* The gradient of parameter i (its tensor-parallel slice): in the full buffer, or with
+ * a gradient sink in the layer window (layer parameters), the embedding window or the
+ * tail window (model.norm, lm_head). */
 static float *GW(const mt_model *m, int i) {
-    return (float *)m->gptr[GB_GRADS] + m->params[i].offset + (m->tp_off ? m->tp_off[i] : 0);
+    const int64_t tp = m->tp_off ? m->tp_off[i] : 0, off = m->params[i].offset;
+    if (!m->sink) return (float *)m->gptr[GB_GRADS] + off + tp;
+    const int l = m->param_layer[i];
+    if (l >= 0) return m->gwin[0] + (off - m->params[m->lp[l].in_norm].offset) + tp;
+    if (i == m->p_embed) return m->gwin[1] + tp;
+    return m->gwin[2] + (off - m->tail_off) + tp;
+}
+
+/* Gradient sink, before a backward: zero the tail window and (tied: the loss adds to
+ * it) the embedding window; an untied embedding window is zeroed before its backward. */
+static void grad_windows_begin(mt_model *m) {
+    if (!m->sink) return;
+    m->ops->zero(m->gwin[2], (size_t)(m->numel - m->tail_off) * sizeof(float));
+    if (m->cfg.logits_via_embedding)
+        m->ops->zero(m->gwin[1], (size_t)m->params[m->p_embed].numel * sizeof(float));
 }
 
 /* y[N, out] = x[N, in] W^T + beta y, W [out, in] (HF nn.Linear). */
@@ -1327,6 +1395,7 @@ static void model_forward(mt_model *m, const int32_t *tokens) {
                        m->emb_scale);
     for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++) {
         fetch_layer(m, l);
+        prefetch_layer(m, l + 1); /* fsdp: layer l + 1's all-gather overlaps layer l */
         layer_forward(m, l);
     }
     /* the loss needs every row's hidden state (each tensor rank computes its vocabulary
@@ -1364,18 +1433,32 @@ static mt_status backward_from_final_hidden(mt_model *m) {
      * parallelism each rank takes its rows */
     ops->rmsnorm_bwd(G, GW(m, m->p_final_norm), (const float *)m->gptr[GB_FINAL_HIDDEN_GRAD] + s0 * D,
                      m->gptr[GB_FINAL_INPUT], PW(m, m->p_final_norm), m->gptr[GB_FINAL_RSTD], Ns, D, m->w_off);
+    if (m->sink) { /* model.norm and lm_head are complete (phase L + 1): hand the tail window over */
+        ops->sync();
+        MT_TRY(m->sink(m->sink_ctx, m->tail_off, m->numel - m->tail_off, m->gwin[2]));
+    }
     for (int64_t l = m->cfg.num_decoder_layers - 1; l >= 0; l--) {
         fetch_layer(m, l);
+        prefetch_layer(m, l - 1); /* fsdp: layer l - 1's all-gather overlaps layer l */
+        if (m->sink) ops->zero(m->gwin[0], (size_t)m->layer_numel * sizeof(float));
         layer_backward(m, l);
+        if (m->sink) { /* layer l's gradient is complete: hand its window over */
+            MT_TRY(m->tp_status);
+            ops->sync();
+            MT_TRY(m->sink(m->sink_ctx, m->params[m->lp[l].in_norm].offset, m->layer_numel, m->gwin[0]));
+        }
     }
     MT_TRY(m->tp_status);
     /* phase 2L + 2 (tensor parallel: G is the same on every rank of the group; only
      * rank 0 adds it, so the group's sum of embedding gradients counts it once; under
      * sequence parallelism each rank adds its own rows) */
+    if (m->sink && !m->cfg.logits_via_embedding)
+        ops->zero(m->gwin[1], (size_t)m->params[m->p_embed].numel * sizeof(float));
     if (m->tp_rank == 0 || m->sp)
         ops->embedding_bwd(GW(m, m->p_embed), G, (const int32_t *)m->gptr[GB_TOKENS] + s0, Ns, m->V, D,
                            m->emb_scale);
     ops->sync();
+    if (m->sink) MT_TRY(m->sink(m->sink_ctx, 0, m->params[m->p_embed].numel, m->gwin[1]));
     return MT_OK;
 }
 
@@ -1402,7 +1485,10 @@ static mt_status forward_loss(mt_model *m, const int32_t *tokens, const int32_t 
     int64_t cnt = 0;
     float *dh = backward ? m->gptr[GB_FINAL_HIDDEN_GRAD] : NULL;
     float *dW = NULL;
-    if (backward) dW = GW(m, m->cfg.logits_via_embedding ? m->p_embed : m->p_lm_head);
+    if (backward) {
+        grad_windows_begin(m);
+        dW = GW(m, m->cfg.logits_via_embedding ? m->p_embed : m->p_lm_head);
+    }
     if (m->tp > 1) { /* vocab-parallel: this rank's rows [v0, v0 + Vl) of the unembedding */
         const mt_vocab_loss_args va = {.N = N, .D = D, .v0 = m->v0, .Vl = m->Vl, .num_tiles = m->tiles,
                                        .softcap = la.softcap, .ignore_index = la.ignore_index, .dscale = dscale};
@@ -1459,6 +1545,7 @@ mt_status mt_model_backward_hidden(mt_model *m, const float *dhidden) {
                             "mt_model_hidden or mt_model_loss first; a backward consumes the forward)");
     m->ops->copy_to_device(m->gptr[GB_FINAL_HIDDEN_GRAD], dhidden, (size_t)(m->N * m->D) * sizeof(float));
     m->tp_status = MT_OK;
+    grad_windows_begin(m);
     return backward_from_final_hidden(m);
 }
 
@@ -1596,8 +1683,10 @@ mt_status mt_model_set_sequence_parallel(mt_model *m, int on) {
 /* (the ZeRO-1 split of parallel/zero1.h), each rank keeps its own; the parameter    */
 /* windows of the host-offload path are filled by all-gathers over the fsdp group     */
 /* instead of host copies: the embedding, final norm and head at the start of every  */
-/* forward, each layer just before its forward (slot l % 2, overwriting layer l - 2), */
-/* and in the backward each layer whose slot was reused (all but the last two).      */
+/* forward, each layer before its forward (slot l % 2, overwriting layer l - 2), and */
+/* in the backward each layer whose slot was reused (all but the last two). Layer    */
+/* gathers are prefetched (prefetch_layer): started asynchronously while the layer   */
+/* before (forward) or after (backward) computes, waited for before use.             */
 
 /* Elements of [a, b) inside rank r's shard. */
 static int64_t fsdp_own(const mt_model *m, int r, int64_t a, int64_t b) {
@@ -1609,14 +1698,27 @@ static int64_t fsdp_own(const mt_model *m, int r, int64_t a, int64_t b) {
 }
 
 /* win[0, b - a) = flat parameters [a, b), gathered from the shards (each rank sends
- * its part; rank order is flat order). Failures go to tp_status (first of the pass). */
-static void fsdp_gather(mt_model *m, float *win, int64_t a, int64_t b) {
+ * its part; rank order is flat order). async: started only (m->fsdp_req, completed by
+ * fsdp_wait; the shard and win are not touched meanwhile). Failures go to tp_status
+ * (first of the pass). */
+static void fsdp_gather(mt_model *m, float *win, int64_t a, int64_t b, int async) {
     if (m->tp_status != MT_OK) return;
     for (int r = 0; r < m->fsdp; r++) m->fsdp_counts[r] = fsdp_own(m, r, a, b);
     const int64_t own0 = a > m->flo ? a : m->flo;
     const float *send = m->fsdp_counts[m->fsdp_rank] > 0 ? (const float *)m->gptr[GB_PARAMS] + (own0 - m->flo)
                                                           : (const float *)m->gptr[GB_PARAMS];
-    m->tp_status = mt_comm_all_gather(m->fsdp_comm, send, win, m->fsdp_counts, MT_COMM_F32);
+    if (async)
+        m->tp_status = mt_comm_all_gather_start(m->fsdp_comm, send, win, m->fsdp_counts, MT_COMM_F32, &m->fsdp_req);
+    else
+        m->tp_status = mt_comm_all_gather(m->fsdp_comm, send, win, m->fsdp_counts, MT_COMM_F32);
+}
+
+/* Complete the prefetch in flight, if any (its failure goes to tp_status). */
+static void fsdp_wait(mt_model *m) {
+    if (!m->fsdp_req) return;
+    const mt_status st = mt_comm_wait(m->fsdp_req);
+    m->fsdp_req = NULL;
+    if (m->tp_status == MT_OK) m->tp_status = st;
 }
 
 mt_status mt_model_set_fsdp(mt_model *m, mt_comm *comm, int size, int rank) {
@@ -1626,9 +1728,6 @@ mt_status mt_model_set_fsdp(mt_model *m, mt_comm *comm, int size, int rank) {
     if (size < 1 || rank < 0 || rank >= size)
         return mt_set_error(MT_ERR_INVALID, "fsdp: rank %d outside a group of %d", rank, size);
     if (size == 1) return MT_OK;
-    if (m->param_offload)
-        return mt_set_error(MT_ERR_UNSUPPORTED, "parameter_memory_host_offload with ici_fsdp_parallelism=%d: "
-                            "not supported together (fsdp already fills the parameter windows)", size);
     if (m->numel < size)
         return mt_set_error(MT_ERR_INVALID, "ici_fsdp_parallelism=%d exceeds the %lld parameters", size,
                             (long long)m->numel);
@@ -1667,6 +1766,7 @@ int64_t mt_model_fsdp_gather_floats(const mt_model *m) {
 mt_status mt_model_fsdp_bind_full(mt_model *m, float *full) {
     if (!m || m->fsdp == 1 || !m->bound)
         return mt_set_error(MT_ERR_INVALID, "mt_model_fsdp_bind_full: no bound fsdp model");
+    fsdp_wait(m); /* no prefetch may read the shard being swapped out */
     if (full) {
         if (!m->fsdp_shard) m->fsdp_shard = m->gptr[GB_PARAMS];
         m->gptr[GB_PARAMS] = full;

@@ -75,6 +75,38 @@ mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan);
  * decoder_layer_input not device). */
 mt_status mt_model_set_remat(mt_model *m, const mt_remat_policy *p);
 
+/* Gradient sink: receives the gradient of the flat range [offset, offset + numel) of
+ * the parameter layout in grad[numel] (backend memory, float32; for tensor-parallel
+ * slices and replicated ranges the same content the full buffer would hold there).
+ * The window is the model's: read or reduce it before returning; it is overwritten
+ * after. A non-OK status stops the backward and is returned by it. */
+typedef mt_status (*mt_grad_sink_fn)(void *ctx, int64_t offset, int64_t numel, float *grad);
+
+/* Per-layer gradient windows, before planning (fn NULL turns them off again). The plan
+ * then holds no full "grads" buffer (mt_model_grads returns NULL) but fp32 windows,
+ * each live only while its gradients are written:
+ *   "grads.window.layer"      one layer's parameters (input_layernorm .. mlp.down_proj,
+ *                             contiguous in the flat layout), the layers' backward
+ *                             phases L + 2 .. 2L + 1;
+ *   "grads.window.tail"       model.norm (+ lm_head), flat [model.norm offset, numel),
+ *                             the loss phase L + 1 (the loss writes lm_head, then the
+ *                             final norm's backward);
+ *   "grads.window.embedding"  the embedding, phase 2L + 2, or from the loss phase on
+ *                             when it is tied (logits_via_embedding: the loss adds to
+ *                             it too, so it lives through the whole backward).
+ * Each backward (mt_model_forward_backward, mt_model_backward_hidden) zeroes a window
+ * before its first write and calls fn once its gradient is complete (tensor-axis
+ * collectives included): fn(ctx, model.norm offset, numel - that, tail) after the final
+ * norm's backward, fn(ctx, offset of layer l's input_layernorm, layer numel, layer
+ * window) after layer l's backward (l = L-1 .. 0), fn(ctx, 0, embedding numel,
+ * embedding window) after the embedding backward. So a backward hands over THIS
+ * micro-batch's gradient (times dscale), each element exactly once, each element
+ * bitwise what the full buffer would have received; the caller accumulates or reduces
+ * it (parallel/zero1.h). Works with every parallel layout, remat / offload and
+ * parameter host offload. Errors: MT_ERR_INVALID (NULL model, already planned),
+ * MT_ERR_OOM. */
+mt_status mt_model_set_grad_sink(mt_model *m, mt_grad_sink_fn fn, void *ctx);
+
 /* Parameter host offload (parameter_memory_host_offload), before planning: the flat
  * parameter buffer (mt_model_params) lives in the host pool (mt_model_add_to_host_plan,
  * "params") and the device arena holds two layer windows ("params.window.layer0/1",
@@ -83,7 +115,9 @@ mt_status mt_model_set_remat(mt_model *m, const mt_remat_policy *p);
  * (slot l % 2) before use; the backward re-fetches a layer only when its window was
  * reused. Gradients stay on the device. Results are bitwise those without offload.
  * mt_model_params then returns HOST memory: callers move it with the op table's
- * copies, which is only right on the CPU backend (the trainer refuses others).
+ * copies, which is only right on the CPU backend (the trainer refuses others). With
+ * fsdp (mt_model_set_fsdp, either order) the host pool holds this rank's shard
+ * ("params.shard") and the windows are all-gathered from the host shards.
  * Errors: MT_ERR_INVALID (NULL, already planned), MT_ERR_OOM. */
 mt_status mt_model_set_param_offload(mt_model *m, int on);
 
@@ -147,18 +181,22 @@ mt_status mt_model_set_context_parallel(mt_model *m, mt_comm *comm, int size, in
 mt_status mt_model_set_sequence_parallel(mt_model *m, int on);
 
 /* fsdp over `size` ranks (this one `rank`, comm the fsdp group; NULL when only
- * planning). Call once, before mt_model_add_to_plan; not with parameter host offload.
+ * planning). Call once, before mt_model_add_to_plan; with parameter host offload the
+ * shard lives in the host pool (mt_model_set_param_offload).
  * The flat parameter buffer is cut into equal shards (rank r: [r p, (r + 1) p) with
- * p = ceil(numel / size), clipped: the ZeRO-1 split of parallel/zero1.h); the plan
+ * p = ceil(numel / size), clipped: the fsdp shards of parallel/zero1.h); the plan
  * holds this rank's shard ("params.shard") and the windows of the host-offload path
  * (two layers, plus embedding / final norm / head), which are filled by all-gathers over
  * comm: the global window at the start of each forward, layer l's window (slot l % 2)
- * just before its forward, and again before its backward when layer l + 2 reused the
- * slot. mt_model_params then returns the shard (element i is flat element lo + i,
+ * before its forward, and again before its backward when layer l + 2 reused the slot;
+ * the layer gathers are prefetched (started asynchronously, mt_comm_all_gather_start,
+ * while the previous layer computes: l - 1 in the forward, l + 1 in the backward, and
+ * waited for before use), so no window beyond these is needed. mt_model_params then returns the shard (element i is flat element lo + i,
  * mt_model_fsdp_range); mt_model_grads stays the full buffer, which the caller
- * reduce-scatters (ZeRO-1). mt_model_init_params writes the shard of the same values.
+ * reduce-scatters (ZeRO-1), unless a gradient sink reduce-scatters it window by window
+ * (mt_model_set_grad_sink; the trainer does). mt_model_init_params writes the shard of the same values.
  * Errors: MT_ERR_INVALID (twice or after planning, rank outside [0, size), fewer
- * parameters than ranks), MT_ERR_UNSUPPORTED (with parameter host offload), MT_ERR_OOM. */
+ * parameters than ranks), MT_ERR_OOM. */
 mt_status mt_model_set_fsdp(mt_model *m, mt_comm *comm, int size, int rank);
 
 /* This rank's fsdp shard [lo, hi) of the flat buffer ([0, numel) without fsdp). */
@@ -183,7 +221,8 @@ int mt_model_tp_grad_replicated(const mt_model *m, int i);
 mt_status mt_model_bind(mt_model *m, const mt_arena *arena, const mt_plan *plan);
 
 /* Parameter table, flat parameter and gradient buffers (backend memory, float32,
- * mt_model_numel elements each, same layout). */
+ * mt_model_numel elements each, same layout). mt_model_grads is NULL with a gradient
+ * sink (mt_model_set_grad_sink). */
 int mt_model_param_count(const mt_model *m);
 const mt_param_info *mt_model_param(const mt_model *m, int i);
 int mt_model_param_find(const mt_model *m, const char *name); /* index or -1 */
@@ -197,7 +236,8 @@ mt_status mt_model_init_params(mt_model *m, uint64_t seed);
 
 /* Forward and backward of one micro-batch. tokens and labels are host int32
  * [batch * seq]; labels equal to MT_IGNORE_LABEL are ignored. Gradients of the
- * *summed* token loss times `dscale` are ADDED to mt_model_grads (zero it first);
+ * *summed* token loss times `dscale` are ADDED to mt_model_grads (zero it first), or
+ * with a gradient sink handed to it window by window;
  * *loss_sum gets the summed loss (fp64) and *count the number of labelled tokens.
  * Errors: MT_ERR_INVALID naming a token or label outside [0, vocab_size). */
 mt_status mt_model_forward_backward(mt_model *m, const int32_t *tokens, const int32_t *labels,
@@ -213,7 +253,8 @@ mt_status mt_model_hidden(mt_model *m, const int32_t *tokens, float *hidden);
 
 /* Backward from a caller-supplied gradient of the final hidden states: dhidden is host
  * float32 [batch * seq, emb_dim], d(loss)/d(hidden) for the hidden states (after
- * model.norm) of the preceding forward. ADDS to mt_model_grads the VJP through
+ * model.norm) of the preceding forward. ADDS to mt_model_grads (with a gradient sink:
+ * hands to it, window by window) the VJP through
  * model.norm, every layer (in reverse, with the remat policy's recompute / restore and
  * the tensor-parallel collectives) and the embedding: exactly the backward that
  * mt_model_forward_backward runs after its loss, from the same code, so the

@@ -80,6 +80,10 @@ static int rank_of(const int dims[MT_MESH_AXES], const int coord[MT_MESH_AXES]) 
 }
 
 mt_status mt_mesh_create(mt_mesh **out, const int dims[MT_MESH_AXES]) {
+    return mt_mesh_create_on(out, dims, MT_COMM_HOST);
+}
+
+mt_status mt_mesh_create_on(mt_mesh **out, const int dims[MT_MESH_AXES], mt_comm_mem mem) {
     *out = NULL;
     MT_TRY(mt_comm_world_init());
     const int world = mt_comm_world_size();
@@ -100,20 +104,32 @@ mt_status mt_mesh_create(mt_mesh **out, const int dims[MT_MESH_AXES]) {
         int c[MT_MESH_AXES];
         for (int b = 0; b < MT_MESH_AXES; b++) c[b] = m->coord[b];
         c[a] = 0;
-        st = mt_comm_split(&m->axis[a], rank_of(dims, c), m->coord[a], k_names[a]);
+        st = mt_comm_split_on(&m->axis[a], rank_of(dims, c), m->coord[a], k_names[a], mem);
     }
     if (st == MT_OK) {
         int c[MT_MESH_AXES] = {0, 0, m->coord[MT_AXIS_CONTEXT], m->coord[MT_AXIS_TENSOR]};
-        st = mt_comm_split(&m->data_fsdp, rank_of(dims, c),
-                           m->coord[MT_AXIS_DATA] * dims[MT_AXIS_FSDP] + m->coord[MT_AXIS_FSDP], "data_fsdp");
+        st = mt_comm_split_on(&m->data_fsdp, rank_of(dims, c),
+                              m->coord[MT_AXIS_DATA] * dims[MT_AXIS_FSDP] + m->coord[MT_AXIS_FSDP], "data_fsdp", mem);
     }
     if (st == MT_OK) {
         int c[MT_MESH_AXES] = {0, 0, 0, m->coord[MT_AXIS_TENSOR]};
         const int key = (m->coord[MT_AXIS_DATA] * dims[MT_AXIS_FSDP] + m->coord[MT_AXIS_FSDP]) * dims[MT_AXIS_CONTEXT] +
                         m->coord[MT_AXIS_CONTEXT];
-        st = mt_comm_split(&m->grad, rank_of(dims, c), key, "data_fsdp_context");
+        st = mt_comm_split_on(&m->grad, rank_of(dims, c), key, "data_fsdp_context", mem);
     }
-    if (st == MT_OK) st = mt_comm_split(&m->all, 0, m->rank, "world");
+    if (st == MT_OK) st = mt_comm_split_on(&m->all, 0, m->rank, "world", mem);
+    if (st == MT_OK) { /* grad again, fsdp-major */
+        int c[MT_MESH_AXES] = {0, 0, 0, m->coord[MT_AXIS_TENSOR]};
+        const int key = (m->coord[MT_AXIS_FSDP] * dims[MT_AXIS_DATA] + m->coord[MT_AXIS_DATA]) * dims[MT_AXIS_CONTEXT] +
+                        m->coord[MT_AXIS_CONTEXT];
+        st = mt_comm_split_on(&m->grad_fsdp, rank_of(dims, c), key, "fsdp_data_context", mem);
+    }
+    if (st == MT_OK) {
+        int c[MT_MESH_AXES] = {0, m->coord[MT_AXIS_FSDP], 0, m->coord[MT_AXIS_TENSOR]};
+        st = mt_comm_split_on(&m->replica, rank_of(dims, c),
+                              m->coord[MT_AXIS_DATA] * dims[MT_AXIS_CONTEXT] + m->coord[MT_AXIS_CONTEXT], "data_context",
+                              mem);
+    }
     if (st != MT_OK) {
         mt_mesh_free(m);
         return st;
@@ -128,13 +144,16 @@ void mt_mesh_free(mt_mesh *m) {
     mt_comm_free(m->data_fsdp);
     mt_comm_free(m->grad);
     mt_comm_free(m->all);
+    mt_comm_free(m->grad_fsdp);
+    mt_comm_free(m->replica);
     free(m);
 }
 
 uint64_t mt_mesh_bytes_total(const mt_mesh *m) {
     uint64_t s = 0;
     for (int a = 0; a < MT_MESH_AXES; a++) s += mt_comm_bytes_total(m->axis[a]);
-    return s + mt_comm_bytes_total(m->data_fsdp) + mt_comm_bytes_total(m->grad) + mt_comm_bytes_total(m->all);
+    return s + mt_comm_bytes_total(m->data_fsdp) + mt_comm_bytes_total(m->grad) + mt_comm_bytes_total(m->all) +
+           mt_comm_bytes_total(m->grad_fsdp) + mt_comm_bytes_total(m->replica);
 }
 
 void mt_mesh_reset_bytes(mt_mesh *m) {
@@ -142,4 +161,6 @@ void mt_mesh_reset_bytes(mt_mesh *m) {
     mt_comm_reset_bytes(m->data_fsdp);
     mt_comm_reset_bytes(m->grad);
     mt_comm_reset_bytes(m->all);
+    mt_comm_reset_bytes(m->grad_fsdp);
+    mt_comm_reset_bytes(m->replica);
 }

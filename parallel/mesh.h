@@ -9,7 +9,9 @@
  * ranks differing only on that axis, ordered by that coordinate), one for data x fsdp
  * (the ranks reading different data), one for data x fsdp x context (the gradient
  * reduction / ZeRO-1 group: context ranks hold different tokens of the same
- * sequences) and the world. */
+ * sequences) and the world; for fsdp the same gradient group ordered fsdp-major
+ * (grad_fsdp) and the data x context group of the ranks sharing an fsdp shard
+ * (replica). */
 #ifndef MT_PARALLEL_MESH_H
 #define MT_PARALLEL_MESH_H
 
@@ -61,6 +63,11 @@ typedef struct mt_mesh {
     mt_comm *grad;               /* data x fsdp x context, rank = (data * F + fsdp) * C + context:
                                   * the ranks whose gradients and loss sums add up */
     mt_comm *all;                /* the world */
+    mt_comm *grad_fsdp;          /* the ranks of grad ordered fsdp-major, rank = (fsdp * D + data) * C +
+                                  * context: blocks of the flat gradient in rank order nest inside the
+                                  * fsdp shards (parallel/zero1.h mt_grad_sync_set_fsdp) */
+    mt_comm *replica;            /* data x context (same fsdp and tensor coordinates), rank = data * C +
+                                  * context: the ranks holding the same fsdp parameter shard */
 } mt_mesh;
 
 /* Coordinates of world rank r in dims. */
@@ -69,6 +76,11 @@ void mt_mesh_coords(const int dims[MT_MESH_AXES], int r, int coord[MT_MESH_AXES]
 /* Build the communicators for dims (product must equal the world size; collective
  * over the world). Errors: MT_ERR_INVALID (product), those of mt_comm_split. */
 mt_status mt_mesh_create(mt_mesh **out, const int dims[MT_MESH_AXES]);
+/* mt_mesh_create with every communicator split on `mem` (mt_comm_split_on): with
+ * MT_COMM_DEVICE each communicator of mt_mesh of more than one rank also gets its
+ * NCCL communicator (and its comm stream). Errors: those of
+ * mt_mesh_create and mt_comm_split_on (MT_ERR_UNSUPPORTED without NCCL or a GPU). */
+mt_status mt_mesh_create_on(mt_mesh **out, const int dims[MT_MESH_AXES], mt_comm_mem mem);
 void mt_mesh_free(mt_mesh *m);
 
 /* Sum of the bytes this rank sent on all of the mesh's communicators. */

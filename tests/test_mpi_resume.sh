@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/test_mpi_resume.sh BUILD_DIR: `meshtrain train` under mpirun with dp2 x tp2,
-# ZeRO-1 and 2 micro-batches (4 ranks), and with fsdp2 x tp2 (parameters sharded: the
-# checkpoint gathers them, the resume scatters them back):
+# ZeRO-1 and 2 micro-batches (4 ranks), and with fsdp2 x tp2, dp2 x fsdp2 and cp2 x
+# fsdp2 (parameters sharded over fsdp, the optimizer shards nested inside them over data
+# x context: the checkpoint gathers both, the resume scatters them back):
 #  - its losses equal the single-process run on the same global batch (4 sequences x 2
 #    micro-batches) to 1e-5 relative (fp32 sums in another order);
 #  - its step-2 checkpoint (model.safetensors, and train_state.safetensors with the
@@ -9,10 +10,10 @@
 #    1e-5 relative per tensor;
 #  - resuming from that checkpoint under the same layout reproduces steps 3..4 of the
 #    uninterrupted run bitwise (loss and grad_norm printed with %.17g in metrics.jsonl);
-#  - that multi-rank checkpoint loads as load_parameters_path into runs of other
-#    layouts (one process, and cp2 over 2 ranks) with learning_rate 0: their first
-#    losses agree to 1e-5 and the checkpoints they write hold the loaded parameters
-#    bitwise.
+#  - the dp2 x tp2 and the dp2 x fsdp2 checkpoints load as load_parameters_path into
+#    runs of other layouts (one process, and cp2 over 2 ranks) with learning_rate 0:
+#    their first losses agree to 1e-5 and the checkpoints they write hold the loaded
+#    parameters bitwise.
 # adam_eps = 1e-5 for the reason given in tests/test_mpi_layouts.sh.
 set -u
 build="${1:?usage: test_mpi_resume.sh BUILD_DIR}"
@@ -109,23 +110,27 @@ PY
 }
 check par ici_data_parallelism=2 ici_tensor_parallelism=2 shard_optimizer_over_data=true per_device_batch_size=2
 check fsdp ici_fsdp_parallelism=2 ici_tensor_parallelism=2 per_device_batch_size=2
+check dpfsdp ici_data_parallelism=2 ici_fsdp_parallelism=2 per_device_batch_size=1
+check cpfsdp ici_context_parallelism=2 ici_fsdp_parallelism=2 per_device_batch_size=2
 
-# Cross-layout load: the dp2 x tp2 run's step_2 parameters into a single process and
+# Cross-layout load: a multi-rank run's step_2 parameters into a single process and
 # into a cp2 run (2 ranks), one step at learning_rate 0 (AdamW then moves nothing).
-src="$tmp/out/par/checkpoints/step_2"
-"$bin" train "$tmp/cfg/run.yml" run_name=x_single per_device_batch_size=4 steps=1 \
-    learning_rate=0 load_parameters_path="$src" > "$tmp/x_single.log" 2>&1 ||
-    fail "load into single process: $(tail -3 "$tmp/x_single.log")"
-mpirun --oversubscribe -np 2 "$bin" train "$tmp/cfg/run.yml" run_name=x_cp2 per_device_batch_size=4 \
+xload() {
+local from=$1
+src="$tmp/out/$from/checkpoints/step_2"
+"$bin" train "$tmp/cfg/run.yml" run_name=x_single_$from per_device_batch_size=4 steps=1 \
+    learning_rate=0 load_parameters_path="$src" > "$tmp/x_single_$from.log" 2>&1 ||
+    fail "load into single process: $(tail -3 "$tmp/x_single_$from.log")"
+mpirun --oversubscribe -np 2 "$bin" train "$tmp/cfg/run.yml" run_name=x_cp2_$from per_device_batch_size=4 \
     steps=1 learning_rate=0 ici_context_parallelism=2 load_parameters_path="$src" \
-    > "$tmp/x_cp2.log" 2>&1 || fail "load into cp2: $(tail -3 "$tmp/x_cp2.log")"
+    > "$tmp/x_cp2_$from.log" 2>&1 || fail "load into cp2: $(tail -3 "$tmp/x_cp2_$from.log")"
 echo "== cross-layout load of $src"
-$py - "$tmp/out" "$src" <<'PY' || fail "cross-layout load comparison"
+$py - "$tmp/out" "$src" "$from" <<'PY' || fail "cross-layout load comparison ($from)"
 import json, sys
-out, src = sys.argv[1], sys.argv[2]
+out, src, frm = sys.argv[1], sys.argv[2], sys.argv[3]
 def loss(run):
     return [json.loads(l) for l in open(f"{out}/{run}/metrics.jsonl") if '"loss"' in l][0]["loss"]
-a, b = loss("x_single"), loss("x_cp2")
+a, b = loss("x_single_" + frm), loss("x_cp2_" + frm)
 e = abs(a - b) / abs(a)
 print(f"first loss: single {a:.9f} cp2 {b:.9f} rel {e:.1e}")
 bad = e > 1e-5
@@ -134,13 +139,16 @@ def blob(path):
         n = int.from_bytes(f.read(8), "little"); hdr = json.loads(f.read(n)); data = f.read()
     return {k: data[v["data_offsets"][0]:v["data_offsets"][1]] for k, v in hdr.items() if k != "__metadata__"}
 ref = blob(f"{src}/model.safetensors")
-for run in ("x_single", "x_cp2"):
+for run in ("x_single_" + frm, "x_cp2_" + frm):
     got = blob(f"{out}/{run}/checkpoints/step_1/model.safetensors")
     same = got.keys() == ref.keys() and all(got[k] == ref[k] for k in ref)
     print(f"{run}: parameters {'bitwise equal to' if same else 'DIFFER from'} the loaded checkpoint")
     bad |= not same
 sys.exit(1 if bad else 0)
 PY
+}
+xload par
+xload dpfsdp
 
 if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
 echo "parallel checkpoints and resume agree"

@@ -229,7 +229,11 @@ Test(plan_remat, run_allocates_exactly_the_plan) {
     cr_expect_eq(system(cmd), 0);
 }
 
-/* Parameter sharding over a job: fsdp divides parameters, gradients and optimizer. */
+/* Parameter sharding over a job: an fsdp layout the trainer runs is the trainer's own
+ * plan (models/model.h mt_model_set_fsdp): the parameter shard p = ceil(numel / 8)
+ * floats, the windows of two layers and of embedding + final norm + head, the AdamW
+ * moments on the same shard (fsdp implies ZeRO-1); activations as on one device.
+ * Gradients are the trainer's business (not asserted beyond "not more"). */
 Test(plan_remat, num_devices_shards_parameter_state) {
     mt_train_config c;
     base_cfg(&c, MT_DECODER_LLAMA2);
@@ -239,17 +243,87 @@ Test(plan_remat, num_devices_shards_parameter_state) {
     c.num_devices = 8;
     cr_assert_eq(mt_memory_plan_rank(&c, &r8, NULL, NULL), MT_OK, "%s", mt_last_error());
     cr_expect_eq(r8.dims[1], 8, "all devices on fsdp by default");
-    cr_expect_eq(r8.params, (r1.params + 7) / 8);
-    cr_expect_eq(r8.optimizer, 2 * ((r1.optimizer / 2 + 7) / 8));
-    cr_expect_gt(r8.comm, 0);
+    cr_expect_eq(r8.modelled, 0, "fsdp alone is the trainer's plan: %s", r8.modelled_reason);
+    const mt_model_config *m = &c.model;
+    const size_t lp = (size_t)layer_params(m), glob = (size_t)(2 * m->vocab_size * m->emb_dim + m->emb_dim);
+    const size_t numel = 4 * lp + glob, shard = (numel + 7) / 8;
+    cr_expect_eq((size_t)r8.num_params, numel);
+    cr_expect_eq(r1.params, 4 * numel);
+    cr_expect_eq(r8.params, 4 * (shard + 2 * lp + glob), "params %zu: shard %zu + 2 layers of %zu + global %zu floats",
+                 r8.params, shard, lp, glob);
+    cr_expect_eq(r8.optimizer, 2 * 4 * shard);
+    cr_expect_leq(r8.grads, r1.grads);
     for (int t = 0; t < MT_RT_COUNT; t++) cr_expect_eq(r8.saved[t], r1.saved[t]);
     /* optimizer on the host */
     c.optimizer_memory_host_offload = 1;
     mt_memory_report ro;
     cr_assert_eq(mt_memory_plan_rank(&c, &ro, NULL, NULL), MT_OK, "%s", mt_last_error());
+    cr_expect_eq(ro.modelled, 0);
     cr_expect_eq(ro.optimizer, 0);
     cr_expect_eq(ro.host_optimizer, r8.optimizer);
     cr_expect_lt(ro.peak, r8.peak);
+    /* fsdp x tensor: the trainer's plan too */
+    c.optimizer_memory_host_offload = 0;
+    c.ici_fsdp_parallelism = -1;
+    c.ici_tensor_parallelism = 2;
+    mt_memory_report rt;
+    cr_assert_eq(mt_memory_plan_rank(&c, &rt, NULL, NULL), MT_OK, "%s", mt_last_error());
+    cr_expect_eq(rt.dims[1], 4);
+    cr_expect_eq(rt.dims[3], 2);
+    cr_expect_eq(rt.modelled, 0, "%s", rt.modelled_reason);
+}
+
+/* fsdp composed with data or context is the trainer's own plan (parallel/zero1.h
+ * mt_grad_sync_set_fsdp): parameters sharded over fsdp only (shard ceil(numel / 4) + the
+ * windows of two layers and of embedding + final norm + head, as for fsdp alone), the
+ * optimizer shard nested in it over the 2 data (or context) ranks, rank 0's sub-shard
+ * ceil(ceil(numel / 4) / 2) floats: AdamW state 1/8 per rank. With parameter host
+ * offload too, the trainer's plan as well: the shard moves to the host pool, the device
+ * keeps the windows. */
+Test(plan_remat, fsdp_with_data_or_context_is_the_trainers_plan) {
+    mt_train_config c;
+    base_cfg(&c, MT_DECODER_LLAMA2);
+    c.model.num_decoder_layers = 4;
+    c.num_devices = 8;
+    c.ici_data_parallelism = 2;
+    c.ici_fsdp_parallelism = -1;
+    const mt_model_config *m = &c.model;
+    const size_t lp = (size_t)layer_params(m), glob = (size_t)(2 * m->vocab_size * m->emb_dim + m->emb_dim);
+    const size_t numel = 4 * lp + glob, fshard = (numel + 3) / 4, sub = (fshard + 1) / 2;
+    mt_memory_report rm, rc, r1;
+    cr_assert_eq(mt_memory_plan_rank(&c, &rm, NULL, NULL), MT_OK, "%s", mt_last_error());
+    cr_expect_eq(rm.dims[0], 2);
+    cr_expect_eq(rm.dims[1], 4);
+    cr_expect_eq(rm.modelled, 0, "%s", rm.modelled_reason);
+    cr_expect_eq(rm.params, 4 * (fshard + 2 * lp + glob), "params %zu: shard %zu + 2 layers of %zu + global %zu",
+                 rm.params, fshard, lp, glob);
+    cr_expect_eq(rm.optimizer, 2 * 4 * sub, "optimizer %zu: 2 moments x %zu floats", rm.optimizer, sub);
+    /* context x fsdp: the same shards */
+    c.ici_data_parallelism = 1;
+    c.ici_context_parallelism = 2;
+    cr_assert_eq(mt_memory_plan_rank(&c, &rc, NULL, NULL), MT_OK, "%s", mt_last_error());
+    cr_expect_eq(rc.dims[2], 2);
+    cr_expect_eq(rc.dims[1], 4);
+    cr_expect_eq(rc.modelled, 0, "%s", rc.modelled_reason);
+    cr_expect_eq(rc.params, rm.params);
+    cr_expect_eq(rc.optimizer, rm.optimizer);
+    /* one device of the same model: the optimizer state is 8 times (to the rounding) */
+    c.num_devices = 1;
+    c.ici_context_parallelism = 1;
+    c.ici_fsdp_parallelism = 1;
+    cr_assert_eq(mt_memory_plan_rank(&c, &r1, NULL, NULL), MT_OK, "%s", mt_last_error());
+    cr_expect_eq(r1.optimizer, 2 * 4 * numel);
+    /* data x fsdp with parameter host offload */
+    c.num_devices = 8;
+    c.ici_data_parallelism = 2;
+    c.ici_fsdp_parallelism = -1;
+    c.parameter_memory_host_offload = 1;
+    mt_memory_report rp;
+    cr_assert_eq(mt_memory_plan_rank(&c, &rp, NULL, NULL), MT_OK, "%s", mt_last_error());
+    cr_expect_eq(rp.modelled, 0, "%s", rp.modelled_reason);
+    cr_expect_eq(rp.host_params, 4 * fshard);
+    cr_expect_eq(rp.params, 4 * (2 * lp + glob), "device params %zu: the windows only", rp.params);
+    cr_expect_eq(rp.optimizer, rm.optimizer);
 }
 
 /* A data-parallel ZeRO-1 job is planned by the trainer itself (exact): the optimizer

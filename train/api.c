@@ -130,7 +130,7 @@ static mt_status finish_create(mt_session **out, mt_session *s) {
     if (st == MT_OK) st = mt_train_config_validate(&s->cfg);
     if (st == MT_OK) {
         if (s->cfg.dataset_path[0]) {
-            st = mt_trainer_create(&s->trainer, &s->cfg);
+            st = mt_trainer_create_ex(&s->trainer, &s->cfg, 1); /* named gradients live in the full buffer */
             if (st == MT_OK) {
                 s->model = mt_trainer_model(s->trainer);
                 s->plan = mt_trainer_get_plan(s->trainer);

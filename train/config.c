@@ -108,11 +108,13 @@ static const mt_config_key mt_keys[] = {
     RKEY_INT(top_k, "0", 0, "`sample`: keep the k most likely tokens; 0 = all"),
     /* parallelism (parallel/mesh.h, parallel/zero1.h) */
     RKEY_INT(ici_data_parallelism, "1", -1, "data-parallel axis size; -1 = fill the world"),
-    RKEY_INT(ici_fsdp_parallelism, "1", -1, "fsdp axis size (parameters sharded); -1 = fill the world"),
+    RKEY_INT(ici_fsdp_parallelism, "1", -1,
+             "fsdp axis size (parameters sharded over it; optimizer state over data x fsdp x context); -1 = fill"),
     RKEY_INT(ici_context_parallelism, "1", -1, "context-parallel axis size (sequence in 2C chunks); -1 = fill"),
     RKEY_INT(ici_tensor_parallelism, "1", -1, "tensor-parallel axis size (Megatron column/row); -1 = fill"),
     {"shard_optimizer_over_data", MT_KEY_BOOL, OFF(shard_optimizer_over_data), 0, NULL, NULL, 0, "false", 0, 0,
-     0, 0, "ZeRO-1: fp32 master and AdamW moments sharded over data x fsdp, gradients reduce-scattered"},
+     0, 0, "ZeRO-1: fp32 master and AdamW moments sharded over data x context (always on with fsdp), "
+     "gradients reduce-scattered"},
     RKEY_ENUM(gradient_accumulation_reduce, ga_reduce_names, ga_reduce_values, "once",
               "once = reduce after the last micro-batch (full accumulator); every = reduce-scatter each "
               "micro-batch into the ZeRO-1 shard accumulator"),
@@ -821,9 +823,12 @@ static mt_status find_model_file(const char *config_path, const char *model_name
     if (config_path && path_cat(dirs[nd], MT_CONFIG_PATH_MAX, cdir, "/configs/models", "")) nd++;
     if (path_cat(dirs[nd], MT_CONFIG_PATH_MAX, "configs/models", "", "")) nd++;
     /* The directories tried, each once, by their real path (./configs/models and
-     * <CONFIG dir>/models are often the same directory). */
+     * <CONFIG dir>/models are often the same directory). The message names the ones
+     * that exist; candidates that do not (e.g. <CONFIG dir>/configs/models, which is
+     * configs/configs/models for configs/base.yml) only when none exists. */
     char tried[4 * (MT_CONFIG_PATH_MAX + 24) + 16] = "";
     char real[4][PATH_MAX_MT];
+    int real_exists[4] = {0};
     int nreal = 0;
     for (int i = 0; i < nd; i++) {
         char shown[PATH_MAX_MT];
@@ -840,14 +845,20 @@ static mt_status find_model_file(const char *config_path, const char *model_name
         int dup = 0;
         for (int j = 0; j < nreal; j++) dup |= strcmp(real[j], shown) == 0;
         if (dup) continue;
+        real_exists[nreal] = exists;
         snprintf(real[nreal++], sizeof real[0], "%s", shown);
         if (path_cat(out, n, dirs[i], "/", model_name) && strlen(out) + 5 < n) {
             strcat(out, ".yml");
             if (file_readable(out)) return MT_OK;
         }
+    }
+    int any_exists = 0;
+    for (int i = 0; i < nreal; i++) any_exists |= real_exists[i];
+    for (int i = 0; i < nreal; i++) {
+        if (any_exists && !real_exists[i]) continue;
         size_t len = strlen(tried);
-        int w = snprintf(tried + len, sizeof tried - len, "%s%s%s", len ? ", " : "", shown,
-                         exists ? "" : " (no such directory)");
+        int w = snprintf(tried + len, sizeof tried - len, "%s%s%s", len ? ", " : "", real[i],
+                         real_exists[i] ? "" : " (no such directory)");
         if (w < 0 || (size_t)w >= sizeof tried - len) break;
     }
     return mt_set_error(MT_ERR_INVALID, "model_name '%s': no model file %s.yml in %s", model_name, model_name,

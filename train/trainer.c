@@ -53,6 +53,8 @@ struct mt_trainer {
     mt_param_info *sparams;   /* parameter table cut to this rank's optimizer shard */
     int nsparams;
     float *last_grad;         /* mean gradient of the last step (full, or the ZeRO-1 shard) */
+    int chunked_grad;         /* the last step's gradient is read chunk by chunk (mt_grad_sync_read) */
+    float last_inv_count;     /* its 1 / token count */
     uint64_t last_step_bytes; /* bytes this rank sent during the last step */
     /* host pool of offloaded activations (train/estimate.h, models/remat.h) */
     mt_plan *host_plan;
@@ -150,22 +152,11 @@ static void cfg_ici(const mt_train_config *cfg, int64_t ici[MT_MESH_AXES]) {
     ici[MT_AXIS_TENSOR] = cfg->ici_tensor_parallelism;
 }
 
-/* Divisibility of the model and batch by the layout, and what this build computes. */
+/* Divisibility of the model and batch by the layout (every combination of the four axes runs). */
 static mt_status check_layout(const mt_train_config *cfg, const int dims[MT_MESH_AXES]) {
     const mt_layout_sizes ls = {cfg->model.num_query_heads, cfg->model.num_kv_heads, cfg->model.mlp_dim,
                                 cfg->model.vocab_size, cfg->max_target_length, cfg->per_device_batch_size};
-    MT_TRY(mt_mesh_check_layout(dims, &ls));
-    /* fsdp's parameter shards are the ZeRO-1 shards of the gradient group, which is
-     * the fsdp group only when data and context are 1 */
-    if (dims[MT_AXIS_FSDP] > 1 && (dims[MT_AXIS_DATA] > 1 || dims[MT_AXIS_CONTEXT] > 1))
-        return mt_set_error(MT_ERR_UNSUPPORTED, "ici_fsdp_parallelism=%d with ici_data_parallelism=%d and "
-                            "ici_context_parallelism=%d: fsdp composes with the tensor axis only so far; use "
-                            "ici_data_parallelism=1 and ici_context_parallelism=1 (or fsdp 1)",
-                            dims[MT_AXIS_FSDP], dims[MT_AXIS_DATA], dims[MT_AXIS_CONTEXT]);
-    if (dims[MT_AXIS_FSDP] > 1 && cfg->parameter_memory_host_offload)
-        return mt_set_error(MT_ERR_UNSUPPORTED, "ici_fsdp_parallelism=%d with parameter_memory_host_offload: not "
-                            "supported together (fsdp fills the same parameter windows)", dims[MT_AXIS_FSDP]);
-    return MT_OK;
+    return mt_mesh_check_layout(dims, &ls);
 }
 
 /* Axis sizes for planning without a process group: the world is the product of the
@@ -191,12 +182,14 @@ static mt_status setup_mesh(mt_trainer *t) {
     MT_TRY(mt_mesh_resolve(ici, mt_comm_world_size(), dims));
     MT_TRY(check_layout(&t->cfg, dims));
     if (mt_comm_world_size() > 1 && strcmp(t->ops->name, "cpu") != 0)
-        return mt_set_error(MT_ERR_UNSUPPORTED, "backend=%s with %d ranks: the NCCL backend is not built; "
-                            "multi-rank runs use backend=cpu", t->ops->name, mt_comm_world_size());
+        return mt_set_error(MT_ERR_UNSUPPORTED, "backend=%s with %d ranks: the trainer does not run multi-rank "
+                            "on the GPU yet (its optimizer and checkpoint collectives use host buffers; "
+                            "parallel/comm.h's NCCL communicators are not wired in); multi-rank runs use "
+                            "backend=cpu", t->ops->name, mt_comm_world_size());
     return mt_mesh_create(&t->mesh, dims);
 }
 
-/* Rank and size of this process in the data x fsdp group (data loading, ZeRO-1). */
+/* Rank and size of this process in the data x fsdp group (data loading: the batch is split over data x fsdp). */
 static int dp_rank(const mt_mesh *m) { return m->coord[MT_AXIS_DATA] * m->dims[MT_AXIS_FSDP] + m->coord[MT_AXIS_FSDP]; }
 static int dp_size(const mt_mesh *m) { return m->dims[MT_AXIS_DATA] * m->dims[MT_AXIS_FSDP]; }
 
@@ -237,20 +230,33 @@ static mt_status setup_tensor(mt_model *model, mt_grad_sync *gs, mt_comm *comm, 
     return st;
 }
 
+/* Elements of the largest parameter tensor (the chunk of mt_grad_sync_set_path). */
+static int64_t max_param_numel(const mt_model *model) {
+    int64_t n = 1;
+    for (int i = 0; i < mt_model_param_count(model); i++)
+        if (mt_model_param(model, i)->numel > n) n = mt_model_param(model, i)->numel;
+    return n;
+}
+
 /* Model + plan (finalised) + gradient-sync and optimizer entries for cfg with ops, for
- * this rank of `mesh`, or (mesh NULL: only planning) for rank 0 of a mesh of dims. */
+ * this rank of `mesh`, or (mesh NULL: only planning) for rank 0 of a mesh of dims.
+ * full_grads = 1 keeps the model's full gradient buffer (no gradient windows: the
+ * library API's sessions, which read named gradients from it); 0 lets the gradient
+ * sync choose its path (parallel/zero1.h), installing the model's gradient sink. */
 static mt_status build_plan(const mt_train_config *cfg, const mt_ops *ops, mt_model **model, mt_plan **plan,
                             mt_adamw *opt, mt_grad_sync *gs, const mt_mesh *mesh, const int dims[MT_MESH_AXES],
-                            mt_plan *host) {
+                            mt_plan *host, int full_grads) {
     *model = NULL;
     *plan = NULL;
-    /* gradients add up over data x fsdp x context (mesh->grad) */
-    mt_comm *dp_comm = mesh ? mesh->grad : NULL, *tp_comm = mesh ? mesh->axis[MT_AXIS_TENSOR] : NULL;
+    /* gradients add up over data x fsdp x context, reduced on that group ordered
+     * fsdp-major (mesh->grad_fsdp: the optimizer shards nest inside the fsdp shards,
+     * parallel/zero1.h mt_grad_sync_set_fsdp; the same order as mesh->grad without fsdp) */
+    mt_comm *dp_comm = mesh ? mesh->grad_fsdp : NULL, *tp_comm = mesh ? mesh->axis[MT_AXIS_TENSOR] : NULL;
     mt_comm *cp_comm = mesh ? mesh->axis[MT_AXIS_CONTEXT] : NULL, *fsdp_comm = mesh ? mesh->axis[MT_AXIS_FSDP] : NULL;
     const int fsdp_n = dims[MT_AXIS_FSDP], fsdp_rank = mesh ? mesh->coord[MT_AXIS_FSDP] : 0;
     const int dp_n = dims[MT_AXIS_DATA] * dims[MT_AXIS_FSDP] * dims[MT_AXIS_CONTEXT], tp_n = dims[MT_AXIS_TENSOR];
     const int cp_n = dims[MT_AXIS_CONTEXT];
-    const int dp_rank = mesh ? mt_comm_rank(mesh->grad) : 0;
+    const int dp_rank = mesh ? mt_comm_rank(mesh->grad_fsdp) : 0;
     const int tp_rank = mesh ? mesh->coord[MT_AXIS_TENSOR] : 0, cp_rank = mesh ? mesh->coord[MT_AXIS_CONTEXT] : 0;
     memset(gs, 0, sizeof *gs);
     mt_status st = mt_model_create(model, &cfg->model, ops, cfg->per_device_batch_size,
@@ -262,20 +268,23 @@ static mt_status build_plan(const mt_train_config *cfg, const mt_ops *ops, mt_mo
     if (st == MT_OK) st = mt_model_set_fsdp(*model, fsdp_comm, fsdp_n, fsdp_rank);
     if (st == MT_OK) st = mt_memory_apply_remat(cfg, *model);
     if (st == MT_OK) st = mt_plan_new(plan);
-    if (st == MT_OK) st = mt_model_add_to_plan(*model, *plan);
     if (st == MT_OK)
         st = mt_grad_sync_init(gs, dp_comm, dp_n, dp_rank, mt_model_numel(*model),
                                cfg->shard_optimizer_over_data || fsdp_n > 1, cfg->grad_dtype,
                                (mt_ga_reduce)cfg->gradient_accumulation_reduce, cfg->gradient_accumulation_steps);
-    if (st == MT_OK && fsdp_n > 1) { /* fsdp implies ZeRO-1 on the same shards (check_layout) */
+    if (st == MT_OK && fsdp_n > 1) { /* fsdp implies ZeRO-1, its shards nested in the fsdp shards */
+        st = mt_grad_sync_set_fsdp(gs, mesh ? mesh->replica : NULL, fsdp_n, fsdp_rank);
         int64_t lo, hi;
         mt_model_fsdp_range(*model, &lo, &hi);
-        gs->params_sharded = 1;
-        if (lo != gs->lo || hi != gs->hi)
-            st = mt_set_error(MT_ERR_RUNTIME, "fsdp shard [%lld, %lld) differs from the optimizer shard [%lld, %lld)",
-                              (long long)lo, (long long)hi, (long long)gs->lo, (long long)gs->hi);
+        if (st == MT_OK && (lo != gs->flo || hi != gs->fhi))
+            st = mt_set_error(MT_ERR_RUNTIME, "fsdp shard [%lld, %lld) differs from the gradient sync's [%lld, %lld)",
+                              (long long)lo, (long long)hi, (long long)gs->flo, (long long)gs->fhi);
     }
     if (st == MT_OK) st = setup_tensor(*model, gs, tp_comm, tp_n, tp_rank);
+    /* the gradient path: windows whenever they save memory (parallel/zero1.h) */
+    if (st == MT_OK && !full_grads) st = mt_grad_sync_set_path(gs, fsdp_n > 1, max_param_numel(*model));
+    if (st == MT_OK && gs->path != MT_GRAD_FULL) st = mt_model_set_grad_sink(*model, mt_grad_sync_window, gs);
+    if (st == MT_OK) st = mt_model_add_to_plan(*model, *plan);
     if (st == MT_OK) st = mt_grad_sync_add_to_plan(gs, *plan, mt_model_phase_count(*model) - 1);
     if (st == MT_OK) {
         mt_adamw_init(opt, ops, mt_grad_sync_opt_numel(gs), cfg->adam_b1, cfg->adam_b2, cfg->adam_eps,
@@ -307,7 +316,7 @@ mt_status mt_trainer_plan(const mt_train_config *cfg, mt_plan **plan, int64_t *n
     mt_grad_sync gs;
     mt_plan *host = NULL;
     MT_TRY(mt_plan_new(&host));
-    mt_status st = build_plan(cfg, ops, &model, plan, &opt, &gs, NULL, dims, host);
+    mt_status st = build_plan(cfg, ops, &model, plan, &opt, &gs, NULL, dims, host, 0);
     mt_grad_sync_free(&gs);
     mt_plan_free(host);
     MT_TRY(st);
@@ -328,7 +337,7 @@ mt_status mt_trainer_plan_with_host(const mt_train_config *cfg, mt_plan **plan, 
     mt_adamw opt;
     mt_grad_sync gs;
     MT_TRY(mt_plan_new(host_plan));
-    mt_status st = build_plan(cfg, ops, &model, plan, &opt, &gs, NULL, dims, *host_plan);
+    mt_status st = build_plan(cfg, ops, &model, plan, &opt, &gs, NULL, dims, *host_plan, 0);
     mt_grad_sync_free(&gs);
     if (st != MT_OK) {
         mt_plan_free(*host_plan);
@@ -543,8 +552,8 @@ static mt_status load_model_params(mt_trainer *t, const char *dir) {
         mt_model_fsdp_bind_full(t->model, NULL);
     }
     if (st == MT_OK)
-        t->ops->copy_to_device(mt_model_params(t->model), full + t->gs.lo,
-                               (size_t)(t->gs.hi - t->gs.lo) * sizeof(float));
+        t->ops->copy_to_device(mt_model_params(t->model), full + t->gs.flo,
+                               (size_t)(t->gs.fhi - t->gs.flo) * sizeof(float));
     free(full);
     return st;
 }
@@ -553,6 +562,10 @@ size_t mt_trainer_host_bytes(const mt_trainer *t) { return t->have_host_arena ? 
 size_t mt_trainer_device_bytes(const mt_trainer *t) { return t->have_arena ? t->arena.bytes : 0; }
 
 mt_status mt_trainer_create(mt_trainer **out, const mt_train_config *cfg) {
+    return mt_trainer_create_ex(out, cfg, 0);
+}
+
+mt_status mt_trainer_create_ex(mt_trainer **out, const mt_train_config *cfg, int full_grads) {
     *out = NULL;
     MT_TRY(mt_train_config_validate(cfg));
     mt_trainer *t = calloc(1, sizeof *t);
@@ -563,7 +576,8 @@ mt_status mt_trainer_create(mt_trainer **out, const mt_train_config *cfg) {
     if (st == MT_OK) st = check_host_offload(cfg, t->ops);
     if (st == MT_OK) st = mt_plan_new(&t->host_plan);
     if (st == MT_OK)
-        st = build_plan(cfg, t->ops, &t->model, &t->plan, &t->opt, &t->gs, t->mesh, t->mesh->dims, t->host_plan);
+        st = build_plan(cfg, t->ops, &t->model, &t->plan, &t->opt, &t->gs, t->mesh, t->mesh->dims, t->host_plan,
+                        full_grads);
     if (st == MT_OK) st = open_loader(&t->train, cfg, "train", dp_rank(t->mesh), dp_size(t->mesh));
     if (st == MT_OK && cfg->eval_interval > 0)
         st = open_loader(&t->val, cfg, "val", dp_rank(t->mesh), dp_size(t->mesh));
@@ -645,7 +659,10 @@ const mt_plan *mt_trainer_get_plan(const mt_trainer *t) { return t->plan; }
 
 int mt_trainer_world_rank(const mt_trainer *t) { return t->mesh->rank; }
 
+static mt_status chunked_pass(mt_trainer *t, float inv, double *norm, float lr, float clip, float *host);
+
 mt_status mt_trainer_gather_grad(mt_trainer *t, float *host) {
+    if (t->chunked_grad) return chunked_pass(t, t->last_inv_count, NULL, 0.0f, 0.0f, host);
     if (!t->last_grad) return mt_set_error(MT_ERR_INVALID, "mt_trainer_gather_grad: no step has run");
     if (t->gs.zero1) return mt_grad_sync_gather(&t->gs, t->last_grad, host);
     t->ops->copy_to_host(host, t->last_grad, (size_t)t->numel * sizeof(float));
@@ -716,24 +733,70 @@ void mt_trainer_step_bytes(const mt_trainer *t, uint64_t *measured, uint64_t *fo
 /* ------------------------------------------------------- the parallel step ----
  * Micro-batch gradients of the summed token loss go through the gradient sync
  * (parallel/zero1.h: grad_dtype accumulator, all-reduce or ZeRO-1 reduce-scatter);
- * loss sums and token counts are all-reduced over data x fsdp, so the step's loss is
+ * loss sums and token counts are all-reduced over data x fsdp x context, so the step's loss is
  * the token-weighted mean over all micro-batches and ranks; the reduced gradient is
  * divided by the global token count; the clip norm is the global one (the shards'
  * squared norms all-reduced under ZeRO-1); AdamW updates this rank's shard and the
- * updated parameters are all-gathered. A world of one runs the same code with no
+ * updated parameters are all-gathered (under fsdp only over data x context, into this
+ * rank's fsdp shard). A world of one runs the same code with no
  * communication. */
+
+/* The gradient read chunk by chunk (parallel/zero1.h MT_GRAD_WINDOW_ACC without
+ * ZeRO-1: no full fp32 gradient exists), each chunk a run of whole parameters scaled
+ * by inv: with norm, *norm = the global norm (the same sums in the same order as
+ * mt_grad_global_norm over the full buffer); with host, the gradient copied to
+ * host[numel]; else AdamW on each chunk's parameters (moments at the same offsets). */
+static mt_status chunked_pass(mt_trainer *t, float inv, double *norm, float lr, float clip, float *host) {
+    const mt_param_info *sp = t->sparams;
+    const int np = t->nsparams;
+    mt_param_info *rel = malloc(sizeof(mt_param_info) * (size_t)(np > 0 ? np : 1));
+    if (!rel) return mt_set_error(MT_ERR_OOM, "trainer: out of memory");
+    float *params = mt_model_params(t->model);
+    double ss = 0.0;
+    mt_status st = MT_OK;
+    for (int i0 = 0; st == MT_OK && i0 < np;) {
+        const int64_t a = sp[i0].offset;
+        int i1 = i0 + 1;
+        while (i1 < np && sp[i1].offset + sp[i1].numel - a <= t->gs.chunk) i1++;
+        const int64_t n = sp[i1 - 1].offset + sp[i1 - 1].numel - a;
+        float *buf = NULL;
+        st = mt_grad_sync_read(&t->gs, a, n, &buf);
+        if (st != MT_OK) break;
+        t->ops->scale(buf, inv, n);
+        if (norm) {
+            for (int i = i0; i < i1; i++) ss += t->ops->sumsq(buf + (sp[i].offset - a), sp[i].numel);
+        } else if (host) {
+            t->ops->copy_to_host(host + a, buf, (size_t)n * sizeof(float));
+        } else {
+            mt_adamw sub = t->opt; /* the moments of [a, a + n) */
+            sub.m += a;
+            sub.v += a;
+            sub.numel = n;
+            for (int i = i0; i < i1; i++) {
+                rel[i - i0] = sp[i];
+                rel[i - i0].offset -= a;
+            }
+            st = mt_adamw_step(&sub, rel, i1 - i0, params + a, buf, lr, clip, t->step + 1);
+        }
+        i0 = i1;
+    }
+    free(rel);
+    if (norm) *norm = sqrt(ss);
+    return st;
+}
 
 mt_status mt_trainer_step(mt_trainer *t, mt_step_metrics *m) {
     const double t0 = mt_time_now();
     const mt_ops *ops = t->ops;
-    float *grads = mt_model_grads(t->model);
+    float *grads = mt_model_grads(t->model); /* NULL with gradient windows (parallel/zero1.h) */
     const size_t gbytes = (size_t)t->numel * sizeof(float);
     mt_comm *dp = t->mesh->grad;
     const uint64_t bytes0 = mt_mesh_bytes_total(t->mesh);
     double loss_sum = 0.0;
     int64_t count = 0;
-    ops->zero(grads, gbytes);
+    if (grads) ops->zero(grads, gbytes);
     for (int64_t mb = 0; mb < t->cfg.gradient_accumulation_steps; mb++) {
+        mt_grad_sync_set_microbatch(&t->gs, mb);
         MT_TRY(mt_data_next(t->train, t->tokens, t->labels));
         double ls = 0.0;
         int64_t c = 0;
@@ -742,7 +805,7 @@ mt_status mt_trainer_step(mt_trainer *t, mt_step_metrics *m) {
         count += c;
         int zero = 0;
         MT_TRY(mt_grad_sync_microbatch(&t->gs, grads, mb, &zero));
-        if (zero && mb + 1 < t->cfg.gradient_accumulation_steps) ops->zero(grads, gbytes);
+        if (zero && grads && mb + 1 < t->cfg.gradient_accumulation_steps) ops->zero(grads, gbytes);
     }
     MT_TRY(mt_comm_all_reduce(dp, &loss_sum, 1, MT_COMM_F64));
     MT_TRY(mt_comm_all_reduce(dp, &count, 1, MT_COMM_I64));
@@ -750,9 +813,17 @@ mt_status mt_trainer_step(mt_trainer *t, mt_step_metrics *m) {
         return mt_set_error(MT_ERR_RUNTIME, "step %" PRId64 ": no labelled token in the batch", t->step + 1);
     float *g = NULL;
     MT_TRY(mt_grad_sync_finish(&t->gs, grads, &g));
-    ops->scale(g, (float)(1.0 / (double)count), mt_grad_sync_opt_numel(&t->gs));
+    const float inv = (float)(1.0 / (double)count);
+    double norm = 0.0;
     t->last_grad = g;
-    double norm = mt_grad_global_norm(ops, g, t->sparams, t->nsparams);
+    t->last_inv_count = inv;
+    t->chunked_grad = g == NULL;
+    if (g) {
+        ops->scale(g, inv, mt_grad_sync_opt_numel(&t->gs));
+        norm = mt_grad_global_norm(ops, g, t->sparams, t->nsparams);
+    } else {
+        MT_TRY(chunked_pass(t, inv, &norm, 0.0f, 0.0f, NULL));
+    }
     if (t->gs.zero1) {
         double sq = norm * norm;
         MT_TRY(mt_comm_all_reduce(dp, &sq, 1, MT_COMM_F64));
@@ -764,9 +835,13 @@ mt_status mt_trainer_step(mt_trainer *t, mt_step_metrics *m) {
     const double clip = mt_clip_scale(norm, t->cfg.gradient_clipping_threshold);
     const double lr = mt_lr_schedule_at(&t->sched, t->step);
     float *params = mt_model_params(t->model);
-    /* fsdp: the model holds only the shard, which is the optimizer's */
-    MT_TRY(mt_adamw_step(&t->opt, t->sparams, t->nsparams, t->gs.params_sharded ? params : params + t->gs.lo, g,
-                         (float)lr, (float)clip, t->step + 1));
+    /* fsdp: the model holds only its fsdp shard [flo, fhi), the optimizer's [lo, hi) inside
+     * it (without fsdp flo = 0) */
+    if (g)
+        MT_TRY(mt_adamw_step(&t->opt, t->sparams, t->nsparams, params + (t->gs.lo - t->gs.flo), g,
+                             (float)lr, (float)clip, t->step + 1));
+    else
+        MT_TRY(chunked_pass(t, inv, NULL, (float)lr, (float)clip, NULL));
     MT_TRY(mt_grad_sync_gather_params(&t->gs, params));
     t->last_step_bytes = mt_mesh_bytes_total(t->mesh) - bytes0;
     ops->sync();
@@ -891,7 +966,8 @@ mt_status mt_trainer_save_checkpoint(mt_trainer *t, char *out_path, size_t out_s
 }
 
 mt_status mt_trainer_gather_params(mt_trainer *t, float *host) {
-    if (t->gs.params_sharded) return mt_grad_sync_gather(&t->gs, mt_model_params(t->model), host);
+    if (t->gs.params_sharded) /* each rank's optimizer sub-shard of its up-to-date fsdp shard */
+        return mt_grad_sync_gather(&t->gs, mt_model_params(t->model) + (t->gs.lo - t->gs.flo), host);
     t->ops->copy_to_host(host, mt_model_params(t->model), (size_t)t->numel * sizeof(float));
     return MT_OK;
 }

@@ -71,6 +71,13 @@ typedef struct mt_trainer mt_trainer;
  * Errors: MT_ERR_INVALID / MT_ERR_UNSUPPORTED (config), MT_ERR_IO / MT_ERR_FORMAT
  * (data or checkpoint files, naming them), MT_ERR_OOM. */
 mt_status mt_trainer_create(mt_trainer **out, const mt_train_config *cfg);
+
+/* mt_trainer_create with full_grads = 1: the model keeps its full fp32 gradient
+ * buffer (mt_model_grads) instead of the per-layer gradient windows the gradient sync
+ * chooses when they save memory (parallel/zero1.h); the library API's sessions use it
+ * because they read and write named gradients there. The plan then differs from
+ * mt_trainer_plan's where windows apply. full_grads = 0 is mt_trainer_create. */
+mt_status mt_trainer_create_ex(mt_trainer **out, const mt_train_config *cfg, int full_grads);
 void mt_trainer_free(mt_trainer *t);
 
 /* Steps done so far (the step a resumed run starts from), the model, the config. */

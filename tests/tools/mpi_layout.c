@@ -9,9 +9,14 @@
  *                                     OUT/params.bin (parameters after step 3, fp32);
  *                                     every rank writes OUT/bytes.<rank>.txt
  *                                     ("measured formula" bytes sent in each step)
+ *   mpi_layout run-full-grads OUT CONFIG [k=v]
+ *                                     run, with the model's full gradient buffer instead
+ *                                     of the gradient windows (parallel/zero1.h): the
+ *                                     behaviour before windows, as a reference
  *   mpi_layout plan CONFIG [k=v]      the trainer's own plan of rank 0 of the layout
  *                                     (no mpirun): "params P grads G optimizer O
- *                                     peak K" (bytes; P = sum of the params entries)
+ *                                     peak K maxgrad M" (bytes; P = sum of the params
+ *                                     entries, M = the largest gradient entry)
  *   mpi_layout compare REF RUN TOL    loss, every parameter's gradient and every
  *                                     parameter after 3 steps: relative error
  *                                     ||a - b|| / ||b|| per tensor <= TOL; exit 1 if not.
@@ -58,11 +63,13 @@ static int write_floats(const char *path, const float *x, int64_t n) {
     return fclose(f) != 0;
 }
 
-static int cmd_run(const char *out, const char *config, int n, const char *const *ov) {
+/* full_grads: the model's full gradient buffer instead of the gradient windows the
+ * trainer would choose (mt_trainer_create_ex): the pre-window behaviour, as reference. */
+static int cmd_run(const char *out, const char *config, int n, const char *const *ov, int full_grads) {
     mt_train_config cfg;
     if (mt_train_config_load(&cfg, config, n, ov) != MT_OK) return die("config");
     mt_trainer *t = NULL;
-    mt_status st = mt_trainer_create(&t, &cfg);
+    mt_status st = mt_trainer_create_ex(&t, &cfg, full_grads);
     if (st != MT_OK) {
         fprintf(stderr, "mpi_layout: %s\n", mt_last_error());
         return mt_status_exit_code(st);
@@ -122,10 +129,14 @@ static int cmd_plan(const char *config, int n, const char *const *ov) {
     mt_plan *plan = NULL;
     int64_t np = 0;
     if (mt_trainer_plan(&cfg, &plan, &np) != MT_OK) return die("plan");
-    size_t tot[MT_MEM_CATEGORY_COUNT];
+    size_t tot[MT_MEM_CATEGORY_COUNT], maxgrad = 0;
     mt_plan_total_by_category(plan, tot);
-    printf("params %zu grads %zu optimizer %zu peak %zu\n", tot[MT_MEM_PARAMS], tot[MT_MEM_GRADS],
-           tot[MT_MEM_OPTIMIZER], mt_plan_peak(plan));
+    for (int i = 0; i < mt_plan_count(plan); i++) {
+        const mt_plan_entry *e = mt_plan_entry_get(plan, i);
+        if (e->category == MT_MEM_GRADS && e->bytes > maxgrad) maxgrad = e->bytes;
+    }
+    printf("params %zu grads %zu optimizer %zu peak %zu maxgrad %zu\n", tot[MT_MEM_PARAMS], tot[MT_MEM_GRADS],
+           tot[MT_MEM_OPTIMIZER], mt_plan_peak(plan), maxgrad);
     mt_plan_free(plan);
     return 0;
 }
@@ -202,10 +213,12 @@ static int cmd_compare(const char *ref, const char *run, double tol) {
 int main(int argc, char **argv) {
     if (argc >= 3 && strcmp(argv[1], "data") == 0) return cmd_data(argv[2]);
     if (argc >= 4 && strcmp(argv[1], "run") == 0)
-        return cmd_run(argv[2], argv[3], argc - 4, (const char *const *)argv + 4);
+        return cmd_run(argv[2], argv[3], argc - 4, (const char *const *)argv + 4, 0);
+    if (argc >= 4 && strcmp(argv[1], "run-full-grads") == 0)
+        return cmd_run(argv[2], argv[3], argc - 4, (const char *const *)argv + 4, 1);
     if (argc >= 3 && strcmp(argv[1], "plan") == 0) return cmd_plan(argv[2], argc - 3, (const char *const *)argv + 3);
     if (argc == 5 && strcmp(argv[1], "compare") == 0) return cmd_compare(argv[2], argv[3], atof(argv[4]));
-    fprintf(stderr, "usage: mpi_layout data DIR | run OUT CONFIG [k=v ...] | plan CONFIG [k=v ...] | "
-            "compare REF RUN TOL\n");
+    fprintf(stderr, "usage: mpi_layout data DIR | run OUT CONFIG [k=v ...] | run-full-grads OUT CONFIG [k=v ...] | "
+            "plan CONFIG [k=v ...] | compare REF RUN TOL\n");
     return 2;
 }

@@ -1,0 +1,253 @@
+/* tests/test_grad_sink.c: the model's per-layer gradient windows
+ * (models/model.h mt_model_set_grad_sink) on the CPU backend.
+ *
+ * Two models of the same config and parameters, one with the full "grads" buffer and
+ * one with a sink that copies every window it is handed into a host array: after one
+ * backward (mt_model_forward_backward, or mt_model_hidden + mt_model_backward_hidden)
+ * the sink has seen every element exactly once, in the documented ranges and order
+ * (tail, layers L-1 .. 0, embedding), and its values are bitwise the full buffer's
+ * (the same ops on the same values write them: tolerance 0). The sink model's arena is
+ * poisoned with NaN first and a second backward on another batch must again equal a
+ * full-buffer backward from zero, so every window is zeroed before it is written.
+ * Llama (untied head), Gemma (tied embedding: the loss and the embedding backward both
+ * write it) and Gemma 3 (QK norms, post norms, soft-caps), kept and under remat full.
+ * Also: the plan entries (no "grads", the three windows with their sizes and phases),
+ * mt_model_grads NULL, and a sink error stopping the backward. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/ops.h"
+#include "models/config.h"
+#include "models/model.h"
+#include "models/remat.h"
+#include "runtime/plan.h"
+#include "runtime/rng.h"
+
+typedef struct collector {
+    float *got;      /* [numel] host copy of what the sink received */
+    int *seen;       /* [numel] times each element was handed over */
+    int64_t off[64]; /* offsets of the calls, in order */
+    int64_t num[64];
+    int calls;
+    mt_status fail;  /* returned by the sink when not MT_OK */
+} collector;
+
+static mt_status sink(void *ctx, int64_t offset, int64_t numel, float *grad) {
+    collector *c = ctx;
+    if (c->fail != MT_OK) return mt_set_error(c->fail, "test sink refuses");
+    cr_assert_lt(c->calls, 64);
+    c->off[c->calls] = offset;
+    c->num[c->calls++] = numel;
+    memcpy(c->got + offset, grad, (size_t)numel * sizeof(float));
+    for (int64_t i = 0; i < numel; i++) c->seen[offset + i]++;
+    return MT_OK;
+}
+
+typedef struct fixture {
+    mt_model *m;
+    mt_plan *plan;
+    mt_arena arena;
+} fixture;
+
+static void fx_init(fixture *f, const mt_model_config *c, int remat_full, collector *col) {
+    memset(f, 0, sizeof *f);
+    const mt_ops *ops = mt_cpu_ops();
+    cr_assert_eq(mt_model_create(&f->m, c, ops, 2, 6, 3), MT_OK, "%s", mt_last_error());
+    if (remat_full) {
+        mt_remat_policy p;
+        cr_assert_eq(mt_remat_policy_resolve(MT_REMAT_FULL, NULL, &p), MT_OK);
+        cr_assert_eq(mt_model_set_remat(f->m, &p), MT_OK, "%s", mt_last_error());
+    }
+    if (col) cr_assert_eq(mt_model_set_grad_sink(f->m, sink, col), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_plan_new(&f->plan), MT_OK);
+    cr_assert_eq(mt_model_add_to_plan(f->m, f->plan), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_plan_finalize(f->plan), MT_OK);
+    cr_assert_eq(mt_arena_create(&f->arena, f->plan, NULL, NULL), MT_OK, "%s", mt_last_error());
+    if (col) { /* every byte NaN: a window read before it is zeroed poisons the result */
+        float *p = f->arena.base;
+        for (size_t i = 0; i < f->arena.bytes / sizeof(float); i++) p[i] = NAN;
+    }
+    cr_assert_eq(mt_model_bind(f->m, &f->arena, f->plan), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_model_init_params(f->m, 11), MT_OK);
+    /* off the linear regime: matrices x 8 (as tests/test_model.c) */
+    float *w = mt_model_params(f->m);
+    for (int i = 0; i < mt_model_param_count(f->m); i++) {
+        const mt_param_info *pi = mt_model_param(f->m, i);
+        for (int64_t j = 0; j < pi->numel; j++) w[pi->offset + j] *= pi->ndim == 2 ? 8.0f : 1.0f;
+    }
+}
+
+static void fx_free(fixture *f) {
+    mt_arena_destroy(&f->arena);
+    mt_plan_free(f->plan);
+    mt_model_free(f->m);
+}
+
+static void batch(const mt_model_config *c, uint64_t seed, int32_t *tok, int32_t *lab) {
+    for (int n = 0; n < 12; n++) {
+        uint32_t r[4];
+        mt_rng_u32x4(seed, 1, (uint64_t)n, r);
+        tok[n] = (int32_t)(r[0] % (uint32_t)c->vocab_size);
+        lab[n] = n % 5 == 1 ? MT_IGNORE_LABEL : (int32_t)(r[1] % (uint32_t)c->vocab_size);
+    }
+}
+
+static void reset(collector *col, int64_t numel) {
+    for (int64_t i = 0; i < numel; i++) {
+        col->got[i] = NAN;
+        col->seen[i] = 0;
+    }
+    col->calls = 0;
+}
+
+/* Every element once; calls: tail, layers L-1 .. 0, embedding, with the layout's ranges. */
+static void check_calls(const collector *col, const mt_model *m, const char *what) {
+    const mt_model_config *c = mt_model_get_config(m);
+    const int64_t L = c->num_decoder_layers, numel = mt_model_numel(m);
+    for (int64_t i = 0; i < numel; i++) cr_assert_eq(col->seen[i], 1, "%s: element %lld handed %d times", what,
+                                                     (long long)i, col->seen[i]);
+    cr_assert_eq(col->calls, L + 2, "%s: %d sink calls", what, col->calls);
+    const int fn = mt_model_param_find(m, "model.norm.weight"), emb = mt_model_param_find(m, "model.embed_tokens.weight");
+    cr_assert_eq(col->off[0], mt_model_param(m, fn)->offset, "%s: first call is not the tail", what);
+    cr_assert_eq(col->off[0] + col->num[0], numel);
+    for (int64_t l = L - 1; l >= 0; l--) {
+        char name[96];
+        snprintf(name, sizeof name, "model.layers.%lld.input_layernorm.weight", (long long)l);
+        cr_assert_eq(col->off[1 + (L - 1 - l)], mt_model_param(m, mt_model_param_find(m, name))->offset,
+                     "%s: call %lld is not layer %lld", what, (long long)(1 + (L - 1 - l)), (long long)l);
+    }
+    cr_assert_eq(col->off[L + 1], 0);
+    cr_assert_eq(col->num[L + 1], mt_model_param(m, emb)->numel);
+}
+
+static void check_model(const mt_model_config *c, int remat_full, const char *what) {
+    fixture a, b;
+    collector col = {0};
+    fx_init(&a, c, remat_full, NULL);
+    fx_init(&b, c, remat_full, &col);
+    const int64_t numel = mt_model_numel(a.m), L = c->num_decoder_layers, N = 12, D = c->emb_dim;
+    col.got = malloc((size_t)numel * sizeof(float));
+    col.seen = malloc((size_t)numel * sizeof(int));
+    cr_assert_null(mt_model_grads(b.m), "%s: a full gradient buffer with a sink", what);
+
+    /* plan: no "grads"; the windows with their sizes and lifetimes (models/model.h) */
+    const mt_param_info *e0 = mt_model_param(a.m, mt_model_param_find(a.m, "model.embed_tokens.weight"));
+    const mt_param_info *fnp = mt_model_param(a.m, mt_model_param_find(a.m, "model.norm.weight"));
+    const int64_t layer = (fnp->offset - e0->numel) / L;
+    int found = 0;
+    for (int i = 0; i < mt_plan_count(b.plan); i++) {
+        const mt_plan_entry *e = mt_plan_entry_get(b.plan, i);
+        cr_assert_str_neq(e->name, "grads", "%s: the full buffer is still planned", what);
+        if (strcmp(e->name, "grads.window.layer") == 0) {
+            cr_expect_eq(e->bytes, (size_t)layer * 4);
+            cr_expect(e->first == L + 2 && e->last == 2 * L + 1, "%s: layer window [%d, %d]", what, e->first, e->last);
+            found++;
+        } else if (strcmp(e->name, "grads.window.tail") == 0) {
+            cr_expect_eq(e->bytes, (size_t)(numel - fnp->offset) * 4);
+            cr_expect(e->first == L + 1 && e->last == L + 1);
+            found++;
+        } else if (strcmp(e->name, "grads.window.embedding") == 0) {
+            cr_expect_eq(e->bytes, (size_t)e0->numel * 4);
+            cr_expect_eq(e->first, c->logits_via_embedding ? L + 1 : 2 * L + 2, "%s: embedding window from %d", what,
+                         e->first);
+            cr_expect_eq(e->last, 2 * L + 2);
+            found++;
+        }
+        if (e->category == MT_MEM_GRADS) cr_expect_lt(e->bytes, (size_t)numel * 4);
+    }
+    cr_assert_eq(found, 3, "%s: %d of the three windows planned", what, found);
+    cr_assert_lt(mt_plan_peak(b.plan), mt_plan_peak(a.plan), "%s: windows do not lower the peak", what);
+
+    int32_t tok[12], lab[12];
+    float *h = malloc((size_t)(N * D) * sizeof(float)), *dh = malloc((size_t)(N * D) * sizeof(float));
+    for (int k = 0; k < 3; k++) { /* batch 1, batch 2 (windows re-zeroed), then backward_hidden */
+        batch(c, 40 + (uint64_t)k, tok, lab);
+        reset(&col, numel);
+        memset(mt_model_grads(a.m), 0, (size_t)numel * sizeof(float));
+        if (k < 2) {
+            double la, lb;
+            int64_t ca, cb;
+            cr_assert_eq(mt_model_forward_backward(a.m, tok, lab, 0.1f, &la, &ca), MT_OK, "%s", mt_last_error());
+            cr_assert_eq(mt_model_forward_backward(b.m, tok, lab, 0.1f, &lb, &cb), MT_OK, "%s", mt_last_error());
+            cr_assert(la == lb && ca == cb, "%s: loss %.17g vs %.17g", what, la, lb);
+        } else {
+            cr_assert_eq(mt_model_hidden(a.m, tok, h), MT_OK, "%s", mt_last_error());
+            cr_assert_eq(mt_model_hidden(b.m, tok, h), MT_OK, "%s", mt_last_error());
+            mt_rng_fill_normal(dh, (size_t)(N * D), 0.5f, 3, 0);
+            cr_assert_eq(mt_model_backward_hidden(a.m, dh), MT_OK, "%s", mt_last_error());
+            cr_assert_eq(mt_model_backward_hidden(b.m, dh), MT_OK, "%s", mt_last_error());
+        }
+        check_calls(&col, b.m, what);
+        const float *g = mt_model_grads(a.m);
+        int64_t nonzero = 0;
+        for (int64_t i = 0; i < numel; i++) {
+            cr_assert(memcmp(&g[i], &col.got[i], sizeof(float)) == 0, "%s pass %d: element %lld: sink %.9g, full %.9g",
+                      what, k, (long long)i, col.got[i], g[i]);
+            nonzero += g[i] != 0.0f;
+        }
+        cr_assert_gt(nonzero, numel / 2, "%s pass %d: mostly zero gradients (vacuous)", what, k);
+    }
+    /* a failing sink stops the backward with its status */
+    col.fail = MT_ERR_RUNTIME;
+    double ls;
+    int64_t cnt;
+    cr_assert_eq(mt_model_forward_backward(b.m, tok, lab, 1.0f, &ls, &cnt), MT_ERR_RUNTIME);
+    cr_assert(strstr(mt_last_error(), "test sink refuses"));
+    free(h);
+    free(dh);
+    free(col.got);
+    free(col.seen);
+    fx_free(&a);
+    fx_free(&b);
+}
+
+static mt_model_config tiny(mt_decoder_block blk) {
+    mt_model_config c;
+    mt_model_config_defaults(&c, blk);
+    c.vocab_size = 37;
+    c.emb_dim = 16;
+    c.num_query_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 8;
+    c.mlp_dim = 24;
+    c.num_decoder_layers = 3;
+    if (blk == MT_DECODER_GEMMA3) {
+        c.sliding_window_size = 3;
+        c.sliding_window_pattern = 2;
+        c.attn_logits_soft_cap = 2.0f;
+        c.final_logits_soft_cap = 3.0f;
+    }
+    return c;
+}
+
+Test(grad_sink, llama_untied) {
+    mt_model_config c = tiny(MT_DECODER_LLAMA2);
+    cr_assert_eq(c.logits_via_embedding, 0);
+    check_model(&c, 0, "llama");
+    check_model(&c, 1, "llama, remat full");
+}
+
+Test(grad_sink, gemma_tied) {
+    mt_model_config c = tiny(MT_DECODER_GEMMA);
+    cr_assert_eq(c.logits_via_embedding, 1);
+    check_model(&c, 0, "gemma");
+    check_model(&c, 1, "gemma, remat full");
+}
+
+Test(grad_sink, gemma3_every_optional_path) {
+    mt_model_config c = tiny(MT_DECODER_GEMMA3);
+    check_model(&c, 0, "gemma3");
+}
+
+Test(grad_sink, set_after_planning_is_refused) {
+    mt_model_config c = tiny(MT_DECODER_LLAMA2);
+    fixture f;
+    fx_init(&f, &c, 0, NULL);
+    collector col = {0};
+    cr_assert_eq(mt_model_set_grad_sink(f.m, sink, &col), MT_ERR_INVALID);
+    cr_assert_eq(mt_model_set_grad_sink(NULL, sink, &col), MT_ERR_INVALID);
+    fx_free(&f);
+}

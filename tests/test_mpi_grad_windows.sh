@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# tests/test_mpi_grad_windows.sh BUILD_DIR: per-layer gradient windows
+# (models/model.h mt_model_set_grad_sink, parallel/zero1.h gradient paths).
+#
+# 1. Plans (no mpirun; tests/tools/mpi_layout plan prints the gradient bytes G, the
+#    sum of the MT_MEM_GRADS entries, and M, the largest of them), each checked to the
+#    byte against the formula of parallel/zero1.h, with numel = L x layer + embedding
+#    + final norm + head floats, windows W = 4 (layer + embedding + final norm + head):
+#    - float32, once, K = 4, one process: the model's full buffer, G = 4 numel;
+#    - bfloat16, once, K = 4: no numel x fp32 buffer (M < 4 numel), G = 2 numel + W +
+#      the fp32 reduce chunk (4 x the largest parameter); with 32 layers (layers
+#      dominate) G < 0.6 x the float32 G and the peak is lower;
+#    - ZeRO-1 every, K = 4, data 2 and 4 (float32 and bfloat16): G = es x
+#      ceil(numel / n) + W: the accumulator scales as 1/n, plus the windows;
+#    - ZeRO-1 and fsdp with K = 1: G = W (the windows are reduce-scattered straight
+#      into the fp32 shard, a communication buffer).
+# 2. Runs (mpirun, else skipped): windows against the full-buffer path
+#    (mpi_layout run-full-grads: the behaviour before windows) on the same layout.
+#    Bitwise (tolerance 0) where the sums are the same fp32 operations: one process
+#    with bf16 once (the window of each layer is folded into the same accumulator
+#    element by element, one rounding per micro-batch, untied and tied), and 2-rank
+#    layouts (a sum of two fp32 values does not depend on the order: ZeRO-1 once
+#    bf16, every fp32 and bf16, fsdp K = 1, tensor every, tensor + sequence parallel
+#    ZeRO-1 with a tied embedding; one process with remat, activation, parameter and
+#    optimizer offload). Without ZeRO-1 a
+#    bf16 once run all-reduces the accumulator chunk by chunk and stores the sum back
+#    in bf16: one more rounding of each element, relative error <= 2^-8 per element
+#    (round to nearest with 8 significant bits: unit roundoff 2^-8 = 3.9e-3), so 3.9e-3
+#    per tensor against the full path (measured 2.2e-3); it must differ (the rounding
+#    happened). fsdp with once and K = 2 now
+#    reduce-scatters each micro-batch (no full buffer): against one process within
+#    1e-5 (fp32 sums in another order, as tests/test_mpi_layouts.sh). Every run's bytes
+#    per step equal the formula (parallel/zero1.h).
+set -u
+build="${1:?usage: test_mpi_grad_windows.sh BUILD_DIR}"
+tool="$build/tests/tools/mpi_layout"
+[ -x "$tool" ] || { echo "no $tool"; exit 1; }
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
+mpi() { local np=$1; shift; timeout 300 mpirun --oversubscribe -np "$np" "$@"; }
+
+tmp="$(mktemp -d)"
+trap "rm -rf \"$tmp\"" EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+mkdir -p "$tmp/cfg/models"
+cat > "$tmp/cfg/models/tinyl.yml" <<'YML'
+decoder_block: llama2
+vocab_size: 64
+base_emb_dim: 32
+base_num_query_heads: 4
+base_num_kv_heads: 2
+head_dim: 8
+base_mlp_dim: 64
+base_num_decoder_layers: 2
+mlp_activations: ["silu", "linear"]
+rope_max_timescale: 10000
+YML
+cat > "$tmp/cfg/models/tinyg.yml" <<'YML'
+decoder_block: gemma
+vocab_size: 64
+base_emb_dim: 32
+base_num_query_heads: 4
+base_num_kv_heads: 2
+head_dim: 8
+base_mlp_dim: 64
+base_num_decoder_layers: 2
+mlp_activations: ["gelu", "linear"]
+logits_via_embedding: true
+rope_max_timescale: 10000
+YML
+"$tool" data "$tmp/data" || { echo "cannot write shards"; exit 1; }
+cat > "$tmp/cfg/run.yml" <<YML
+model_name: tinyl
+dataset_path: $tmp/data
+max_target_length: 16
+steps: 3
+learning_rate: 0.0003
+adam_eps: 1e-05
+warmup_steps_fraction: 0
+eval_interval: 0
+backend: cpu
+seed: 3
+YML
+cfg="$tmp/cfg/run.yml"
+
+# ---- 1. plans ----
+layer=$((2 * 32 + 32 * 32 + 2 * 16 * 32 + 32 * 32 + 3 * 64 * 32)) # norms, q, k, v, o, gate/up/down
+emb=$((64 * 32)) tail=$((32 + 64 * 32)) maxp=$((64 * 32))          # untied: final norm + head
+win=$((4 * (layer + emb + tail)))
+field() { awk -v k="$1" '{for (i = 1; i < NF; i++) if ($i == k) print $(i + 1)}' <<< "$2"; }
+plan() { "$tool" plan "$cfg" per_device_batch_size=2 "$@" 2>&1; }
+check() { # check NAME GOT WANT
+    printf 'plan %-34s gradient bytes %9s (formula %9s)\n' "$1" "$2" "$3"
+    [ "$2" = "$3" ] || fail "plan $1: gradient bytes $2, formula $3"
+}
+for L in 2 32; do
+    numel=$((L * layer + emb + tail))
+    p32="$(plan base_num_decoder_layers=$L gradient_accumulation_steps=4)"
+    p16="$(plan base_num_decoder_layers=$L gradient_accumulation_steps=4 grad_dtype=bfloat16)"
+    check "L$L fp32 once K4 (full buffer)" "$(field grads "$p32")" $((4 * numel))
+    check "L$L bf16 once K4" "$(field grads "$p16")" $((2 * numel + win + 4 * maxp))
+    [ "$(field maxgrad "$p16")" -lt $((4 * numel)) ] || fail "L$L bf16 once: a numel x fp32 gradient entry ($p16)"
+    [ "$(field peak "$p16")" -lt "$(field peak "$p32")" ] || fail "L$L bf16 once: peak not below fp32 ($p16 / $p32)"
+    if [ $L -eq 32 ]; then # layers dominate: about half
+        r=$(awk -v a="$(field grads "$p16")" -v b="$(field grads "$p32")" 'BEGIN {printf "%.3f", a / b}')
+        echo "plan L32: bf16 / fp32 gradient bytes = $r"
+        awk -v r="$r" 'BEGIN {exit !(r < 0.6)}' || fail "L32 bf16 gradient bytes $r x fp32, not about half"
+    fi
+    for n in 2 4; do
+        for dt in float32:4 bfloat16:2; do
+            d=${dt%:*} es=${dt#*:}
+            p="$(plan base_num_decoder_layers=$L gradient_accumulation_steps=4 num_devices=$n ici_data_parallelism=$n \
+                shard_optimizer_over_data=true gradient_accumulation_reduce=every grad_dtype=$d)"
+            check "L$L dp$n zero1 every K4 $d" "$(field grads "$p")" $((es * ((numel + n - 1) / n) + win))
+            [ "$(field maxgrad "$p")" -lt $((4 * numel)) ] || fail "dp$n every $d: full-size gradient entry ($p)"
+        done
+    done
+    p="$(plan base_num_decoder_layers=$L num_devices=2 ici_data_parallelism=2 shard_optimizer_over_data=true)"
+    check "L$L dp2 zero1 K1" "$(field grads "$p")" $win
+    p="$(plan base_num_decoder_layers=$L num_devices=2 ici_fsdp_parallelism=2)"
+    check "L$L fsdp2 K1" "$(field grads "$p")" $win
+done
+
+# ---- 2. runs ----
+command -v mpirun >/dev/null || { echo "mpirun not found: runs skipped"; [ $failures -eq 0 ] && exit 77; exit 1; }
+
+# run NP NAME full|win ARGS...: 3 steps; bytes per step checked against the formula
+run() {
+    local np=$1 name=$2 how=$3; shift 3
+    local cmd=run
+    [ "$how" = full ] && cmd=run-full-grads
+    if ! mpi "$np" "$tool" $cmd "$tmp/$name" "$cfg" "$@" > "$tmp/$name.log" 2>&1; then
+        fail "$name: $(tail -5 "$tmp/$name.log")"; return 1
+    fi
+    for ((r = 0; r < np; r++)); do
+        while read -r m fo; do [ "$m" = "$fo" ] || fail "$name rank $r: measured $m bytes, formula $fo"; done \
+            < "$tmp/$name/bytes.$r.txt"
+    done
+}
+# same NAME TOL NP ARGS...: windows against the full-buffer path on the same layout
+same() {
+    local name=$1 tol=$2 np=$3; shift 3
+    run "$np" "${name}_full" full "$@" || return
+    run "$np" "${name}_win" win "$@" || return
+    if "$tool" compare "$tmp/${name}_full" "$tmp/${name}_win" "$tol" > "$tmp/$name.cmp" 2>&1; then
+        sed "s/^/$name (tol $tol): /" "$tmp/$name.cmp" | grep -v "^.*: loss:"
+    else
+        fail "$name: windows vs full buffer beyond $tol"; cat "$tmp/$name.cmp"
+    fi
+}
+
+ga4="per_device_batch_size=1 gradient_accumulation_steps=4"
+same bf16_once_1proc 0 1 $ga4 grad_dtype=bfloat16
+same bf16_once_1proc_tied_tiles4 0 1 $ga4 grad_dtype=bfloat16 model_name=tinyg num_vocab_tiling=4
+same dp2_zero1_bf16_once 0 2 $ga4 ici_data_parallelism=2 shard_optimizer_over_data=true grad_dtype=bfloat16
+same dp2_zero1_every_fp32 0 2 $ga4 ici_data_parallelism=2 shard_optimizer_over_data=true \
+    gradient_accumulation_reduce=every
+same dp2_zero1_every_bf16_tied 0 2 $ga4 ici_data_parallelism=2 shard_optimizer_over_data=true \
+    gradient_accumulation_reduce=every grad_dtype=bfloat16 model_name=tinyg
+same dp2_zero1_k1 0 2 per_device_batch_size=2 ici_data_parallelism=2 shard_optimizer_over_data=true
+same fsdp2_k1 0 2 per_device_batch_size=2 ici_fsdp_parallelism=2 base_num_decoder_layers=3
+same tp2_every_bf16 0 2 per_device_batch_size=2 gradient_accumulation_steps=2 ici_tensor_parallelism=2 \
+    shard_optimizer_over_data=true gradient_accumulation_reduce=every grad_dtype=bfloat16
+same tp2_sp_zero1_k1_gemma_tied 0 2 per_device_batch_size=2 ici_tensor_parallelism=2 tensor_sequence_parallelism=true \
+    shard_optimizer_over_data=true model_name=tinyg num_vocab_tiling=4
+same bf16_once_1proc_remat_param_offload 0 1 $ga4 grad_dtype=bfloat16 remat_policy=minimal_offloaded \
+    parameter_memory_host_offload=true optimizer_memory_host_offload=true
+same dp2_bf16_once_store_back 3.9e-3 2 $ga4 ici_data_parallelism=2 grad_dtype=bfloat16
+grep -q "grad.bin: .* worst relative error 0.000e+00" "$tmp/dp2_bf16_once_store_back.cmp" &&
+    fail "dp2 bf16 once: identical to the full path, the store-back rounding did not happen"
+
+# fsdp, once, K = 2: reduce-scattered each micro-batch now; against one process
+run 1 ref_b8 win per_device_batch_size=8
+run 2 fsdp2_once_k2 win per_device_batch_size=2 gradient_accumulation_steps=2 ici_fsdp_parallelism=2
+"$tool" compare "$tmp/ref_b8" "$tmp/fsdp2_once_k2" 1e-5 > "$tmp/fsdp.cmp" 2>&1 || { fail "fsdp2 once K2"; cat "$tmp/fsdp.cmp"; }
+sed "s/^/fsdp2_once_k2 vs one process: /" "$tmp/fsdp.cmp"
+
+if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
+echo "gradient windows: plans and runs agree"
