@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # tests/test_cli_estimate.sh BUILD_DIR: `meshtrain plan` (per-tensor table, --json,
-# no data and no device needed, one rank of a 1024-device job) and `meshtrain
-# estimate` (the three modes, the commands file, speed, bad input).
+# no data and no device needed, one rank of a 1024-device job; fsdp layouts are the
+# trainer's own plan (fsdp with tensor, data and context, and with parameter host
+# offload: `train` runs them all); an unknown model_name's message) and `meshtrain estimate` (the three modes,
+# the commands file, speed, the Pareto list and its fit invariant, bad input).
 set -u
 build="$1"
 bin="$build/meshtrain"
@@ -41,33 +43,125 @@ assert o["host"]["activations"] == host, (o["host"], host)
 assert f["peak_bytes"] < k["peak_bytes"]
 PY
 
-# --- plan one rank of a 1024-device 405B job ---
+# --- plan one rank of a 1024-device 405B job: the trainer's own fsdp plan ---
 "$bin" plan "$base" $nodata model_name=llama3.1-405b num_devices=1024 max_target_length=2048 \
     remat_policy=full --json > big.json 2> err || fail "plan 405b: $(cat err)"
-$py -c "import json; p = json.load(open('big.json')); assert p['mesh']['fsdp'] == 1024; assert p['num_params'] > 4e11; assert p['per_device']['parameters'] * 1024 >= 4 * p['num_params']" || fail "405b plan json"
+$py -c "import json; p = json.load(open('big.json')); assert p['mesh']['fsdp'] == 1024; assert p['plan_source'] == 'trainer'; assert p['num_params'] > 4e11; assert p['per_device']['parameters'] * 1024 >= 4 * p['num_params']" || fail "405b plan json"
 "$bin" plan "$base" $nodata model_name=llama3.1-405b num_devices=1000 ici_tensor_parallelism=3 > /dev/null 2> err
 [ $? -eq 2 ] || fail "a mesh that does not divide must exit 2"
 
-# --- estimate: mode 1 (batch and policy), fast, runnable commands ---
-start=$(date +%s.%N)
-"$bin" estimate "$base" $nodata model_name=llama3.1-405b num_devices=1024 hbm_gib=95 max_target_length=2048 \
-    > est.out 2> err || fail "estimate 405b: $(cat err)"
-end=$(date +%s.%N)
-$py -c "import sys; t = $end - $start; print('405b estimate %.3f s' % t); sys.exit(0 if t < 2.0 else 1)" || fail "estimate too slow"
-[ -s remat_commands_from_estimator.txt ] || fail "no remat_commands_from_estimator.txt"
-budget=$((95 * 1024 * 1024 * 1024))
-n=0
-while read -r line; do
-    case "$line" in "#"*|"") continue ;; esac
-    n=$((n + 1))
-    set -- $line
-    [ "$1 $2" = "meshtrain train" ] || fail "not a train command: $line"
-    shift 3
-    peak=$("$bin" plan "$base" "$@" --json | $py -c "import json, sys; print(json.load(sys.stdin)['peak_bytes'])") \
-        || fail "command does not plan: $line"
-    [ "$peak" -le "$budget" ] || fail "command over budget ($peak > $budget): $line"
-done < remat_commands_from_estimator.txt
-[ "$n" -ge 1 ] || fail "no commands"
+# --- fsdp layouts: the trainer's plan (fsdp, fsdp x tensor, data x fsdp, context x
+# fsdp, fsdp with parameter host offload: `train` runs them all), never modelled
+# (tests/test_mpi_plan_fsdp.sh compares the plan with what `train` allocates under
+# mpirun) ---
+m8="model_name=llama3.1-8b num_devices=16 max_target_length=2048"
+for lay in "ici_fsdp_parallelism=-1" "ici_fsdp_parallelism=-1 ici_tensor_parallelism=2" \
+    "ici_data_parallelism=2 ici_fsdp_parallelism=-1" "ici_context_parallelism=2 ici_fsdp_parallelism=-1" \
+    "ici_fsdp_parallelism=-1 parameter_memory_host_offload=true"; do
+    "$bin" plan "$base" $nodata $m8 $lay > lay.out 2> err || fail "plan $lay: $(cat err)"
+    grep -q "exactly what \`train\` allocates" lay.out || fail "plan $lay is not the trainer's: $(sed -n 2p lay.out)"
+    grep -q "MODELLED" lay.out && fail "plan $lay says modelled"
+    "$bin" plan "$base" $nodata $m8 $lay --json > lay.json 2> err || fail "plan --json $lay: $(cat err)"
+    $py -c "import json; p = json.load(open('lay.json')); assert p['plan_source'] == 'trainer'" \
+        || fail "plan --json $lay: plan_source"
+    "$bin" estimate "$base" $nodata $m8 $lay hbm_gib=80 > lay.est 2> err || fail "estimate $lay: $(cat err)"
+    grep -q "^plans: the trainer's own" lay.est || fail "estimate $lay: its plans are not the trainer's: $(grep ^plans lay.est)"
+done
+# data 2 x fsdp 4 on 8 devices: the trainer's plan, its optimizer state
+# 1/8 of AdamW's 8 bytes per parameter (shards nested in the fsdp shards, rank 0's
+# sub-shard ceil(ceil(N / 4) / 2) floats)
+"$bin" plan "$base" $nodata model_name=llama3.1-8b max_target_length=2048 num_devices=8 ici_data_parallelism=2 \
+    ici_fsdp_parallelism=4 --json > d2f4.json 2> err || fail "plan data 2 x fsdp 4: $(cat err)"
+$py -c "
+import json; p = json.load(open('d2f4.json')); n = p['num_params']
+assert p['plan_source'] == 'trainer' and p['mesh']['data'] == 2 and p['mesh']['fsdp'] == 4, p['mesh']
+assert p['per_device']['optimizer'] == 8 * -(-(-(-n // 4)) // 2), (p['per_device']['optimizer'], n)
+" || fail "plan data 2 x fsdp 4: $(head -c 600 d2f4.json)"
+
+# --- an unknown model_name names each directory searched once, no configs/configs ---
+"$bin" plan "$base" $nodata model_name=no-such-model > /dev/null 2> err
+[ $? -eq 2 ] || fail "unknown model_name must exit 2"
+grep -q "no-such-model" err || fail "unknown model_name: message lacks the name: $(cat err)"
+grep -q "$src/configs/models" err || fail "unknown model_name: message lacks $src/configs/models: $(cat err)"
+grep -q "configs/configs" err && fail "unknown model_name: doubled search path: $(cat err)"
+
+# check_rows OUT BUDGET_BYTES: the estimator's invariant on a mode-1 output (table OUT,
+# commands in ./remat_commands_from_estimator.txt, same order):
+#  - the Pareto list: no row has a batch >= and a modelled step <= another row's, one
+#    of them strictly (the step is printed with 7 significant digits);
+#  - each row's command plans (`meshtrain plan`) within the budget, and the same
+#    policy at batch + 1 does not (the walk's batches are maxima).
+check_rows() {
+    "$py" - "$1" "$2" "$bin" <<'PY'
+import json, subprocess, sys
+out, budget, binary = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+rows = []
+for line in open(out):
+    f = line.split()
+    if len(f) > 6 and f[0].isdigit():
+        rows.append((int(f[1]), float(f[4])))
+cmds = [l.split()[2:] for l in open("remat_commands_from_estimator.txt") if l.startswith("meshtrain train")]
+assert rows and len(rows) == len(cmds), (len(rows), len(cmds))
+bad = 0
+for i, (b, t) in enumerate(rows):
+    for j, (b2, t2) in enumerate(rows):
+        if i != j and b2 >= b and t2 <= t and (b2 > b or t2 < t):
+            print("row %d (batch %d, %g s) is dominated by row %d (batch %d, %g s)" % (i + 1, b, t, j + 1, b2, t2))
+            bad += 1
+def peak(args):
+    r = subprocess.run([binary, "plan"] + args + ["--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["peak_bytes"]
+for i, args in enumerate(cmds):
+    b = rows[i][0]
+    assert "per_device_batch_size=%d" % b in args, (b, args)
+    p = peak(args)
+    p1 = peak([a if not a.startswith("per_device_batch_size=") else "per_device_batch_size=%d" % (b + 1) for a in args])
+    print("row %d: batch %d peak %d, batch %d peak %d, budget %d" % (i + 1, b, p, b + 1, p1, budget))
+    if p > budget:
+        print("row %d over budget" % (i + 1)); bad += 1
+    if p1 <= budget:
+        print("row %d: batch %d fits too: not the largest" % (i + 1, b + 1)); bad += 1
+sys.exit(1 if bad else 0)
+PY
+}
+
+# --- estimate: mode 1 (batch and policy), fast, the Pareto list, runnable commands ---
+# llama3.1-405b on 1024 devices at hbm_gib=95 (docs/estimates/) when it fits (exit 2
+# with "does not fit" otherwise), and at a budget with room to walk: the full-remat
+# plan of batch 1 plus 4 x what batch 2 adds to it. Each search < 2 s.
+gib=$((1024 * 1024 * 1024))
+big="model_name=llama3.1-405b num_devices=1024 max_target_length=2048"
+pk() { "$bin" plan "$base" $nodata $big remat_policy=full per_device_batch_size=$1 --json |
+       $py -c "import json, sys; print(json.load(sys.stdin)['peak_bytes'])"; }
+p1=$(pk 1); p2=$(pk 2)
+roomy=$(( (p1 + 4 * (p2 - p1) + gib - 1) / gib ))
+for hbm in 95 $roomy; do
+    start=$(date +%s.%N)
+    "$bin" estimate "$base" $nodata $big hbm_gib=$hbm > est.out 2> err
+    rc=$?
+    end=$(date +%s.%N)
+    $py -c "import sys; t = $end - $start; print('405b estimate hbm_gib=$hbm: %.3f s' % t); sys.exit(0 if t < 2.0 else 1)" \
+        || fail "estimate too slow"
+    if [ $rc -ne 0 ]; then
+        [ $hbm -eq 95 ] && grep -q "does not fit" err || fail "estimate 405b hbm_gib=$hbm: $(cat err)"
+        continue
+    fi
+    cat est.out
+    grep -q "^plans: the trainer's own" est.out || fail "405b estimate: plans not the trainer's"
+    [ -s remat_commands_from_estimator.txt ] || fail "no remat_commands_from_estimator.txt"
+    check_rows est.out $((hbm * gib)) || fail "405b estimate rows (hbm_gib=$hbm)"
+done
+[ "$(grep -c '^meshtrain train' remat_commands_from_estimator.txt)" -ge 2 ] \
+    || fail "405b at hbm_gib=$roomy: fewer than 2 Pareto rows"
+
+for conf in "model_name=gemma2-9b num_devices=8 max_target_length=8192 hbm_gib=141" \
+            "model_name=llama3.1-8b num_devices=8 max_target_length=4096 hbm_gib=96 ici_fsdp_parallelism=-1 ici_tensor_parallelism=2"; do
+    "$bin" estimate "$base" $nodata $conf > est.out 2> err || { fail "estimate $conf: $(cat err)"; continue; }
+    cat est.out
+    hb=${conf##*hbm_gib=}; hb=${hb%% *}
+    check_rows est.out $((hb * gib)) || fail "estimate rows: $conf"
+done
 
 # --- mode 2: fixed batch, lightest policy that fits ---
 "$bin" estimate "$base" $nodata model_name=gemma2-9b num_devices=8 hbm_gib=141 max_target_length=8192 \
@@ -81,6 +175,7 @@ grep -q "per_device_batch_size=2 " remat_commands_from_estimator.txt || fail "mo
 total=$(grep -c '^meshtrain train' remat_commands_from_estimator.txt)
 kept=$(grep -c 'mlpwi_0=device' remat_commands_from_estimator.txt)
 [ "$total" -ge 1 ] && [ "$total" -eq "$kept" ] || fail "mlpwi_0=device not respected ($kept of $total)"
+check_rows est3.out $((141 * gib)) || fail "estimate rows with mlpwi_0=device fixed"
 
 # --- bad input: exit 2 with the reason named ---
 expect2() { # expect2 PATTERN args...

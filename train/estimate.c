@@ -192,36 +192,48 @@ static mt_status shard_plan(const mt_train_config *cfg, const int dims[4], const
     return mt_plan_finalize(h2);
 }
 
+/* The trainer's own plan of rank 0 of the full data x fsdp x context x tensor mesh,
+ * each axis given explicitly (mt_trainer_plan_with_host resolves a -1 axis to 1). */
+static mt_status trainer_plan(const mt_train_config *cfg, const int dims[4], mt_plan **p, mt_plan **h,
+                              int64_t *local) {
+    mt_train_config lc = *cfg;
+    lc.ici_data_parallelism = dims[MT_AXIS_DATA];
+    lc.ici_fsdp_parallelism = dims[MT_AXIS_FSDP];
+    lc.ici_context_parallelism = dims[MT_AXIS_CONTEXT];
+    lc.ici_tensor_parallelism = dims[MT_AXIS_TENSOR];
+    lc.num_devices = cfg->num_devices;
+    return mt_trainer_plan_with_host(&lc, p, h, local);
+}
+
 mt_status mt_memory_plan_rank(const mt_train_config *cfg, mt_memory_report *rep, mt_plan **plan, mt_plan **host_plan) {
     if (plan) *plan = NULL;
     if (host_plan) *host_plan = NULL;
     memset(rep, 0, sizeof *rep);
     int dims[4];
     MT_TRY(job_dims(cfg, dims));
-    /* The trainer's own plan for rank 0 of the data x context x tensor mesh (exactly
-     * what that rank allocates), fsdp folded away. */
-    mt_train_config lc = *cfg;
-    lc.ici_data_parallelism = dims[MT_AXIS_DATA];
-    lc.ici_fsdp_parallelism = 1;
-    lc.ici_context_parallelism = dims[MT_AXIS_CONTEXT];
-    lc.ici_tensor_parallelism = dims[MT_AXIS_TENSOR];
-    lc.num_devices = cfg->num_devices / dims[MT_AXIS_FSDP];
-    mt_plan *p1 = NULL, *h1 = NULL, *p = NULL, *h = NULL;
+    mt_plan *p = NULL, *h = NULL;
     int64_t local = 0;
-    MT_TRY(mt_trainer_plan_with_host(&lc, &p1, &h1, &local));
-    mt_status st = MT_OK;
-    const int exact = dims[MT_AXIS_FSDP] == 1;
-    if (exact) {
-        p = p1;
-        h = h1;
-        p1 = h1 = NULL;
-    } else {
-        st = mt_plan_new(&p);
+    /* The trainer's own plan for rank 0 of the whole mesh: exactly what that rank
+     * allocates, fsdp included wherever the trainer runs the layout. */
+    mt_status st = trainer_plan(cfg, dims, &p, &h, &local);
+    if (st == MT_ERR_UNSUPPORTED && dims[MT_AXIS_FSDP] > 1) {
+        /* A layout the trainer refuses with fsdp (its message says why): the plan of
+         * the same mesh with fsdp folded away, fsdp modelled on top (estimate.h). */
+        rep->modelled = 1;
+        snprintf(rep->modelled_reason, sizeof rep->modelled_reason, "%s", mt_last_error());
+        int d1[4];
+        memcpy(d1, dims, sizeof d1);
+        d1[MT_AXIS_FSDP] = 1;
+        mt_train_config c1 = *cfg;
+        c1.num_devices = cfg->num_devices / dims[MT_AXIS_FSDP];
+        mt_plan *p1 = NULL, *h1 = NULL;
+        st = trainer_plan(&c1, d1, &p1, &h1, &local);
+        if (st == MT_OK) st = mt_plan_new(&p);
         if (st == MT_OK) st = mt_plan_new(&h);
         if (st == MT_OK) st = shard_plan(cfg, dims, p1, h1, p, h);
+        mt_plan_free(p1);
+        mt_plan_free(h1);
     }
-    mt_plan_free(p1);
-    mt_plan_free(h1);
     if (st == MT_OK) {
         memcpy(rep->dims, dims, sizeof dims);
         rep->num_params = mt_model_num_parameters(&cfg->model);
@@ -306,10 +318,17 @@ double mt_step_model_seconds(const mt_train_config *cfg, const mt_step_model *sm
     const double ga = (double)cfg->gradient_accumulation_steps;
     const double pbytes = P * 4.0;
     if (cfg->parameter_memory_host_offload) off_bytes += 2.0 * ga * pbytes / Fs;
-    if (cfg->optimizer_memory_host_offload) off_bytes += 2.0 * 2.0 * pbytes / (Fs * (cfg->shard_optimizer_over_data ? Dp : 1));
+    /* the moments are sharded over data with ZeRO-1, which fsdp implies (parallel/zero1.h) */
+    if (cfg->optimizer_memory_host_offload)
+        off_bytes += 2.0 * 2.0 * pbytes / (Fs * (cfg->shard_optimizer_over_data || Fs > 1 ? Dp : 1));
     double comm = 0;
-    if (Fs > 1) comm += ga * 3.0 * pbytes * (Fs - 1) / Fs;          /* gather fwd + bwd, reduce-scatter */
-    if (Dp > 1) comm += 2.0 * (pbytes / Fs) * (Dp - 1) / Dp;         /* data all-reduce (or RS + AG) */
+    if (Fs > 1) { /* gather fwd + bwd and the gradient reduce-scatter over data x fsdp (every micro-batch),
+                   * the optimizer sub-shards all-gathered over data (parallel/zero1.h) */
+        comm += ga * 2.0 * pbytes * (Fs - 1) / Fs + ga * pbytes * (Fs * Dp - 1) / (Fs * Dp) +
+                (pbytes / Fs) * (Dp - 1) / Dp;
+    } else if (Dp > 1) {
+        comm += 2.0 * pbytes * (Dp - 1) / Dp; /* data all-reduce (or RS + AG) */
+    }
     if (Tn > 1) comm += ga * 8.0 * L * (double)(lc.per_device_batch_size * lc.max_target_length) *
                         (double)m->emb_dim * 4.0 * (Tn - 1) / Tn;   /* 2 all-reduces per layer, fwd + bwd */
     const double flops = per_tok * tokens;
@@ -422,7 +441,7 @@ typedef struct confirm_entry {
     size_t host_name[MT_RT_COUNT];  /* host bytes of each offloaded name */
 } confirm_entry;
 typedef struct confirm_cache {
-    confirm_entry e[2 * MT_RT_COUNT + 8];
+    confirm_entry e[4 * MT_RT_COUNT + 8];
     int n;
 } confirm_cache;
 
@@ -469,6 +488,60 @@ static int cmp_rows(const void *a, const void *b) {
     const mt_estimate_row *x = a, *y = b;
     if (x->tokens_per_s != y->tokens_per_s) return x->tokens_per_s > y->tokens_per_s ? -1 : 1;
     return (x->batch < y->batch) - (x->batch > y->batch);
+}
+
+static int same_policy(const mt_remat_policy *a, const mt_remat_policy *b) {
+    for (int t = 0; t < MT_RT_COUNT; t++)
+        if (a->action[t] != b->action[t]) return 0;
+    return 1;
+}
+
+static int has_row(const mt_estimate_result *r, int64_t batch, const mt_remat_policy *p) {
+    for (int i = 0; i < r->nrows; i++)
+        if (r->rows[i].batch == batch && same_policy(&r->rows[i].policy, p)) return 1;
+    return 0;
+}
+
+/* Row a dominates row b: a batch at least as large and a modelled step at most as
+ * long, one of them strictly. */
+static int dominates(const mt_estimate_row *a, const mt_estimate_row *b) {
+    return a->batch >= b->batch && a->step_s <= b->step_s && (a->batch > b->batch || a->step_s < b->step_s);
+}
+
+/* Keep the rows no other row dominates (the Pareto list of batch size against
+ * modelled step time); of rows equal in both, the first. */
+static void pareto_filter(mt_estimate_result *r) {
+    int kept = 0;
+    for (int i = 0; i < r->nrows; i++) {
+        int out = 0;
+        for (int j = 0; j < r->nrows && !out; j++) {
+            if (j == i) continue;
+            out = dominates(&r->rows[j], &r->rows[i]) ||
+                  (j < i && r->rows[j].batch == r->rows[i].batch && r->rows[j].step_s == r->rows[i].step_s);
+        }
+        if (!out) r->rows[kept++] = r->rows[i];
+    }
+    r->nrows = kept;
+}
+
+/* For each searched tensor order[0..n), the cheaper of remat and offload under the
+ * step model (cheap[t]); the model is additive over tensors and linear in the batch,
+ * so one comparison at batch 1 from the lightest policy decides for every row. */
+static mt_status cheaper_non_kept(search *s, const mt_step_model *sm, const mt_remat_policy *lightest,
+                                  const int *order, int n, int cheap[MT_RT_COUNT]) {
+    for (int t = 0; t < MT_RT_COUNT; t++) cheap[t] = MT_RA_REMAT;
+    s->cfg = *s->base;
+    s->cfg.per_device_batch_size = 1;
+    set_policy(&s->cfg, lightest);
+    const double base = mt_step_model_seconds(&s->cfg, sm, NULL, NULL, NULL);
+    if (!isfinite(base)) return mt_set_error(MT_ERR_INVALID, "estimator: the step model rejects the config");
+    for (int k = 0; k < n; k++) {
+        mt_remat_policy q = *lightest;
+        q.action[order[k]] = MT_RA_OFFLOAD;
+        set_policy(&s->cfg, &q);
+        if (mt_step_model_seconds(&s->cfg, sm, NULL, NULL, NULL) < base) cheap[order[k]] = MT_RA_OFFLOAD;
+    }
+    return MT_OK;
 }
 
 static mt_status add_row(mt_estimate_result *r, int cap, int64_t batch, const mt_remat_policy *p) {
@@ -520,7 +593,7 @@ mt_status mt_estimate(const mt_train_config *cfg, int64_t batch_fixed, const int
         lightest.action[order[i]] = MT_RA_REMAT;
         heaviest.action[order[i]] = MT_RA_DEVICE;
     }
-    const int cap = 2 * MT_RT_COUNT + 4;
+    const int cap = 4 * (MT_RT_COUNT + 1); /* the walk (at most 2n + 1 rows) and a variant of each */
     out->rows = calloc((size_t)cap, sizeof *out->rows);
     if (!out->rows) return mt_set_error(MT_ERR_OOM, "estimator: out of memory");
     mt_status st = MT_OK;
@@ -583,8 +656,25 @@ mt_status mt_estimate(const mt_train_config *cfg, int64_t batch_fixed, const int
         if (st == MT_OK) st = add_row(out, cap, batch_fixed, &p);
     }
 
+    /* Mode 1: each (batch, policy) of the walk also with every searched tensor that is
+     * not kept on the device given the cheaper of remat and offload under the step
+     * model (the walk's order may leave a tensor offloaded where recomputing it is
+     * faster): the same kept set, so the same device plan and the same fit. */
+    if (st == MT_OK && out->mode == 1) {
+        int cheap[MT_RT_COUNT];
+        st = cheaper_non_kept(&s, sm, &lightest, order, n, cheap);
+        const int walked = out->nrows;
+        for (int i = 0; st == MT_OK && i < walked; i++) {
+            mt_remat_policy v = out->rows[i].policy;
+            for (int k = 0; k < n; k++)
+                if (v.action[order[k]] != MT_RA_DEVICE) v.action[order[k]] = (mt_remat_action)cheap[order[k]];
+            if (!has_row(out, out->rows[i].batch, &v)) st = add_row(out, cap, out->rows[i].batch, &v);
+        }
+    }
+
     /* Confirm each row with the exact full-depth plan (stepping the batch down in the
-     * unlikely case extrapolation was optimistic), then model and rank. */
+     * unlikely case extrapolation was optimistic), then model, keep the Pareto list
+     * and rank. */
     confirm_cache cache;
     memset(&cache, 0, sizeof cache);
     for (int i = 0; st == MT_OK && i < out->nrows; i++) {
@@ -598,6 +688,7 @@ mt_status mt_estimate(const mt_train_config *cfg, int64_t batch_fixed, const int
         if (st != MT_OK) break;
         row->peak = peak;
         row->host = host;
+        s.cfg = *s.base;
         s.cfg.per_device_batch_size = row->batch;
         set_policy(&s.cfg, &row->policy);
         row->step_s = mt_step_model_seconds(&s.cfg, sm, NULL, NULL, NULL);
@@ -609,6 +700,7 @@ mt_status mt_estimate(const mt_train_config *cfg, int64_t batch_fixed, const int
                               (double)(dims[MT_AXIS_TENSOR] * dims[MT_AXIS_CONTEXT]);
         row->tokens_per_s = row->step_s > 0 ? tokens / row->step_s : 0;
     }
+    if (st == MT_OK) pareto_filter(out);
     if (st == MT_OK) qsort(out->rows, (size_t)out->nrows, sizeof *out->rows, cmp_rows);
     out->plans = s.plans;
     out->seconds = mt_time_now() - t0;

@@ -2,13 +2,17 @@
  * batch-size / remat-policy estimator (MaxText's estimator, REFERENCE.md).
  *
  * Planning needs no device, no data and no mpirun. The plan of one rank is the
- * trainer's own plan (mt_trainer_plan_with_host) for rank 0 of the data x context x
- * tensor mesh the keys give, with remat, activation offload and parameter / optimizer
- * host offload as the trainer runs them: exactly what that rank allocates. With an
- * fsdp axis (which the run does not shard yet) it is modelled on top of that plan:
- * parameters (or their host copy), gradients and optimizer state / fsdp, plus two
- * gathered layers (use + prefetch), one layer's gradient reduce-scatter buffer and the
- * gathered embedding (forward) and unembedding (loss), tensor-local.
+ * trainer's own plan (mt_trainer_plan_with_host) for rank 0 of the data x fsdp x
+ * context x tensor mesh the keys give, with fsdp, remat, activation offload and
+ * parameter / optimizer host offload as the trainer runs them: exactly what that rank
+ * allocates (fsdp alone or with the tensor, data and context axes, and with parameter
+ * host offload). Only for a layout the trainer refuses (MT_ERR_UNSUPPORTED from its
+ * layout check; no fsdp layout today) is fsdp modelled on top of the trainer's plan of the same mesh without
+ * fsdp: parameters (or their host copy), gradients and optimizer state / fsdp, plus
+ * two gathered layers (use + prefetch), one layer's gradient reduce-scatter buffer and
+ * the gathered embedding (forward) and unembedding (loss), tensor-local; the report
+ * says so (modelled, modelled_reason). The trainer's own entries (gradient buffers,
+ * accumulators, windows) are never re-derived here, so changes to them flow through.
  * All bytes are float32 (the only dtype the trainer runs today). */
 #ifndef MT_TRAIN_ESTIMATE_H
 #define MT_TRAIN_ESTIMATE_H
@@ -52,13 +56,18 @@ typedef struct mt_memory_report {
     size_t host_params, host_optimizer;
     size_t host_total;
     size_t layer_kept;            /* device bytes one layer adds (its kept tensors) */
+    int modelled;                 /* 0: the trainer's own plan; 1: fsdp modelled on top */
+    char modelled_reason[256];    /* modelled: the trainer's refusal of the layout */
 } mt_memory_report;
 
-/* Plan one rank of cfg (num_devices and the ici_* keys give the mesh; when every
+/* Plan rank 0 of cfg (num_devices and the ici_* keys give the mesh; when every
  * ici_* is 1 and num_devices > 1 the fsdp axis takes all devices, MaxText's default
- * ici_fsdp_parallelism = -1). *plan / *host_plan (may be NULL) receive the finalised
- * plans, which the caller frees. Errors: MT_ERR_INVALID (config, a mesh that does not
- * match num_devices, a layout the model does not divide), MT_ERR_OOM. */
+ * ici_fsdp_parallelism = -1): the trainer's plan, or the fsdp model for a layout the
+ * trainer refuses (rep->modelled = 1, see the top of this file). *plan / *host_plan
+ * (may be NULL) receive the finalised plans, which the caller frees.
+ * Errors: MT_ERR_INVALID (config, a mesh that does not match num_devices, a layout the
+ * model does not divide), MT_ERR_UNSUPPORTED (what the trainer refuses apart from the
+ * fsdp layout, e.g. dtype), MT_ERR_OOM. */
 mt_status mt_memory_plan_rank(const mt_train_config *cfg, mt_memory_report *rep, mt_plan **plan, mt_plan **host_plan);
 
 /* Step-time model of the estimator (constants printed with its output). */
@@ -93,7 +102,7 @@ typedef struct mt_estimate_row {
 
 typedef struct mt_estimate_result {
     int mode;                   /* 1: batch and policy searched, 2: batch fixed */
-    mt_estimate_row *rows;      /* ranked by tokens_per_s, best first */
+    mt_estimate_row *rows;      /* ranked by tokens_per_s, best first (mode 1: the Pareto list) */
     int nrows;
     int plans;                  /* plans evaluated */
     double seconds;             /* wall time of the search */
@@ -105,9 +114,16 @@ typedef struct mt_estimate_result {
  * (mlpwo without a post-MLP norm) are left remat. batch_fixed = 0: binary-search
  * the largest batch under full remat, then step toward more memory (remat ->
  * offload one tensor at a time, smallest first, then offload -> device), each step
- * binary-searching the largest batch not above the previous one; every (batch,
- * policy) pair of that walk (the Pareto list) is returned, ranked by modelled
- * tokens per second per device. batch_fixed > 0: error if the lightest policy does not fit, else
+ * binary-searching the largest batch not above the previous one; the candidates are
+ * every (batch, policy) pair of that walk plus, for each, the same policy with every
+ * searched tensor that is not on the device given the cheaper of remat and offload
+ * under sm (same kept set: same device plan, same fit). Returned: the Pareto list of
+ * the candidates, no row dominated by another (a batch at least as large with a
+ * modelled step at most as long, one strictly; of exact ties the first), ranked by
+ * modelled tokens per second per device. Each row fits the budget (exact full-depth
+ * plan) and its policy does not fit batch + 1, the walk's batches being maxima and
+ * the device plan growing with the kept set (tests/test_cli_estimate.sh checks both
+ * with `meshtrain plan`). batch_fixed > 0: error if the lightest policy does not fit, else
  * from all-device step back (device -> offload, largest first, then offload ->
  * remat) until it fits. Budget: cfg->hbm_gib GiB.
  * Errors: MT_ERR_INVALID (hbm_gib <= 0, config), MT_ERR_OOM; MT_ERR_INVALID with

@@ -306,7 +306,12 @@ static int cmd_plan(int argc, char **argv) {
                cfg.num_vocab_tiling, mt_dtype_name(cfg.grad_dtype),
                mt_remat_policy_name((mt_remat_policy_kind)cfg.remat_policy), cfg.num_devices);
         for (int a = 0; a < 4; a++) printf("%s\"%s\": %d", a ? ", " : "", axes[a], r.dims[a]);
-        printf("}, \"entries\": %d, \"peak_phase\": %d, \"peak_bytes\": %zu, \"live_at_peak_bytes\": %zu",
+        printf("}, \"plan_source\": \"%s\"", r.modelled ? "modelled" : "trainer");
+        if (r.modelled) {
+            printf(", \"modelled_reason\": ");
+            print_json_str(r.modelled_reason);
+        }
+        printf(", \"entries\": %d, \"peak_phase\": %d, \"peak_bytes\": %zu, \"live_at_peak_bytes\": %zu",
                mt_plan_count(plan), r.peak_phase, r.peak, r.live_at_peak);
         printf(", \"per_device\": {\"parameters\": %zu, \"gradients_and_accumulators\": %zu, \"optimizer\": %zu"
                ", \"saved_activations\": %zu, \"recompute_scratch\": %zu, \"scratch\": %zu, \"loss_tile\": %zu"
@@ -338,11 +343,12 @@ static int cmd_plan(int argc, char **argv) {
                cfg.model.model_name, (double)r.num_params / 1e6, cfg.per_device_batch_size, cfg.max_target_length,
                cfg.gradient_accumulation_steps, mt_dtype_name(cfg.grad_dtype), cfg.num_vocab_tiling,
                mt_remat_policy_name((mt_remat_policy_kind)cfg.remat_policy));
-        printf("mesh: %" PRId64 " device(s) = data %d x fsdp %d x context %d x tensor %d%s\n", cfg.num_devices,
+        printf("mesh: %" PRId64 " device(s) = data %d x fsdp %d x context %d x tensor %d%s%s%s\n", cfg.num_devices,
                r.dims[0], r.dims[1], r.dims[2], r.dims[3],
-               r.dims[1] > 1 || cfg.parameter_memory_host_offload
-                   ? " (rank 0; fsdp / parameter offload modelled on top of the run's plan)"
-                   : " (rank 0: exactly what `train` allocates)");
+               r.modelled ? " (rank 0; fsdp MODELLED on top of the run's plan without fsdp, since `train` refuses "
+                            "this layout: "
+                          : " (rank 0: exactly what `train` allocates)",
+               r.modelled ? r.modelled_reason : "", r.modelled ? ")" : "");
         printf("  %-44s %18s %12s\n", "device buffers (bytes held over the step)", "bytes", "");
         print_bytes_row("parameters", r.params, cfg.parameter_memory_host_offload ? "(layer window; rest on host)" : "");
         print_bytes_row("gradients and accumulators", r.grads, "");
@@ -446,12 +452,17 @@ static int cmd_estimate(int argc, char **argv) {
            " device(s) = data %d x fsdp %d x context %d x tensor %d, budget hbm_gib=%g (%zu bytes)\n",
            cfg.model.model_name, (double)r0.num_params / 1e9, cfg.max_target_length, cfg.gradient_accumulation_steps,
            cfg.num_devices, r0.dims[0], r0.dims[1], r0.dims[2], r0.dims[3], cfg.hbm_gib, res.budget);
+    if (r0.modelled)
+        printf("plans: fsdp MODELLED on top of the run's plan without fsdp, since `train` refuses this layout: %s\n",
+               r0.modelled_reason);
+    else
+        printf("plans: the trainer's own (exactly what `train` allocates on rank 0)\n");
     printf("mode: %s%s; plans evaluated %d in %.3f s\n",
            res.mode == 1 ? "batch size and policy searched together (Pareto list)" : "fixed batch size, lightest policy that fits",
            any_fixed ? ", respecting the fixed tensors" : "", res.plans, res.seconds);
     printf("step model: %.0f TFLOP/s per device, host link %.0f GB/s, collective link %.0f GB/s, no overlap; "
            "float32 buffers\n", sm.device_flops / 1e12, sm.host_bw / 1e9, sm.link_bw / 1e9);
-    printf("%-4s %6s %12s %10s %10s %14s  %s\n", "rank", "batch", "device GiB", "host GiB", "step s",
+    printf("%-4s %6s %12s %10s %12s %14s  %s\n", "rank", "batch", "device GiB", "host GiB", "step s",
            "tokens/s/dev", "policy (q k v context out_proj mlpwi_0 mlpwi_1 mlpwo)");
     FILE *f = fopen("remat_commands_from_estimator.txt", "w");
     if (!f) {
@@ -470,7 +481,7 @@ static int cmd_estimate(int argc, char **argv) {
             int w = snprintf(pol + used, sizeof pol - used, "%s%s", t > 1 ? " " : "", a);
             if (w > 0 && (size_t)w < sizeof pol - used) used += (size_t)w;
         }
-        printf("%-4d %6" PRId64 " %12.2f %10.2f %10.4g %14.0f  %s\n", i + 1, row->batch,
+        printf("%-4d %6" PRId64 " %12.2f %10.2f %12.7g %14.0f  %s\n", i + 1, row->batch,
                (double)row->peak / 1073741824.0, (double)row->host / 1073741824.0, row->step_s, row->tokens_per_s, pol);
         fprintf(f, "meshtrain train %s", path);
         for (int k = 1; k < argc; k++) {

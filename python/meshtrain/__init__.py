@@ -13,6 +13,56 @@ Every C error raises MeshtrainError carrying the status name and the library's m
 The shared library is found from $MESHTRAIN_LIB (a path to libmeshtrain.so), else
 next to this package in a source checkout (build/), else by the loader
 (ctypes.util.find_library("meshtrain"), e.g. after `cmake --install`).
+
+API (each C function named is in include/meshtrain.h; ids are int32, tensors float32;
+rows = batch x seq; python/tests/test_meshtrain.py checks this list against the code)
+
+Module functions:
+  version()                                   library version "major.minor.patch"
+  set_verbosity(level)                        0 silent, 1 info, 2 debug (stderr)
+  distributed_init()                          (rank, world_size); MPI_COMM_WORLD under mpirun
+  memory_from_config(config=None, overrides=None, **kw)
+                                              memory plan dict of a config, nothing allocated
+  MeshtrainError(status, status_name, message, call)
+                                              raised by every failing call
+  MEMORY_CATEGORIES                           number of memory-plan categories (8)
+
+Session(config=None, overrides=None, **kw)    one model on one device (mt_session_create);
+                                              keys as on the CLI, e.g. steps=10; a context manager
+  Session.from_hf(hf_dir, overrides=None, **kw)
+                                              from a Hugging Face dir (config.json + safetensors)
+  attributes: batch, seq, rows, emb_dim, vocab_size, num_layers, num_params, has_data
+  lifetime and configuration:
+    close()                                   free the session (also on `with` exit)
+    config(key)                               text value of a configuration key
+    step_count                                (property) optimizer steps done so far
+  the library's own training:
+    step()                                    one optimizer step: dict like a metrics.jsonl row
+    evaluate()                                (val_loss, val_tokens)
+    train()                                   the whole run, like `meshtrain train`
+  pieces of a custom step:
+    next_batch()                              (tokens, labels) int32 [batch, seq]
+    forward(tokens)                           final hidden states [rows, emb_dim]
+    loss(tokens, labels)                      (loss_sum, count)
+    zero_grads()                              gradients := 0
+    forward_backward(tokens, labels, dscale=1.0)
+                                              grads += dscale * dloss/dparams; (loss_sum, count)
+    backward_hidden(dhidden)                  back-propagate dloss/dhidden [rows, emb_dim]
+    tiled_loss(hidden, labels, dscale=1.0, grad=True, add_unembedding_grad=False)
+                                              vocab-tiled loss: (loss_sum, count, dhidden)
+  parameters, gradients, activations (Hugging Face names; copies):
+    param_names()                             names in the model's order
+    param_shape(name)                         shape tuple
+    param(name)                               float32 array of the parameter
+    set_param(name, value)                    overwrite a parameter
+    grad(name)                                float32 array of its gradient
+    set_grad(name, value)                     overwrite a gradient
+    activation(name)                          saved tensor of the last forward, e.g. "layers.1.mlpwi_0"
+  memory and checkpoints:
+    memory()                                  the session's plan (dict, as memory_from_config)
+    save_checkpoint()                         full training checkpoint; returns its directory
+    save_model(directory, bf16=False)         Hugging Face directory (model.safetensors + config.json)
+    load_model(directory)                     load weights from a Hugging Face directory
 """
 import ctypes as C
 import ctypes.util
@@ -214,10 +264,14 @@ class Session:
 
     @classmethod
     def from_hf(cls, hf_dir, overrides=None, **kw):
+        """A session from a Hugging Face directory hf_dir (config.json and
+        model.safetensors, or a sharded index): model keys from config.json, weights
+        from the safetensors, run keys from the defaults, then overrides / **kw."""
         return cls(None, overrides, _hf_dir=hf_dir, **kw)
 
     # -- lifetime --
     def close(self):
+        """Free the session's memory (idempotent; also done on `with` exit)."""
         if self._s:
             _lib.mt_session_free(self._s)
             self._s = _P()
@@ -243,6 +297,7 @@ class Session:
 
     @property
     def step_count(self):
+        """Optimizer steps done so far (the step a resumed run starts from)."""
         inf = _SessionInfo()
         _call("mt_session_get_info", self._s, C.byref(inf))
         return inf.step
@@ -295,6 +350,7 @@ class Session:
         return ls.value, c.value
 
     def zero_grads(self):
+        """Set every gradient to 0."""
         _call("mt_session_zero_grads", self._s)
 
     def forward_backward(self, tokens, labels, dscale=1.0):
@@ -335,6 +391,7 @@ class Session:
         return list(self._tensors)
 
     def param_shape(self, name):
+        """Shape tuple of parameter `name`."""
         return self._shape(name)[0]
 
     def _shape(self, name):
@@ -357,15 +414,19 @@ class Session:
         _call(fn, self._s, name.encode(), v.reshape(-1), n)
 
     def param(self, name):
+        """A copy of parameter `name`: float32, param_shape(name)."""
         return self._get("mt_session_get_param", name)
 
     def set_param(self, name, value):
+        """Overwrite parameter `name` with value (shape param_shape(name))."""
         self._set("mt_session_set_param", name, value)
 
     def grad(self, name):
+        """A copy of the gradient of `name`: float32, param_shape(name)."""
         return self._get("mt_session_get_grad", name)
 
     def set_grad(self, name, value):
+        """Overwrite the gradient of `name` with value (shape param_shape(name))."""
         self._set("mt_session_set_grad", name, value)
 
     # -- activations --
@@ -380,6 +441,7 @@ class Session:
 
     # -- memory, checkpoints --
     def memory(self):
+        """The plan the session allocated: dict as memory_from_config returns."""
         mp = _MemoryPlan()
         _call("mt_session_memory", self._s, C.byref(mp))
         return _memory_dict(mp)
@@ -395,4 +457,5 @@ class Session:
         _call("mt_session_save_model", self._s, str(directory).encode(), int(bool(bf16)))
 
     def load_model(self, directory):
+        """Load the weights of a Hugging Face directory (model.safetensors) into the session."""
         _call("mt_session_load_model", self._s, str(directory).encode())

@@ -203,3 +203,51 @@ class MeshtrainTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ApiListingTest(unittest.TestCase):
+    """The module docstring (what help(meshtrain) shows first) lists every public
+    function, class, method and property with its exact arguments, and each of them
+    has a docstring of its own."""
+
+    @staticmethod
+    def _sig(f, drop_self):
+        import inspect
+        ps = [p for p in inspect.signature(f).parameters.values() if not p.name.startswith("_")]
+        if drop_self:
+            ps = ps[1:]
+        return str(inspect.Signature(ps))
+
+    def test_every_public_name_listed_with_arguments(self):
+        import inspect
+        import pydoc
+        doc = meshtrain.__doc__
+        text = pydoc.render_doc(meshtrain, renderer=pydoc.plaintext)
+        self.assertIn("API", text)
+        missing = []
+        for name in meshtrain.__all__:
+            obj = getattr(meshtrain, name)
+            if inspect.isfunction(obj):
+                want = name + self._sig(obj, False)
+            elif inspect.isclass(obj):
+                want = name + self._sig(obj.__init__, True)
+            else:
+                want = name
+            if want not in doc:
+                missing.append(want)
+            if callable(obj) and not (obj.__doc__ or "").strip():
+                missing.append(name + " (no docstring)")
+        for name, member in vars(meshtrain.Session).items():
+            if name.startswith("_"):
+                continue
+            if isinstance(member, property):
+                want, f = name, member.fget
+            elif isinstance(member, classmethod):
+                want, f = "Session." + name + self._sig(member.__func__, True), member.__func__
+            else:
+                want, f = name + self._sig(member, True), member
+            if want not in doc:
+                missing.append(want)
+            if not (f.__doc__ or "").strip():
+                missing.append("Session." + name + " (no docstring)")
+        self.assertEqual(missing, [], "not listed in meshtrain's docstring (or undocumented)")

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# tests/test_mpi_plan_fsdp.sh BUILD_DIR: `meshtrain plan` of an fsdp layout is what
+# `meshtrain train` allocates on rank 0 of that layout under mpirun (the CPU backend).
+# For fsdp 2 and fsdp 2 x tensor 2 on a tiny Llama (small enough that the banner's
+# "memory plan N KiB" resolves 10 bytes), the plan's peak_bytes, formatted as train's
+# banner formats its arena, equals the banner, and the plan says it is the trainer's
+# own; so for data 2 x fsdp 2 and context 2 x fsdp 2 (optimizer shards nested in the
+# fsdp shards), and data 2 x fsdp 2 with parameter host offload (the shard in the host
+# pool: the banner's arena is the device part).
+set -u
+build="${1:?usage: test_mpi_plan_fsdp.sh BUILD_DIR}"
+bin="$build/meshtrain"
+[ -x "$bin" ] || { echo "no $bin"; exit 1; }
+command -v mpirun >/dev/null || { echo "mpirun not found: skipped"; exit 77; }
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
+mpi() { local np=$1; shift; timeout 300 mpirun --oversubscribe -np "$np" "$@"; }
+
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+mkdir -p "$tmp/cfg/models" "$tmp/data"
+cat > "$tmp/cfg/models/tinyf.yml" <<'YML'
+decoder_block: llama2
+vocab_size: 64
+base_emb_dim: 32
+base_num_query_heads: 4
+base_num_kv_heads: 2
+head_dim: 8
+base_mlp_dim: 64
+base_num_decoder_layers: 2
+mlp_activations: ["silu", "linear"]
+rope_max_timescale: 10000
+YML
+cat > "$tmp/cfg/run.yml" <<YML
+model_name: tinyf
+base_output_directory: $tmp/out
+dataset_path: $tmp/data
+per_device_batch_size: 2
+max_target_length: 16
+steps: 1
+eval_interval: 0
+backend: cpu
+seed: 1
+YML
+"$py" - "$tmp/data" <<'PY'
+import struct, sys
+d = sys.argv[1]
+def shard(path, n):
+    toks = [1 + (i * 7) % 63 for i in range(n)]
+    hdr = [0] * 256
+    hdr[0], hdr[1], hdr[2] = 20240520, 1, n
+    open(path, "wb").write(struct.pack("<256i", *hdr) + struct.pack("<%dH" % n, *toks))
+shard(d + "/train_000.bin", 4000)
+shard(d + "/val_000.bin", 1000)
+PY
+
+# the banner's format (train/main.c human_bytes)
+human() { "$py" -c "
+b = float($1); u = ['B', 'KiB', 'MiB', 'GiB', 'TiB']; i = 0
+while b >= 1024.0 and i < 4: b /= 1024.0; i += 1
+print(('%.2f %s' if i else '%.0f %s') % (b, u[i]))"; }
+
+cd "$tmp" || exit 1
+n=0
+for lay in "2:ici_fsdp_parallelism=2" "4:ici_fsdp_parallelism=2 ici_tensor_parallelism=2" \
+           "4:ici_fsdp_parallelism=2 ici_tensor_parallelism=2 remat_policy=full" \
+           "4:ici_data_parallelism=2 ici_fsdp_parallelism=2" "4:ici_context_parallelism=2 ici_fsdp_parallelism=2" \
+           "4:ici_data_parallelism=2 ici_fsdp_parallelism=2 parameter_memory_host_offload=true"; do
+    np=${lay%%:*}; keys=${lay#*:}; n=$((n + 1))
+    "$bin" plan "$tmp/cfg/run.yml" num_devices=$np $keys > plan.$n 2> err || { fail "plan $keys: $(cat err)"; continue; }
+    grep -q "exactly what \`train\` allocates" plan.$n || fail "plan $keys: not the trainer's: $(sed -n 2p plan.$n)"
+    peak=$("$bin" plan "$tmp/cfg/run.yml" num_devices=$np $keys --json |
+           "$py" -c "import json, sys; print(json.load(sys.stdin)['peak_bytes'])")
+    want=$(human "$peak")
+    mpi "$np" "$bin" train "$tmp/cfg/run.yml" run_name=r$n $keys > train.$n 2>&1 \
+        || { fail "train $keys under mpirun -np $np: $(tail -n 5 train.$n)"; continue; }
+    got=$(sed -n 's/.*memory plan \(.*\)$/\1/p' train.$n | head -n 1)
+    echo "$keys: plan peak $peak bytes = $want; train's arena: $got"
+    [ "$got" = "$want" ] || fail "$keys: train allocates '$got', plan says '$want' ($peak bytes)"
+done
+
+[ $failures -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
+echo "fsdp plans = train's arena: ok"

@@ -1,0 +1,125 @@
+/* tests/test_plan_estimate.c: the estimator's result list (train/estimate.h mt_estimate).
+ *
+ * The invariant of mode 1 (batch size and policy searched), checked against plans made
+ * here with mt_memory_plan_rank, for a Llama and a Gemma 2 decoder, on one device and
+ * on an fsdp job: the rows are the Pareto list (no row has a batch >= and a modelled
+ * step <= another's, one strictly), ranked by modelled tokens/s; each row's plan fits
+ * the budget and equals the row's peak, and its policy at batch + 1 does not fit. The
+ * budget is the full-remat plan of batch 1 plus 5 x what batch 2 adds, so several
+ * batch sizes are in reach. The step model decides remat against offload for a tensor
+ * not kept: with the default host link recomputing is cheaper (the rows hold no
+ * offload), with a free host link offloading is (the rows hold no remat). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/remat.h"
+#include "train/config.h"
+#include "train/estimate.h"
+
+static void one_thread(void) { setenv("OMP_NUM_THREADS", "1", 1); }
+TestSuite(plan_estimate, .init = one_thread);
+
+static void base_cfg(mt_train_config *c, mt_decoder_block blk, int64_t devices) {
+    mt_train_config_defaults(c);
+    mt_model_config_defaults(&c->model, blk);
+    snprintf(c->model.model_name, sizeof c->model.model_name, "test");
+    c->model.vocab_size = 96;
+    c->model.emb_dim = 64;
+    c->model.num_query_heads = 4;
+    c->model.num_kv_heads = 2;
+    c->model.head_dim = 32;
+    c->model.mlp_dim = 128;
+    c->model.num_decoder_layers = 6;
+    if (blk == MT_DECODER_GEMMA2) {
+        c->model.sliding_window_size = 4;
+        c->model.sliding_window_pattern = 2;
+    }
+    c->per_device_batch_size = 1;
+    c->max_target_length = 32;
+    c->num_vocab_tiling = 1;
+    c->backend = MT_BACKEND_CPU;
+    c->num_devices = devices;
+}
+
+static size_t peak_of(const mt_train_config *base, int64_t batch, const mt_remat_policy *p) {
+    mt_train_config c = *base;
+    c.per_device_batch_size = batch;
+    c.remat_policy = MT_REMAT_CUSTOM;
+    for (int t = 0; t < MT_RT_COUNT; t++) c.remat_custom[t] = (int)p->action[t];
+    mt_memory_report r;
+    cr_assert_eq(mt_memory_plan_rank(&c, &r, NULL, NULL), MT_OK, "%s", mt_last_error());
+    return r.peak;
+}
+
+/* Runs mode 1 on c and checks the invariant; returns the number of rows and counts
+ * the searched non-kept tensors by action. */
+static int check_mode1(mt_train_config *c, const mt_step_model *sm, int counts[3]) {
+    mt_remat_policy full;
+    mt_remat_action acts[MT_RT_COUNT];
+    for (int t = 0; t < MT_RT_COUNT; t++) acts[t] = MT_RA_REMAT;
+    acts[MT_RT_DECODER_LAYER_INPUT] = MT_RA_DEVICE;
+    cr_assert_eq(mt_remat_policy_resolve(MT_REMAT_CUSTOM, acts, &full), MT_OK);
+    const size_t p1 = peak_of(c, 1, &full), p2 = peak_of(c, 2, &full);
+    const size_t budget = p1 + 5 * (p2 - p1);
+    c->hbm_gib = (double)budget / 1073741824.0;
+    c->remat_policy = MT_REMAT_CUSTOM;
+    for (int t = 0; t < MT_RT_COUNT; t++) c->remat_custom[t] = (int)acts[t];
+    mt_estimate_result res;
+    cr_assert_eq(mt_estimate(c, 0, NULL, sm, &res), MT_OK, "%s", mt_last_error());
+    const size_t b = res.budget;
+    cr_expect_leq(b, budget);
+    cr_expect_geq(b + 1, budget, "hbm_gib round trip");
+    cr_expect_eq(res.mode, 1);
+    cr_assert_geq(res.nrows, 2, "a budget of several batches gives more than one Pareto row");
+    for (int i = 0; i < res.nrows; i++) {
+        const mt_estimate_row *x = &res.rows[i];
+        for (int j = 0; j < res.nrows; j++) {
+            const mt_estimate_row *y = &res.rows[j];
+            if (i == j) continue;
+            cr_expect_not(y->batch >= x->batch && y->step_s <= x->step_s &&
+                              (y->batch > x->batch || y->step_s < x->step_s),
+                          "row %d (batch %lld, %.9g s) dominated by row %d (batch %lld, %.9g s)", i,
+                          (long long)x->batch, x->step_s, j, (long long)y->batch, y->step_s);
+        }
+        if (i > 0) cr_expect_geq(res.rows[i - 1].tokens_per_s, x->tokens_per_s, "ranked by tokens/s");
+        const size_t pk = peak_of(c, x->batch, &x->policy), pk1 = peak_of(c, x->batch + 1, &x->policy);
+        cr_expect_eq(pk, x->peak, "row %d: the plan's peak", i);
+        cr_expect_leq(pk, b, "row %d (batch %lld) over the budget: %zu > %zu", i, (long long)x->batch, pk, b);
+        cr_expect_gt(pk1, b, "row %d: batch %lld fits too (%zu <= %zu): not the largest", i,
+                     (long long)x->batch + 1, pk1, b);
+        for (int t = 1; t < MT_RT_COUNT; t++)
+            if (!(t == MT_RT_MLPWO && !c->model.use_post_ffw_norm)) counts[x->policy.action[t]]++;
+    }
+    const int n = res.nrows;
+    mt_estimate_result_free(&res);
+    return n;
+}
+
+Test(plan_estimate, pareto_rows_fit_and_are_maximal) {
+    const mt_decoder_block blks[2] = {MT_DECODER_LLAMA2, MT_DECODER_GEMMA2};
+    const int64_t devs[2] = {1, 4};
+    const mt_step_model sm = mt_step_model_default();
+    for (int bi = 0; bi < 2; bi++)
+        for (int di = 0; di < 2; di++) {
+            mt_train_config c;
+            base_cfg(&c, blks[bi], devs[di]);
+            int counts[3] = {0, 0, 0};
+            int n = check_mode1(&c, &sm, counts);
+            cr_log_info("block %d, %lld device(s): %d rows", bi, (long long)devs[di], n);
+            cr_expect_eq(counts[MT_RA_OFFLOAD], 0, "default step model: recomputing is cheaper than offloading");
+        }
+}
+
+Test(plan_estimate, free_host_link_prefers_offload) {
+    mt_step_model sm = mt_step_model_default();
+    sm.host_bw = 1e30; /* offloading costs nothing */
+    mt_train_config c;
+    base_cfg(&c, MT_DECODER_GEMMA2, 1);
+    int counts[3] = {0, 0, 0};
+    check_mode1(&c, &sm, counts);
+    cr_expect_eq(counts[MT_RA_REMAT], 0, "a free host link: every tensor not kept is offloaded");
+    cr_expect_gt(counts[MT_RA_OFFLOAD], 0);
+}
