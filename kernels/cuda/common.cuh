@@ -9,8 +9,9 @@
  * depends only on the shapes (never on the device's SM count or on timing), and no
  * kernel uses atomics, so two runs give bitwise the same results (ops.h).
  *
- * All work is queued on the legacy default stream (0); copies are synchronous. One
- * compute stream plus a collectives stream with events is a later step (issue 4).
+ * All work is queued on the legacy default stream (0), the compute stream that
+ * mt_cuda_compute_stream() returns; copies are synchronous. Collectives run on their
+ * own stream (parallel/comm_nccl.c), ordered against this one with events.
  * UNVERIFIED: this backend was written on a machine without a GPU; it compiles and
  * links, but no kernel here has run yet (tests/test_gpu_ops.c, bench/gpu_check.sh). */
 #ifndef MT_KERNELS_CUDA_COMMON_CUH
