@@ -10,7 +10,8 @@
 # parameters of the same layout keeping everything on the device (tolerance 0), and
 # match the single-process run within the layout tests' 1e-5. `meshtrain plan` for the
 # layout puts the optimizer shard and the parameters in host memory, and only two layer
-# windows plus the embedding/norm window of parameters on the device.
+# windows plus the embedding/norm window of parameters on the device (in both the
+# all-entries and the live-at-peak figures for the optimizer).
 set -u
 build="${1:?usage: test_cli_plan_offload.sh BUILD_DIR}"
 tool="$build/tests/tools/mpi_layout"
@@ -105,6 +106,9 @@ L, D, F, H, KV, Dh = 3, 32, 64, 4, 2, 8
 layer = D * H * Dh + 2 * D * KV * Dh + H * Dh * D + 3 * D * F + 4 * D
 assert p["per_device"]["parameters"] == 4 * (2 * layer + (n - L * layer)), (p["per_device"], layer, n)
 assert p["peak_bytes"] < q["peak_bytes"]
+# the AdamW moments are held over the whole step: live at the peak phase too
+assert p["per_device_live_at_peak"]["optimizer"] == 0, p["per_device_live_at_peak"]
+assert q["per_device_live_at_peak"]["optimizer"] == 8 * shard, q["per_device_live_at_peak"]
 PY
 
 if [ "$failures" -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi

@@ -75,7 +75,7 @@ static depth_point plan_at(mt_train_config *c, int64_t L) {
     mt_memory_report r;
     mt_plan *p = NULL, *h = NULL;
     cr_assert_eq(mt_memory_plan_rank(c, &r, &p, &h), MT_OK, "%s", mt_last_error());
-    depth_point d = {r.peak, mt_plan_peak(h), r.recompute_scratch, 0, 0};
+    depth_point d = {r.peak, mt_plan_peak(h), r.total.recompute_scratch, 0, 0};
     for (int i = 0; i < mt_plan_count(p); i++) {
         const mt_plan_entry *e = mt_plan_entry_get(p, i);
         if (strncmp(e->name, "layers.0.", 9) == 0) d.layer0_aligned += al(e->bytes);
@@ -128,14 +128,76 @@ Test(plan_remat, full_remat_keeps_only_layer_inputs) {
     mt_memory_report r;
     cr_assert_eq(mt_memory_plan_rank(&c, &r, NULL, NULL), MT_OK, "%s", mt_last_error());
     const size_t N = 2 * 16, D = 64;
-    cr_expect_eq(r.saved[MT_RT_DECODER_LAYER_INPUT], 4 * N * D * 4);
-    for (int t = 1; t < MT_RT_COUNT; t++) cr_expect_eq(r.saved[t], 0, "%d", t);
+    cr_expect_eq(r.total.saved[MT_RT_DECODER_LAYER_INPUT], 4 * N * D * 4);
+    for (int t = 1; t < MT_RT_COUNT; t++) cr_expect_eq(r.total.saved[t], 0, "%d", t);
     /* scratch: q [N,128], k, v [N,64], context [N,128] + lse [B,H,T], out [N,64],
      * mlpwi_0/1 [N,128]; llama has no mlpwo; forward and backward copies */
     const size_t one = 4 * (N * 128 + 2 * N * 64 + N * 128 + 2 * 4 * 16 + N * 64 + 2 * N * 128);
-    cr_expect_eq(r.recompute_scratch, 2 * one, "scratch %zu, expected %zu", r.recompute_scratch, 2 * one);
+    cr_expect_eq(r.total.recompute_scratch, 2 * one, "scratch %zu, expected %zu", r.total.recompute_scratch, 2 * one);
 }
 
+
+/* The two columns of `meshtrain plan` (mt_memory_report total / live). One device,
+ * grad_dtype bfloat16, 2 micro-batches: the gradient is held as the bf16 accumulator
+ * (2 bytes x numel, live over the whole step) plus four fp32 windows that are never
+ * live together (models/model.h mt_model_set_grad_sink, parallel/zero1.h): one layer's
+ * parameters (the layers' backward), model.norm + lm_head (the loss phase), the
+ * embedding (its backward; llama's is untied) and the reduce chunk of the largest
+ * parameter (the optimizer phase). `total` holds all four, sizes from the shapes
+ * here; `live` the accumulator and at most the largest window. The live rows add up
+ * to live_at_peak and, category by category, to runtime/plan.c's own sweep
+ * (mt_plan_live_by_category); the total rows to mt_plan_total_by_category. */
+Test(plan_remat, live_rows_count_only_the_peak_phase) {
+    mt_train_config c;
+    base_cfg(&c, MT_DECODER_LLAMA2);
+    c.model.num_decoder_layers = 4;
+    c.grad_dtype = MT_BF16;
+    c.gradient_accumulation_steps = 2;
+    mt_memory_report r;
+    mt_plan *p = NULL;
+    cr_assert_eq(mt_memory_plan_rank(&c, &r, &p, NULL), MT_OK, "%s", mt_last_error());
+    const mt_model_config *m = &c.model;
+    const size_t D = (size_t)m->emb_dim, QD = (size_t)(m->num_query_heads * m->head_dim), F = (size_t)m->mlp_dim;
+    const size_t numel = (size_t)r.num_params, lp = (size_t)layer_params(m);
+    const size_t emb = (size_t)m->vocab_size * D, tail = emb + D;
+    size_t biggest = D * QD > D * F ? D * QD : D * F; /* q/o projections or an MLP matrix */
+    if (emb > biggest) biggest = emb;
+    size_t win = lp > tail ? lp : tail;
+    if (biggest > win) win = biggest;
+    const size_t acc = 2 * numel;
+    cr_expect_eq(r.total.grads, acc + 4 * (lp + tail + emb + biggest),
+                 "total grads %zu: accumulator %zu + windows of %zu, %zu, %zu, %zu floats", r.total.grads, acc, lp,
+                 tail, emb, biggest);
+    cr_expect_geq(r.live.grads, acc, "the accumulator is live at the peak");
+    cr_expect_leq(r.live.grads, acc + 4 * win, "live grads %zu: more than the accumulator %zu and one window %zu",
+                  r.live.grads, acc, 4 * win);
+    size_t live[MT_MEM_CATEGORY_COUNT], total[MT_MEM_CATEGORY_COUNT];
+    int phase = -1;
+    mt_plan_live_by_category(p, live, &phase);
+    mt_plan_total_by_category(p, total);
+    cr_expect_eq(phase, r.peak_phase);
+    const mt_memory_rows *rows[2] = {&r.live, &r.total};
+    const size_t *want[2] = {live, total};
+    for (int k = 0; k < 2; k++) {
+        const mt_memory_rows *x = rows[k];
+        size_t saved = x->saved_other;
+        for (int t = 0; t < MT_RT_COUNT; t++) saved += x->saved[t];
+        cr_expect_eq(x->params, want[k][MT_MEM_PARAMS], "%s", k ? "total" : "live");
+        cr_expect_eq(x->grads, want[k][MT_MEM_GRADS], "%s", k ? "total" : "live");
+        cr_expect_eq(x->optimizer, want[k][MT_MEM_OPTIMIZER], "%s", k ? "total" : "live");
+        cr_expect_eq(saved, want[k][MT_MEM_ACTIVATIONS], "%s", k ? "total" : "live");
+        cr_expect_eq(x->recompute_scratch + x->scratch, want[k][MT_MEM_SCRATCH], "%s", k ? "total" : "live");
+        cr_expect_eq(x->loss_tile, want[k][MT_MEM_LOSS_TILE], "%s", k ? "total" : "live");
+        cr_expect_eq(x->comm, want[k][MT_MEM_COMM], "%s", k ? "total" : "live");
+        cr_expect_eq(x->workspace, want[k][MT_MEM_WORKSPACE], "%s", k ? "total" : "live");
+        if (k == 0)
+            cr_expect_eq(x->params + x->grads + x->optimizer + saved + x->recompute_scratch + x->scratch +
+                             x->loss_tile + x->comm + x->workspace,
+                         r.live_at_peak);
+    }
+    cr_expect_leq(r.live_at_peak, r.peak);
+    mt_plan_free(p);
+}
 /* ---- the run allocates exactly the plan ---- */
 
 static char g_dir[256];
@@ -208,13 +270,14 @@ Test(plan_remat, run_allocates_exactly_the_plan) {
             if (policies[i] == MT_REMAT_QKV_PROJ_OFFLOADED || policies[i] == MT_REMAT_CUSTOM)
                 cr_expect_gt(host, 0, "offloading policy with no host pool");
             if (i == 2) {
-                cr_expect_eq(r.optimizer, 0, "optimizer offloaded but %zu bytes on the device", r.optimizer);
+                cr_expect_eq(r.total.optimizer, 0, "optimizer offloaded but %zu bytes on the device",
+                             r.total.optimizer);
                 cr_expect_gt(r.host_optimizer, 0);
                 /* the device keeps two layer windows and the embedding / norm / head window */
                 const size_t lp = (size_t)layer_params(&c.model) * 4;
                 const size_t L = (size_t)c.model.num_decoder_layers;
-                cr_expect_eq(r.params, 2 * lp + (r.host_params - L * lp), "device params %zu", r.params);
-                cr_expect_lt(r.params, r.host_params);
+                cr_expect_eq(r.total.params, 2 * lp + (r.host_params - L * lp), "device params %zu", r.total.params);
+                cr_expect_lt(r.total.params, r.host_params);
                 cr_expect_eq(r.host_params, 4 * (size_t)r.num_params);
             }
             if (i == 0) memcpy(ref, loss, sizeof ref);
@@ -243,24 +306,22 @@ Test(plan_remat, num_devices_shards_parameter_state) {
     c.num_devices = 8;
     cr_assert_eq(mt_memory_plan_rank(&c, &r8, NULL, NULL), MT_OK, "%s", mt_last_error());
     cr_expect_eq(r8.dims[1], 8, "all devices on fsdp by default");
-    cr_expect_eq(r8.modelled, 0, "fsdp alone is the trainer's plan: %s", r8.modelled_reason);
     const mt_model_config *m = &c.model;
     const size_t lp = (size_t)layer_params(m), glob = (size_t)(2 * m->vocab_size * m->emb_dim + m->emb_dim);
     const size_t numel = 4 * lp + glob, shard = (numel + 7) / 8;
     cr_expect_eq((size_t)r8.num_params, numel);
-    cr_expect_eq(r1.params, 4 * numel);
-    cr_expect_eq(r8.params, 4 * (shard + 2 * lp + glob), "params %zu: shard %zu + 2 layers of %zu + global %zu floats",
-                 r8.params, shard, lp, glob);
-    cr_expect_eq(r8.optimizer, 2 * 4 * shard);
-    cr_expect_leq(r8.grads, r1.grads);
-    for (int t = 0; t < MT_RT_COUNT; t++) cr_expect_eq(r8.saved[t], r1.saved[t]);
+    cr_expect_eq(r1.total.params, 4 * numel);
+    cr_expect_eq(r8.total.params, 4 * (shard + 2 * lp + glob),
+                 "params %zu: shard %zu + 2 layers of %zu + global %zu floats", r8.total.params, shard, lp, glob);
+    cr_expect_eq(r8.total.optimizer, 2 * 4 * shard);
+    cr_expect_leq(r8.total.grads, r1.total.grads);
+    for (int t = 0; t < MT_RT_COUNT; t++) cr_expect_eq(r8.total.saved[t], r1.total.saved[t]);
     /* optimizer on the host */
     c.optimizer_memory_host_offload = 1;
     mt_memory_report ro;
     cr_assert_eq(mt_memory_plan_rank(&c, &ro, NULL, NULL), MT_OK, "%s", mt_last_error());
-    cr_expect_eq(ro.modelled, 0);
-    cr_expect_eq(ro.optimizer, 0);
-    cr_expect_eq(ro.host_optimizer, r8.optimizer);
+    cr_expect_eq(ro.total.optimizer, 0);
+    cr_expect_eq(ro.host_optimizer, r8.total.optimizer);
     cr_expect_lt(ro.peak, r8.peak);
     /* fsdp x tensor: the trainer's plan too */
     c.optimizer_memory_host_offload = 0;
@@ -270,7 +331,6 @@ Test(plan_remat, num_devices_shards_parameter_state) {
     cr_assert_eq(mt_memory_plan_rank(&c, &rt, NULL, NULL), MT_OK, "%s", mt_last_error());
     cr_expect_eq(rt.dims[1], 4);
     cr_expect_eq(rt.dims[3], 2);
-    cr_expect_eq(rt.modelled, 0, "%s", rt.modelled_reason);
 }
 
 /* fsdp composed with data or context is the trainer's own plan (parallel/zero1.h
@@ -294,25 +354,23 @@ Test(plan_remat, fsdp_with_data_or_context_is_the_trainers_plan) {
     cr_assert_eq(mt_memory_plan_rank(&c, &rm, NULL, NULL), MT_OK, "%s", mt_last_error());
     cr_expect_eq(rm.dims[0], 2);
     cr_expect_eq(rm.dims[1], 4);
-    cr_expect_eq(rm.modelled, 0, "%s", rm.modelled_reason);
-    cr_expect_eq(rm.params, 4 * (fshard + 2 * lp + glob), "params %zu: shard %zu + 2 layers of %zu + global %zu",
-                 rm.params, fshard, lp, glob);
-    cr_expect_eq(rm.optimizer, 2 * 4 * sub, "optimizer %zu: 2 moments x %zu floats", rm.optimizer, sub);
+    cr_expect_eq(rm.total.params, 4 * (fshard + 2 * lp + glob), "params %zu: shard %zu + 2 layers of %zu + global %zu",
+                 rm.total.params, fshard, lp, glob);
+    cr_expect_eq(rm.total.optimizer, 2 * 4 * sub, "optimizer %zu: 2 moments x %zu floats", rm.total.optimizer, sub);
     /* context x fsdp: the same shards */
     c.ici_data_parallelism = 1;
     c.ici_context_parallelism = 2;
     cr_assert_eq(mt_memory_plan_rank(&c, &rc, NULL, NULL), MT_OK, "%s", mt_last_error());
     cr_expect_eq(rc.dims[2], 2);
     cr_expect_eq(rc.dims[1], 4);
-    cr_expect_eq(rc.modelled, 0, "%s", rc.modelled_reason);
-    cr_expect_eq(rc.params, rm.params);
-    cr_expect_eq(rc.optimizer, rm.optimizer);
+    cr_expect_eq(rc.total.params, rm.total.params);
+    cr_expect_eq(rc.total.optimizer, rm.total.optimizer);
     /* one device of the same model: the optimizer state is 8 times (to the rounding) */
     c.num_devices = 1;
     c.ici_context_parallelism = 1;
     c.ici_fsdp_parallelism = 1;
     cr_assert_eq(mt_memory_plan_rank(&c, &r1, NULL, NULL), MT_OK, "%s", mt_last_error());
-    cr_expect_eq(r1.optimizer, 2 * 4 * numel);
+    cr_expect_eq(r1.total.optimizer, 2 * 4 * numel);
     /* data x fsdp with parameter host offload */
     c.num_devices = 8;
     c.ici_data_parallelism = 2;
@@ -320,10 +378,9 @@ Test(plan_remat, fsdp_with_data_or_context_is_the_trainers_plan) {
     c.parameter_memory_host_offload = 1;
     mt_memory_report rp;
     cr_assert_eq(mt_memory_plan_rank(&c, &rp, NULL, NULL), MT_OK, "%s", mt_last_error());
-    cr_expect_eq(rp.modelled, 0, "%s", rp.modelled_reason);
     cr_expect_eq(rp.host_params, 4 * fshard);
-    cr_expect_eq(rp.params, 4 * (2 * lp + glob), "device params %zu: the windows only", rp.params);
-    cr_expect_eq(rp.optimizer, rm.optimizer);
+    cr_expect_eq(rp.total.params, 4 * (2 * lp + glob), "device params %zu: the windows only", rp.total.params);
+    cr_expect_eq(rp.total.optimizer, rm.total.optimizer);
 }
 
 /* A data-parallel ZeRO-1 job is planned by the trainer itself (exact): the optimizer
@@ -340,7 +397,8 @@ Test(plan_remat, zero1_job_is_the_trainers_plan) {
     cr_expect_eq(r4.dims[0], 4);
     cr_expect_eq(r4.dims[1], 1);
     const size_t numel = (size_t)r1.num_params;
-    cr_expect_eq(r4.optimizer, 2 * ((numel + 3) / 4) * 4, "optimizer %zu for %zu params", r4.optimizer, numel);
-    cr_expect_eq(r4.params, r1.params);
+    cr_expect_eq(r4.total.optimizer, 2 * ((numel + 3) / 4) * 4, "optimizer %zu for %zu params", r4.total.optimizer,
+                 numel);
+    cr_expect_eq(r4.total.params, r1.total.params);
 }
 

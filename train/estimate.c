@@ -80,14 +80,6 @@ static mt_status local_config(const mt_train_config *cfg, const int dims[4], mt_
     return MT_OK;
 }
 
-/* Parameters of one decoder layer (all layers are alike) and of the embedding. */
-static int64_t layer_params(const mt_model_config *m) {
-    const int64_t emb = m->vocab_size * m->emb_dim * (m->logits_via_embedding ? 1 : 2);
-    return (mt_model_num_parameters(m) - emb - m->emb_dim) / m->num_decoder_layers;
-}
-
-static size_t ceil_div(size_t a, size_t b) { return b ? (a + b - 1) / b : a; }
-
 /* -------------------------------------------------------------- the plan ---- */
 
 static const char *const k_saved_names[] = {"decoder_layer_input", "query_proj", "key_proj", "value_proj",
@@ -107,6 +99,29 @@ static int saved_tensor(const char *name, int64_t *layer) {
     return -2; /* a layer entry that is not a named tensor (norm statistics) */
 }
 
+/* Add entry e of the device plan to its row of r. */
+static void add_to_row(mt_memory_rows *r, const mt_plan_entry *e) {
+    switch (e->category) {
+    case MT_MEM_PARAMS: r->params += e->bytes; break;
+    case MT_MEM_GRADS: r->grads += e->bytes; break;
+    case MT_MEM_OPTIMIZER: r->optimizer += e->bytes; break;
+    case MT_MEM_ACTIVATIONS: {
+        const int t = saved_tensor(e->name, NULL);
+        if (t >= 0) r->saved[t] += e->bytes;
+        else r->saved_other += e->bytes;
+        break;
+    }
+    case MT_MEM_SCRATCH:
+        if (strncmp(e->name, "remat.", 6) == 0) r->recompute_scratch += e->bytes;
+        else r->scratch += e->bytes;
+        break;
+    case MT_MEM_LOSS_TILE: r->loss_tile += e->bytes; break;
+    case MT_MEM_COMM: r->comm += e->bytes; break;
+    case MT_MEM_WORKSPACE: r->workspace += e->bytes; break;
+    default: break;
+    }
+}
+
 static void fill_report(mt_memory_report *r, const mt_plan *p, const mt_plan *h) {
     size_t live[MT_MEM_CATEGORY_COUNT];
     mt_plan_live_by_category(p, live, &r->peak_phase);
@@ -115,27 +130,11 @@ static void fill_report(mt_memory_report *r, const mt_plan *p, const mt_plan *h)
     r->peak = mt_plan_peak(p);
     for (int i = 0; i < mt_plan_count(p); i++) {
         const mt_plan_entry *e = mt_plan_entry_get(p, i);
+        add_to_row(&r->total, e);
+        if (e->first <= r->peak_phase && r->peak_phase <= e->last) add_to_row(&r->live, e);
         int64_t layer = -1;
-        switch (e->category) {
-        case MT_MEM_PARAMS: r->params += e->bytes; break;
-        case MT_MEM_GRADS: r->grads += e->bytes; break;
-        case MT_MEM_OPTIMIZER: r->optimizer += e->bytes; break;
-        case MT_MEM_ACTIVATIONS: {
-            int t = saved_tensor(e->name, &layer);
-            if (t >= 0) r->saved[t] += e->bytes;
-            else r->saved_other += e->bytes;
-            if (layer == 0) r->layer_kept += e->bytes;
-            break;
-        }
-        case MT_MEM_SCRATCH:
-            if (strncmp(e->name, "remat.", 6) == 0) r->recompute_scratch += e->bytes;
-            else r->scratch += e->bytes;
-            break;
-        case MT_MEM_LOSS_TILE: r->loss_tile += e->bytes; break;
-        case MT_MEM_COMM: r->comm += e->bytes; break;
-        case MT_MEM_WORKSPACE: r->workspace += e->bytes; break;
-        default: break;
-        }
+        if (e->category == MT_MEM_ACTIVATIONS && saved_tensor(e->name, &layer) != -1 && layer == 0)
+            r->layer_kept += e->bytes;
     }
     for (int i = 0; h && i < mt_plan_count(h); i++) {
         const mt_plan_entry *e = mt_plan_entry_get(h, i);
@@ -144,52 +143,6 @@ static void fill_report(mt_memory_report *r, const mt_plan *p, const mt_plan *h)
         else r->host_activations += e->bytes;
         r->host_total += e->bytes;
     }
-}
-
-/* The rank's plan from p1, the trainer's plan of the same rank with the fsdp axis
- * folded away (see estimate.h): parameter state divided by fsdp, the fsdp
- * communication buffers added, parameters / optimizer moved to the host plan when
- * offloaded. */
-static mt_status shard_plan(const mt_train_config *cfg, const int dims[4], const mt_plan *p1, const mt_plan *h1,
-                            mt_plan *p2, mt_plan *h2) {
-    const size_t Fs = (size_t)dims[MT_AXIS_FSDP], Tn = (size_t)dims[MT_AXIS_TENSOR];
-    int last = 0;
-    for (int i = 0; i < mt_plan_count(p1); i++)
-        if (mt_plan_entry_get(p1, i)->last > last) last = mt_plan_entry_get(p1, i)->last;
-    for (int i = 0; i < mt_plan_count(h1); i++) {
-        const mt_plan_entry *e = mt_plan_entry_get(h1, i);
-        const size_t b = e->category == MT_MEM_OPTIMIZER || e->category == MT_MEM_PARAMS ? ceil_div(e->bytes, Fs)
-                                                                                      : e->bytes;
-        MT_TRY(mt_plan_add(h2, e->name, e->category, b, e->first, e->last, NULL));
-    }
-    for (int i = 0; i < mt_plan_count(p1); i++) {
-        const mt_plan_entry *e = mt_plan_entry_get(p1, i);
-        size_t b = e->bytes;
-        mt_plan *dst = p2;
-        if (e->category == MT_MEM_PARAMS) {
-            if (strncmp(e->name, "params.window.", 14) != 0) b = ceil_div(b, Fs); /* windows hold whole layers */
-        } else if (e->category == MT_MEM_GRADS || strcmp(e->name, "grad_shard") == 0) {
-            b = ceil_div(b, Fs);
-        } else if (e->category == MT_MEM_OPTIMIZER) {
-            b = ceil_div(b, Fs);
-        }
-        MT_TRY(mt_plan_add(dst, e->name, e->category, b, e->first, e->last, NULL));
-    }
-    const mt_model_config *m = &cfg->model;
-    const int64_t L = m->num_decoder_layers;
-    const size_t layer_b = ceil_div((size_t)layer_params(m) * sizeof(float), Tn);
-    const size_t emb_b = ceil_div((size_t)(m->vocab_size * m->emb_dim) * sizeof(float), Tn);
-    const int loss = (int)(L + 1), bwd0 = (int)(L + 2), bwd1 = (int)(2 * L + 1);
-    if (Fs > 1) {
-        /* the layer in use and the next one prefetched (tensor-local size) */
-        MT_TRY(mt_plan_add(p2, "fsdp.gather.0", MT_MEM_COMM, layer_b, 0, last, NULL));
-        MT_TRY(mt_plan_add(p2, "fsdp.gather.1", MT_MEM_COMM, layer_b, 0, last, NULL));
-        MT_TRY(mt_plan_add(p2, "fsdp.grad_reduce_scatter", MT_MEM_COMM, layer_b, bwd0, bwd1, NULL));
-        MT_TRY(mt_plan_add(p2, "fsdp.gather.embedding", MT_MEM_COMM, emb_b, 0, 0, NULL));
-        MT_TRY(mt_plan_add(p2, "fsdp.gather.unembedding", MT_MEM_COMM, emb_b, loss, loss, NULL));
-    }
-    MT_TRY(mt_plan_finalize(p2));
-    return mt_plan_finalize(h2);
 }
 
 /* The trainer's own plan of rank 0 of the full data x fsdp x context x tensor mesh,
@@ -214,26 +167,8 @@ mt_status mt_memory_plan_rank(const mt_train_config *cfg, mt_memory_report *rep,
     mt_plan *p = NULL, *h = NULL;
     int64_t local = 0;
     /* The trainer's own plan for rank 0 of the whole mesh: exactly what that rank
-     * allocates, fsdp included wherever the trainer runs the layout. */
+     * allocates, every fsdp layout included; what it refuses is refused here. */
     mt_status st = trainer_plan(cfg, dims, &p, &h, &local);
-    if (st == MT_ERR_UNSUPPORTED && dims[MT_AXIS_FSDP] > 1) {
-        /* A layout the trainer refuses with fsdp (its message says why): the plan of
-         * the same mesh with fsdp folded away, fsdp modelled on top (estimate.h). */
-        rep->modelled = 1;
-        snprintf(rep->modelled_reason, sizeof rep->modelled_reason, "%s", mt_last_error());
-        int d1[4];
-        memcpy(d1, dims, sizeof d1);
-        d1[MT_AXIS_FSDP] = 1;
-        mt_train_config c1 = *cfg;
-        c1.num_devices = cfg->num_devices / dims[MT_AXIS_FSDP];
-        mt_plan *p1 = NULL, *h1 = NULL;
-        st = trainer_plan(&c1, d1, &p1, &h1, &local);
-        if (st == MT_OK) st = mt_plan_new(&p);
-        if (st == MT_OK) st = mt_plan_new(&h);
-        if (st == MT_OK) st = shard_plan(cfg, dims, p1, h1, p, h);
-        mt_plan_free(p1);
-        mt_plan_free(h1);
-    }
     if (st == MT_OK) {
         memcpy(rep->dims, dims, sizeof dims);
         rep->num_params = mt_model_num_parameters(&cfg->model);

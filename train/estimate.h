@@ -5,15 +5,12 @@
  * trainer's own plan (mt_trainer_plan_with_host) for rank 0 of the data x fsdp x
  * context x tensor mesh the keys give, with fsdp, remat, activation offload and
  * parameter / optimizer host offload as the trainer runs them: exactly what that rank
- * allocates (fsdp alone or with the tensor, data and context axes, and with parameter
- * host offload). Only for a layout the trainer refuses (MT_ERR_UNSUPPORTED from its
- * layout check; no fsdp layout today) is fsdp modelled on top of the trainer's plan of the same mesh without
- * fsdp: parameters (or their host copy), gradients and optimizer state / fsdp, plus
- * two gathered layers (use + prefetch), one layer's gradient reduce-scatter buffer and
- * the gathered embedding (forward) and unembedding (loss), tensor-local; the report
- * says so (modelled, modelled_reason). The trainer's own entries (gradient buffers,
- * accumulators, windows) are never re-derived here, so changes to them flow through.
- * All bytes are float32 (the only dtype the trainer runs today). */
+ * allocates (every fsdp layout: fsdp alone or with the tensor, data and context axes,
+ * and with parameter host offload). A config the trainer refuses is refused here with
+ * the trainer's message. The trainer's own entries (gradient buffers, accumulators,
+ * windows) are never re-derived here, so changes to them flow through.
+ * Buffers are float32 (the only compute dtype the trainer runs today) apart from the
+ * bfloat16 gradient accumulators of grad_dtype=bfloat16. */
 #ifndef MT_TRAIN_ESTIMATE_H
 #define MT_TRAIN_ESTIMATE_H
 
@@ -37,8 +34,24 @@ mt_status mt_memory_remat_policy(const mt_train_config *cfg, mt_remat_policy *ou
  * mt_model_set_param_offload(model, cfg->parameter_memory_host_offload). */
 mt_status mt_memory_apply_remat(const mt_train_config *cfg, mt_model *model);
 
-/* One rank's memory, in bytes. Device figures are totals of plan entries (what each
- * holds, whatever its lifetime) except peak (the arena size) and live_at_peak. */
+/* Device bytes of one rank per row of `meshtrain plan`'s table. Each plan entry
+ * counts in exactly one row (by its category, and for activations and scratch by its
+ * name: "layers.<l>.<tensor>" and "remat.*"), so the rows add up to the requested
+ * bytes of the entries counted. */
+typedef struct mt_memory_rows {
+    size_t params, grads, optimizer;
+    size_t saved[MT_RT_COUNT];    /* device-kept activations per named tensor, all layers */
+    size_t saved_other;           /* norm statistics, step inputs, final norm */
+    size_t recompute_scratch;     /* "remat.*": one layer's worth of non-kept tensors */
+    size_t scratch;               /* other per-op temporaries */
+    size_t loss_tile, comm, workspace;
+} mt_memory_rows;
+
+/* One rank's memory, in bytes. `total` sums every plan entry of each row, whatever
+ * its lifetime (e.g. every per-layer gradient window, although they are never live
+ * together); `live` sums the entries live at peak_phase only (the phase with the most
+ * requested bytes live, runtime/plan.h mt_plan_live_by_category), its rows adding up
+ * to live_at_peak. peak is the arena size (>= live_at_peak: alignment, packing). */
 typedef struct mt_memory_report {
     int dims[4];                  /* data, fsdp, context, tensor */
     int64_t num_params;           /* of the whole model */
@@ -46,28 +59,22 @@ typedef struct mt_memory_report {
     size_t peak;                  /* device arena bytes: mt_plan_peak */
     size_t live_at_peak;          /* requested bytes live at the peak phase */
     int peak_phase;
-    size_t params, grads, optimizer;
-    size_t saved[MT_RT_COUNT];    /* device-kept activations per named tensor, all layers */
-    size_t saved_other;           /* norm statistics, step inputs, final norm */
-    size_t recompute_scratch;     /* "remat.*": one layer's worth of non-kept tensors */
-    size_t scratch;               /* other per-op temporaries */
-    size_t loss_tile, comm, workspace;
+    mt_memory_rows total;         /* device rows, all entries */
+    mt_memory_rows live;          /* device rows, entries live at peak_phase */
     size_t host_activations;      /* offloaded activations (host pool) */
     size_t host_params, host_optimizer;
     size_t host_total;
     size_t layer_kept;            /* device bytes one layer adds (its kept tensors) */
-    int modelled;                 /* 0: the trainer's own plan; 1: fsdp modelled on top */
-    char modelled_reason[256];    /* modelled: the trainer's refusal of the layout */
 } mt_memory_report;
 
 /* Plan rank 0 of cfg (num_devices and the ici_* keys give the mesh; when every
  * ici_* is 1 and num_devices > 1 the fsdp axis takes all devices, MaxText's default
- * ici_fsdp_parallelism = -1): the trainer's plan, or the fsdp model for a layout the
- * trainer refuses (rep->modelled = 1, see the top of this file). *plan / *host_plan
- * (may be NULL) receive the finalised plans, which the caller frees.
+ * ici_fsdp_parallelism = -1): the trainer's plan (see the top of this file).
+ * *plan / *host_plan (may be NULL) receive the finalised plans, which the caller frees.
  * Errors: MT_ERR_INVALID (config, a mesh that does not match num_devices, a layout the
- * model does not divide), MT_ERR_UNSUPPORTED (what the trainer refuses apart from the
- * fsdp layout, e.g. dtype), MT_ERR_OOM. */
+ * model does not divide: the message names the keys), MT_ERR_UNSUPPORTED (what the
+ * trainer refuses for every layout: dtype or weight_dtype other than float32),
+ * MT_ERR_OOM. */
 mt_status mt_memory_plan_rank(const mt_train_config *cfg, mt_memory_report *rep, mt_plan **plan, mt_plan **host_plan);
 
 /* Step-time model of the estimator (constants printed with its output). */

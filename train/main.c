@@ -90,7 +90,8 @@ static void print_help(const char *cmd) {
                 "usage: meshtrain plan CONFIG.yml [--json] [key=value ...]\n\n"
                 "Prints the memory of one device for a training step: parameters, gradients and\n"
                 "accumulators, optimizer, saved activations per named tensor (remat_policy), recompute\n"
-                "scratch, loss tile, communication buffers, workspace, the arena size (peak), and the\n"
+                "scratch, loss tile, communication buffers, workspace, each as the bytes live at the\n"
+                "peak phase and the sum of all its buffers (any phase), the arena size (peak), and the\n"
                 "host offload bytes. Needs no data and no device. num_devices=N (and the ici_* keys)\n"
                 "plan one rank of a larger job. docs/memory.md explains the figures.\n");
     } else if (strcmp(cmd, "estimate") == 0) {
@@ -268,10 +269,51 @@ static int cmd_sample(int argc, char **argv) {
     return 0;
 }
 
-static void print_bytes_row(const char *label, size_t bytes, const char *note) {
-    char h[32];
-    human_bytes((double)bytes, h, sizeof h);
-    printf("  %-44s %18zu %12s%s%s\n", label, bytes, h, note && note[0] ? "  " : "", note ? note : "");
+/* One row of `plan`'s table: the bytes live at the peak phase and the sum of all the
+ * row's entries (any lifetime), each as a count and in binary units; a NULL column is
+ * left blank. */
+static void print_bytes_row(const char *label, const size_t *live, const size_t *total, const char *note) {
+    char h[2][32] = {"", ""}, b[2][32] = {"", ""};
+    const size_t *v[2] = {live, total};
+    for (int k = 0; k < 2; k++)
+        if (v[k]) {
+            snprintf(b[k], sizeof b[k], "%zu", *v[k]);
+            human_bytes((double)*v[k], h[k], sizeof h[k]);
+        }
+    printf("  %-44s %15s %11s %15s %11s%s%s\n", label, b[0], h[0], b[1], h[1], note && note[0] ? "  " : "",
+           note ? note : "");
+}
+
+/* Saved activations of r (every named tensor and the norm statistics / step inputs),
+ * and the sum of every row. */
+static size_t saved_sum(const mt_memory_rows *r) {
+    size_t s = r->saved_other;
+    for (int t = 0; t < MT_RT_COUNT; t++) s += r->saved[t];
+    return s;
+}
+
+static size_t rows_sum(const mt_memory_rows *r) {
+    return r->params + r->grads + r->optimizer + saved_sum(r) + r->recompute_scratch + r->scratch + r->loss_tile +
+           r->comm + r->workspace;
+}
+
+/* `"key": {...}` of the table's top rows under their JSON names (layer_kept: added
+ * when non-NULL), and of the saved activations per named tensor. */
+static void print_json_rows(const char *key, const mt_memory_rows *r, const size_t *layer_kept) {
+    printf(", \"%s\": {\"parameters\": %zu, \"gradients_and_accumulators\": %zu, \"optimizer\": %zu"
+           ", \"saved_activations\": %zu, \"recompute_scratch\": %zu, \"scratch\": %zu, \"loss_tile\": %zu"
+           ", \"communication\": %zu, \"workspace\": %zu",
+           key, r->params, r->grads, r->optimizer, saved_sum(r), r->recompute_scratch, r->scratch, r->loss_tile,
+           r->comm, r->workspace);
+    if (layer_kept) printf(", \"layer_kept\": %zu", *layer_kept);
+    printf("}");
+}
+
+static void print_json_saved(const char *key, const mt_memory_rows *r) {
+    printf(", \"%s\": {", key);
+    for (int t = 0; t < MT_RT_COUNT; t++)
+        printf("%s\"%s\": %zu", t ? ", " : "", mt_remat_tensor_name((mt_remat_tensor)t), r->saved[t]);
+    printf(", \"other\": %zu}", r->saved_other);
 }
 
 /* `meshtrain plan`: one rank's memory (train/estimate.h mt_memory_plan_rank). */
@@ -291,10 +333,7 @@ static int cmd_plan(int argc, char **argv) {
     mt_plan_live_by_category(plan, live, NULL);
     mt_plan_total_by_category(plan, total);
     const int64_t L = cfg.model.num_decoder_layers;
-    size_t saved_sum = r.saved_other;
-    for (int t = 0; t < MT_RT_COUNT; t++) saved_sum += r.saved[t];
-    const size_t sum = r.params + r.grads + r.optimizer + saved_sum + r.recompute_scratch + r.scratch + r.loss_tile +
-                       r.comm + r.workspace;
+    const mt_memory_rows *rt = &r.total, *rl = &r.live;
     const char *axes[4] = {"data", "fsdp", "context", "tensor"};
     if (json) {
         printf("{\"model_name\": ");
@@ -306,22 +345,15 @@ static int cmd_plan(int argc, char **argv) {
                cfg.num_vocab_tiling, mt_dtype_name(cfg.grad_dtype),
                mt_remat_policy_name((mt_remat_policy_kind)cfg.remat_policy), cfg.num_devices);
         for (int a = 0; a < 4; a++) printf("%s\"%s\": %d", a ? ", " : "", axes[a], r.dims[a]);
-        printf("}, \"plan_source\": \"%s\"", r.modelled ? "modelled" : "trainer");
-        if (r.modelled) {
-            printf(", \"modelled_reason\": ");
-            print_json_str(r.modelled_reason);
-        }
-        printf(", \"entries\": %d, \"peak_phase\": %d, \"peak_bytes\": %zu, \"live_at_peak_bytes\": %zu",
+        printf("}, \"entries\": %d, \"peak_phase\": %d, \"peak_bytes\": %zu, \"live_at_peak_bytes\": %zu",
                mt_plan_count(plan), r.peak_phase, r.peak, r.live_at_peak);
-        printf(", \"per_device\": {\"parameters\": %zu, \"gradients_and_accumulators\": %zu, \"optimizer\": %zu"
-               ", \"saved_activations\": %zu, \"recompute_scratch\": %zu, \"scratch\": %zu, \"loss_tile\": %zu"
-               ", \"communication\": %zu, \"workspace\": %zu, \"layer_kept\": %zu}",
-               r.params, r.grads, r.optimizer, saved_sum, r.recompute_scratch, r.scratch, r.loss_tile, r.comm,
-               r.workspace, r.layer_kept);
-        printf(", \"saved\": {");
-        for (int t = 0; t < MT_RT_COUNT; t++)
-            printf("%s\"%s\": %zu", t ? ", " : "", mt_remat_tensor_name((mt_remat_tensor)t), r.saved[t]);
-        printf(", \"other\": %zu}, \"remat\": {", r.saved_other);
+        /* per_device / saved: all entries of each row (any lifetime); the _live_at_peak
+         * twins: the entries live at peak_phase (they add up to live_at_peak_bytes) */
+        print_json_rows("per_device", rt, &r.layer_kept);
+        print_json_rows("per_device_live_at_peak", rl, NULL);
+        print_json_saved("saved", rt);
+        print_json_saved("saved_live_at_peak", rl);
+        printf(", \"remat\": {");
         for (int t = 0; t < MT_RT_COUNT; t++)
             printf("%s\"%s\": \"%s\"", t ? ", " : "", mt_remat_tensor_name((mt_remat_tensor)t),
                    mt_remat_action_name(pol.action[t]));
@@ -343,44 +375,43 @@ static int cmd_plan(int argc, char **argv) {
                cfg.model.model_name, (double)r.num_params / 1e6, cfg.per_device_batch_size, cfg.max_target_length,
                cfg.gradient_accumulation_steps, mt_dtype_name(cfg.grad_dtype), cfg.num_vocab_tiling,
                mt_remat_policy_name((mt_remat_policy_kind)cfg.remat_policy));
-        printf("mesh: %" PRId64 " device(s) = data %d x fsdp %d x context %d x tensor %d%s%s%s\n", cfg.num_devices,
-               r.dims[0], r.dims[1], r.dims[2], r.dims[3],
-               r.modelled ? " (rank 0; fsdp MODELLED on top of the run's plan without fsdp, since `train` refuses "
-                            "this layout: "
-                          : " (rank 0: exactly what `train` allocates)",
-               r.modelled ? r.modelled_reason : "", r.modelled ? ")" : "");
-        printf("  %-44s %18s %12s\n", "device buffers (bytes held over the step)", "bytes", "");
-        print_bytes_row("parameters", r.params, cfg.parameter_memory_host_offload ? "(layer window; rest on host)" : "");
-        print_bytes_row("gradients and accumulators", r.grads, "");
-        print_bytes_row("optimizer (AdamW m, v)", r.optimizer, "");
-        print_bytes_row("saved activations", saved_sum, "");
+        printf("mesh: %" PRId64 " device(s) = data %d x fsdp %d x context %d x tensor %d (rank 0: exactly what "
+               "`train` allocates)\n", cfg.num_devices, r.dims[0], r.dims[1], r.dims[2], r.dims[3]);
+        char col[48];
+        snprintf(col, sizeof col, "live at peak (phase %d)", r.peak_phase);
+        printf("  %-44s %27s %27s\n", "device buffers, bytes", col, "all entries (any phase)");
+        const size_t ssl = saved_sum(rl), sst = saved_sum(rt), sl = rows_sum(rl), stt = rows_sum(rt);
+        print_bytes_row("parameters", &rl->params, &rt->params,
+                        cfg.parameter_memory_host_offload ? "(layer window; rest on host)" : "");
+        print_bytes_row("gradients and accumulators", &rl->grads, &rt->grads, "");
+        print_bytes_row("optimizer (AdamW m, v)", &rl->optimizer, &rt->optimizer, "");
+        print_bytes_row("saved activations", &ssl, &sst, "");
         for (int t = 0; t < MT_RT_COUNT; t++) {
             char label[64], note[96];
             snprintf(label, sizeof label, "  %s", mt_remat_tensor_name((mt_remat_tensor)t));
             snprintf(note, sizeof note, "%s%s", mt_remat_action_name(pol.action[t]),
                      pol.action[t] == MT_RA_DEVICE ? "" : " (not on the device)");
             if (pol.action[t] == MT_RA_DEVICE && L > 0)
-                snprintf(note, sizeof note, "device, %" PRId64 " layers x %zu", L, r.saved[t] / (size_t)L);
+                snprintf(note, sizeof note, "device, %" PRId64 " layers x %zu", L, rt->saved[t] / (size_t)L);
             if (t == MT_RT_MLPWO && !cfg.model.use_post_ffw_norm)
                 snprintf(note, sizeof note, "never saved: no post-MLP norm needs it");
-            print_bytes_row(label, r.saved[t], note);
+            print_bytes_row(label, &rl->saved[t], &rt->saved[t], note);
         }
-        print_bytes_row("  norm statistics, step inputs, final norm", r.saved_other, "");
-        print_bytes_row("recompute scratch (one layer, fwd + bwd)", r.recompute_scratch, "");
-        print_bytes_row("other scratch (per-op temporaries)", r.scratch, "");
-        print_bytes_row("loss tile", r.loss_tile, "");
-        print_bytes_row("communication buffers", r.comm, "");
-        print_bytes_row("workspace", r.workspace, "");
-        print_bytes_row("sum of buffers", sum, "");
-        char note[96];
-        snprintf(note, sizeof note, "at phase %d (live there: %zu)", r.peak_phase, r.live_at_peak);
-        print_bytes_row("peak (arena size)", r.peak, note);
-        print_bytes_row("one more layer adds (its kept tensors)", r.layer_kept, "+ its parameter state");
-        printf("  %-44s\n", "host memory (apart from the device)");
-        print_bytes_row("offloaded activations", r.host_activations, "");
-        print_bytes_row("parameters", r.host_params, "");
-        print_bytes_row("optimizer", r.host_optimizer, "");
-        print_bytes_row("host offload total", r.host_total, "");
+        print_bytes_row("  norm statistics, step inputs, final norm", &rl->saved_other, &rt->saved_other, "");
+        print_bytes_row("recompute scratch (one layer, fwd + bwd)", &rl->recompute_scratch, &rt->recompute_scratch,
+                        "");
+        print_bytes_row("other scratch (per-op temporaries)", &rl->scratch, &rt->scratch, "");
+        print_bytes_row("loss tile", &rl->loss_tile, &rt->loss_tile, "");
+        print_bytes_row("communication buffers", &rl->comm, &rt->comm, "");
+        print_bytes_row("workspace", &rl->workspace, &rt->workspace, "");
+        print_bytes_row("sum of buffers", &sl, &stt, "");
+        print_bytes_row("peak (arena size)", &r.peak, NULL, "every entry packed by lifetime");
+        print_bytes_row("one more layer adds (its kept tensors)", NULL, &r.layer_kept, "+ its parameter state");
+        printf("  %-44s %27s %27s\n", "host memory (apart from the device), bytes", "", "all entries");
+        print_bytes_row("offloaded activations", NULL, &r.host_activations, "");
+        print_bytes_row("parameters", NULL, &r.host_params, "");
+        print_bytes_row("optimizer", NULL, &r.host_optimizer, "");
+        print_bytes_row("host offload total", NULL, &r.host_total, "");
     }
     mt_plan_free(plan);
     mt_plan_free(host);
@@ -452,11 +483,7 @@ static int cmd_estimate(int argc, char **argv) {
            " device(s) = data %d x fsdp %d x context %d x tensor %d, budget hbm_gib=%g (%zu bytes)\n",
            cfg.model.model_name, (double)r0.num_params / 1e9, cfg.max_target_length, cfg.gradient_accumulation_steps,
            cfg.num_devices, r0.dims[0], r0.dims[1], r0.dims[2], r0.dims[3], cfg.hbm_gib, res.budget);
-    if (r0.modelled)
-        printf("plans: fsdp MODELLED on top of the run's plan without fsdp, since `train` refuses this layout: %s\n",
-               r0.modelled_reason);
-    else
-        printf("plans: the trainer's own (exactly what `train` allocates on rank 0)\n");
+    printf("plans: the trainer's own (exactly what `train` allocates on rank 0)\n");
     printf("mode: %s%s; plans evaluated %d in %.3f s\n",
            res.mode == 1 ? "batch size and policy searched together (Pareto list)" : "fixed batch size, lightest policy that fits",
            any_fixed ? ", respecting the fixed tensors" : "", res.plans, res.seconds);
