@@ -11,6 +11,12 @@
  *   from vmath.h so the softmax loops vectorise too. CBLAS is not used: OpenBLAS's
  *   thread pool must not be entered from inside an OpenMP region, and these products
  *   are too small for it anyway.
+ * - Loads are reused while they fit in MT_ATT_KCACHE floats per thread: the forward
+ *   keeps the transposed key blocks of the (batch, kv head) a thread last worked on, so
+ *   consecutive query blocks of a head do not transpose the same keys again (values are
+ *   read in place), and the by_kv backward keeps its task's loaded query blocks instead
+ *   of reloading them for every key block. Reuse changes no value. The softmax loops of
+ *   the forward and of each backward block pair have AVX2 clones (MT_CPU_SIMD_CLONES).
  * - The scale is folded into the query copy, so the kernels see s = (scale q) . k.
  * - A (query block, key block) pair whose position ranges make every entry masked is
  *   skipped; one where every entry is allowed skips the per-element mask test.
@@ -326,10 +332,11 @@ static void att_cap_mask(const att_geom *g, float *restrict S, int64_t i0, int64
     }
 }
 
-/* O[i, :] += sum_{j < nk} P[i, j] X[j, :], rows of O strided by o_rs. */
+/* O[i, :] += sum_{j < nk} P[i, j] X[j, :], rows of O strided by o_rs, of X by x_rs. */
 static void att_acc_rows(float *restrict O, int64_t o_rs, const float *restrict P,
-                         const float *restrict X, int64_t nq, int64_t nk, int64_t Dh) {
-    att_mm(O, o_rs, P, MT_ATT_BK, 1, X, Dh, nq, Dh, nk);
+                         const float *restrict X, int64_t x_rs, int64_t nq, int64_t nk,
+                         int64_t Dh) {
+    att_mm(O, o_rs, P, MT_ATT_BK, 1, X, x_rs, nq, Dh, nk);
 }
 
 /* Acc[j, :] += sum_{i < nq} P[i, j] X[i, :] (the transposed product, for dk and dv). */
@@ -362,8 +369,19 @@ static void att_fill_nan(float *x, int64_t n) {
 
 /* ---- forward ---- */
 
+/* Per-thread limit (floats, here 4 MiB) of the reused loads: the forward's transposed
+ * key blocks of the last (batch, kv head) a thread saw (a thread's consecutive tasks are
+ * mostly query blocks of one head, and each would otherwise transpose the same key
+ * blocks again) and the by_kv backward's query blocks. Beyond it, loads repeat. */
+#define MT_ATT_KCACHE ((int64_t)1 << 20)
+
 typedef struct att_fwd_scratch {
-    float *Qs, *Kt, *Vb, *S, *O, *m, *l;
+    float *Qs, *Kt, *S, *O, *m, *l;
+    /* key-block cache: Kt is nkb blocks of [Dh][BK] when kcache is set, else one block;
+     * block kb holds (b, hk) = (kc_b, kc_hk) when have[kb] is set */
+    int kcache;
+    int64_t kc_b, kc_hk;
+    unsigned char *have;
 } att_fwd_scratch;
 
 static float *att_scratch_alloc(size_t floats) {
@@ -371,7 +389,8 @@ static float *att_scratch_alloc(size_t floats) {
     return aligned_alloc(256, bytes);
 }
 
-static void att_fwd_task(const att_geom *g, const att_fwd_scratch *sc, int64_t b, int64_t h,
+MT_CPU_SIMD_CLONES /* the softmax loops: 8-wide exp where the CPU has AVX2 */
+static void att_fwd_task(const att_geom *g, att_fwd_scratch *sc, int64_t b, int64_t h,
                          int64_t qb, float *out, float *lse, const float *q, const float *k,
                          const float *v) {
     const int64_t Dh = g->Dh, i0 = qb * g->bq;
@@ -382,7 +401,9 @@ static void att_fwd_task(const att_geom *g, const att_fwd_scratch *sc, int64_t b
 
     for (int64_t i = 0; i < nq; i++) {
         const float *restrict src = q + (b * g->Tq + i0 + i) * g->q_rs + h * Dh;
-        for (int64_t d = 0; d < Dh; d++) Qs[i * Dh + d] = g->scale * src[d];
+        const float scale = g->scale;
+#pragma omp simd
+        for (int64_t d = 0; d < Dh; d++) Qs[i * Dh + d] = scale * src[d];
         m[i] = -INFINITY;
         l[i] = 0.0f;
     }
@@ -393,9 +414,20 @@ static void att_fwd_task(const att_geom *g, const att_fwd_scratch *sc, int64_t b
         const int64_t nk = g->Tk - j0 < MT_ATT_BK ? g->Tk - j0 : MT_ATT_BK;
         const int kind = att_pair_kind(g, i0, nq, j0, nk);
         if (kind == ATT_SKIP) continue;
-        att_load_keys(g, sc->Kt, NULL, k, b, hk, j0, nk);
-        att_load_keys(g, NULL, sc->Vb, v, b, hk, j0, nk);
-        att_scores(S, Qs, sc->Kt, nq, Dh);
+        float *Kt = sc->Kt;
+        if (sc->kcache) {
+            if (sc->kc_b != b || sc->kc_hk != hk) {
+                memset(sc->have, 0, (size_t)g->nkb);
+                sc->kc_b = b;
+                sc->kc_hk = hk;
+            }
+            Kt += kb * Dh * MT_ATT_BK;
+            if (!sc->have[kb]) att_load_keys(g, Kt, NULL, k, b, hk, j0, nk);
+            sc->have[kb] = 1;
+        } else {
+            att_load_keys(g, Kt, NULL, k, b, hk, j0, nk);
+        }
+        att_scores(S, Qs, Kt, nq, Dh);
         att_cap_mask(g, S, i0, nq, j0, nk, kind);
         for (int64_t i = 0; i < nq; i++) {
             float *restrict s = S + i * MT_ATT_BK;
@@ -423,7 +455,7 @@ static void att_fwd_task(const att_geom *g, const att_fwd_scratch *sc, int64_t b
                 for (int64_t d = 0; d < Dh; d++) o[d] *= alpha;
             }
         }
-        att_acc_rows(O, Dh, S, sc->Vb, nq, nk, Dh);
+        att_acc_rows(O, Dh, S, v + ((b * g->Tk + j0) * g->Hkv + hk) * Dh, g->k_rs, nq, nk, Dh);
     }
 
     for (int64_t i = 0; i < nq; i++) {
@@ -434,6 +466,7 @@ static void att_fwd_task(const att_geom *g, const att_fwd_scratch *sc, int64_t b
             *L = -INFINITY;
         } else {
             const float inv = 1.0f / l[i];
+#pragma omp simd
             for (int64_t d = 0; d < Dh; d++) o[d] = O[i * Dh + d] * inv;
             *L = m[i] + logf(l[i]);
         }
@@ -445,8 +478,10 @@ void mt_cpu_attention_fwd(const mt_attn_args *a, float *out, float *lse, const f
     const att_geom g = att_geom_make(a);
     if (g.B <= 0 || g.Tq <= 0 || g.H <= 0) return;
     const int64_t ntask = g.B * g.H * g.nqb;
-    const size_t per = (size_t)(g.bq * g.Dh * 2 + g.Dh * MT_ATT_BK * 2 + g.bq * MT_ATT_BK +
-                                g.bq * 2 + 64);
+    const int kcache = g.Dh * g.nkb * MT_ATT_BK <= MT_ATT_KCACHE;
+    const int64_t kt = kcache ? g.Dh * g.nkb * MT_ATT_BK : g.Dh * MT_ATT_BK;
+    const size_t per = (size_t)(g.bq * g.Dh * 2 + kt + g.bq * MT_ATT_BK + g.bq * 2 +
+                                (kcache ? g.nkb / 4 + 1 : 0) + 64);
     int failed = 0;
 #pragma omp parallel
     {
@@ -460,10 +495,12 @@ void mt_cpu_attention_fwd(const mt_attn_args *a, float *out, float *lse, const f
             sc.Qs = buf;
             sc.O = sc.Qs + g.bq * g.Dh;
             sc.Kt = sc.O + g.bq * g.Dh;
-            sc.Vb = sc.Kt + g.Dh * MT_ATT_BK;
-            sc.S = sc.Vb + g.Dh * MT_ATT_BK;
+            sc.S = sc.Kt + kt;
             sc.m = sc.S + g.bq * MT_ATT_BK;
             sc.l = sc.m + g.bq;
+            sc.kcache = kcache;
+            sc.kc_b = -1; /* no block cached yet */
+            sc.have = (unsigned char *)(sc.l + g.bq);
         }
         /* Later query blocks see more keys under a causal mask: hand them out first. */
 #pragma omp for schedule(dynamic, 1)
@@ -486,7 +523,15 @@ typedef struct att_bwd_scratch {
     float *Qs, *dO, *dQ, *lse, *Di; /* query block: scaled q, dout, dq accumulator */
     float *Kt, *Kb, *Vt, *dK, *dV;  /* key block */
     float *S, *P, *dS;              /* [bq][BK] */
+    /* by_kv only, when it fits in MT_ATT_KCACHE floats: the loaded query blocks (Qs, dO,
+     * lse, Di) of every (head of the group, query block) of the current (b, kv head),
+     * so each is loaded once per task instead of once per key block; NULL otherwise */
+    float *Qc;
+    unsigned char *qhave; /* [G * nqb]: slot loaded */
 } att_bwd_scratch;
+
+/* Floats of one query-block slot of the by_kv cache. */
+static int64_t att_qslot(const att_geom *g) { return g->bq * (2 * g->Dh + 2); }
 
 static size_t att_bwd_floats(const att_geom *g) {
     return (size_t)(g->bq * g->Dh * 3 + g->bq * 2 + g->Dh * MT_ATT_BK * 5 +
@@ -543,6 +588,7 @@ static void att_bwd_load_kv(const att_geom *g, const att_bwd_scratch *sc, int64_
  * dV += P^T dO and dK += dS^T (scale q) into the key-block accumulators when dkv is set,
  * and dq[i, :] += dS K (unscaled; rows strided by dq_rs) when dq is non-NULL, where
  * dS = P (dP - D_i) times the soft-cap derivative 1 - (s_capped / cap)^2. */
+MT_CPU_SIMD_CLONES /* the exp and dS loops: 8-wide where the CPU has AVX2 */
 static void att_bwd_pair(const att_geom *g, const att_bwd_scratch *sc, int64_t i0, int64_t nq,
                          int64_t j0, int64_t nk, int kind, int dkv, float *dq, int64_t dq_rs) {
     const int64_t Dh = g->Dh;
@@ -580,7 +626,7 @@ static void att_bwd_pair(const att_geom *g, const att_bwd_scratch *sc, int64_t i
             for (int64_t j = 0; j < MT_ATT_BK; j++) ds[j] = p[j] * (ds[j] - di);
         }
     }
-    if (dq) att_acc_rows(dq, dq_rs, dS, sc->Kb, nq, nk, Dh);
+    if (dq) att_acc_rows(dq, dq_rs, dS, sc->Kb, Dh, nq, nk, Dh);
     if (dkv) att_acc_cols(sc->dK, dS, sc->Qs, nq, nk, Dh);
 }
 
@@ -616,9 +662,20 @@ static void att_bwd_key_block(const att_geom *g, const att_bwd_scratch *sc,
             const int64_t nq = g->Tq - i0 < g->bq ? g->Tq - i0 : g->bq;
             const int kind = att_pair_kind(g, i0, nq, j0, nk);
             if (kind == ATT_SKIP) continue;
-            att_bwd_load_q(g, sc, b, h, i0, nq, io->q, io->dout, io->out, io->lse);
+            att_bwd_scratch qs = *sc; /* with the query block's arrays in its cache slot */
+            if (dq_direct && sc->Qc) {
+                const int64_t slot = hh * g->nqb + qb;
+                qs.Qs = sc->Qc + slot * att_qslot(g);
+                qs.dO = qs.Qs + g->bq * g->Dh;
+                qs.lse = qs.dO + g->bq * g->Dh;
+                qs.Di = qs.lse + g->bq;
+                if (!sc->qhave[slot]) att_bwd_load_q(g, &qs, b, h, i0, nq, io->q, io->dout, io->out, io->lse);
+                sc->qhave[slot] = 1;
+            } else {
+                att_bwd_load_q(g, &qs, b, h, i0, nq, io->q, io->dout, io->out, io->lse);
+            }
             float *dq = dq_direct ? io->dq + (b * g->Tq + i0) * g->q_rs + h * g->Dh : NULL;
-            att_bwd_pair(g, sc, i0, nq, j0, nk, kind, 1, dq, g->q_rs);
+            att_bwd_pair(g, &qs, i0, nq, j0, nk, kind, 1, dq, g->q_rs);
         }
     }
     att_bwd_store_kv(g, sc, io->dk, io->dv, b, hk, j0, nk);
@@ -628,6 +685,7 @@ static void att_bwd_key_block(const att_geom *g, const att_bwd_scratch *sc,
 static void att_bwd_by_kv(const att_geom *g, const att_bwd_scratch *sc, const att_bwd_io *io,
                           int64_t b, int64_t hk) {
     const int64_t Dh = g->Dh;
+    if (sc->Qc) memset(sc->qhave, 0, (size_t)(g->G * g->nqb));
     for (int64_t i = 0; i < g->Tq; i++)
         memset(io->dq + (b * g->Tq + i) * g->q_rs + hk * g->G * Dh, 0,
                (size_t)(g->G * Dh) * sizeof(float));
@@ -665,8 +723,10 @@ void mt_cpu_attention_bwd(const mt_attn_args *a, float *dq, float *dk, float *dv
     const att_geom g = att_geom_make(a);
     if (g.B <= 0 || g.H <= 0) return;
     const att_bwd_io io = {dq, dk, dv, dout, q, k, v, out, lse};
-    const size_t per = att_bwd_floats(&g);
     const int by_kv = g.B * g.Hkv >= (int64_t)omp_get_max_threads();
+    const int64_t qc = g.G * g.nqb * att_qslot(&g);
+    const int qcache = by_kv && qc <= MT_ATT_KCACHE;
+    const size_t per = att_bwd_floats(&g) + (qcache ? (size_t)(qc + g.G * g.nqb / 4 + 1) : 0);
     int failed = 0;
 #pragma omp parallel
     {
@@ -677,6 +737,10 @@ void mt_cpu_attention_bwd(const mt_attn_args *a, float *dq, float *dk, float *dv
         }
         att_bwd_scratch sc = {0};
         if (buf) att_bwd_carve(&g, buf, &sc);
+        if (buf && qcache) {
+            sc.Qc = buf + att_bwd_floats(&g);
+            sc.qhave = (unsigned char *)(sc.Qc + qc);
+        }
         if (by_kv) {
 #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < g.B * g.Hkv; t++)

@@ -12,6 +12,19 @@
 #include <stdint.h>
 #include "kernels/ops.h"
 
+/* MT_CPU_SIMD_CLONES on a hot loop function: GCC also compiles an AVX2 clone of it and
+ * picks one at load time from the CPU (the library itself is built for baseline x86-64,
+ * i.e. 4-wide SSE2). "avx2" does not include FMA and ISO C mode keeps products and sums
+ * unfused, so each lane computes the same bits in both clones; only omp simd reductions,
+ * whose lane count changes, may round differently, and the clone depends on the CPU
+ * alone, never on the thread count. Put it on a function that an OpenMP region calls,
+ * not on one that contains the region: the outlined region body is not cloned. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define MT_CPU_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define MT_CPU_SIMD_CLONES
+#endif
+
 /* memory (cpu_backend.c) */
 void *mt_cpu_alloc(size_t bytes);
 void mt_cpu_release(void *p);

@@ -1,13 +1,16 @@
 /* kernels/cpu/xent.c: softmax cross-entropy on one tile of logit rows, gradient in place.
  *
- * Per labelled row, three vectorised passes over the V logits:
+ * Per labelled row, three vectorised passes over the V logits (a row of 32k floats stays
+ * in L2 across them):
  *   1. optional final soft-cap z = cap tanh(x / cap) (stored in place), and max(z);
  *   2. sum exp(z - max) in fp64 (V reaches 256k terms);
  *   3. overwrite with dscale (softmax - onehot) dz/dx, dz/dx = 1 - (z / cap)^2.
- * The exponentials are recomputed in pass 3 rather than stored in pass 2 because the
- * soft-cap derivative still needs z there; exp is cheap next to the GEMMs that make the
- * tile. Rows are split into a fixed number of chunks (independent of the thread count)
- * whose fp64 loss sums are added in chunk order, so the loss is bitwise reproducible. */
+ * Without a soft-cap, pass 2 stores the exponentials and pass 3 only scales them; with
+ * one, pass 3 recomputes them because the soft-cap derivative still needs z. Either way
+ * each element gets the same value. The row function has an AVX2 clone
+ * (MT_CPU_SIMD_CLONES). Rows are split into a fixed number of chunks (independent of the
+ * thread count) whose fp64 loss sums are added in chunk order, so the loss is bitwise
+ * reproducible. */
 #include <math.h>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -16,6 +19,7 @@
 #define MT_XENT_CHUNKS 64
 
 /* Loss of one row; the row becomes its scaled gradient. NaN for a label outside [0, V). */
+MT_CPU_SIMD_CLONES
 static double xent_row(float *restrict z, int32_t label, int64_t V, float cap, float dscale) {
     const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
     float mx = -INFINITY;
@@ -30,12 +34,21 @@ static double xent_row(float *restrict z, int32_t label, int64_t V, float cap, f
 #pragma omp simd reduction(max : mx)
         for (int64_t j = 0; j < V; j++) mx = z[j] > mx ? z[j] : mx;
     }
-    double sum = 0.0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < V; j++) sum += (double)mt_vexpf(z[j] - mx);
-
     const int bad = label < 0 || (int64_t)label >= V;
-    const float zl = bad ? NAN : z[label];
+    const float zl = bad ? NAN : z[label]; /* read before pass 2 may overwrite it */
+    double sum = 0.0;
+    if (cap > 0.0f) {
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < V; j++) sum += (double)mt_vexpf(z[j] - mx);
+    } else {
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < V; j++) {
+            const float e = mt_vexpf(z[j] - mx);
+            z[j] = e;
+            sum += (double)e;
+        }
+    }
+
     const double loss = (double)mx + log(sum) - (double)zl;
     const float inv_sum = (float)(1.0 / sum);
     if (cap > 0.0f) {
@@ -46,7 +59,7 @@ static double xent_row(float *restrict z, int32_t label, int64_t V, float cap, f
         }
     } else {
 #pragma omp simd
-        for (int64_t j = 0; j < V; j++) z[j] = dscale * (mt_vexpf(z[j] - mx) * inv_sum);
+        for (int64_t j = 0; j < V; j++) z[j] = dscale * (z[j] * inv_sum); /* z holds exp(z - max) */
     }
     if (!bad) {
         /* softmax - onehot at the label, from p computed exactly as in the loop above */

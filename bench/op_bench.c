@@ -1,0 +1,235 @@
+/* bench/op_bench.c: where the time of one CPU training step goes, op by op.
+ *
+ * Runs the step of bench/step_bench.c (same model, same arguments) through a copy of the
+ * CPU op table whose entries time each call with mt_time_now. GEMMs are kept apart by
+ * shape (transposes, M, N, K, beta) and reported with their GFLOP/s next to a square
+ * 1024^3 GEMM's, so slow shapes stand out. The first step is a warm-up; the rest are
+ * summed. Prints a table sorted by time, largest first.
+ * With OP_BENCH_CLOCK=cpu in the environment, times are the process's CPU time instead
+ * of wall time: on a machine shared with other jobs, CPU time at threads = 1 (or with
+ * OMP_WAIT_POLICY=passive) compares two builds' work where wall time is mostly noise.
+ * Usage: op_bench d_model layers heads kv_heads mlp seq batch vocab threads steps tiles */
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/ops.h"
+#include "models/model.h"
+#include "runtime/plan.h"
+#include "runtime/rng.h"
+#include "runtime/timer.h"
+
+#define MAX_ROWS 256
+
+typedef struct {
+    char name[96];
+    double sec, flop;
+    long calls;
+} row;
+
+static row g_rows[MAX_ROWS];
+static int g_nrows, g_on;
+static const mt_ops *g_cpu;
+static int g_cpu_clock; /* OP_BENCH_CLOCK=cpu */
+
+static double now(void) {
+    if (!g_cpu_clock) return mt_time_now();
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void add(const char *name, double sec, double flop) {
+    if (!g_on) return;
+    int i = 0;
+    while (i < g_nrows && strcmp(g_rows[i].name, name) != 0) i++;
+    if (i == g_nrows) {
+        if (g_nrows == MAX_ROWS) return;
+        snprintf(g_rows[g_nrows++].name, sizeof g_rows[0].name, "%s", name);
+    }
+    g_rows[i].sec += sec;
+    g_rows[i].flop += flop;
+    g_rows[i].calls++;
+}
+
+#define TIMED(name, call)                   \
+    do {                                    \
+        double t0_ = now();         \
+        call;                               \
+        add(name, now() - t0_, 0); \
+    } while (0)
+
+static void w_gemm(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    char name[96];
+    snprintf(name, sizeof name, "gemm %c%c M%-6lld N%-6lld K%-6lld b%g", ta ? 'T' : 'N', tb ? 'T' : 'N',
+             (long long)M, (long long)N, (long long)K, (double)beta);
+    double t0 = now();
+    g_cpu->gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    add(name, now() - t0, 2.0 * (double)M * (double)N * (double)K);
+}
+static void w_copy(void *d, const void *s, size_t n) { TIMED("copy", g_cpu->copy(d, s, n)); }
+static void w_zero(void *p, size_t n) { TIMED("zero", g_cpu->zero(p, n)); }
+static void w_emb_fwd(float *o, const float *t, const int32_t *k, int64_t N, int64_t D, float s) {
+    TIMED("embedding_fwd", g_cpu->embedding_fwd(o, t, k, N, D, s));
+}
+static void w_emb_bwd(float *dt, const float *d, const int32_t *k, int64_t N, int64_t V, int64_t D, float s) {
+    TIMED("embedding_bwd", g_cpu->embedding_bwd(dt, d, k, N, V, D, s));
+}
+static void w_rms_fwd(float *y, float *r, const float *x, const float *w, int64_t N, int64_t D, float e,
+                      float o) {
+    TIMED("rmsnorm_fwd", g_cpu->rmsnorm_fwd(y, r, x, w, N, D, e, o));
+}
+static void w_rms_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w, const float *r,
+                      int64_t N, int64_t D, float o) {
+    TIMED("rmsnorm_bwd", g_cpu->rmsnorm_bwd(dx, dw, dy, x, w, r, N, D, o));
+}
+static void w_rope_fwd(float *x, const int32_t *p, const float *f, int64_t N, int64_t H, int64_t Dh) {
+    TIMED("rope_fwd", g_cpu->rope_fwd(x, p, f, N, H, Dh));
+}
+static void w_rope_bwd(float *x, const int32_t *p, const float *f, int64_t N, int64_t H, int64_t Dh) {
+    TIMED("rope_bwd", g_cpu->rope_bwd(x, p, f, N, H, Dh));
+}
+static void w_att_fwd(const mt_attn_args *a, float *o, float *l, const float *q, const float *k,
+                      const float *v) {
+    TIMED("attention_fwd", g_cpu->attention_fwd(a, o, l, q, k, v));
+}
+static void w_att_bwd(const mt_attn_args *a, float *dq, float *dk, float *dv, const float *dout,
+                      const float *q, const float *k, const float *v, const float *o, const float *l) {
+    TIMED("attention_bwd", g_cpu->attention_bwd(a, dq, dk, dv, dout, q, k, v, o, l));
+}
+static void w_glu_fwd(float *h, const float *g, const float *u, int64_t n, mt_activation act) {
+    TIMED("glu_fwd", g_cpu->glu_fwd(h, g, u, n, act));
+}
+static void w_glu_bwd(float *dg, float *du, const float *dh, const float *g, const float *u, int64_t n,
+                      mt_activation act) {
+    TIMED("glu_bwd", g_cpu->glu_bwd(dg, du, dh, g, u, n, act));
+}
+static void w_xent(float *z, const int32_t *lab, int64_t R, int64_t V, float cap, int32_t ign, float ds,
+                   double *ls, int64_t *cnt) {
+    TIMED("xent_tile", g_cpu->xent_tile(z, lab, R, V, cap, ign, ds, ls, cnt));
+}
+static void w_axpy(float *y, const float *x, float a, int64_t n) { TIMED("axpy", g_cpu->axpy(y, x, a, n)); }
+static void w_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr, float b1, float b2,
+                    float eps, float wd, float gs, int64_t t) {
+    TIMED("adamw", g_cpu->adamw(p, g, m, v, n, lr, b1, b2, eps, wd, gs, t));
+}
+
+static int cmp_rows(const void *a, const void *b) {
+    const double x = ((const row *)a)->sec, y = ((const row *)b)->sec;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static int fail(const char *what) {
+    fprintf(stderr, "op_bench: %s: %s\n", what, mt_last_error());
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 12) {
+        fprintf(stderr, "usage: op_bench d_model layers heads kv_heads mlp seq batch vocab threads steps tiles\n");
+        return 2;
+    }
+    long a[11];
+    for (int i = 0; i < 11; i++) a[i] = strtol(argv[i + 1], NULL, 10);
+    const int64_t B = a[6], T = a[5], V = a[7];
+    omp_set_num_threads((int)a[8]);
+    g_cpu = mt_cpu_ops();
+    const char *clk = getenv("OP_BENCH_CLOCK");
+    g_cpu_clock = clk && strcmp(clk, "cpu") == 0;
+    mt_ops tab = *g_cpu;
+    tab.gemm = w_gemm;
+    tab.copy = w_copy;
+    tab.zero = w_zero;
+    tab.embedding_fwd = w_emb_fwd;
+    tab.embedding_bwd = w_emb_bwd;
+    tab.rmsnorm_fwd = w_rms_fwd;
+    tab.rmsnorm_bwd = w_rms_bwd;
+    tab.rope_fwd = w_rope_fwd;
+    tab.rope_bwd = w_rope_bwd;
+    tab.attention_fwd = w_att_fwd;
+    tab.attention_bwd = w_att_bwd;
+    tab.glu_fwd = w_glu_fwd;
+    tab.glu_bwd = w_glu_bwd;
+    tab.xent_tile = w_xent;
+    tab.axpy = w_axpy;
+    tab.adamw = w_adamw;
+
+    mt_model_config c;
+    mt_model_config_defaults(&c, MT_DECODER_LLAMA2);
+    c.emb_dim = a[0];
+    c.num_decoder_layers = a[1];
+    c.num_query_heads = a[2];
+    c.num_kv_heads = a[3];
+    c.head_dim = a[0] / a[2];
+    c.mlp_dim = a[4];
+    c.vocab_size = V;
+    c.rope_max_timescale = 10000.0f;
+    mt_model *m;
+    if (mt_model_create(&m, &c, &tab, B, T, a[10]) != MT_OK) return fail("model");
+    mt_plan *plan;
+    if (mt_plan_new(&plan) != MT_OK || mt_model_add_to_plan(m, plan) != MT_OK) return fail("plan");
+    const int64_t n = mt_model_numel(m);
+    int idm, idv;
+    if (mt_plan_add(plan, "adamw.m", MT_MEM_OPTIMIZER, (size_t)n * 4, 0, mt_model_phase_count(m) - 1, &idm) != MT_OK ||
+        mt_plan_add(plan, "adamw.v", MT_MEM_OPTIMIZER, (size_t)n * 4, 0, mt_model_phase_count(m) - 1, &idv) != MT_OK ||
+        mt_plan_finalize(plan) != MT_OK)
+        return fail("plan");
+    mt_arena arena;
+    if (mt_arena_create(&arena, plan, NULL, NULL) != MT_OK) return fail("arena");
+    if (mt_model_bind(m, &arena, plan) != MT_OK || mt_model_init_params(m, 1) != MT_OK) return fail("bind");
+    float *mom = mt_arena_ptr(&arena, plan, idm), *vel = mt_arena_ptr(&arena, plan, idv);
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(B * T + 1));
+    for (int64_t i = 0; i < B * T + 1; i++) {
+        uint32_t w[4];
+        mt_rng_u32x4(7, 0, (uint64_t)i, w);
+        tok[i] = (int32_t)(w[0] % (uint32_t)V);
+    }
+
+    /* reference rate: a square GEMM, OpenBLAS's best case */
+    const int64_t S = 1024;
+    float *x = calloc((size_t)(3 * S * S), sizeof(float));
+    for (int64_t i = 0; i < 2 * S * S; i++) x[i] = (float)(i % 7) * 0.1f;
+    g_cpu->gemm(0, 0, S, S, S, 1.0f, x, S, x + S * S, S, 0.0f, x + 2 * S * S, S);
+    double t0 = now();
+    g_cpu->gemm(0, 0, S, S, S, 1.0f, x, S, x + S * S, S, 0.0f, x + 2 * S * S, S);
+    const double ref = 2.0 * (double)(S * S * S) / (now() - t0) / 1e9;
+    free(x);
+
+    const int steps = (int)a[9];
+    double total = 0;
+    for (int s = 0; s <= steps; s++) {
+        g_on = s > 0;
+        double ts = now(), sum = 0;
+        int64_t cnt = 0;
+        tab.zero(mt_model_grads(m), (size_t)n * 4);
+        if (mt_model_forward_backward(m, tok, tok + 1, 1.0f / (float)(B * T), &sum, &cnt) != MT_OK)
+            return fail("step");
+        for (int i = 0; i < mt_model_param_count(m); i++) {
+            const mt_param_info *p = mt_model_param(m, i);
+            tab.adamw(mt_model_params(m) + p->offset, mt_model_grads(m) + p->offset, mom + p->offset,
+                      vel + p->offset, p->numel, 1e-4f, 0.9f, 0.999f, 1e-8f, p->weight_decay ? 0.1f : 0.0f,
+                      1.0f, s + 1);
+        }
+        if (s > 0) total += now() - ts;
+    }
+    qsort(g_rows, (size_t)g_nrows, sizeof(row), cmp_rows);
+    double timed = 0;
+    for (int i = 0; i < g_nrows; i++) timed += g_rows[i].sec;
+    printf("step %.0f ms %s (mean of %d), ops %.0f ms, square %lld^3 GEMM %.1f GFLOP/s\n", total * 1e3 / steps,
+           g_cpu_clock ? "CPU time" : "wall", steps, timed * 1e3 / steps, (long long)S, ref);
+    printf("%-44s %6s %10s %6s %8s\n", "op", "calls", "ms/step", "%", "GFLOP/s");
+    for (int i = 0; i < g_nrows; i++) {
+        const row *r = &g_rows[i];
+        printf("%-44s %6ld %10.1f %6.1f", r->name, r->calls / steps, r->sec * 1e3 / steps, 100.0 * r->sec / total);
+        if (r->flop > 0) printf(" %8.1f", r->flop / r->sec / 1e9);
+        printf("\n");
+    }
+    mt_arena_destroy(&arena);
+    mt_plan_free(plan);
+    mt_model_free(m);
+    free(tok);
+    return 0;
+}
