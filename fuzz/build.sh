@@ -42,10 +42,10 @@ if nm "$LIB" 2>/dev/null | grep " U MPI_" >/dev/null; then  # no -q: pipefail + 
     MPI=$(ls /usr/lib/x86_64-linux-gnu/openmpi/lib/libmpi.so 2>/dev/null || true)
     [ -n "$MPI" ] && LIBS+=("$MPI" -Wl,-rpath,"$(dirname "$MPI")")
 fi
-# A CUDA build's archive refers to the CUDA runtime, cuBLASLt and NCCL (the comm
-# layer pulls the NCCL backend in): link the libraries CMake found (its cache).
-if nm "$LIB" 2>/dev/null | grep -E " U (cuda|nccl|cublasLt)" >/dev/null; then
-    for v in CUDA_cudart_LIBRARY CUDA_cublasLt_LIBRARY NCCL_LIBRARY; do
+# A CUDA build's archive refers to the CUDA runtime and NCCL (the comm layer pulls
+# the NCCL backend in; cuBLASLt is dlopen'ed): link the libraries CMake found (its cache).
+if nm "$LIB" 2>/dev/null | grep -E " U (cuda|nccl)" >/dev/null; then
+    for v in CUDA_cudart_LIBRARY NCCL_LIBRARY; do
         l=$(sed -n "s/^$v:FILEPATH=//p" "$BUILD/CMakeCache.txt" 2>/dev/null || true)
         [ -n "$l" ] && [ -f "$l" ] && LIBS+=("$l" -Wl,-rpath,"$(dirname "$l")")
     done

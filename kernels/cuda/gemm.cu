@@ -12,11 +12,61 @@
  * a fixed algorithm on one GPU model (cuBLAS docs, "Results reproducibility"); the cached
  * algorithm makes the choice fixed within a process.
  * The workspace (32 MiB, the size NVIDIA recommends for Hopper) is allocated once here;
- * it should become a plan entry (issue 4). */
+ * it should become a plan entry (issue 4).
+ *
+ * cuBLASLt is loaded with dlopen on the first GEMM, not linked: merely loading the
+ * library costs about 148 MiB of resident memory (its relocated data), which every
+ * CPU-only run of a CUDA build would otherwise pay. The soname libcublasLt.so.<major>
+ * is tried first (the loader's search path, ld.so.cache), then the file CMake found
+ * (MT_CUBLASLT_PATH). Only the functions below are used. */
 #include <cublasLt.h>
+#include <dlfcn.h>
 #include <string.h>
 
 #include "kernels/cuda/common.cuh"
+
+#define MT_LT_FUNCS(X)                                                                    \
+    X(cublasLtCreate) X(cublasLtGetStatusString) X(cublasLtMatmul)                        \
+    X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmulDescCreate)                         \
+    X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute)                        \
+    X(cublasLtMatmulPreferenceCreate) X(cublasLtMatmulPreferenceDestroy)                  \
+    X(cublasLtMatmulPreferenceSetAttribute) X(cublasLtMatrixLayoutCreate)                 \
+    X(cublasLtMatrixLayoutDestroy)
+
+#define MT_LT_PTR(f) decltype(&::f) f;
+static struct { MT_LT_FUNCS(MT_LT_PTR) } lt; /* filled by lt_load */
+#undef MT_LT_PTR
+
+#define MT_STR2(x) #x
+#define MT_STR(x) MT_STR2(x)
+
+/* 1 when every function resolved; else records the error (mt_cuda_fail) and returns 0. */
+static int lt_load(void) {
+    static int state; /* 0 not tried, 1 loaded, -1 failed */
+    if (state) return state > 0;
+    const char *names[] = {"libcublasLt.so." MT_STR(CUBLAS_VER_MAJOR), "libcublasLt.so",
+#ifdef MT_CUBLASLT_PATH
+                           MT_CUBLASLT_PATH,
+#endif
+                           NULL};
+    void *h = NULL;
+    for (int i = 0; names[i] && !h; i++) h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        state = -1;
+        mt_cuda_fail(__FILE__, __LINE__, "dlopen(libcublasLt)", dlerror());
+        return 0;
+    }
+#define MT_LT_SYM(f)                                                                      \
+    if (!(lt.f = (decltype(lt.f))dlsym(h, #f))) {                                         \
+        state = -1;                                                                       \
+        mt_cuda_fail(__FILE__, __LINE__, "dlsym(" #f ")", "symbol missing in libcublasLt"); \
+        return 0;                                                                         \
+    }
+    MT_LT_FUNCS(MT_LT_SYM)
+#undef MT_LT_SYM
+    state = 1;
+    return 1;
+}
 
 #define MT_GEMM_WS_BYTES ((size_t)32 << 20)
 #define MT_GEMM_CACHE 128
@@ -45,7 +95,7 @@ static int g_next; /* round-robin eviction */
     do {                                                                                  \
         cublasStatus_t s_ = (call);                                                       \
         if (s_ != CUBLAS_STATUS_SUCCESS) {                                                \
-            mt_cuda_fail(__FILE__, __LINE__, #call, cublasLtGetStatusString(s_));         \
+            mt_cuda_fail(__FILE__, __LINE__, #call, lt.cublasLtGetStatusString(s_));         \
             return NULL;                                                                  \
         }                                                                                 \
     } while (0)
@@ -59,10 +109,10 @@ static int ptr_align(const void *p) {
 
 static void plan_destroy(gemm_plan *p) {
     if (!p->used) return;
-    cublasLtMatrixLayoutDestroy(p->la);
-    cublasLtMatrixLayoutDestroy(p->lb);
-    cublasLtMatrixLayoutDestroy(p->lc);
-    cublasLtMatmulDescDestroy(p->desc);
+    lt.cublasLtMatrixLayoutDestroy(p->la);
+    lt.cublasLtMatrixLayoutDestroy(p->lb);
+    lt.cublasLtMatrixLayoutDestroy(p->lc);
+    lt.cublasLtMatmulDescDestroy(p->desc);
     p->used = 0;
 }
 
@@ -70,7 +120,8 @@ static gemm_plan *plan_get(const gemm_key *k) {
     for (int i = 0; i < MT_GEMM_CACHE; i++)
         if (g_cache[i].used && memcmp(&g_cache[i].key, k, sizeof(*k)) == 0) return &g_cache[i];
     if (!g_lt) {
-        LT_CHECK(cublasLtCreate(&g_lt));
+        if (!lt_load()) return NULL;
+        LT_CHECK(lt.cublasLtCreate(&g_lt));
         if (cudaMalloc(&g_ws, MT_GEMM_WS_BYTES) != cudaSuccess) {
             mt_cuda_fail(__FILE__, __LINE__, "cudaMalloc(gemm workspace)", "out of memory");
             return NULL;
@@ -82,27 +133,27 @@ static gemm_plan *plan_get(const gemm_key *k) {
     p->key = *k;
     const cublasOperation_t opa = k->tb ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLASLt's A = our B */
     const cublasOperation_t opb = k->ta ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLASLt's B = our A */
-    LT_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
-    LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+    LT_CHECK(lt.cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_CHECK(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+    LT_CHECK(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
     /* stored column-major shapes: our B is [K, N] row-major -> [N, K] col-major (or [K, N]) */
-    LT_CHECK(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_32F, k->tb ? k->K : k->N, k->tb ? k->N : k->K, k->ldb));
-    LT_CHECK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_32F, k->ta ? k->M : k->K, k->ta ? k->K : k->M, k->lda));
-    LT_CHECK(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, k->N, k->M, k->ldc));
+    LT_CHECK(lt.cublasLtMatrixLayoutCreate(&p->la, CUDA_R_32F, k->tb ? k->K : k->N, k->tb ? k->N : k->K, k->ldb));
+    LT_CHECK(lt.cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_32F, k->ta ? k->M : k->K, k->ta ? k->K : k->M, k->lda));
+    LT_CHECK(lt.cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, k->N, k->M, k->ldc));
     cublasLtMatmulPreference_t pref;
-    LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    LT_CHECK(lt.cublasLtMatmulPreferenceCreate(&pref));
     size_t ws = MT_GEMM_WS_BYTES;
     uint32_t aa = (uint32_t)k->al_b, ab = (uint32_t)k->al_a, ac = (uint32_t)k->al_c;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof(aa));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof(ab));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof(ac));
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof(ac));
+    lt.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    lt.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof(aa));
+    lt.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof(ab));
+    lt.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof(ac));
+    lt.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof(ac));
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
-    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(g_lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1,
+    cublasStatus_t s = lt.cublasLtMatmulAlgoGetHeuristic(g_lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1,
                                                       &res, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
+    lt.cublasLtMatmulPreferenceDestroy(pref);
     p->used = 1; /* descriptors exist: destroy them on eviction even on failure below */
     if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
         plan_destroy(p);
@@ -147,7 +198,7 @@ void mt_cuda_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, flo
     k.beta_zero = beta == 0.0f;
     gemm_plan *p = plan_get(&k);
     if (!p) return;
-    cublasStatus_t s = cublasLtMatmul(g_lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
+    cublasStatus_t s = lt.cublasLtMatmul(g_lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
                                       &p->algo, g_ws, MT_GEMM_WS_BYTES, 0);
-    if (s != CUBLAS_STATUS_SUCCESS) mt_cuda_fail(__FILE__, __LINE__, "cublasLtMatmul", cublasLtGetStatusString(s));
+    if (s != CUBLAS_STATUS_SUCCESS) mt_cuda_fail(__FILE__, __LINE__, "cublasLtMatmul", lt.cublasLtGetStatusString(s));
 }
