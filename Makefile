@@ -3,6 +3,7 @@
 #   make test     install-deps, build, run the test suite with ctest
 #   make corpus   build data/kjv (skipped when up to date)
 #   make demo     install-deps, build, corpus, train configs/demo.yml, sample from it
+#                 (DEMO_ARGS="steps=40": key=value overrides for the demo's train)
 #   make clean    remove build/;  make distclean  also remove data/kjv
 
 BUILD_DIR ?= build
@@ -11,6 +12,9 @@ MESHTRAIN := $(BUILD_DIR)/meshtrain
 CORPUS    := data/kjv
 # Must match base_output_directory/run_name in configs/demo.yml.
 DEMO_RUN  := out/demo
+# key=value overrides for the demo's `train`, e.g. make demo DEMO_ARGS="steps=40" (not run_name or
+# base_output_directory: sample reads the newest checkpoint under $(DEMO_RUN))
+DEMO_ARGS ?=
 
 .PHONY: all deps hf-venv build test corpus demo clean distclean
 # Targets run in the order written (install before build); cmake parallelises.
@@ -48,7 +52,7 @@ corpus:
 # A fresh run each time: the previous demo output is removed first.
 demo: deps build corpus
 	rm -rf $(DEMO_RUN)
-	$(MESHTRAIN) train configs/demo.yml
+	$(MESHTRAIN) train configs/demo.yml $(DEMO_ARGS)
 	@# only complete checkpoints (step_<digits>), never a step_N.tmp left by a crash
 	ckpt=$$(ls -d $(DEMO_RUN)/checkpoints/step_* | grep -E '/step_[0-9]+$$' | sort -V | tail -n 1) && \
 	$(MESHTRAIN) sample configs/demo.yml load_checkpoint=$$ckpt

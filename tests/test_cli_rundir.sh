@@ -111,8 +111,13 @@ expect 2 "load_checkpoint and load_parameters_path" "load_checkpoint" "load_para
     load_parameters_path="$tmp/out/r/checkpoints/step_2"
 
 # Bug 2: resume from step 2 of run r: rows 3, 4 are replaced, not duplicated, and a
-# partial last line is dropped.
+# partial last line is dropped. While step_4 (a later checkpoint) exists the resume is
+# refused (two histories would mix, tests/test_cli_user_trial.sh); removing it is the
+# documented way to branch in place.
 printf '{"step": 5, "loss": 1.2' >> "$tmp/out/r/metrics.jsonl"
+expect 2 "resume with a later checkpoint" "step_4" "run_name" -- \
+    train "$run" load_checkpoint="$tmp/out/r/checkpoints/step_2"
+rm -rf "$tmp/out/r/checkpoints/step_4"
 "$bin" train "$run" load_checkpoint="$tmp/out/r/checkpoints/step_2" > "$tmp/res.out" 2>&1 ||
     fail "resume failed: $(cat "$tmp/res.out")"
 [ "$(steps r)" = "0 1 2 3 4" ] || fail "resumed run's metrics rows: $(steps r) (expected 0 1 2 3 4)"

@@ -5,6 +5,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,7 +97,7 @@ static const mt_config_key mt_keys[] = {
     RKEY_ENUM(grad_dtype, dtype_names, dtype_values, "float32",
               "gradient accumulation dtype (bfloat16: fp32 add, one rounding per micro-batch)"),
     RKEY_INT(eval_interval, "100", -1, "evaluate every this many steps (and at step 0); <= 0 = off"),
-    RKEY_INT(eval_steps, "10", 1, "validation batches per evaluation"),
+    RKEY_INT(eval_steps, "10", 1, "validation batches per evaluation (capped at one pass over the val split)"),
     RKEY_INT(checkpoint_period, "1000", 0, "checkpoint every this many steps and at the end; 0 = end only"),
     RKEY_STR(load_checkpoint, "", "checkpoint directory (.../checkpoints/step_N) to resume from"),
     RKEY_STR(load_parameters_path, "", "directory with model.safetensors to start from (no optimizer state)"),
@@ -264,12 +265,15 @@ static const char *closest_key(const char *name) {
 
 /* ---------------------------------------------------------- value parsing ---- */
 
+/* 1 = parsed; 0 = not an integer; -1 = an integer outside int64_t. */
 static int parse_int(const char *s, int64_t *out) {
     if (!s || !*s) return 0;
     errno = 0;
     char *end;
     long long v = strtoll(s, &end, 10);
-    if (errno || *end) return 0;
+    if (*end) return 0;
+    if (errno == ERANGE) return -1;
+    if (errno) return 0;
     *out = (int64_t)v;
     return 1;
 }
@@ -349,7 +353,12 @@ mt_status mt_train_config_set(mt_train_config *cfg, const char *name, const char
     switch (k->type) {
     case MT_KEY_INT: {
         int64_t v;
-        if (!parse_int(value, &v))
+        const int pr = parse_int(value, &v);
+        if (pr < 0)
+            return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': out of range (an integer from %.0f to "
+                                "%" PRId64 ")", source, k->name, value, k->has_min ? k->min : (double)INT64_MIN,
+                                (int64_t)INT64_MAX);
+        if (!pr)
             return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': expected an integer", source,
                                 k->name, value);
         memcpy(field, &v, sizeof v);
@@ -876,7 +885,14 @@ mt_status mt_train_config_load(mt_train_config *cfg, const char *config_path, in
             st = mt_set_error(MT_ERR_INVALID, "command line: '%s' is not key=value", overrides[i]);
             break;
         }
-        st = layer_add(&lcli, overrides[i], (size_t)(eq - overrides[i]), eq + 1, "command line");
+        /* as in a YAML file, a key given twice is an error (last-wins would hide a typo) */
+        const size_t kl = (size_t)(eq - overrides[i]);
+        for (int j = 0; st == MT_OK && j < lcli.n; j++)
+            if (strlen(lcli.e[j].key) == kl && strncmp(lcli.e[j].key, overrides[i], kl) == 0)
+                st = mt_set_error(MT_ERR_INVALID, "command line: key '%s' is set twice ('%s=%s' and '%s'); give "
+                                  "each key once", lcli.e[j].key, lcli.e[j].key, lcli.e[j].value, overrides[i]);
+        if (st != MT_OK) break;
+        st = layer_add(&lcli, overrides[i], kl, eq + 1, "command line");
     }
     if (st == MT_OK) st = layer_check_keys(&lfile);
     if (st == MT_OK) st = layer_check_keys(&lcli);

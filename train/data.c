@@ -222,7 +222,8 @@ mt_status mt_data_seek(mt_data_loader *d, mt_data_position p) {
     if (p.offset % d->window != 0 || p.offset + d->window + 1 > sh->count)
         return mt_set_error(MT_ERR_INVALID,
                             "data: offset %lld in %s (%lld tokens) is not a window start for world x batch x seq = %lld "
-                            "(different batch, sequence length or world size than the saved run?)",
+                            "(a different dataset or shard sizes, or a different batch, sequence length or world size "
+                            "than the saved run?)",
                             (long long)p.offset, sh->path, (long long)sh->count, (long long)d->window);
     d->pos = p;
     return MT_OK;
@@ -254,6 +255,16 @@ int64_t mt_data_total_tokens(const mt_data_loader *d) {
     int64_t t = 0;
     for (int64_t s = 0; s < d->nshards; s++) t += d->shards[s].count;
     return t;
+}
+
+int64_t mt_data_shard_tokens(const mt_data_loader *d, int64_t i) {
+    return i >= 0 && i < d->nshards ? d->shards[i].count : -1;
+}
+
+int64_t mt_data_windows_per_epoch(const mt_data_loader *d) {
+    int64_t n = 0;
+    for (int64_t s = 0; s < d->nshards; s++) n += (d->shards[s].count - 1) / d->window;
+    return n;
 }
 
 void mt_data_close(mt_data_loader *d) {

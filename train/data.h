@@ -72,6 +72,13 @@ int64_t mt_data_max_token(const mt_data_loader *d);
 int64_t mt_data_shard_count(const mt_data_loader *d);
 int64_t mt_data_total_tokens(const mt_data_loader *d);
 
+/* Token count of shard i (0 <= i < mt_data_shard_count), or -1 when i is out of range. */
+int64_t mt_data_shard_tokens(const mt_data_loader *d, int64_t i);
+
+/* Windows (mt_data_next calls) in one pass over the split before it wraps to shard 0:
+ * the sum over shards of (count - 1) / (world * batch * seq), as mt_data_next advances. */
+int64_t mt_data_windows_per_epoch(const mt_data_loader *d);
+
 /* Unmap and free; NULL is fine. */
 void mt_data_close(mt_data_loader *d);
 

@@ -3,7 +3,7 @@
  *   meshtrain train  CONFIG.yml [key=value ...]
  *   meshtrain sample CONFIG.yml load_checkpoint=DIR [key=value ...]
  *   meshtrain plan   CONFIG.yml [--json] [key=value ...]
- *   meshtrain estimate CONFIG.yml hbm_gib=N [per_device_batch_size=B] [NAME=ACTION ...] [key=value ...]
+ *   meshtrain estimate CONFIG.yml hbm_gib=N [--json] [per_device_batch_size=B] [NAME=ACTION ...] [key=value ...]
  *   meshtrain --help | meshtrain <command> --help
  *
  * A thin client of the library: it parses arguments, prints, and is the only place
@@ -78,13 +78,17 @@ static void print_help(const char *cmd) {
                 "usage: meshtrain train CONFIG.yml [key=value ...]\n\n"
                 "Trains for `steps` steps. Writes <base_output_directory>/<run_name>/metrics.jsonl\n"
                 "(one JSON object per step) and checkpoints/step_<N>/ every checkpoint_period steps\n"
-                "and at the end. load_checkpoint=DIR resumes a run bitwise; load_parameters_path=DIR\n"
-                "starts from a model.safetensors.\n");
+                "and at the end. load_checkpoint=DIR resumes a run bitwise (exit 2 when the run\n"
+                "directory holds checkpoints after DIR's step); load_parameters_path=DIR starts from a\n"
+                "model.safetensors. The world is mpirun -np N, the mesh the ici_* keys (num_devices is\n"
+                "for plan/estimate; train refuses one that differs from N).\n");
     } else if (strcmp(cmd, "sample") == 0) {
         fprintf(o,
                 "usage: meshtrain sample CONFIG.yml load_checkpoint=DIR [key=value ...]\n\n"
                 "Generates sample_length tokens after <s> from the checkpoint DIR with temperature\n"
-                "and top_k, decoding with tokenizer_path, and prints the text.\n");
+                "and top_k, decoding with tokenizer_path, and prints the text. The model is the\n"
+                "checkpoint's (its config.json); model_name or a model key given on the command line\n"
+                "must describe that same model (exit 2 otherwise).\n");
     } else if (strcmp(cmd, "plan") == 0) {
         fprintf(o,
                 "usage: meshtrain plan CONFIG.yml [--json] [key=value ...]\n\n"
@@ -96,13 +100,16 @@ static void print_help(const char *cmd) {
                 "plan one rank of a larger job. docs/memory.md explains the figures.\n");
     } else if (strcmp(cmd, "estimate") == 0) {
         fprintf(o,
-                "usage: meshtrain estimate CONFIG.yml hbm_gib=N [per_device_batch_size=B]\n"
+                "usage: meshtrain estimate CONFIG.yml hbm_gib=N [--json] [per_device_batch_size=B]\n"
                 "                          [remat_policy=custom NAME=ACTION ...] [key=value ...]\n\n"
                 "Searches batch size and remat policy (MaxText's estimator) against exact plans:\n"
                 "without per_device_batch_size, the Pareto list of (batch, policy); with it, the lightest\n"
                 "policy that fits; NAME=ACTION (device|remat|offload) fixes a tensor. Ranks by a\n"
                 "modelled step time and writes runnable commands to ./remat_commands_from_estimator.txt\n"
-                "(the current directory). Exit 2 when nothing fits.\n");
+                "(the current directory; written whole, then renamed): each line carries the resolved mesh\n"
+                "(ici_*) and, for num_devices > 1, its `mpirun -np N`. --json prints the rows, budget,\n"
+                "search time and commands as one JSON object. Exit 2 when nothing fits; an earlier\n"
+                "job's commands file is then renamed to remat_commands_from_estimator.previous.txt.\n");
     }
     print_keys(o);
 }
@@ -190,6 +197,15 @@ static int cmd_train(int argc, char **argv) {
     mt_trainer *t = NULL;
     st = mt_trainer_create(&t, &cfg);
     if (st != MT_OK) return fail(st);
+    /* num_devices describes the job to plan/estimate; train takes the world from
+     * mpirun -np (1 = the default, never an error). */
+    if (cfg.num_devices != 1 && cfg.num_devices != mt_comm_world_size()) {
+        mt_trainer_free(t);
+        return fail(mt_set_error(MT_ERR_INVALID, "key 'num_devices' = %" PRId64 " but this job has %d rank(s): "
+                                 "num_devices is a plan/estimate key; train takes the mesh from mpirun -np N and the "
+                                 "ici_* keys (launch `mpirun -np %" PRId64 " meshtrain train ...`, or drop "
+                                 "num_devices)", cfg.num_devices, mt_comm_world_size(), cfg.num_devices));
+    }
     /* Every input is checked; the outputs last, before anything is written. */
     st = mt_trainer_check_outputs(t);
     if (st != MT_OK) {
@@ -199,16 +215,17 @@ static int cmd_train(int argc, char **argv) {
     char peak[32];
     human_bytes((double)mt_plan_peak(mt_trainer_get_plan(t)), peak, sizeof peak);
     const mt_model *model = mt_trainer_model(t);
-    printf("meshtrain: model %s (%s, %.3fM params), batch %" PRId64 " x %" PRId64 " x %" PRId64
+    const int lead = mt_trainer_world_rank(t) == 0; /* under mpirun rank 0 prints the banner */
+    if (lead) printf("meshtrain: model %s (%s, %.3fM params), batch %" PRId64 " x %" PRId64 " x %" PRId64
            " accumulation, %" PRId64 " steps, memory plan %s\n",
            cfg.model.model_name, mt_decoder_block_name(cfg.model.decoder_block),
            (double)mt_model_numel(model) / 1e6, cfg.per_device_batch_size, cfg.max_target_length,
            cfg.gradient_accumulation_steps, cfg.steps, peak);
-    printf("meshtrain: outputs in %s/%s\n", cfg.base_output_directory, cfg.run_name);
-    if (mt_trainer_step_count(t) > 0)
+    if (lead) printf("meshtrain: outputs in %s/%s\n", cfg.base_output_directory, cfg.run_name);
+    if (lead && mt_trainer_step_count(t) > 0)
         printf("meshtrain: resuming at step %" PRId64 " from %s\n", mt_trainer_step_count(t), cfg.load_checkpoint);
     if (mt_trainer_step_count(t) >= cfg.steps) {
-        printf("meshtrain: the run is already complete: %s is at step %" PRId64 " and steps = %" PRId64
+        if (lead) printf("meshtrain: the run is already complete: %s is at step %" PRId64 " and steps = %" PRId64
                "; nothing to do (set steps higher to train on)\n",
                cfg.load_checkpoint, mt_trainer_step_count(t), cfg.steps);
         mt_trainer_free(t);
@@ -235,7 +252,8 @@ static mt_status check_sample_overrides(int argc, char **argv, const mt_train_co
         char key[64];
         snprintf(key, sizeof key, "%.*s", (int)((size_t)(eq - argv[i]) < 63 ? (size_t)(eq - argv[i]) : 63), argv[i]);
         const mt_config_key *k = mt_config_key_find(key);
-        if (!k || !k->is_model) continue;
+        const int by_name = k && strcmp(k->name, "model_name") == 0;
+        if (!k || (!k->is_model && !by_name)) continue;
         if (!have_ck) {
             FILE *f = fopen(path, "rb");
             if (!f) return MT_OK; /* mt_sample_generate reports the missing checkpoint */
@@ -245,6 +263,15 @@ static mt_status check_sample_overrides(int argc, char **argv, const mt_train_co
             have_ck = 1;
         }
         char want[128], have[128];
+        if (by_name) { /* config.json has no name: model_name must describe the checkpoint's model */
+            const mt_config_key *d = mt_model_config_diff(&cfg->model, &ck.model, NULL, want, have, sizeof want);
+            if (d)
+                return mt_set_error(MT_ERR_INVALID, "key 'model_name' = %s describes another model than the "
+                                    "checkpoint's %s (%s = %s there, %s in %s.yml): sample uses the checkpoint's "
+                                    "model; drop model_name", cfg->model.model_name, path, d->name, have, want,
+                                    cfg->model.model_name);
+            continue;
+        }
         mt_train_config_format(cfg, k, want, sizeof want);
         mt_train_config_format(&ck, k, have, sizeof have);
         if (strcmp(want, have) != 0)
@@ -418,8 +445,70 @@ static int cmd_plan(int argc, char **argv) {
     return 0;
 }
 
-/* `meshtrain estimate`: batch size and remat policy for a memory budget. */
+#define MT_COMMANDS_FILE "remat_commands_from_estimator.txt"
+
+/* The runnable `train` command of an estimate row: the user's overrides without the
+ * keys it sets itself (hbm_gib dropped; batch, remat, num_devices, ici_*), then the
+ * row's batch and custom policy, num_devices (> 1) and the resolved mesh (plan/estimate
+ * read all ici_* = 1 as fsdp over num_devices; train needs the axes spelled out), under
+ * `mpirun -np N` for more than one device. Returns 0 when buf was too small. */
+static int estimate_command(char *buf, size_t n, const char *path, int argc, char **argv, const mt_train_config *cfg,
+                            const int dims[4], const mt_estimate_row *row) {
+    size_t used = 0;
+#define CMD_ADD(...)                                                            \
+    do {                                                                        \
+        int w_ = snprintf(buf + used, n - used, __VA_ARGS__);                   \
+        if (w_ < 0 || (size_t)w_ >= n - used) return 0;                         \
+        used += (size_t)w_;                                                     \
+    } while (0)
+    buf[0] = '\0';
+    if (cfg->num_devices > 1) CMD_ADD("mpirun -np %" PRId64 " ", cfg->num_devices);
+    CMD_ADD("meshtrain train %s", path);
+    static const char *const own[] = {"hbm_gib", "num_devices", "per_device_batch_size", "remat_policy",
+                                      "ici_data_parallelism", "ici_fsdp_parallelism", "ici_context_parallelism",
+                                      "ici_tensor_parallelism", NULL};
+    for (int k = 1; k < argc; k++) {
+        const char *eq = strchr(argv[k], '=');
+        if (!eq) continue;
+        size_t kl = (size_t)(eq - argv[k]);
+        char key[64];
+        snprintf(key, sizeof key, "%.*s", (int)(kl < 63 ? kl : 63), argv[k]);
+        mt_remat_tensor t;
+        int skip = mt_remat_tensor_parse(key, &t) == MT_OK;
+        for (int i = 0; own[i] && !skip; i++) skip = strcmp(key, own[i]) == 0;
+        if (!skip) CMD_ADD(" %s", argv[k]);
+    }
+    CMD_ADD(" per_device_batch_size=%" PRId64 " remat_policy=custom", row->batch);
+    for (int t = 0; t < MT_RT_COUNT; t++) {
+        if (t == MT_RT_MLPWO && !cfg->model.use_post_ffw_norm) continue; /* never saved: nothing to choose */
+        CMD_ADD(" %s=%s", mt_remat_tensor_name((mt_remat_tensor)t), mt_remat_action_name(row->policy.action[t]));
+    }
+    if (cfg->num_devices > 1) CMD_ADD(" num_devices=%" PRId64, cfg->num_devices); /* = the world: train accepts it */
+    CMD_ADD(" ici_data_parallelism=%d ici_fsdp_parallelism=%d ici_context_parallelism=%d ici_tensor_parallelism=%d",
+            dims[0], dims[1], dims[2], dims[3]);
+#undef CMD_ADD
+    return 1;
+}
+
+/* The action of tensor t in an estimate row as printed: mlpwo without a post-MLP norm
+ * is never saved whatever the policy says (REFERENCE.md; plan prints the same). */
+static const char *estimate_action(const mt_train_config *cfg, const mt_estimate_row *row, int t) {
+    if (t == MT_RT_MLPWO && !cfg->model.use_post_ffw_norm) return "-";
+    return mt_remat_action_name(row->policy.action[t]);
+}
+
+/* `meshtrain estimate`: batch size and remat policy for a memory budget. The commands
+ * file is written whole to a temporary name and renamed on success; when the estimate
+ * fails, an existing commands file (an earlier job's) is renamed to
+ * remat_commands_from_estimator.previous.txt, so nothing is lost and no file under the
+ * usual name can be taken for this job's answer. */
 static int cmd_estimate(int argc, char **argv) {
+    int json = 0, m = 0;
+    for (int i = 0; i < argc; i++) /* --json anywhere after the command */
+        if (strcmp(argv[i], "--json") == 0) json = 1;
+        else argv[m++] = argv[i];
+    argc = m;
+    if (argc < 1) return usage_error("missing CONFIG.yml");
     const char *path = argv[0];
     if (check_config_first(path) != MT_OK) return fail(MT_ERR_INVALID);
     const char **ov = calloc((size_t)argc + 1, sizeof(char *));
@@ -453,85 +542,127 @@ static int cmd_estimate(int argc, char **argv) {
     }
     mt_train_config cfg;
     mt_status st = mt_train_config_load(&cfg, path, n, ov);
-    if (st != MT_OK) {
-        free(ov);
-        return fail(st);
-    }
+    free(ov);
+    if (st != MT_OK) return fail(st);
     int any_fixed = 0;
     for (int t = 0; t < MT_RT_COUNT; t++) any_fixed |= fixed[t];
-    if (any_fixed && cfg.remat_policy != MT_REMAT_CUSTOM) {
-        free(ov);
+    if (any_fixed && cfg.remat_policy != MT_REMAT_CUSTOM)
         return fail(mt_set_error(MT_ERR_INVALID, "tensor actions on the command line need remat_policy=custom"));
-    }
     const mt_step_model sm = mt_step_model_default();
     mt_estimate_result res;
-    st = mt_estimate(&cfg, batch, fixed, &sm, &res);
-    if (st != MT_OK) {
-        free(ov);
-        return fail(st);
-    }
     mt_memory_report r0;
-    mt_train_config c0 = cfg;
-    c0.per_device_batch_size = res.rows[0].batch;
-    st = mt_memory_plan_rank(&c0, &r0, NULL, NULL);
+    if (!(cfg.hbm_gib > 0))
+        st = mt_set_error(MT_ERR_INVALID, "estimate needs hbm_gib=N, the device memory budget in GiB (> 0; e.g. "
+                          "hbm_gib=80 for an 80 GiB device)");
+    else
+        st = mt_estimate(&cfg, batch, fixed, &sm, &res);
+    if (st == MT_OK) {
+        mt_train_config c0 = cfg;
+        c0.per_device_batch_size = res.rows[0].batch;
+        st = mt_memory_plan_rank(&c0, &r0, NULL, NULL);
+        if (st != MT_OK) mt_estimate_result_free(&res);
+    }
     if (st != MT_OK) {
-        free(ov);
-        mt_estimate_result_free(&res);
-        return fail(st);
+        int code = fail(st);
+        FILE *old = fopen(MT_COMMANDS_FILE, "r");
+        if (old) {
+            fclose(old);
+            const char *prev = "remat_commands_from_estimator.previous.txt";
+            if (rename(MT_COMMANDS_FILE, prev) == 0)
+                fprintf(stderr, "meshtrain: ./%s (an earlier estimate's, not this one's) was renamed to ./%s\n",
+                        MT_COMMANDS_FILE, prev);
+            else
+                fprintf(stderr, "meshtrain: note: ./%s is an earlier estimate's, not this one's\n", MT_COMMANDS_FILE);
+        }
+        return code;
     }
-    printf("estimate: %s (%.3fB params), seq %" PRId64 ", %" PRId64 " micro-batch(es), %" PRId64
-           " device(s) = data %d x fsdp %d x context %d x tensor %d, budget hbm_gib=%g (%zu bytes)\n",
-           cfg.model.model_name, (double)r0.num_params / 1e9, cfg.max_target_length, cfg.gradient_accumulation_steps,
-           cfg.num_devices, r0.dims[0], r0.dims[1], r0.dims[2], r0.dims[3], cfg.hbm_gib, res.budget);
-    printf("plans: the trainer's own (exactly what `train` allocates on rank 0)\n");
-    printf("mode: %s%s; plans evaluated %d in %.3f s\n",
-           res.mode == 1 ? "batch size and policy searched together (Pareto list)" : "fixed batch size, lightest policy that fits",
-           any_fixed ? ", respecting the fixed tensors" : "", res.plans, res.seconds);
-    printf("step model: %.0f TFLOP/s per device, host link %.0f GB/s, collective link %.0f GB/s, no overlap; "
-           "float32 buffers\n", sm.device_flops / 1e12, sm.host_bw / 1e9, sm.link_bw / 1e9);
-    printf("%-4s %6s %12s %10s %12s %14s  %s\n", "rank", "batch", "device GiB", "host GiB", "step s",
-           "tokens/s/dev", "policy (q k v context out_proj mlpwi_0 mlpwi_1 mlpwo)");
-    FILE *f = fopen("remat_commands_from_estimator.txt", "w");
+    /* every command first (the file and --json print the same lines) */
+    char (*cmds)[4096] = calloc((size_t)res.nrows, sizeof *cmds);
+    int ok = cmds != NULL;
+    for (int i = 0; ok && i < res.nrows; i++)
+        ok = estimate_command(cmds[i], sizeof cmds[i], path, argc, argv, &cfg, r0.dims, &res.rows[i]);
+    FILE *f = NULL;
+    const char *tmp = MT_COMMANDS_FILE ".tmp";
+    if (ok) f = fopen(tmp, "w");
     if (!f) {
-        free(ov);
+        free(cmds);
         mt_estimate_result_free(&res);
-        return fail(mt_set_error(MT_ERR_IO, "cannot write remat_commands_from_estimator.txt in the current directory"));
+        return fail(ok ? mt_set_error(MT_ERR_IO, "cannot write %s in the current directory", tmp)
+                       : mt_set_error(MT_ERR_INVALID, "estimate: a command line is over 4096 bytes"));
     }
-    fprintf(f, "# meshtrain estimate %s: hbm_gib=%g, %" PRId64 " device(s); ranked by modelled tokens/s%s\n", path,
-            cfg.hbm_gib, cfg.num_devices, cfg.num_devices > 1 ? "; launch each under mpirun" : "");
-    for (int i = 0; i < res.nrows; i++) {
-        const mt_estimate_row *row = &res.rows[i];
-        char pol[160] = "";
-        size_t used = 0;
-        for (int t = 1; t < MT_RT_COUNT; t++) {
-            const char *a = mt_remat_action_name(row->policy.action[t]);
-            int w = snprintf(pol + used, sizeof pol - used, "%s%s", t > 1 ? " " : "", a);
-            if (w > 0 && (size_t)w < sizeof pol - used) used += (size_t)w;
-        }
-        printf("%-4d %6" PRId64 " %12.2f %10.2f %12.7g %14.0f  %s\n", i + 1, row->batch,
-               (double)row->peak / 1073741824.0, (double)row->host / 1073741824.0, row->step_s, row->tokens_per_s, pol);
-        fprintf(f, "meshtrain train %s", path);
-        for (int k = 1; k < argc; k++) {
-            const char *eq = strchr(argv[k], '=');
-            if (!eq) continue;
-            size_t kl = (size_t)(eq - argv[k]);
-            char key[64];
-            snprintf(key, sizeof key, "%.*s", (int)(kl < 63 ? kl : 63), argv[k]);
-            mt_remat_tensor t;
-            if (strcmp(key, "hbm_gib") == 0 || strcmp(key, "per_device_batch_size") == 0 ||
-                strcmp(key, "remat_policy") == 0 || mt_remat_tensor_parse(key, &t) == MT_OK)
-                continue;
-            fprintf(f, " %s", argv[k]);
-        }
-        fprintf(f, " per_device_batch_size=%" PRId64 " remat_policy=custom", row->batch);
-        for (int t = 0; t < MT_RT_COUNT; t++)
-            fprintf(f, " %s=%s", mt_remat_tensor_name((mt_remat_tensor)t), mt_remat_action_name(row->policy.action[t]));
-        fprintf(f, "\n");
+    fprintf(f, "# meshtrain estimate %s: hbm_gib=%g, %" PRId64 " device(s) = data %d x fsdp %d x context %d x tensor "
+            "%d; ranked by modelled tokens/s%s\n", path, cfg.hbm_gib, cfg.num_devices, r0.dims[0], r0.dims[1],
+            r0.dims[2], r0.dims[3], cfg.num_devices > 1 ? "; each line runs as written (mpirun -np N)" : "");
+    for (int i = 0; i < res.nrows; i++) fprintf(f, "%s\n", cmds[i]);
+    const int werr = ferror(f);
+    if (fclose(f) != 0 || werr || rename(tmp, MT_COMMANDS_FILE) != 0) {
+        remove(tmp);
+        free(cmds);
+        mt_estimate_result_free(&res);
+        return fail(mt_set_error(MT_ERR_IO, "cannot write ./%s", MT_COMMANDS_FILE));
     }
-    fclose(f);
-    printf("wrote %d command(s) to ./remat_commands_from_estimator.txt\n", res.nrows);
+    const char *axes[4] = {"data", "fsdp", "context", "tensor"};
+    if (json) {
+        printf("{\"model_name\": ");
+        print_json_str(cfg.model.model_name);
+        printf(", \"num_params\": %" PRId64 ", \"max_target_length\": %" PRId64 ", \"gradient_accumulation_steps\": %"
+               PRId64 ", \"num_devices\": %" PRId64 ", \"mesh\": {", r0.num_params, cfg.max_target_length,
+               cfg.gradient_accumulation_steps, cfg.num_devices);
+        for (int a = 0; a < 4; a++) printf("%s\"%s\": %d", a ? ", " : "", axes[a], r0.dims[a]);
+        printf("}, \"hbm_gib\": %.17g, \"budget_bytes\": %zu, \"mode\": \"%s\", \"plans_evaluated\": %d"
+               ", \"search_seconds\": %.6f, \"step_model\": {\"device_flops\": %.6g, \"host_bytes_per_s\": %.6g"
+               ", \"link_bytes_per_s\": %.6g}, \"commands_file\": \"%s\", \"rows\": [",
+               cfg.hbm_gib, res.budget, res.mode == 1 ? "pareto" : "fixed_batch", res.plans, res.seconds,
+               sm.device_flops, sm.host_bw, sm.link_bw, MT_COMMANDS_FILE);
+        for (int i = 0; i < res.nrows; i++) {
+            const mt_estimate_row *row = &res.rows[i];
+            printf("%s{\"rank\": %d, \"per_device_batch_size\": %" PRId64 ", \"device_bytes\": %zu, \"host_bytes\": "
+                   "%zu, \"step_s\": %.9g, \"tokens_per_s_per_device\": %.9g, \"remat\": {", i ? ", " : "", i + 1,
+                   row->batch, row->peak, row->host, row->step_s, row->tokens_per_s);
+            for (int t = 0; t < MT_RT_COUNT; t++) {
+                const char *act = estimate_action(&cfg, row, t);
+                printf("%s\"%s\": \"%s\"", t ? ", " : "", mt_remat_tensor_name((mt_remat_tensor)t),
+                       strcmp(act, "-") == 0 ? "never_saved" : act);
+            }
+            printf("}, \"command\": ");
+            print_json_str(cmds[i]);
+            printf("}");
+        }
+        printf("]}\n");
+    } else {
+        printf("estimate: %s (%.3fB params), seq %" PRId64 ", %" PRId64 " micro-batch(es), %" PRId64
+               " device(s) = data %d x fsdp %d x context %d x tensor %d, budget hbm_gib=%g (%zu bytes)\n",
+               cfg.model.model_name, (double)r0.num_params / 1e9, cfg.max_target_length,
+               cfg.gradient_accumulation_steps, cfg.num_devices, r0.dims[0], r0.dims[1], r0.dims[2], r0.dims[3],
+               cfg.hbm_gib, res.budget);
+        printf("plans: the trainer's own (exactly what `train` allocates on rank 0)\n");
+        printf("mode: %s%s; plans evaluated %d in %.3f s\n",
+               res.mode == 1 ? "batch size and policy searched together (Pareto list)"
+                             : "fixed batch size, lightest policy that fits",
+               any_fixed ? ", respecting the fixed tensors" : "", res.plans, res.seconds);
+        printf("step model: %.0f TFLOP/s per device, host link %.0f GB/s, collective link %.0f GB/s, no overlap; "
+               "float32 buffers\n", sm.device_flops / 1e12, sm.host_bw / 1e9, sm.link_bw / 1e9);
+        printf("%-4s %6s %12s %10s %12s %14s  %s\n", "rank", "batch", "device GiB", "host GiB", "step s",
+               "tokens/s/dev", "policy (q k v context out_proj mlpwi_0 mlpwi_1 mlpwo)");
+        for (int i = 0; i < res.nrows; i++) {
+            const mt_estimate_row *row = &res.rows[i];
+            char pol[160] = "";
+            size_t used = 0;
+            for (int t = 1; t < MT_RT_COUNT; t++) {
+                int w = snprintf(pol + used, sizeof pol - used, "%s%s", t > 1 ? " " : "",
+                                 estimate_action(&cfg, row, t));
+                if (w > 0 && (size_t)w < sizeof pol - used) used += (size_t)w;
+            }
+            printf("%-4d %6" PRId64 " %12.2f %10.2f %12.7g %14.0f  %s\n", i + 1, row->batch,
+                   (double)row->peak / 1073741824.0, (double)row->host / 1073741824.0, row->step_s,
+                   row->tokens_per_s, pol);
+        }
+        if (!cfg.model.use_post_ffw_norm)
+            printf("mlpwo '-': never saved (no post-MLP norm needs it), whatever the policy\n");
+        printf("wrote %d command(s) to ./%s\n", res.nrows, MT_COMMANDS_FILE);
+    }
+    free(cmds);
     mt_estimate_result_free(&res);
-    free(ov);
     return 0;
 }
 

@@ -449,6 +449,23 @@ static mt_status load_train_state(mt_trainer *t, const char *dir) {
         }
     }
     mt_data_position pos = {vals[1], vals[2], vals[3]};
+    {
+        /* The train split the position was made in (written since the keys were added). */
+        const char *sv_n = mt_safetensors_metadata(f, "data_shards");
+        const char *sv_t = mt_safetensors_metadata(f, "data_shard_tokens");
+        const int64_t now_n = mt_data_shard_count(t->train), now_t = mt_data_shard_tokens(t->train, pos.shard);
+        if ((sv_n && strtoll(sv_n, NULL, 10) != now_n) || (sv_t && now_t >= 0 && strtoll(sv_t, NULL, 10) != now_t)) {
+            char now_s[64] = "";
+            if (now_t >= 0) snprintf(now_s, sizeof now_s, ", that shard %" PRId64 " tokens", now_t);
+            st = mt_set_error(MT_ERR_INVALID, "%s: key 'dataset_path' = '%s': a different dataset than the saved "
+                              "run's: the checkpoint recorded %s train shard(s), shard %" PRId64 " of %s tokens; "
+                              "this dataset has %" PRId64 " shard(s)%s. Resume with the same dataset (or start a "
+                              "new run from the weights with load_parameters_path=%s)",
+                              path, t->cfg.dataset_path, sv_n ? sv_n : "?", pos.shard, sv_t ? sv_t : "?", now_n,
+                              now_s, dir);
+            goto done;
+        }
+    }
     st = mt_data_seek(t->train, pos);
     if (st != MT_OK) {
         st = mt_set_error(st, "%s: cannot restore the data position: %s", path, mt_last_error());
@@ -581,6 +598,9 @@ mt_status mt_trainer_create_ex(mt_trainer **out, const mt_train_config *cfg, int
     if (st == MT_OK) st = open_loader(&t->train, cfg, "train", dp_rank(t->mesh), dp_size(t->mesh));
     if (st == MT_OK && cfg->eval_interval > 0)
         st = open_loader(&t->val, cfg, "val", dp_rank(t->mesh), dp_size(t->mesh));
+    if (st == MT_OK && t->val && t->mesh->rank == 0 && cfg->eval_steps > mt_data_windows_per_epoch(t->val))
+        MT_LOG_I("eval_steps=%" PRId64 " is more than the validation split holds: each evaluation reads its %" PRId64
+                 " window(s) once", cfg->eval_steps, mt_data_windows_per_epoch(t->val));
     if (st == MT_OK) {
         st = mt_arena_create(&t->arena, t->plan, t->ops->alloc, t->ops->release);
         t->have_arena = st == MT_OK;
@@ -870,7 +890,10 @@ mt_status mt_trainer_evaluate(mt_trainer *t, double *val_loss, int64_t *val_toke
     mt_data_rewind(t->val);
     double sum = 0.0;
     int64_t count = 0;
-    for (int64_t i = 0; i < t->cfg.eval_steps; i++) {
+    /* each validation window at most once (a wrap would count tokens twice) */
+    const int64_t windows = mt_data_windows_per_epoch(t->val);
+    const int64_t n = t->cfg.eval_steps < windows ? t->cfg.eval_steps : windows;
+    for (int64_t i = 0; i < n; i++) {
         MT_TRY(mt_data_next(t->val, t->tokens, t->labels));
         double ls = 0.0;
         int64_t c = 0;
@@ -919,7 +942,9 @@ static mt_status write_train_state(mt_trainer *t, const char *dir) {
         }
     }
     const mt_data_position pos = mt_data_tell(t->train);
-    char step[32], shard[32], off[32], epoch[32], seed[32], bsz[32], seq[32], dpw[32];
+    char step[32], shard[32], off[32], epoch[32], seed[32], bsz[32], seq[32], dpw[32], nsh[32], shtok[32];
+    snprintf(nsh, sizeof nsh, "%" PRId64, mt_data_shard_count(t->train));
+    snprintf(shtok, sizeof shtok, "%" PRId64, mt_data_shard_tokens(t->train, pos.shard));
     snprintf(bsz, sizeof bsz, "%" PRId64, t->cfg.per_device_batch_size);
     snprintf(seq, sizeof seq, "%" PRId64, t->cfg.max_target_length);
     snprintf(dpw, sizeof dpw, "%d", dp_size(t->mesh));
@@ -933,7 +958,8 @@ static mt_status write_train_state(mt_trainer *t, const char *dir) {
                           "seed", seed,
                           /* the batch shape the data position was made with (checked on resume) */
                           "per_device_batch_size", bsz, "max_target_length", seq, "data_parallel_ranks", dpw,
-                          NULL};
+                          /* the train split's shape (a different dataset is named on resume) */
+                          "data_shards", nsh, "data_shard_tokens", shtok, NULL};
     char path[MT_PATH];
     if (!path_join(path, sizeof path, dir, "train_state.safetensors"))
         st = mt_set_error(MT_ERR_IO, "path too long: '%s'", dir);
@@ -1034,6 +1060,43 @@ static int64_t latest_checkpoint(const char *ckdir) {
     return best;
 }
 
+static int cmp_i64(const void *a, const void *b) {
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The complete checkpoints step_<digits> under ckdir with a step above `after`: their
+ * count, and their names in step order ("step_4, step_6, ..."; the first 32, then
+ * "...") in buf. */
+static int later_checkpoints(const char *ckdir, int64_t after, char *buf, size_t n) {
+    int64_t steps[32];
+    int count = 0, kept = 0;
+    buf[0] = '\0';
+    DIR *d = opendir(ckdir);
+    if (!d) return 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *nm = e->d_name;
+        if (strncmp(nm, "step_", 5) != 0 || !nm[5]) continue;
+        int digits = 1;
+        for (const char *p = nm + 5; *p; p++) digits &= *p >= '0' && *p <= '9';
+        const int64_t v = digits ? strtoll(nm + 5, NULL, 10) : -1;
+        if (v <= after) continue;
+        count++;
+        if (kept < 32) steps[kept++] = v;
+    }
+    closedir(d);
+    qsort(steps, (size_t)kept, sizeof steps[0], cmp_i64);
+    size_t used = 0;
+    for (int i = 0; i < kept + (count > kept); i++) {
+        int w = i < kept ? snprintf(buf + used, n - used, "%sstep_%" PRId64, i ? ", " : "", steps[i])
+                         : snprintf(buf + used, n - used, ", ...");
+        if (w < 0 || (size_t)w >= n - used) break;
+        used += (size_t)w;
+    }
+    return count;
+}
+
 /* Does the directory hold any entry? */
 static int dir_has_entries(const char *path) {
     DIR *d = opendir(path);
@@ -1084,7 +1147,22 @@ static mt_status check_outputs_here(const mt_trainer *t) {
     const int has_metrics = stat(mpath, &sb) == 0;
     if (has_metrics && !S_ISREG(sb.st_mode))
         return mt_set_error(MT_ERR_INVALID, "'%s' exists and is not a file", mpath);
-    if (c->load_checkpoint[0]) return MT_OK; /* resuming: metrics are cut back to the resumed step */
+    if (c->load_checkpoint[0]) { /* resuming: metrics are cut back to the resumed step */
+        /* Checkpoints after the resumed step belong to the history being replaced: the
+         * new run would overwrite some of them and leave the others, and a later resume
+         * from one of those would mix the two histories. Refuse before writing. */
+        const int64_t newest = has_ck && t->step < c->steps ? latest_checkpoint(ck) : -1;
+        if (newest > t->step) {
+            char later[512];
+            const int count = later_checkpoints(ck, t->step, later, sizeof later);
+            return mt_set_error(MT_ERR_INVALID, "load_checkpoint=%s resumes at step %" PRId64 " but %s already holds "
+                                "%d later checkpoint(s) (%s) of run '%s': training on would overwrite some of them "
+                                "and keep the others, mixing two histories. Resume from the latest (load_checkpoint=%s/step_%"
+                                PRId64 "), write the new history to another run_name, or remove the later "
+                                "checkpoints", c->load_checkpoint, t->step, ck, count, later, c->run_name, ck, newest);
+        }
+        return MT_OK;
+    }
     if (has_metrics || (has_ck && dir_has_entries(ck))) {
         const int64_t n = latest_checkpoint(ck);
         if (n >= 0)

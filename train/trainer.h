@@ -114,8 +114,9 @@ void mt_trainer_step_bytes(const mt_trainer *t, uint64_t *measured, uint64_t *fo
  * norm is not finite (naming the step) or a step has no labelled token. */
 mt_status mt_trainer_step(mt_trainer *t, mt_step_metrics *m);
 
-/* Validation loss: the val loader rewound, eval_steps batches, sum of token losses /
- * labelled tokens. Errors: MT_ERR_INVALID when the run has no val loader. */
+/* Validation loss: the val loader rewound, min(eval_steps, windows of one pass over
+ * the val split) batches (each window at most once), sum of token losses / labelled
+ * tokens; val_tokens = the tokens actually counted. Errors: MT_ERR_INVALID when the run has no val loader. */
 mt_status mt_trainer_evaluate(mt_trainer *t, double *val_loss, int64_t *val_tokens);
 
 /* Write <run dir>/checkpoints/step_<N>/ for the current step N (replacing an

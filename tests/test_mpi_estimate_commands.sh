@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# tests/test_mpi_estimate_commands.sh BUILD_DIR: the estimator's commands run as
+# written under mpirun (a fresh user's trial: `meshtrain train ... num_devices=2` with
+# every ici_* at 1 exited 2, "1 x 1 x 1 x 1 = 1 but the world has 2 ranks").
+#  - `estimate num_devices=2` of a tiny model writes lines that start with
+#    `mpirun -np 2` and carry the resolved mesh (plan/estimate's fsdp over 2);
+#  - the first line, given --oversubscribe and a short run, trains (exit 0) and
+#    prints the banner once (rank 0 only);
+#  - under mpirun -np 2, num_devices=8 is refused (exit 2) naming num_devices.
+set -u
+build="${1:?usage: test_mpi_estimate_commands.sh BUILD_DIR}"
+bin="$build/meshtrain"
+[ -x "$bin" ] || { echo "no $bin"; exit 1; }
+command -v mpirun >/dev/null || { echo "mpirun not found: skipped"; exit 77; }
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+mkdir -p "$tmp/cfg/models" "$tmp/data"
+cat > "$tmp/cfg/models/tiny.yml" <<'YML'
+decoder_block: llama2
+vocab_size: 64
+base_emb_dim: 32
+base_num_query_heads: 4
+base_num_kv_heads: 2
+head_dim: 8
+base_mlp_dim: 64
+base_num_decoder_layers: 2
+mlp_activations: ["silu", "linear"]
+rope_max_timescale: 10000
+YML
+cat > "$tmp/cfg/run.yml" <<YML
+model_name: tiny
+base_output_directory: $tmp/out
+dataset_path: $tmp/data
+tokenizer_path: $tmp/data/tokenizer.vocab
+max_target_length: 16
+steps: 2
+eval_interval: 0
+checkpoint_period: 0
+log_period: 1
+backend: cpu
+YML
+"$py" - "$tmp/data" <<'PY'
+import struct, sys, random
+rng = random.Random(1)
+toks = [1 + rng.randrange(63) for _ in range(20000)]
+hdr = [0] * 256
+hdr[0], hdr[1], hdr[2] = 20240520, 1, len(toks)
+open(sys.argv[1] + "/train_000.bin", "wb").write(struct.pack("<256i", *hdr) + struct.pack("<%dH" % len(toks), *toks))
+PY
+
+cd "$tmp" || exit 1
+# A budget that fits batch 1..a few: the estimator's batches stay small enough to train here.
+"$bin" estimate "$tmp/cfg/run.yml" num_devices=2 hbm_gib=0.0005 > est.out 2> est.err || fail "estimate: $(cat est.err)"
+cat est.out
+line="$(grep -m1 '^mpirun -np 2 meshtrain train ' remat_commands_from_estimator.txt)"
+[ -n "$line" ] || fail "no line starting 'mpirun -np 2 meshtrain train': $(cat remat_commands_from_estimator.txt)"
+# all ici_* = 1 means fsdp over num_devices for plan/estimate: the line spells it out
+case "$line" in
+*"ici_data_parallelism=1 ici_fsdp_parallelism=2 ici_context_parallelism=1 ici_tensor_parallelism=1"*) ;;
+*) fail "line lacks the resolved mesh (fsdp 2): $line" ;;
+esac
+# run it as written, with --oversubscribe (2 cores shared) and our binary
+run="${line/#mpirun -np 2 meshtrain /mpirun --oversubscribe -np 2 $bin }"
+eval "$run run_name=est" > run.out 2> run.err || fail "the estimator's command failed: $run: $(cat run.out run.err)"
+[ "$(grep -c '^meshtrain: model ' run.out)" -eq 1 ] || fail "banner not printed exactly once: $(cat run.out)"
+[ "$(grep -c '^meshtrain: outputs in ' run.out)" -eq 1 ] || fail "outputs line not printed exactly once: $(cat run.out)"
+grep -q "step 2/2" run.out || fail "the estimator's command did not train 2 steps: $(cat run.out)"
+
+# num_devices must match the world under mpirun too
+mpirun --oversubscribe -np 2 "$bin" train "$tmp/cfg/run.yml" run_name=nd num_devices=8 ici_data_parallelism=2 \
+    > nd.out 2> nd.err
+rc=$?
+[ $rc -eq 2 ] || fail "num_devices=8 under -np 2: exit $rc, expected 2: $(cat nd.out nd.err)"
+grep -q "num_devices" nd.err || fail "num_devices=8 under -np 2: key not named: $(cat nd.err)"
+
+if [ "$failures" -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
+echo "ok"
