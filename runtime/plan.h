@@ -11,7 +11,11 @@
  * does not collide with an already placed entry of overlapping lifetime), as in
  * Pisarchyk & Lee, "Efficient Memory Management for Deep Neural Net Inference"
  * (2020), the strategy of TensorFlow Lite's arena planner. Offsets are aligned to
- * MT_PLAN_ALIGN bytes. The result is deterministic for a given sequence of adds. */
+ * MT_PLAN_ALIGN bytes. The result is deterministic for a given sequence of adds.
+ * Finalising n entries takes O(n log^2 n) time when the occupied memory stays in few
+ * blocks, as in model plans (the placed entries are indexed by lifetime, see plan.c;
+ * a placement steps over at most the spans of the entries overlapping it, as the
+ * former scan did): 176k entries, 16000 layers, in under a second. */
 #ifndef MT_RUNTIME_PLAN_H
 #define MT_RUNTIME_PLAN_H
 
@@ -62,7 +66,8 @@ void mt_plan_free(mt_plan *p);
 mt_status mt_plan_add(mt_plan *p, const char *name, mt_mem_category cat, size_t bytes,
                       int first, int last, int *id);
 
-/* Assign offsets. Idempotent. */
+/* Assign offsets. Idempotent. Errors: MT_ERR_OOM (the plan stays unfinalised);
+ * MT_ERR_INVALID for a NULL plan or more than 2^28 entries. */
 mt_status mt_plan_finalize(mt_plan *p);
 
 /* Number of entries, and entry i (NULL if out of range). */

@@ -1,8 +1,10 @@
 /* tests/test_runtime.c: status, log, dtype (bf16 / f16 conversions), Philox RNG,
- * tensor views and the timer. References are computed independently of the code
- * under test (neighbour search in double, table look-up, published Philox vectors). */
+ * tensor views, the timer and the memory plan's exact offsets. References are computed
+ * independently of the code under test (neighbour search in double, table look-up,
+ * published Philox vectors, greedy-by-size placement by exhaustive search). */
 #include <criterion/criterion.h>
 
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -12,6 +14,7 @@
 
 #include "runtime/dtype.h"
 #include "runtime/log.h"
+#include "runtime/plan.h"
 #include "runtime/rng.h"
 #include "runtime/status.h"
 #include "runtime/tensor.h"
@@ -557,4 +560,150 @@ Test(timer, monotonic) {
     cr_expect_gt(t0, 0.0);
     cr_expect_geq(t1, t0);
     cr_expect_lt(t1 - t0, 60.0);
+}
+
+/* ---------------------------------------------------------------- plan offsets */
+
+/* Greedy by size (plan.h) straight from its definition: entries in order of aligned
+ * size, largest first, ties by add order; each takes the lowest offset x >= 0 at which
+ * [x, x + size) meets no already placed entry whose lifetime overlaps its own. That
+ * lowest x is 0 or the end of a placed overlapping entry (lower it until it touches
+ * one), so every such candidate is tried in increasing order and the first free one
+ * is kept: O(n^3), for small plans only. Writes offsets[] and returns the peak. */
+typedef struct {
+    size_t bytes;
+    int first, last;
+} ref_entry;
+
+static size_t ref_align(size_t b) { return (b + MT_PLAN_ALIGN - 1) / MT_PLAN_ALIGN * MT_PLAN_ALIGN; }
+
+static size_t ref_greedy_by_size(const ref_entry *e, int n, size_t *offsets) {
+    int *order = malloc((size_t)n * sizeof(int)), *placed = malloc((size_t)n * sizeof(int));
+    size_t *cand = malloc(((size_t)n + 1) * sizeof(size_t));
+    cr_assert(order && placed && cand);
+    for (int i = 0; i < n; i++) order[i] = i;
+    for (int i = 1; i < n; i++) /* insertion sort: stable, so ties keep add order */
+        for (int j = i; j > 0 && ref_align(e[order[j]].bytes) > ref_align(e[order[j - 1]].bytes); j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    int np = 0;
+    size_t peak = 0;
+    for (int k = 0; k < n; k++) {
+        const int i = order[k];
+        const size_t size = ref_align(e[i].bytes);
+        offsets[i] = 0;
+        if (size == 0) continue;
+        int nc = 0;
+        cand[nc++] = 0;
+        for (int j = 0; j < np; j++) {
+            const int q = placed[j];
+            if (e[q].first <= e[i].last && e[i].first <= e[q].last) cand[nc++] = offsets[q] + ref_align(e[q].bytes);
+        }
+        size_t best = SIZE_MAX;
+        for (int c = 0; c < nc; c++) {
+            if (cand[c] >= best) continue;
+            int free_here = 1;
+            for (int j = 0; j < np && free_here; j++) {
+                const int q = placed[j];
+                if (e[q].first <= e[i].last && e[i].first <= e[q].last && offsets[q] < cand[c] + size &&
+                    cand[c] < offsets[q] + ref_align(e[q].bytes))
+                    free_here = 0;
+            }
+            if (free_here) best = cand[c];
+        }
+        offsets[i] = best;
+        placed[np++] = i;
+        if (best + size > peak) peak = best + size;
+    }
+    free(order);
+    free(placed);
+    free(cand);
+    return peak;
+}
+
+/* Plan e[0..n) with mt_plan and require the reference's offsets and peak, byte for
+ * byte (the plan's promise: "deterministic for a given sequence of adds"). */
+static void check_plan_against_reference(const ref_entry *e, int n, const char *what) {
+    mt_plan *p = NULL;
+    cr_assert_eq(mt_plan_new(&p), MT_OK);
+    for (int i = 0; i < n; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "e%d", i);
+        cr_assert_eq(mt_plan_add(p, name, MT_MEM_SCRATCH, e[i].bytes, e[i].first, e[i].last, NULL), MT_OK);
+    }
+    cr_assert_eq(mt_plan_finalize(p), MT_OK);
+    size_t *ref = malloc((size_t)(n ? n : 1) * sizeof(size_t));
+    cr_assert(ref);
+    const size_t ref_peak = ref_greedy_by_size(e, n, ref);
+    cr_expect_eq(mt_plan_peak(p), ref_peak, "%s: peak %zu, reference %zu", what, mt_plan_peak(p), ref_peak);
+    int bad = 0;
+    for (int i = 0; i < n && bad < 5; i++) {
+        const size_t got = mt_plan_entry_get(p, i)->offset;
+        if (got != ref[i]) {
+            cr_expect_eq(got, ref[i], "%s: entry %d (bytes %zu, phases [%d, %d]) at %zu, reference %zu", what, i,
+                         e[i].bytes, e[i].first, e[i].last, got, ref[i]);
+            bad++;
+        }
+    }
+    free(ref);
+    mt_plan_free(p);
+}
+
+/* Random plans of every shape the greedy can meet: few phases (much sharing) and
+ * many (little), sizes with many ties and zero sizes, single-phase and whole-range
+ * lifetimes, negative and extreme phases. */
+Test(plan, offsets_match_reference_greedy_random) {
+    ref_entry e[320];
+    const int phase_counts[] = {1, 3, 17, 100, 1000};
+    for (int trial = 0; trial < 40; trial++) {
+        const int n = 1 + (int)(test_rand64() % 320);
+        const int nph = phase_counts[trial % 5];
+        const int base = (trial % 3 == 0) ? -500 : 0;
+        for (int i = 0; i < n; i++) {
+            const uint64_t r = test_rand64();
+            switch (r % 4) {
+            case 0: e[i].bytes = 0; break;                                        /* no space */
+            case 1: e[i].bytes = (size_t)(1 + test_rand64() % 4) * MT_PLAN_ALIGN; break; /* ties */
+            default: e[i].bytes = (size_t)(test_rand64() % 100000); break;
+            }
+            int a = base + (int)(test_rand64() % (uint64_t)nph), b = base + (int)(test_rand64() % (uint64_t)nph);
+            if ((r >> 8) % 10 == 0) b = a; /* one phase */
+            e[i].first = a < b ? a : b;
+            e[i].last = a < b ? b : a;
+            if ((r >> 16) % 50 == 0) e[i].first = INT_MIN;
+            if ((r >> 24) % 50 == 0) e[i].last = INT_MAX;
+        }
+        char what[64];
+        snprintf(what, sizeof what, "random plan %d (%d entries, %d phases)", trial, n, nph);
+        check_plan_against_reference(e, n, what);
+    }
+    check_plan_against_reference(e, 0, "empty plan");
+}
+
+/* The shape of a deep model's plan (models/model.c): whole-step parameters, gradients
+ * and moments; per layer saved tensors of several sizes live from that layer's
+ * forward to its backward (nested lifetimes, all overlapping at the loss); per-op
+ * scratch reused by every layer's forward and by every backward; a loss tile. The
+ * unions of placed spans then have gaps of every kind for the search to step over. */
+Test(plan, offsets_match_reference_greedy_nested_layers) {
+    for (int variant = 0; variant < 3; variant++) {
+        const int layers = 40 + 20 * variant, per = 6;
+        const int last = 2 * layers + 3;
+        ref_entry e[4 + 80 * 6 + 8];
+        int n = 0;
+        for (int k = 0; k < 4; k++) e[n++] = (ref_entry){(size_t)(k + 1) * 70000, 0, last};
+        for (int l = 0; l < layers; l++) {
+            const size_t sizes[6] = {65536, 65536, 16384, 180224 + 256 * (size_t)(variant == 2 && l % 3 == 0),
+                                     8192, 300};
+            for (int k = 0; k < per; k++) e[n++] = (ref_entry){sizes[k], l + (k > 0), last - 1 - l};
+        }
+        for (int k = 0; k < 4; k++) e[n++] = (ref_entry){(size_t)(k % 2 ? 65536 : 180224), 1, layers};
+        for (int k = 0; k < 3; k++) e[n++] = (ref_entry){(size_t)(k + 1) * 65536, layers + 2, last - 1};
+        e[n++] = (ref_entry){2097152 >> variant, layers + 1, layers + 1};
+        char what[64];
+        snprintf(what, sizeof what, "nested plan, %d layers", layers);
+        check_plan_against_reference(e, n, what);
+    }
 }
