@@ -155,6 +155,13 @@ struct mt_model {
     int cp_ring;                /* context_parallel_strategy=ring */
     int cp_id[16];              /* plan ids of the CP_* buffers */
     void *cp_buf[16];
+
+    /* incremental decoding (mt_model_set_decode): the plan holds the parameters, the
+     * KV caches and one token's scratch (DEC_* below) instead of the step's buffers */
+    int decode;
+    int64_t dec_len;            /* positions in the cache (the next token's position) */
+    int dec_id[20];             /* plan ids of the DEC_* buffers */
+    void *dec_buf[20];
 };
 
 /* ------------------------------------------------------------------------------ */
@@ -255,6 +262,7 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_o
     m->cp = 1;
     m->Tg = m->T;
     for (int i = 0; i < 16; i++) m->cp_id[i] = -1;
+    for (int i = 0; i < 20; i++) m->dec_id[i] = -1;
     m->Vl = m->V;
     m->QDg = m->QD;
     m->Fg = m->F;
@@ -500,8 +508,11 @@ static mt_status plan_add(mt_model *m, mt_plan *plan, int g, const char *name, m
 
 static mt_status cp_add_to_plan(mt_model *m, mt_plan *plan, int first, int last);
 
+static mt_status decode_add_to_plan(mt_model *m, mt_plan *plan);
+
 mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan) {
     if (!m || !plan) return mt_set_error(MT_ERR_INVALID, "mt_model_add_to_plan: NULL argument");
+    if (m->decode) return decode_add_to_plan(m, plan);
     const int64_t L = m->cfg.num_decoder_layers, N = m->N, D = m->D, F = m->F;
     const int64_t QD = m->QD, KVD = m->KVD;
     const size_t f4 = sizeof(float), i4 = sizeof(int32_t);
@@ -643,6 +654,8 @@ mt_status mt_model_bind(mt_model *m, const mt_arena *arena, const mt_plan *plan)
         m->rs_bwd[j] = p;
     }
     for (int i = 0; i < 16; i++) MT_TRY(bind_one(arena, plan, m->cp_id[i], &m->cp_buf[i]));
+    for (int i = 0; i < 20; i++) MT_TRY(bind_one(arena, plan, m->dec_id[i], &m->dec_buf[i]));
+    m->dec_len = 0; /* a new arena: the caches are empty */
     m->bound = 1;
     return MT_OK;
 }
@@ -1412,6 +1425,9 @@ static const float *unembedding(const mt_model *m) {
 static mt_status check_ready(const mt_model *m, const char *fn) {
     if (!m) return mt_set_error(MT_ERR_INVALID, "%s: model is NULL", fn);
     if (!m->bound) return mt_set_error(MT_ERR_INVALID, "%s: model not bound to an arena", fn);
+    if (m->decode)
+        return mt_set_error(MT_ERR_INVALID, "%s: this model was planned for incremental decoding "
+                            "(mt_model_set_decode): use mt_model_decode_step", fn);
     if ((m->has_offload || m->param_offload) && !m->host_bound)
         return mt_set_error(MT_ERR_INVALID, "%s: the remat policy offloads tensors but no host pool is bound "
                             "(mt_model_add_to_host_plan + mt_model_bind_host)", fn);
@@ -1573,6 +1589,164 @@ mt_status mt_model_logits(mt_model *m, const int32_t *tokens, float *logits) {
         if (cap > 0.0f)
             for (int64_t i = 0; i < R * V; i++) dst[i] = cap * tanhf(dst[i] / cap);
     }
+    return MT_OK;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* incremental decoding with a KV cache (mt_model_set_decode)                      */
+
+/* Buffers of a decode model (plan names "decode.<name>"). */
+enum {
+    DEC_KCACHE = 0, DEC_VCACHE, /* [L, 1, T, Hkv, Dh]: rotated keys, values of every cached position */
+    DEC_POS,                    /* [T] int32: 0, 1, ..., T - 1 (q_pos / k_pos / RoPE read slices) */
+    DEC_TOKEN,                  /* [1] int32: the token of this step */
+    DEC_INV_FREQ,               /* [Dh]: global then local RoPE table (as "rope_inv_freq") */
+    DEC_X,                      /* [D] residual stream of the new row */
+    DEC_NORM,                   /* [D] normalised input of a block, then the final hidden state */
+    DEC_Q,                      /* [QD] rotated query */
+    DEC_TMP,                    /* [max(D, QD)] pre-QK-norm projection, post-norm output */
+    DEC_RSTD,                   /* [max(H, 1)] norm statistics (not needed after the op) */
+    DEC_CTX,                    /* [QD] attention output */
+    DEC_LSE,                    /* [H] its logsumexp */
+    DEC_OUT,                    /* [D] o_proj / down_proj output before a post-norm */
+    DEC_GATE, DEC_UP, DEC_GLU,  /* [F] each */
+    DEC_LOGITS,                 /* [V] raw logits of the row */
+    DEC_COUNT
+};
+_Static_assert(DEC_COUNT <= 20, "mt_model.dec_id / dec_buf hold 20 decode buffers");
+
+static mt_status decode_add_to_plan(mt_model *m, mt_plan *plan) {
+    if (m->tp > 1 || m->cp > 1 || m->fsdp > 1 || m->param_offload || m->sink)
+        return mt_set_error(MT_ERR_UNSUPPORTED, "mt_model_add_to_plan: incremental decoding runs on one rank with "
+                            "device parameters (no tensor / context / fsdp parallelism, parameter offload or "
+                            "gradient sink)");
+    const int64_t L = m->cfg.num_decoder_layers, T = m->T, D = m->D, F = m->F, QD = m->QD, KVD = m->KVD;
+    const size_t f4 = sizeof(float), i4 = sizeof(int32_t);
+    const int last = ph_optim(m);
+    static const char *const names[DEC_COUNT] = {
+        "decode.kv_cache.key", "decode.kv_cache.value", "decode.positions", "decode.token", "decode.rope_inv_freq",
+        "decode.residual", "decode.normed", "decode.query", "decode.tmp", "decode.rstd", "decode.context",
+        "decode.context_lse", "decode.out", "decode.gate", "decode.up", "decode.glu", "decode.logits"};
+    const int64_t elems[DEC_COUNT] = {L * T * KVD, L * T * KVD, T, 1, m->Dh, D, D, QD, max64(D, QD),
+                                      max64(m->H, 1), QD, m->H, D, F, F, F, m->V};
+    for (int g = 0; g < GB_COUNT; g++) m->gid[g] = -1;
+    MT_TRY(plan_add(m, plan, GB_PARAMS, "params", MT_MEM_PARAMS, (size_t)m->numel * f4, 0, last));
+    for (int i = 0; i < DEC_COUNT; i++) {
+        const mt_mem_category cat = i <= DEC_VCACHE ? MT_MEM_ACTIVATIONS : MT_MEM_SCRATCH;
+        const size_t es = (i == DEC_POS || i == DEC_TOKEN) ? i4 : f4;
+        MT_TRY(mt_plan_add(plan, names[i], cat, (size_t)elems[i] * es, 0, last, &m->dec_id[i]));
+    }
+    m->planned = 1;
+    m->bound = 0;
+    m->dec_len = 0;
+    return MT_OK;
+}
+
+mt_status mt_model_set_decode(mt_model *m, int on) {
+    if (!m) return mt_set_error(MT_ERR_INVALID, "mt_model_set_decode: NULL model");
+    if (m->planned) return mt_set_error(MT_ERR_INVALID, "mt_model_set_decode: set it before planning");
+    if (on && m->B != 1)
+        return mt_set_error(MT_ERR_INVALID, "mt_model_set_decode: the KV cache holds one sequence (batch %lld, "
+                            "must be 1)", (long long)m->B);
+    m->decode = on != 0;
+    return MT_OK;
+}
+
+mt_status mt_model_decode_reset(mt_model *m) {
+    if (!m || !m->decode || !m->bound)
+        return mt_set_error(MT_ERR_INVALID, "mt_model_decode_reset: not a bound decode model (mt_model_set_decode)");
+    m->dec_len = 0;
+    return MT_OK;
+}
+
+int64_t mt_model_decode_length(const mt_model *m) { return m && m->decode ? m->dec_len : 0; }
+
+/* One layer for the new row at position t (the same op sequence as layer_forward on
+ * one row): its key and value go to the cache row t, its query attends over the
+ * cached rows [k0, t] (k0 > 0 only on a sliding-window layer, whose mask excludes the
+ * rows before). */
+static void decode_layer(mt_model *m, int64_t l, int64_t t) {
+    const mt_ops *ops = m->ops;
+    const layer_params *lp = &m->lp[l];
+    const int64_t D = m->D, F = m->F, H = m->H, Hkv = m->Hkv, Dh = m->Dh, QD = m->QD, KVD = m->KVD;
+    float **b = (float **)m->dec_buf;
+    float *x = b[DEC_X], *nrm = b[DEC_NORM], *q = b[DEC_Q], *tmp = b[DEC_TMP], *rstd = b[DEC_RSTD];
+    float *out = b[DEC_OUT], *glu = b[DEC_GLU];
+    float *kc = b[DEC_KCACHE] + l * m->T * KVD, *vc = b[DEC_VCACHE] + l * m->T * KVD;
+    const int32_t *pos = m->dec_buf[DEC_POS];
+    const float *inv_freq = (const float *)b[DEC_INV_FREQ] + (mt_model_layer_is_local(&m->cfg, l) ? Dh / 2 : 0);
+
+    /* attention block */
+    ops->rmsnorm_fwd(nrm, rstd, x, PW(m, lp->in_norm), 1, D, m->eps, m->w_off);
+    if (m->cfg.use_qk_norm) {
+        linear_fwd(ops, tmp, nrm, PW(m, lp->q), 1, D, QD, 0.0f);
+        ops->rmsnorm_fwd(q, rstd, tmp, PW(m, lp->q_norm), H, Dh, m->eps, m->w_off);
+        linear_fwd(ops, tmp, nrm, PW(m, lp->k), 1, D, KVD, 0.0f);
+        ops->rmsnorm_fwd(kc + t * KVD, rstd, tmp, PW(m, lp->k_norm), Hkv, Dh, m->eps, m->w_off);
+    } else {
+        linear_fwd(ops, q, nrm, PW(m, lp->q), 1, D, QD, 0.0f);
+        linear_fwd(ops, kc + t * KVD, nrm, PW(m, lp->k), 1, D, KVD, 0.0f);
+    }
+    ops->rope_fwd(q, pos + t, inv_freq, 1, H, Dh);
+    ops->rope_fwd(kc + t * KVD, pos + t, inv_freq, 1, Hkv, Dh);
+    linear_fwd(ops, vc + t * KVD, nrm, PW(m, lp->v), 1, D, KVD, 0.0f);
+    mt_attn_args a = attn_args(m, l);
+    const int64_t k0 = a.window > 0 && t - a.window + 1 > 0 ? t - a.window + 1 : 0;
+    a.Tq = 1;
+    a.Tk = t + 1 - k0;
+    a.q_pos = pos + t;
+    a.k_pos = pos + k0;
+    ops->attention_fwd(&a, b[DEC_CTX], b[DEC_LSE], q, kc + k0 * KVD, vc + k0 * KVD);
+    linear_fwd(ops, out, b[DEC_CTX], PW(m, lp->o), 1, QD, D, 0.0f);
+    if (m->cfg.use_post_attn_norm) {
+        ops->rmsnorm_fwd(tmp, rstd, out, PW(m, lp->post_attn_norm), 1, D, m->eps, m->w_off);
+        ops->axpy(x, tmp, 1.0f, D);
+    } else {
+        ops->axpy(x, out, 1.0f, D);
+    }
+
+    /* MLP block */
+    ops->rmsnorm_fwd(nrm, rstd, x, PW(m, lp->pre_mlp_norm), 1, D, m->eps, m->w_off);
+    linear_fwd(ops, b[DEC_GATE], nrm, PW(m, lp->gate), 1, D, F, 0.0f);
+    linear_fwd(ops, b[DEC_UP], nrm, PW(m, lp->up), 1, D, F, 0.0f);
+    ops->glu_fwd(glu, b[DEC_GATE], b[DEC_UP], F, m->cfg.mlp_activation);
+    if (m->cfg.use_post_ffw_norm) {
+        linear_fwd(ops, out, glu, PW(m, lp->down), 1, F, D, 0.0f);
+        ops->rmsnorm_fwd(tmp, rstd, out, PW(m, lp->post_ffw_norm), 1, D, m->eps, m->w_off);
+        ops->axpy(x, tmp, 1.0f, D);
+    } else {
+        linear_fwd(ops, x, glu, PW(m, lp->down), 1, F, D, 1.0f);
+    }
+}
+
+mt_status mt_model_decode_step(mt_model *m, int32_t token, float *logits) {
+    if (!m || !m->decode || !m->bound)
+        return mt_set_error(MT_ERR_INVALID, "mt_model_decode_step: not a bound decode model (mt_model_set_decode)");
+    if (!logits) return mt_set_error(MT_ERR_INVALID, "mt_model_decode_step: logits is NULL");
+    if (token < 0 || (int64_t)token >= m->V)
+        return mt_set_error(MT_ERR_INVALID, "mt_model_decode_step: token %d is outside [0, vocab_size=%lld)",
+                            (int)token, (long long)m->V);
+    const int64_t t = m->dec_len;
+    if (t >= m->T)
+        return mt_set_error(MT_ERR_INVALID, "mt_model_decode_step: the KV cache is full (%lld positions; "
+                            "mt_model_decode_reset starts again)", (long long)m->T);
+    const mt_ops *ops = m->ops;
+    const int64_t D = m->D, V = m->V;
+    if (t == 0) { /* constant inputs: once per sequence (the arena may be new) */
+        ops->copy_to_device(m->dec_buf[DEC_POS], m->pos_host, (size_t)m->T * sizeof(int32_t));
+        ops->copy_to_device(m->dec_buf[DEC_INV_FREQ], m->inv_freq_host, (size_t)m->Dh * sizeof(float));
+    }
+    ops->copy_to_device(m->dec_buf[DEC_TOKEN], &token, sizeof(int32_t));
+    ops->embedding_fwd(m->dec_buf[DEC_X], PW(m, m->p_embed), m->dec_buf[DEC_TOKEN], 1, D, m->emb_scale);
+    for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++) decode_layer(m, l, t);
+    ops->rmsnorm_fwd(m->dec_buf[DEC_NORM], m->dec_buf[DEC_RSTD], m->dec_buf[DEC_X], PW(m, m->p_final_norm), 1, D,
+                     m->eps, m->w_off);
+    linear_fwd(ops, m->dec_buf[DEC_LOGITS], m->dec_buf[DEC_NORM], unembedding(m), 1, D, V, 0.0f);
+    ops->copy_to_host(logits, m->dec_buf[DEC_LOGITS], (size_t)V * sizeof(float));
+    const float cap = m->cfg.final_logits_soft_cap; /* as mt_model_logits */
+    if (cap > 0.0f)
+        for (int64_t i = 0; i < V; i++) logits[i] = cap * tanhf(logits[i] / cap);
+    m->dec_len = t + 1;
     return MT_OK;
 }
 

@@ -275,6 +275,51 @@ mt_status mt_model_backward_hidden(mt_model *m, const float *dhidden);
  * logits[batch * seq, vocab_size], computed tile by tile. For tests and sampling. */
 mt_status mt_model_logits(mt_model *m, const int32_t *tokens, float *logits);
 
+/* ---- incremental decoding with a KV cache (sampling) ----
+ * A decode model is created with batch 1 and seq = T (the cache length: the most
+ * tokens one sequence may feed) and mt_model_set_decode(m, 1) before
+ * mt_model_add_to_plan. Its plan then holds only "params" and the "decode.*" entries,
+ * each live over the whole step (phases 0 .. 2L + 3), so the arena is exactly the plan:
+ *   decode.kv_cache.key, decode.kv_cache.value   float32 [L, 1, T, Hkv, Dh] each
+ *                         (keys after QK-norm and RoPE, as the attention reads them;
+ *                         category activations),
+ *   decode.positions int32 [T], decode.token int32 [1], decode.rope_inv_freq [Dh],
+ *   decode.residual / normed / out [D], query / context [H*Dh], tmp [max(D, H*Dh)],
+ *   rstd [H], context_lse [H], gate / up / glu [mlp_dim], logits [V]  (scratch).
+ * The training entry points (mt_model_forward_backward, mt_model_loss,
+ * mt_model_hidden, mt_model_backward_hidden, mt_model_logits) refuse a decode model
+ * with MT_ERR_INVALID; mt_model_params, mt_model_init_params and checkpoint loading
+ * work as usual. on = 0 turns it off again.
+ * Errors: MT_ERR_INVALID (NULL, already planned, batch != 1). mt_model_add_to_plan
+ * then returns MT_ERR_UNSUPPORTED under tensor / context / fsdp parallelism,
+ * parameter host offload or a gradient sink. */
+mt_status mt_model_set_decode(mt_model *m, int on);
+
+/* Empty the KV cache: the next mt_model_decode_step is position 0. Binding does this
+ * too. Errors: MT_ERR_INVALID (not a bound decode model). */
+mt_status mt_model_decode_reset(mt_model *m);
+
+/* Positions in the KV cache (tokens fed since the last reset / bind); 0 for a model
+ * that is not a decode model. */
+int64_t mt_model_decode_length(const mt_model *m);
+
+/* Feed `token` (int32 id in [0, vocab_size)) at position t = mt_model_decode_length:
+ * run only that row through every layer (the op sequence of the full forward on one
+ * row: norms, QK-norm, RoPE at position t with the layer's global / local table),
+ * append its rotated key and value to each layer's cache row t, attend over the cached
+ * rows with ops->attention_fwd (Tq = 1, Tk = rows kept, q_pos = [t], k_pos = their
+ * positions; a sliding-window layer passes only its last window rows, which are the
+ * only ones its mask allows; attention soft-cap per the config), then the final norm
+ * and the logits of that row into host logits[vocab_size] (after the final soft-cap,
+ * as mt_model_logits). Row t of mt_model_logits on the same t + 1 tokens is the same
+ * up to fp32 summation order (one-row GEMMs, other attention blocks): tests/test_decode.c.
+ * Cost per token: one pass over the parameters plus O(layers x t x H x Dh) for the
+ * attention, against a whole forward of seq rows (and their logits) per token when
+ * recomputing with mt_model_logits.
+ * Errors: MT_ERR_INVALID (not a bound decode model, NULL logits, token out of range,
+ * cache full: t == seq; nothing is changed then). */
+mt_status mt_model_decode_step(mt_model *m, int32_t token, float *logits);
+
 #ifdef __cplusplus
 }
 #endif

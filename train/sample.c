@@ -207,7 +207,9 @@ mt_status mt_sample_generate(const mt_train_config *cfg, const char *checkpoint_
     mt_arena arena;
     int have_arena = 0;
     float *logits = NULL;
+    /* A decode model (models/model.h): a KV cache of seq positions, one row per step. */
     if (st == MT_OK) st = mt_model_create(&model, &mc, ops, 1, seq, 1);
+    if (st == MT_OK) st = mt_model_set_decode(model, 1);
     if (st == MT_OK) st = mt_plan_new(&plan);
     if (st == MT_OK) st = mt_model_add_to_plan(model, plan);
     if (st == MT_OK) st = mt_plan_finalize(plan);
@@ -216,21 +218,21 @@ mt_status mt_sample_generate(const mt_train_config *cfg, const char *checkpoint_
     if (st == MT_OK) st = mt_checkpoint_load_model(checkpoint_dir, model);
     if (st == MT_OK) {
         out->ids = malloc(sizeof(int32_t) * (size_t)seq);
-        logits = malloc(sizeof(float) * (size_t)(seq * mc.vocab_size));
+        logits = malloc(sizeof(float) * (size_t)mc.vocab_size);
         if (!out->ids || !logits) st = mt_set_error(MT_ERR_OOM, "sample: out of memory");
     }
     if (st == MT_OK) {
-        /* Positions after the prefix hold BOS; causal attention never reads them. */
-        for (int64_t i = 0; i < seq; i++) out->ids[i] = (int32_t)bos;
+        out->ids[0] = (int32_t)bos;
         out->n = 1;
         const int64_t V = mc.vocab_size < mt_vocab_size(vocab) ? mc.vocab_size : mt_vocab_size(vocab);
         for (int64_t pos = 0; pos + 1 < seq; pos++) {
-            st = mt_model_logits(model, out->ids, logits);
+            /* feed the token at pos (cached keys / values hold 0 .. pos - 1): its row's logits */
+            st = mt_model_decode_step(model, out->ids[pos], logits);
             if (st != MT_OK) break;
             uint32_t w[4];
             mt_rng_u32x4((uint64_t)cfg->seed, MT_SAMPLE_STREAM, (uint64_t)pos, w);
             const double u = mt_rng_u01(w[0]);
-            const int64_t next = mt_sample_pick(logits + pos * mc.vocab_size, V, cfg->temperature, cfg->top_k, u);
+            const int64_t next = mt_sample_pick(logits, V, cfg->temperature, cfg->top_k, u);
             if (next == eos) break;
             out->ids[pos + 1] = (int32_t)next;
             out->n = pos + 2;

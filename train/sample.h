@@ -7,10 +7,12 @@
  * single leading space SentencePiece's dummy prefix adds, and skips the control
  * pieces <s>, </s>, <unk> and <pad>.
  *
- * Generation: start from BOS (the id whose piece is "<s>"); at each position compute
- * the logits of the whole prefix (mt_model_logits on a batch-1 model of sample_length
- * + 1 positions; recomputing the prefix each step is fine for tiny models), then pick
- * the next token: argmax when temperature == 0, else sample from
+ * Generation: start from BOS (the id whose piece is "<s>"); at each position feed the
+ * last token to a decode model with a KV cache of sample_length + 1 positions
+ * (mt_model_decode_step, models/model.h: only the new row runs through the layers,
+ * attending over the cached keys and values; its logits equal that row of
+ * mt_model_logits on the whole prefix up to fp32 summation order), then pick the next
+ * token: argmax when temperature == 0, else sample from
  * softmax(logits / temperature) restricted to the top_k largest logits (top_k 0 = all)
  * by inverse CDF with a uniform from Philox(seed, stream "SAMP", position). Stops after
  * sample_length tokens or at EOS ("</s>"). Ids at or above the vocabulary file's size

@@ -1,0 +1,333 @@
+/* tests/test_decode.c: incremental decoding with a KV cache (mt_model_decode_step,
+ * models/model.h) against the full forward (mt_model_logits) on the CPU backend.
+ *
+ * - logits: for tiny llama3 / gemma / gemma2 / gemma3 configs (every optional path:
+ *   llama3 RoPE scaling, tied embedding, Gemma 2 soft-caps and post-norms, sliding
+ *   windows shorter than the sequence on local layers, Gemma 3 QK-norm and its local
+ *   RoPE table), the decode model's logits at every position against row t of
+ *   mt_model_logits on the whole sequence, same parameters;
+ * - greedy sampling: the tokens of the pre-KV-cache sampling loop (a batch-1 model of
+ *   n + 1 positions, the whole sequence recomputed by mt_model_logits for each token,
+ *   argmax by mt_sample_pick) equal those of the decode loop, for 40 tokens;
+ * - reset gives bitwise the same logits again; plan entries and byte counts; errors
+ *   (full cache, bad token, training calls on a decode model, batch > 1). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/ops.h"
+#include "models/config.h"
+#include "models/model.h"
+#include "runtime/plan.h"
+#include "runtime/rng.h"
+#include "train/sample.h"
+
+typedef struct fixture {
+    mt_model *m;
+    mt_plan *plan;
+    mt_arena arena;
+} fixture;
+
+static void fx_init(fixture *f, const mt_model_config *c, int64_t T, int decode) {
+    memset(f, 0, sizeof(*f));
+    const mt_ops *ops = mt_cpu_ops();
+    cr_assert_eq(mt_model_create(&f->m, c, ops, 1, T, 1), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_model_set_decode(f->m, decode), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_plan_new(&f->plan), MT_OK);
+    cr_assert_eq(mt_model_add_to_plan(f->m, f->plan), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_plan_finalize(f->plan), MT_OK);
+    cr_assert_eq(mt_arena_create(&f->arena, f->plan, ops->alloc, ops->release), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_model_bind(f->m, &f->arena, f->plan), MT_OK, "%s", mt_last_error());
+}
+
+static void fx_free(fixture *f) {
+    mt_arena_destroy(&f->arena);
+    mt_plan_free(f->plan);
+    mt_model_free(f->m);
+}
+
+/* Parameters off the linear regime of every nonlinearity (as tests/test_model.c):
+ * matrices N(0, 0.16^2), norm scales moved by N(0, 0.2^2). Written into `m`, then
+ * copied bitwise into `copy` (CPU backend: host memory). */
+static void spread_params(mt_model *m, mt_model *copy, uint64_t seed) {
+    cr_assert_eq(mt_model_init_params(m, seed), MT_OK);
+    float *p = mt_model_params(m);
+    for (int i = 0; i < mt_model_param_count(m); i++) {
+        const mt_param_info *pi = mt_model_param(m, i);
+        float *w = p + pi->offset;
+        float *noise = malloc((size_t)pi->numel * sizeof(float));
+        mt_rng_fill_normal(noise, (size_t)pi->numel, 0.2f, seed, 5000u + (uint64_t)i);
+        for (int64_t j = 0; j < pi->numel; j++) w[j] = pi->ndim == 2 ? w[j] * 8.0f : w[j] + noise[j];
+        free(noise);
+    }
+    cr_assert_eq(mt_model_numel(copy), mt_model_numel(m));
+    memcpy(mt_model_params(copy), p, (size_t)mt_model_numel(m) * sizeof(float));
+}
+
+static mt_model_config tiny_llama3(void) {
+    mt_model_config c;
+    mt_model_config_defaults(&c, MT_DECODER_LLAMA2);
+    c.vocab_size = 37;
+    c.emb_dim = 16;
+    c.num_query_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 8;
+    c.mlp_dim = 24;
+    c.num_decoder_layers = 2;
+    c.rope_type = MT_ROPE_LLAMA3;
+    c.rope_factor = 8.0f;
+    c.rope_original_max_position = 8;
+    return c;
+}
+
+static mt_model_config tiny_gemma(void) {
+    mt_model_config c;
+    mt_model_config_defaults(&c, MT_DECODER_GEMMA);
+    c.vocab_size = 29;
+    c.emb_dim = 16;
+    c.num_query_heads = 2;
+    c.num_kv_heads = 1;
+    c.head_dim = 16;
+    c.mlp_dim = 32;
+    c.num_decoder_layers = 2;
+    return c;
+}
+
+/* Gemma 2 defaults (soft-caps 50 / 30, alternating local / global) with a window of
+ * 3 positions, so the local layers' mask cuts the cache; soft-caps lowered so that
+ * they bend the scores and logits of these spread parameters. */
+static mt_model_config tiny_gemma2(void) {
+    mt_model_config c;
+    mt_model_config_defaults(&c, MT_DECODER_GEMMA2);
+    c.vocab_size = 33;
+    c.emb_dim = 16;
+    c.num_query_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 8;
+    c.mlp_dim = 24;
+    c.num_decoder_layers = 3;
+    c.sliding_window_size = 3;
+    c.attn_logits_soft_cap = 3.0f;
+    c.final_logits_soft_cap = 5.0f;
+    c.query_pre_attn_scalar = 8.0f;
+    return c;
+}
+
+/* Gemma 3: QK-norm, local layers with their own RoPE base, window 4 < sequence. */
+static mt_model_config tiny_gemma3(void) {
+    mt_model_config c;
+    mt_model_config_defaults(&c, MT_DECODER_GEMMA3);
+    c.vocab_size = 31;
+    c.emb_dim = 16;
+    c.num_query_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 8;
+    c.mlp_dim = 24;
+    c.num_decoder_layers = 3;
+    c.sliding_window_size = 4;
+    c.sliding_window_pattern = 2;
+    c.query_pre_attn_scalar = 12.0f;
+    return c;
+}
+
+/* Largest |decode - full| over row t divided by the largest |full| of the row.
+ *
+ * Bound 1e-5: both paths run the same ops on the same values in fp32; only summation
+ * orders differ (OpenBLAS picks other kernels / blockings for a 1-row GEMM than for
+ * a T-row one, and the attention sees the keys in other blocks), so each dot product
+ * differs by a few units of fp32 rounding (2^-24 = 6e-8) times its length (<= 32),
+ * carried through 2-3 layers whose spread weights (x8 init) amplify differences by
+ * O(10). Measured here: at most 9e-7 (printed), so the bound leaves a factor of
+ * ~10 for other BLAS kernels (AVX-512, other thread counts); an error in a position, a cache
+ * row, a window or a RoPE table moves logits by O(1) relative. */
+#define DECODE_REL_TOL 1e-5
+
+static double check_logits(const char *name, mt_model_config c, int64_t T, uint64_t seed) {
+    fixture full, dec;
+    fx_init(&full, &c, T, 0);
+    fx_init(&dec, &c, T, 1);
+    spread_params(full.m, dec.m, seed);
+    const int64_t V = c.vocab_size;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)T);
+    float *ref = malloc(sizeof(float) * (size_t)(T * V));
+    float *row = malloc(sizeof(float) * (size_t)V);
+    float *all = malloc(sizeof(float) * (size_t)(T * V)); /* the decode logits of every position */
+    for (int64_t t = 0; t < T; t++) {
+        uint32_t r[4];
+        mt_rng_u32x4(seed, 7, (uint64_t)t, r);
+        tok[t] = (int32_t)(r[0] % (uint32_t)V);
+    }
+    cr_assert_eq(mt_model_logits(full.m, tok, ref), MT_OK, "%s", mt_last_error());
+    double worst = 0.0;
+    for (int64_t t = 0; t < T; t++) {
+        cr_assert_eq(mt_model_decode_length(dec.m), t);
+        cr_assert_eq(mt_model_decode_step(dec.m, tok[t], row), MT_OK, "%s", mt_last_error());
+        memcpy(all + t * V, row, sizeof(float) * (size_t)V);
+        double dmax = 0.0, rmax = 0.0;
+        for (int64_t v = 0; v < V; v++) {
+            const double r = ref[t * V + v];
+            cr_assert(isfinite(row[v]), "%s: position %lld logit %lld is %g", name, (long long)t, (long long)v,
+                      (double)row[v]);
+            dmax = fmax(dmax, fabs((double)row[v] - r));
+            rmax = fmax(rmax, fabs(r));
+        }
+        cr_assert_gt(rmax, 0.1, "%s: position %lld: logits too small to compare", name, (long long)t);
+        const double rel = dmax / rmax;
+        worst = fmax(worst, rel);
+        cr_expect_leq(rel, DECODE_REL_TOL, "%s: position %lld: max |decode - full| / max |full| = %.3g", name,
+                      (long long)t, rel);
+    }
+    /* the cache holds T positions: one more token is refused and changes nothing */
+    cr_assert_eq(mt_model_decode_step(dec.m, tok[0], row), MT_ERR_INVALID);
+    cr_assert_eq(mt_model_decode_length(dec.m), T);
+    /* reset: the same tokens give bitwise the same logits again (deterministic ops,
+     * nothing left over from the first pass) */
+    cr_assert_eq(mt_model_decode_reset(dec.m), MT_OK);
+    cr_assert_eq(mt_model_decode_length(dec.m), 0);
+    for (int64_t t = 0; t < T; t++) {
+        cr_assert_eq(mt_model_decode_step(dec.m, tok[t], row), MT_OK, "%s", mt_last_error());
+        cr_assert_eq(memcmp(row, all + t * V, sizeof(float) * (size_t)V), 0, "%s: position %lld differs after reset",
+                     name, (long long)t);
+    }
+    fprintf(stderr, "decode %-8s T=%lld: max relative logit difference %.3g\n", name, (long long)T, worst);
+    free(all);
+    free(tok);
+    free(ref);
+    free(row);
+    fx_free(&full);
+    fx_free(&dec);
+    return worst;
+}
+
+Test(decode, logits_llama3) { check_logits("llama3", tiny_llama3(), 16, 11); }
+Test(decode, logits_gemma) { check_logits("gemma", tiny_gemma(), 16, 12); }
+Test(decode, logits_gemma2) { check_logits("gemma2", tiny_gemma2(), 16, 13); }
+Test(decode, logits_gemma3) { check_logits("gemma3", tiny_gemma3(), 16, 14); }
+
+/* Sampling: the pre-KV-cache loop of train/sample.c (a model of n + 1 positions
+ * holding BOS after the prefix, mt_model_logits on the whole sequence for each token,
+ * mt_sample_pick on its row) against the decode loop (one row per token), with the
+ * same uniform per position. Greedy (temperature 0) is what the task asks; random
+ * tiny models fall into a short cycle under it, so temperature 1 with Philox uniforms
+ * (as mt_sample_generate draws them) covers more varied prefixes. A flip would need a
+ * logit tie, or u within ~1e-6 of a CDF step, at the 1e-5 bound above; the tokens
+ * must match exactly. */
+static void check_sampling(const char *name, mt_model_config c, uint64_t seed, double temperature) {
+    const int64_t n = 32, seq = n + 1, V = c.vocab_size;
+    const int32_t bos = 1;
+    fixture full, dec;
+    fx_init(&full, &c, seq, 0);
+    fx_init(&dec, &c, seq, 1);
+    spread_params(full.m, dec.m, seed);
+    int32_t *old_ids = malloc(sizeof(int32_t) * (size_t)seq), *new_ids = malloc(sizeof(int32_t) * (size_t)seq);
+    float *lg = malloc(sizeof(float) * (size_t)(seq * V)), *row = malloc(sizeof(float) * (size_t)V);
+    for (int64_t i = 0; i < seq; i++) old_ids[i] = bos;
+    new_ids[0] = bos;
+    int64_t distinct = 0;
+    for (int64_t pos = 0; pos < n; pos++) {
+        cr_assert_eq(mt_model_logits(full.m, old_ids, lg), MT_OK, "%s", mt_last_error());
+        uint32_t w[4];
+        mt_rng_u32x4(seed, 0x53414d50u, (uint64_t)pos, w);
+        const double u = mt_rng_u01(w[0]);
+        old_ids[pos + 1] = (int32_t)mt_sample_pick(lg + pos * V, V, temperature, 0, u);
+        cr_assert_eq(mt_model_decode_step(dec.m, new_ids[pos], row), MT_OK, "%s", mt_last_error());
+        new_ids[pos + 1] = (int32_t)mt_sample_pick(row, V, temperature, 0, u);
+        cr_assert_eq(new_ids[pos + 1], old_ids[pos + 1], "%s: T=%g token %lld: decode %d, full recompute %d", name,
+                     temperature, (long long)(pos + 1), (int)new_ids[pos + 1], (int)old_ids[pos + 1]);
+        int seen = 0;
+        for (int64_t j = 1; j <= pos; j++) seen |= old_ids[j] == old_ids[pos + 1];
+        distinct += !seen;
+    }
+    /* sampled sequences must visit varied prefixes (greedy ones may cycle) */
+    if (temperature > 0.0)
+        cr_assert_geq(distinct, 5, "%s: sampled sequence has only %lld distinct tokens", name, (long long)distinct);
+    free(old_ids);
+    free(new_ids);
+    free(lg);
+    free(row);
+    fx_free(&full);
+    fx_free(&dec);
+}
+
+Test(decode, greedy_llama3) { check_sampling("llama3", tiny_llama3(), 21, 0.0); }
+Test(decode, greedy_gemma) { check_sampling("gemma", tiny_gemma(), 22, 0.0); }
+Test(decode, greedy_gemma2) { check_sampling("gemma2", tiny_gemma2(), 23, 0.0); }
+Test(decode, greedy_gemma3) { check_sampling("gemma3", tiny_gemma3(), 24, 0.0); }
+Test(decode, sampled_llama3) { check_sampling("llama3", tiny_llama3(), 31, 1.0); }
+Test(decode, sampled_gemma2) { check_sampling("gemma2", tiny_gemma2(), 33, 1.0); }
+Test(decode, sampled_gemma3) { check_sampling("gemma3", tiny_gemma3(), 34, 1.0); }
+
+/* The plan holds the parameters and the decode.* entries only, the caches of
+ * [L, 1, T, Hkv, Dh] floats each, all live over the whole step; the arena is the plan. */
+Test(decode, plan_entries) {
+    mt_model_config c = tiny_gemma3();
+    const int64_t T = 50, L = c.num_decoder_layers;
+    fixture f;
+    fx_init(&f, &c, T, 1);
+    const int k = mt_plan_find(f.plan, "decode.kv_cache.key"), v = mt_plan_find(f.plan, "decode.kv_cache.value");
+    cr_assert(k >= 0 && v >= 0);
+    const size_t cache = (size_t)(L * T * c.num_kv_heads * c.head_dim) * sizeof(float);
+    cr_assert_eq(mt_plan_entry_get(f.plan, k)->bytes, cache);
+    cr_assert_eq(mt_plan_entry_get(f.plan, v)->bytes, cache);
+    cr_assert_eq(mt_plan_entry_get(f.plan, mt_plan_find(f.plan, "params"))->bytes,
+                 (size_t)mt_model_numel(f.m) * sizeof(float));
+    cr_assert_eq(mt_plan_find(f.plan, "grads"), -1);
+    cr_assert_eq(mt_plan_find(f.plan, "layers.0.query_proj"), -1);
+    size_t sum = 0;
+    for (int i = 0; i < mt_plan_count(f.plan); i++) {
+        const mt_plan_entry *e = mt_plan_entry_get(f.plan, i);
+        cr_assert(strcmp(e->name, "params") == 0 || strncmp(e->name, "decode.", 7) == 0, "entry %s", e->name);
+        cr_assert_eq(e->first, 0);
+        cr_assert_eq(e->last, mt_model_phase_count(f.m) - 1);
+        sum += (e->bytes + MT_PLAN_ALIGN - 1) / MT_PLAN_ALIGN * MT_PLAN_ALIGN;
+    }
+    cr_assert_eq(mt_plan_peak(f.plan), sum); /* everything live together: no sharing */
+    cr_assert_eq(f.arena.bytes, mt_plan_peak(f.plan));
+    fx_free(&f);
+}
+
+Test(decode, errors) {
+    mt_model_config c = tiny_llama3();
+    const mt_ops *ops = mt_cpu_ops();
+    mt_model *m;
+    cr_assert_eq(mt_model_create(&m, &c, ops, 2, 8, 1), MT_OK);
+    cr_assert_eq(mt_model_set_decode(m, 1), MT_ERR_INVALID); /* batch 2 */
+    mt_model_free(m);
+
+    fixture f;
+    fx_init(&f, &c, 4, 1);
+    cr_assert_eq(mt_model_set_decode(f.m, 0), MT_ERR_INVALID); /* already planned */
+    cr_assert_eq(mt_model_init_params(f.m, 3), MT_OK);
+    float *row = malloc(sizeof(float) * (size_t)c.vocab_size);
+    int32_t tok[4] = {1, 2, 3, 4}, lab[4] = {2, 3, 4, 5};
+    cr_assert_eq(mt_model_decode_step(f.m, (int32_t)c.vocab_size, row), MT_ERR_INVALID);
+    cr_assert_eq(mt_model_decode_step(f.m, -1, row), MT_ERR_INVALID);
+    cr_assert_eq(mt_model_decode_step(f.m, 1, NULL), MT_ERR_INVALID);
+    cr_assert_eq(mt_model_decode_length(f.m), 0);
+    double ls;
+    int64_t cnt;
+    cr_assert_eq(mt_model_logits(f.m, tok, row), MT_ERR_INVALID);
+    cr_assert(strstr(mt_last_error(), "mt_model_decode_step") != NULL, "%s", mt_last_error());
+    cr_assert_eq(mt_model_loss(f.m, tok, lab, &ls, &cnt), MT_ERR_INVALID);
+    cr_assert_eq(mt_model_forward_backward(f.m, tok, lab, 1.0f, &ls, &cnt), MT_ERR_INVALID);
+    fx_free(&f);
+
+    /* a training model is not a decode model */
+    fx_init(&f, &c, 4, 0);
+    cr_assert_eq(mt_model_decode_step(f.m, 1, row), MT_ERR_INVALID);
+    cr_assert_eq(mt_model_decode_reset(f.m), MT_ERR_INVALID);
+    fx_free(&f);
+
+    /* decoding runs on one rank with device parameters */
+    cr_assert_eq(mt_model_create(&m, &c, ops, 1, 4, 1), MT_OK);
+    cr_assert_eq(mt_model_set_decode(m, 1), MT_OK);
+    cr_assert_eq(mt_model_set_param_offload(m, 1), MT_OK);
+    mt_plan *p;
+    cr_assert_eq(mt_plan_new(&p), MT_OK);
+    cr_assert_eq(mt_model_add_to_plan(m, p), MT_ERR_UNSUPPORTED);
+    mt_plan_free(p);
+    mt_model_free(m);
+    free(row);
+}
