@@ -9,16 +9,12 @@
  * of wall time: on a machine shared with other jobs, CPU time at threads = 1 (or with
  * OMP_WAIT_POLICY=passive) compares two builds' work where wall time is mostly noise.
  * Usage: op_bench d_model layers heads kv_heads mlp seq batch vocab threads steps tiles */
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "kernels/ops.h"
-#include "models/model.h"
-#include "runtime/plan.h"
-#include "runtime/rng.h"
+#include "bench_model.h"
 #include "runtime/timer.h"
 
 #define MAX_ROWS 256
@@ -128,14 +124,8 @@ static int fail(const char *what) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 12) {
-        fprintf(stderr, "usage: op_bench d_model layers heads kv_heads mlp seq batch vocab threads steps tiles\n");
-        return 2;
-    }
-    long a[11];
-    for (int i = 0; i < 11; i++) a[i] = strtol(argv[i + 1], NULL, 10);
-    const int64_t B = a[6], T = a[5], V = a[7];
-    omp_set_num_threads((int)a[8]);
+    bench_model b;
+    if (bench_model_args(&b, "op_bench", argc, argv) != 0) return 2;
     g_cpu = mt_cpu_ops();
     const char *clk = getenv("OP_BENCH_CLOCK");
     g_cpu_clock = clk && strcmp(clk, "cpu") == 0;
@@ -157,36 +147,8 @@ int main(int argc, char **argv) {
     tab.axpy = w_axpy;
     tab.adamw = w_adamw;
 
-    mt_model_config c;
-    mt_model_config_defaults(&c, MT_DECODER_LLAMA2);
-    c.emb_dim = a[0];
-    c.num_decoder_layers = a[1];
-    c.num_query_heads = a[2];
-    c.num_kv_heads = a[3];
-    c.head_dim = a[0] / a[2];
-    c.mlp_dim = a[4];
-    c.vocab_size = V;
-    c.rope_max_timescale = 10000.0f;
-    mt_model *m;
-    if (mt_model_create(&m, &c, &tab, B, T, a[10]) != MT_OK) return fail("model");
-    mt_plan *plan;
-    if (mt_plan_new(&plan) != MT_OK || mt_model_add_to_plan(m, plan) != MT_OK) return fail("plan");
-    const int64_t n = mt_model_numel(m);
-    int idm, idv;
-    if (mt_plan_add(plan, "adamw.m", MT_MEM_OPTIMIZER, (size_t)n * 4, 0, mt_model_phase_count(m) - 1, &idm) != MT_OK ||
-        mt_plan_add(plan, "adamw.v", MT_MEM_OPTIMIZER, (size_t)n * 4, 0, mt_model_phase_count(m) - 1, &idv) != MT_OK ||
-        mt_plan_finalize(plan) != MT_OK)
-        return fail("plan");
-    mt_arena arena;
-    if (mt_arena_create(&arena, plan, NULL, NULL) != MT_OK) return fail("arena");
-    if (mt_model_bind(m, &arena, plan) != MT_OK || mt_model_init_params(m, 1) != MT_OK) return fail("bind");
-    float *mom = mt_arena_ptr(&arena, plan, idm), *vel = mt_arena_ptr(&arena, plan, idv);
-    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(B * T + 1));
-    for (int64_t i = 0; i < B * T + 1; i++) {
-        uint32_t w[4];
-        mt_rng_u32x4(7, 0, (uint64_t)i, w);
-        tok[i] = (int32_t)(w[0] % (uint32_t)V);
-    }
+    const char *err = bench_model_create(&b, &tab);
+    if (err) return fail(err);
 
     /* reference rate: a square GEMM, OpenBLAS's best case */
     const int64_t S = 1024;
@@ -198,21 +160,13 @@ int main(int argc, char **argv) {
     const double ref = 2.0 * (double)(S * S * S) / (now() - t0) / 1e9;
     free(x);
 
-    const int steps = (int)a[9];
+    const int steps = (int)b.a[9];
     double total = 0;
     for (int s = 0; s <= steps; s++) {
         g_on = s > 0;
         double ts = now(), sum = 0;
         int64_t cnt = 0;
-        tab.zero(mt_model_grads(m), (size_t)n * 4);
-        if (mt_model_forward_backward(m, tok, tok + 1, 1.0f / (float)(B * T), &sum, &cnt) != MT_OK)
-            return fail("step");
-        for (int i = 0; i < mt_model_param_count(m); i++) {
-            const mt_param_info *p = mt_model_param(m, i);
-            tab.adamw(mt_model_params(m) + p->offset, mt_model_grads(m) + p->offset, mom + p->offset,
-                      vel + p->offset, p->numel, 1e-4f, 0.9f, 0.999f, 1e-8f, p->weight_decay ? 0.1f : 0.0f,
-                      1.0f, s + 1);
-        }
+        if ((err = bench_model_step(&b, &tab, s, &sum, &cnt)) != NULL) return fail(err);
         if (s > 0) total += now() - ts;
     }
     qsort(g_rows, (size_t)g_nrows, sizeof(row), cmp_rows);
@@ -227,9 +181,6 @@ int main(int argc, char **argv) {
         if (r->flop > 0) printf(" %8.1f", r->flop / r->sec / 1e9);
         printf("\n");
     }
-    mt_arena_destroy(&arena);
-    mt_plan_free(plan);
-    mt_model_free(m);
-    free(tok);
+    bench_model_free(&b);
     return 0;
 }

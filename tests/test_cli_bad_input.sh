@@ -4,15 +4,13 @@
 # nothing: no output directory is created and an existing run's files are untouched.
 # Tiny shards are generated here (python3 standard library only).
 set -u
+. "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_cli_bad_input.sh BUILD_DIR}"
 bin="$build/meshtrain"
 [ -x "$bin" ] || { echo "no $bin"; exit 1; }
 command -v python3 >/dev/null || { echo "python3 not found: skipped"; exit 77; }
 
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+mt_tmp
 
 mkdir -p "$tmp/cfg/models" "$tmp/data" "$tmp/bad_magic" "$tmp/truncated" "$tmp/big_token"
 cat > "$tmp/cfg/models/tiny.yml" <<'YML'
@@ -162,5 +160,4 @@ grep -q "learning_rate" "$tmp/help.out" && grep -q "0.0003" "$tmp/help.out" || f
 "$bin" train --help > "$tmp/help.out" 2>&1 || fail "train --help failed"
 grep -q "gradient_accumulation_steps" "$tmp/help.out" || fail "train --help does not list the keys"
 
-if [ "$failures" -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "ok"
+mt_finish "ok"

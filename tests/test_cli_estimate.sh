@@ -7,6 +7,7 @@
 # `meshtrain estimate` (the three modes, the commands file, speed, the Pareto list and
 # its fit invariant, bad input).
 set -u
+. "$(dirname "$0")/lib.sh"
 build="$1"
 bin="$build/meshtrain"
 src="$(pwd)"
@@ -14,10 +15,7 @@ base="$src/configs/base.yml"
 [ -x "$bin" ] || { echo "no $bin"; exit 1; }
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+mt_tmp
 cd "$tmp"
 nodata="dataset_path=$tmp/no/such/dir"
 
@@ -247,5 +245,4 @@ grep -q "bytes" err || fail "no-fit message gives no bytes: $(cat err)"
 expect2 "does not fit" model_name=llama3.1-8b hbm_gib=0.5
 expect2 "decoder_layer_input" hbm_gib=8 remat_policy=custom decoder_layer_input=remat
 
-if [ "$failures" -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "ok"
+mt_finish "ok"

@@ -8,6 +8,7 @@
 # shard named by the index, a tensor missing, and a shape mismatch (named with both
 # shapes). Standard-library python3 only.
 set -u
+. "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_cli_hf_bad.sh BUILD_DIR}"
 bin="$build/meshtrain"
 src="$(cd "$(dirname "$0")/.." && pwd)"
@@ -15,10 +16,7 @@ tiny="$src/tests/reference/hf_tiny_dir.py"
 [ -x "$bin" ] || { echo "no $bin"; exit 1; }
 command -v python3 >/dev/null || { echo "python3 not found: skipped"; exit 77; }
 
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+mt_tmp
 
 mkdir -p "$tmp/cfg/models" "$tmp/data"
 python3 "$tiny" yml > "$tmp/cfg/models/tiny-gemma2.yml"
@@ -109,5 +107,4 @@ PY
 expect_bad "missing tensor" "$tmp/missing" "model.norm.weight" "missing"
 expect_bad "shape mismatch" "$tmp/shape" "model.norm.weight" "[2, 16]" "[32]"
 
-if [ "$failures" -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "ok: damaged Hugging Face directories are refused with exit 2, naming file and tensor"
+mt_finish "ok: damaged Hugging Face directories are refused with exit 2, naming file and tensor"

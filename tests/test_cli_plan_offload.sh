@@ -13,56 +13,20 @@
 # windows plus the embedding/norm window of parameters on the device (in both the
 # all-entries and the live-at-peak figures for the optimizer).
 set -u
+. "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_cli_plan_offload.sh BUILD_DIR}"
 tool="$build/tests/tools/mpi_layout"
 bin="$build/meshtrain"
 [ -x "$tool" ] && [ -x "$bin" ] || { echo "no $tool or $bin"; exit 1; }
 command -v mpirun >/dev/null || { echo "mpirun not found: skipped"; exit 77; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
-mpi() { local np=$1; shift; timeout 300 mpirun --oversubscribe -np "$np" "$@"; }
+mt_mpi_env
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+mt_tmp
 
-mkdir -p "$tmp/cfg/models"
-cat > "$tmp/cfg/models/tinyg2.yml" <<'YML'
-decoder_block: gemma2
-vocab_size: 64
-base_emb_dim: 32
-base_num_query_heads: 4
-base_num_kv_heads: 2
-head_dim: 8
-base_mlp_dim: 64
-base_num_decoder_layers: 3
-mlp_activations: ["gelu", "linear"]
-logits_via_embedding: true
-final_logits_soft_cap: 30.0
-attn_logits_soft_cap: 50.0
-sliding_window_size: 8
-sliding_window_pattern: 2
-use_post_attn_norm: true
-use_post_ffw_norm: true
-rope_max_timescale: 10000
-YML
-"$tool" data "$tmp/data" || { echo "cannot write shards"; exit 1; }
-cat > "$tmp/cfg/run.yml" <<YML
-model_name: tinyg2
-dataset_path: $tmp/data
-max_target_length: 16
-steps: 3
-learning_rate: 0.0003
-adam_eps: 1e-05
-warmup_steps_fraction: 0
-eval_interval: 0
-backend: cpu
-seed: 3
-YML
-cfg="$tmp/cfg/run.yml"
+mt_tiny_model "$tmp/cfg/models/tinyg2.yml" gemma2 3
+mt_layout_cfg tinyg2
 run1() { local name=$1; shift; "$tool" run "$tmp/$name" "$cfg" "$@" > "$tmp/$name.log" 2>&1 || fail "$name: $(tail -3 "$tmp/$name.log")"; }
 run2() { local name=$1; shift; mpi 2 "$tool" run "$tmp/$name" "$cfg" "$@" > "$tmp/$name.log" 2>&1 || fail "$name: mpirun: $(tail -5 "$tmp/$name.log")"; }
 cmp() { "$tool" compare "$tmp/$2" "$tmp/$1" "$3" > "$tmp/$1.cmp" 2>&1 || { fail "$1 vs $2 (tol $3)"; cat "$tmp/$1.cmp"; }; }
@@ -111,5 +75,4 @@ assert p["per_device_live_at_peak"]["optimizer"] == 0, p["per_device_live_at_pea
 assert q["per_device_live_at_peak"]["optimizer"] == 8 * shard, q["per_device_live_at_peak"]
 PY
 
-if [ "$failures" -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "ok"
+mt_finish ok

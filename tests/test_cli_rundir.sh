@@ -13,6 +13,7 @@
 #  - a checkpoint write that fails (file size limit: a short write, like a full disk)
 #    exits 1 and leaves no step_N.tmp/; `make demo` samples only complete checkpoints.
 set -u
+. "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_cli_rundir.sh BUILD_DIR}"
 bin="$build/meshtrain"
 [ -x "$bin" ] || { echo "no $bin"; exit 1; }
@@ -21,7 +22,6 @@ command -v python3 >/dev/null || { echo "python3 not found: skipped"; exit 77; }
 tmp="$(mktemp -d)"
 trap '[ -n "${KEEP:-}" ] || rm -rf "$tmp"' EXIT
 failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 mkdir -p "$tmp/cfg/models" "$tmp/data"
 cat > "$tmp/cfg/models/tiny.yml" <<'YML'
@@ -180,5 +180,4 @@ SH
         fail "make demo did not sample step_10: $(cat "$tmp/demo.out")"
 fi
 
-if [ "$failures" -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "ok"
+mt_finish "ok"

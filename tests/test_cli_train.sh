@@ -11,29 +11,16 @@
 #    token-weighted mean) to fp32 tolerance;
 #  - sample prints text, deterministically for a seed; plan prints the memory table.
 set -u
+. "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_cli_train.sh BUILD_DIR}"
 bin="$build/meshtrain"
 [ -x "$bin" ] || { echo "no $bin"; exit 1; }
 command -v python3 >/dev/null || { echo "python3 not found: skipped"; exit 77; }
 
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+mt_tmp
 
 mkdir -p "$tmp/cfg/models" "$tmp/data"
-cat > "$tmp/cfg/models/tiny.yml" <<'YML'
-decoder_block: llama2
-vocab_size: 64
-base_emb_dim: 32
-base_num_query_heads: 4
-base_num_kv_heads: 2
-head_dim: 8
-base_mlp_dim: 64
-base_num_decoder_layers: 2
-mlp_activations: ["silu", "linear"]
-rope_max_timescale: 10000
-YML
+mt_tiny_model "$tmp/cfg/models/tiny.yml" llama
 cat > "$tmp/cfg/run.yml" <<YML
 model_name: tiny
 base_output_directory: $tmp/out
@@ -53,24 +40,10 @@ YML
 
 # Shards: a noisy repeating pattern (learnable), two train shards and one val shard;
 # a vocabulary file of 64 pieces with <unk> <s> </s> first.
+mt_shards "$tmp/data" 1 train_000.bin=300 train_001.bin=400 val_000.bin=200
 python3 - "$tmp/data" <<'PY'
-import struct, sys, random
+import sys
 d = sys.argv[1]
-rng = random.Random(1)
-def tokens(n):
-    out = []
-    while len(out) < n:
-        out.append(1)
-        for i in range(rng.randrange(5, 30)):
-            out.append(3 + (i * 7 + rng.randrange(3)) % 61)
-    return out[:n]
-def shard(path, toks):
-    hdr = [0] * 256
-    hdr[0], hdr[1], hdr[2] = 20240520, 1, len(toks)
-    open(path, "wb").write(struct.pack("<256i", *hdr) + struct.pack("<%dH" % len(toks), *toks))
-shard(d + "/train_000.bin", tokens(300))
-shard(d + "/train_001.bin", tokens(400))
-shard(d + "/val_000.bin", tokens(200))
 with open(d + "/tokenizer.vocab", "w", encoding="utf-8") as f:
     f.write("<unk>\t0\n<s>\t0\n</s>\t0\n")
     for i in range(3, 64):
@@ -198,5 +171,4 @@ assert p["total"]["params"] >= 4 * n
 assert p["peak_bytes"] >= sum(p["live_at_peak"].values())
 PY
 
-if [ "$failures" -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "ok"
+mt_finish ok

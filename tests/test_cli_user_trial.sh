@@ -16,6 +16,7 @@
 # 10. estimate without hbm_gib says it is required; an integer out of int64 says
 #     out of range; for Llama the estimate table does not call mlpwo "remat".
 set -u
+. "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_cli_user_trial.sh BUILD_DIR}"
 bin="$build/meshtrain"
 [ -x "$bin" ] || { echo "no $bin"; exit 1; }
@@ -25,21 +26,9 @@ py=/usr/bin/python3
 tmp="$(mktemp -d)"
 trap '[ -n "${KEEP:-}" ] || rm -rf "$tmp"' EXIT
 failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 mkdir -p "$tmp/cfg/models" "$tmp/data" "$tmp/data2"
-cat > "$tmp/cfg/models/tiny.yml" <<'YML'
-decoder_block: llama2
-vocab_size: 64
-base_emb_dim: 32
-base_num_query_heads: 4
-base_num_kv_heads: 2
-head_dim: 8
-base_mlp_dim: 64
-base_num_decoder_layers: 2
-mlp_activations: ["silu", "linear"]
-rope_max_timescale: 10000
-YML
+mt_tiny_model "$tmp/cfg/models/tiny.yml" llama
 # another model: one more layer
 sed 's/base_num_decoder_layers: 2/base_num_decoder_layers: 3/' "$tmp/cfg/models/tiny.yml" > "$tmp/cfg/models/tiny3.yml"
 cat > "$tmp/cfg/run.yml" <<YML
@@ -173,5 +162,4 @@ expect2 "estimate no fit" "does not fit" "$bin" estimate "$cfg" dataset_path= hb
 cmp -s earlier.txt remat_commands_from_estimator.previous.txt || fail "failed estimate lost the earlier commands file"
 grep -q "previous" "$tmp/e" || fail "failed estimate: the rename is not said: $(cat "$tmp/e")"
 
-if [ "$failures" -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "ok"
+mt_finish "ok"

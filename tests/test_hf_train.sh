@@ -10,6 +10,7 @@
 #  - when scripts/setup-hf-venv.sh's transformers is there, it loads the fine-tuned
 #    checkpoint with no missing or unexpected keys.
 set -u
+. "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_hf_train.sh BUILD_DIR}"
 bin="$build/meshtrain"
 src="$(cd "$(dirname "$0")/.." && pwd)"
@@ -17,10 +18,7 @@ tiny="$src/tests/reference/hf_tiny_dir.py"
 [ -x "$bin" ] || { echo "no $bin"; exit 1; }
 command -v python3 >/dev/null || { echo "python3 not found: skipped"; exit 77; }
 
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+mt_tmp
 
 mkdir -p "$tmp/cfg/models" "$tmp/data"
 python3 "$tiny" yml > "$tmp/cfg/models/tiny-gemma2.yml"
@@ -107,5 +105,4 @@ else
     echo "note: no transformers environment at $venv; the transformers load check was not run"
 fi
 
-if [ "$failures" -gt 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "ok: fine-tuning from a Hugging Face directory (single file and sharded, bf16)"
+mt_finish "ok: fine-tuning from a Hugging Face directory (single file and sharded, bf16)"

@@ -10,14 +10,12 @@
 #    (its exit status), probe_activations must print finite probes of its layer;
 #  - the static-library build of custom_loop runs; the pkg-config Makefile builds.
 set -u
+. "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_install.sh BUILD_DIR}"
 src="$(cd "$(dirname "$0")/.." && pwd)"
 command -v python3 >/dev/null || { echo "python3 not found: skipped"; exit 77; }
 
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+mt_tmp
 prefix="$tmp/prefix"
 
 if ! cmake --install "$build" --prefix "$prefix" > "$tmp/install.log" 2>&1; then
@@ -49,18 +47,7 @@ esac
 
 # A tiny llama and synthetic shards (a noisy repeating pattern: learnable).
 mkdir -p "$tmp/cfg/models" "$tmp/data"
-cat > "$tmp/cfg/models/tiny.yml" <<'YML'
-decoder_block: llama2
-vocab_size: 64
-base_emb_dim: 32
-base_num_query_heads: 4
-base_num_kv_heads: 2
-head_dim: 8
-base_mlp_dim: 64
-base_num_decoder_layers: 2
-mlp_activations: ["silu", "linear"]
-rope_max_timescale: 10000
-YML
+mt_tiny_model "$tmp/cfg/models/tiny.yml" llama
 cat > "$tmp/cfg/run.yml" <<YML
 model_name: tiny
 base_output_directory: $tmp/out
@@ -71,24 +58,7 @@ steps: 20
 learning_rate: 0.01
 seed: 1
 YML
-python3 - "$tmp/data" <<'PY'
-import random, struct, sys
-d = sys.argv[1]
-rng = random.Random(3)
-def tokens(n):
-    out = []
-    while len(out) < n:
-        out.append(1)
-        for i in range(rng.randrange(5, 30)):
-            out.append(3 + (i * 7 + rng.randrange(3)) % 61)
-    return out[:n]
-def shard(path, toks):
-    hdr = [0] * 256
-    hdr[0], hdr[1], hdr[2] = 20240520, 1, len(toks)
-    open(path, "wb").write(struct.pack("<256i", *hdr) + struct.pack("<%dH" % len(toks), *toks))
-shard(d + "/train_000.bin", tokens(6000))
-shard(d + "/val_000.bin", tokens(1000))
-PY
+mt_shards "$tmp/data" 3 train_000.bin=6000 val_000.bin=1000
 
 if "$tmp/ex/custom_loop" "$tmp/cfg/run.yml" > "$tmp/cl.out" 2>&1; then
     grep -q "^step  20" "$tmp/cl.out" || fail "custom_loop did not print 20 steps: $(cat "$tmp/cl.out")"
@@ -123,5 +93,4 @@ if command -v pkg-config >/dev/null; then
     fi
 fi
 
-[ $failures -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
-echo "install and examples: ok"
+mt_finish "install and examples: ok"

@@ -6,6 +6,7 @@
 # sums in another order), and the program must end cleanly with the caller's
 # MPI_Finalize (the library installs no exit handler of its own in this mode).
 set -u
+. "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_mpi_api.sh BUILD_DIR}"
 tool="$build/tests/tools/api_mpi"
 layout="$build/tests/tools/mpi_layout"
@@ -15,18 +16,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/cfg/models"
-cat > "$tmp/cfg/models/tinyl.yml" <<'YML'
-decoder_block: llama2
-vocab_size: 64
-base_emb_dim: 32
-base_num_query_heads: 4
-base_num_kv_heads: 2
-head_dim: 8
-base_mlp_dim: 64
-base_num_decoder_layers: 2
-mlp_activations: ["silu", "linear"]
-rope_max_timescale: 10000
-YML
+mt_tiny_model "$tmp/cfg/models/tinyl.yml" llama
 "$layout" data "$tmp/data" || exit 1
 cat > "$tmp/cfg/run.yml" <<YML
 model_name: tinyl

@@ -8,6 +8,7 @@
 # end rank 0 after collective timeout 1 s with the rank, the collective and the group
 # named.
 set -u
+. "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_mpi_comm_async.sh BUILD_DIR}"
 tool="$build/tests/tools/comm_check"
 [ -x "$tool" ] || { echo "no $tool"; exit 1; }
@@ -15,7 +16,6 @@ command -v mpirun >/dev/null || { echo "mpirun not found: skipped"; exit 77; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 out="$("$tool" host 2>&1)" || fail "one process: $out"
 echo "$out"
@@ -35,5 +35,4 @@ grep -q "rank 0: all_gather (MPI_Iallgatherv) on the 'hangworld' communicator di
 grep -q "watchdog did not fire" <<< "$out" && fail "hang: the wait returned: $out"
 grep "did not complete" <<< "$out" | head -2
 
-[ $failures -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
-echo "ok"
+mt_finish "ok"

@@ -8,6 +8,7 @@
 #    prints the banner once (rank 0 only);
 #  - under mpirun -np 2, num_devices=8 is refused (exit 2) naming num_devices.
 set -u
+. "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_mpi_estimate_commands.sh BUILD_DIR}"
 bin="$build/meshtrain"
 [ -x "$bin" ] || { echo "no $bin"; exit 1; }
@@ -17,24 +18,10 @@ py=/usr/bin/python3
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+mt_tmp
 
 mkdir -p "$tmp/cfg/models" "$tmp/data"
-cat > "$tmp/cfg/models/tiny.yml" <<'YML'
-decoder_block: llama2
-vocab_size: 64
-base_emb_dim: 32
-base_num_query_heads: 4
-base_num_kv_heads: 2
-head_dim: 8
-base_mlp_dim: 64
-base_num_decoder_layers: 2
-mlp_activations: ["silu", "linear"]
-rope_max_timescale: 10000
-YML
+mt_tiny_model "$tmp/cfg/models/tiny.yml" llama
 cat > "$tmp/cfg/run.yml" <<YML
 model_name: tiny
 base_output_directory: $tmp/out
@@ -81,5 +68,4 @@ rc=$?
 [ $rc -eq 2 ] || fail "num_devices=8 under -np 2: exit $rc, expected 2: $(cat nd.out nd.err)"
 grep -q "num_devices" nd.err || fail "num_devices=8 under -np 2: key not named: $(cat nd.err)"
 
-if [ "$failures" -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "ok"
+mt_finish "ok"

@@ -9,6 +9,7 @@
 #    (collective_timeout_s=5) must end them within 60 s with
 #    "rank R: <collective> on the '<group>' communicator did not complete".
 set -u
+. "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_mpi_failure.sh BUILD_DIR}"
 bin="$build/meshtrain"
 tool="$build/tests/tools/mpi_layout"
@@ -17,24 +18,10 @@ command -v mpirun >/dev/null || { echo "mpirun not found: skipped"; exit 77; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+mt_tmp
 
 mkdir -p "$tmp/cfg/models"
-cat > "$tmp/cfg/models/tinyl.yml" <<'YML'
-decoder_block: llama2
-vocab_size: 64
-base_emb_dim: 32
-base_num_query_heads: 4
-base_num_kv_heads: 2
-head_dim: 8
-base_mlp_dim: 64
-base_num_decoder_layers: 2
-mlp_activations: ["silu", "linear"]
-rope_max_timescale: 10000
-YML
+mt_tiny_model "$tmp/cfg/models/tinyl.yml" llama
 "$tool" data "$tmp/data" || exit 1
 cat > "$tmp/cfg/run.yml" <<YML
 model_name: tinyl
@@ -105,5 +92,4 @@ run_case() {
 run_case KILL 2
 run_case STOP 1
 
-if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "failures detected in time"
+mt_finish "failures detected in time"

@@ -32,58 +32,17 @@
 #    1e-5 (fp32 sums in another order, as tests/test_mpi_layouts.sh). Every run's bytes
 #    per step equal the formula (parallel/zero1.h).
 set -u
+. "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_mpi_grad_windows.sh BUILD_DIR}"
 tool="$build/tests/tools/mpi_layout"
 [ -x "$tool" ] || { echo "no $tool"; exit 1; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
-mpi() { local np=$1; shift; timeout 300 mpirun --oversubscribe -np "$np" "$@"; }
+mt_mpi_env
 
-tmp="$(mktemp -d)"
-trap "rm -rf \"$tmp\"" EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+mt_tmp
 
-mkdir -p "$tmp/cfg/models"
-cat > "$tmp/cfg/models/tinyl.yml" <<'YML'
-decoder_block: llama2
-vocab_size: 64
-base_emb_dim: 32
-base_num_query_heads: 4
-base_num_kv_heads: 2
-head_dim: 8
-base_mlp_dim: 64
-base_num_decoder_layers: 2
-mlp_activations: ["silu", "linear"]
-rope_max_timescale: 10000
-YML
-cat > "$tmp/cfg/models/tinyg.yml" <<'YML'
-decoder_block: gemma
-vocab_size: 64
-base_emb_dim: 32
-base_num_query_heads: 4
-base_num_kv_heads: 2
-head_dim: 8
-base_mlp_dim: 64
-base_num_decoder_layers: 2
-mlp_activations: ["gelu", "linear"]
-logits_via_embedding: true
-rope_max_timescale: 10000
-YML
-"$tool" data "$tmp/data" || { echo "cannot write shards"; exit 1; }
-cat > "$tmp/cfg/run.yml" <<YML
-model_name: tinyl
-dataset_path: $tmp/data
-max_target_length: 16
-steps: 3
-learning_rate: 0.0003
-adam_eps: 1e-05
-warmup_steps_fraction: 0
-eval_interval: 0
-backend: cpu
-seed: 3
-YML
-cfg="$tmp/cfg/run.yml"
+mt_tiny_model "$tmp/cfg/models/tinyl.yml" llama
+mt_tiny_model "$tmp/cfg/models/tinyg.yml" gemma
+mt_layout_cfg tinyl
 
 # ---- 1. plans ----
 layer=$((2 * 32 + 32 * 32 + 2 * 16 * 32 + 32 * 32 + 3 * 64 * 32)) # norms, q, k, v, o, gate/up/down
@@ -177,5 +136,4 @@ run 2 fsdp2_once_k2 win per_device_batch_size=2 gradient_accumulation_steps=2 ic
 "$tool" compare "$tmp/ref_b8" "$tmp/fsdp2_once_k2" 1e-5 > "$tmp/fsdp.cmp" 2>&1 || { fail "fsdp2 once K2"; cat "$tmp/fsdp.cmp"; }
 sed "s/^/fsdp2_once_k2 vs one process: /" "$tmp/fsdp.cmp"
 
-if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "gradient windows: plans and runs agree"
+mt_finish "gradient windows: plans and runs agree"

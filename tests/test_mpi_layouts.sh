@@ -21,78 +21,19 @@
 # we check 4 * 2^-8 = 1.6e-2 and that the error is not zero (the rounding happened).
 # Bad meshes exit 2 naming the key and the numbers.
 set -u
+. "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_mpi_layouts.sh BUILD_DIR}"
 tool="$build/tests/tools/mpi_layout"
 [ -x "$tool" ] || { echo "no $tool"; exit 1; }
 command -v mpirun >/dev/null || { echo "mpirun not found: skipped"; exit 77; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
-mpi() { local np=$1; shift; timeout 300 mpirun --oversubscribe -np "$np" "$@"; }
+mt_mpi_env
 
-tmp="$(mktemp -d)"
-trap "rm -rf \"$tmp\"" EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+mt_tmp
 
-mkdir -p "$tmp/cfg/models"
-cat > "$tmp/cfg/models/tinyl.yml" <<'YML'
-decoder_block: llama2
-vocab_size: 64
-base_emb_dim: 32
-base_num_query_heads: 4
-base_num_kv_heads: 2
-head_dim: 8
-base_mlp_dim: 64
-base_num_decoder_layers: 2
-mlp_activations: ["silu", "linear"]
-rope_max_timescale: 10000
-YML
-cat > "$tmp/cfg/models/tinyg.yml" <<'YML'
-decoder_block: gemma
-vocab_size: 64
-base_emb_dim: 32
-base_num_query_heads: 4
-base_num_kv_heads: 2
-head_dim: 8
-base_mlp_dim: 64
-base_num_decoder_layers: 2
-mlp_activations: ["gelu", "linear"]
-logits_via_embedding: true
-rope_max_timescale: 10000
-YML
-cat > "$tmp/cfg/models/tinyg2.yml" <<'YML'
-decoder_block: gemma2
-vocab_size: 64
-base_emb_dim: 32
-base_num_query_heads: 4
-base_num_kv_heads: 2
-head_dim: 8
-base_mlp_dim: 64
-base_num_decoder_layers: 2
-mlp_activations: ["gelu", "linear"]
-logits_via_embedding: true
-final_logits_soft_cap: 30.0
-attn_logits_soft_cap: 50.0
-sliding_window_size: 8
-sliding_window_pattern: 2
-use_post_attn_norm: true
-use_post_ffw_norm: true
-rope_max_timescale: 10000
-YML
-"$tool" data "$tmp/data" || { echo "cannot write shards"; exit 1; }
-cat > "$tmp/cfg/run.yml" <<YML
-model_name: tinyl
-dataset_path: $tmp/data
-max_target_length: 16
-steps: 3
-learning_rate: 0.0003
-adam_eps: 1e-05
-warmup_steps_fraction: 0
-eval_interval: 0
-backend: cpu
-seed: 3
-YML
-cfg="$tmp/cfg/run.yml"
+mt_tiny_model "$tmp/cfg/models/tinyl.yml" llama
+mt_tiny_model "$tmp/cfg/models/tinyg.yml" gemma
+mt_tiny_model "$tmp/cfg/models/tinyg2.yml" gemma2
+mt_layout_cfg tinyl
 
 # ref NAME NP-unused ARGS...: single-process reference run
 ref() { local name=$1; shift; "$tool" run "$tmp/$name" "$cfg" "$@" > "$tmp/$name.log" 2>&1 || fail "reference $name: $(tail -3 "$tmp/$name.log")"; }
@@ -252,5 +193,4 @@ out="$(mpi 2 "$tool" run "$tmp/bad2" "$cfg" ici_data_parallelism=1 ici_tensor_pa
 [ $rc -eq 2 ] || fail "heads not divisible: exit $rc"
 grep -q "base_num_query_heads=3 is not divisible by ici_tensor_parallelism=2" <<< "$out" || fail "heads message: $out"
 
-if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "all layouts agree"
+mt_finish "all layouts agree"

@@ -8,34 +8,19 @@
 # fsdp shards), and data 2 x fsdp 2 with parameter host offload (the shard in the host
 # pool: the banner's arena is the device part).
 set -u
+. "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_mpi_plan_fsdp.sh BUILD_DIR}"
 bin="$build/meshtrain"
 [ -x "$bin" ] || { echo "no $bin"; exit 1; }
 command -v mpirun >/dev/null || { echo "mpirun not found: skipped"; exit 77; }
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
-mpi() { local np=$1; shift; timeout 300 mpirun --oversubscribe -np "$np" "$@"; }
+mt_mpi_env
 
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+mt_tmp
 
 mkdir -p "$tmp/cfg/models" "$tmp/data"
-cat > "$tmp/cfg/models/tinyf.yml" <<'YML'
-decoder_block: llama2
-vocab_size: 64
-base_emb_dim: 32
-base_num_query_heads: 4
-base_num_kv_heads: 2
-head_dim: 8
-base_mlp_dim: 64
-base_num_decoder_layers: 2
-mlp_activations: ["silu", "linear"]
-rope_max_timescale: 10000
-YML
+mt_tiny_model "$tmp/cfg/models/tinyf.yml" llama
 cat > "$tmp/cfg/run.yml" <<YML
 model_name: tinyf
 base_output_directory: $tmp/out
@@ -84,5 +69,4 @@ for lay in "2:ici_fsdp_parallelism=2" "4:ici_fsdp_parallelism=2 ici_tensor_paral
     [ "$got" = "$want" ] || fail "$keys: train allocates '$got', plan says '$want' ($peak bytes)"
 done
 
-[ $failures -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
-echo "fsdp plans = train's arena: ok"
+mt_finish "fsdp plans = train's arena: ok"

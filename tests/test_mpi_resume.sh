@@ -16,6 +16,7 @@
 #    parameters bitwise.
 # adam_eps = 1e-5 for the reason given in tests/test_mpi_layouts.sh.
 set -u
+. "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_mpi_resume.sh BUILD_DIR}"
 bin="$build/meshtrain"
 tool="$build/tests/tools/mpi_layout"
@@ -29,21 +30,9 @@ export OMPI_MCA_btl_vader_single_copy_mechanism=none
 tmp="$(mktemp -d)"
 [ -n "${KEEP:-}" ] || trap "rm -rf \"$tmp\"" EXIT; echo "tmp=$tmp" >&2
 failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 mkdir -p "$tmp/cfg/models"
-cat > "$tmp/cfg/models/tinyl.yml" <<'YML'
-decoder_block: llama2
-vocab_size: 64
-base_emb_dim: 32
-base_num_query_heads: 4
-base_num_kv_heads: 2
-head_dim: 8
-base_mlp_dim: 64
-base_num_decoder_layers: 2
-mlp_activations: ["silu", "linear"]
-rope_max_timescale: 10000
-YML
+mt_tiny_model "$tmp/cfg/models/tinyl.yml" llama
 "$tool" data "$tmp/data" || exit 1
 cat > "$tmp/cfg/run.yml" <<YML
 model_name: tinyl
@@ -150,5 +139,4 @@ PY
 xload par
 xload dpfsdp
 
-if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
-echo "parallel checkpoints and resume agree"
+mt_finish "parallel checkpoints and resume agree"

@@ -10,14 +10,12 @@
 #    program that plans a tiny model (mt_memory_from_config), and it runs.
 # Skipped (77) without pkg-config.
 set -u
+. "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_pkgconfig.sh BUILD_DIR}"
 src="$(cd "$(dirname "$0")/.." && pwd)"
 command -v pkg-config >/dev/null || { echo "pkg-config not found: skipped"; exit 77; }
 
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+mt_tmp
 prefix="$tmp/prefix"
 
 if ! cmake --install "$build" --prefix "$prefix" > "$tmp/install.log" 2>&1; then
@@ -78,5 +76,4 @@ else
     fail "static pkg-config link failed: $(tail -n 20 "$tmp/cc.log")"
 fi
 
-[ $failures -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
-echo "pkg-config static link: ok"
+mt_finish "pkg-config static link: ok"

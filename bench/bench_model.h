@@ -1,0 +1,113 @@
+/* bench/bench_model.h: the model, plan and step shared by bench/step_bench.c and
+ * bench/op_bench.c (header-only, static inline: each benchmark is one translation unit).
+ *
+ * Both take the same 11 command-line numbers
+ *   d_model layers heads kv_heads mlp seq batch vocab threads steps tiles
+ * and build the same llama-shaped float32 model (head_dim = d_model / heads, RoPE
+ * timescale 1e4, params initialised with seed 1), an arena planned with the model's
+ * entries plus the AdamW moments m and v (n floats each, live over every phase), and
+ * batch x seq + 1 tokens drawn from mt_rng_u32x4(7, 0, i) modulo vocab. One step
+ * zeroes the gradients, runs mt_model_forward_backward (mean over tokens) and AdamW
+ * (lr 1e-4, betas 0.9 / 0.999, eps 1e-8, weight decay 0.1 on matrices), the same
+ * step as bench/torch_step.py. */
+#ifndef MT_BENCH_MODEL_H
+#define MT_BENCH_MODEL_H
+
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kernels/ops.h"
+#include "models/model.h"
+#include "runtime/plan.h"
+#include "runtime/rng.h"
+
+typedef struct {
+    long a[11];      /* the command-line numbers, in the order of the usage line */
+    int64_t B, T, V; /* batch, sequence length, vocabulary */
+    int64_t n;       /* parameter count (floats) */
+    mt_model *m;
+    mt_plan *plan;
+    mt_arena arena;
+    float *mom, *vel; /* AdamW moments in the arena, n floats each */
+    int32_t *tok;     /* B x T + 1 tokens: inputs tok[0..BT), targets tok[1..BT] */
+} bench_model;
+
+/* Parses argv into b->a (prog names the program in the usage message) and sets the
+ * OpenMP thread count. Returns 0, or 2 after printing the usage line to stderr. */
+static inline int bench_model_args(bench_model *b, const char *prog, int argc, char **argv) {
+    if (argc != 12) {
+        fprintf(stderr, "usage: %s d_model layers heads kv_heads mlp seq batch vocab threads steps tiles\n", prog);
+        return 2;
+    }
+    for (int i = 0; i < 11; i++) b->a[i] = strtol(argv[i + 1], NULL, 10);
+    b->B = b->a[6];
+    b->T = b->a[5];
+    b->V = b->a[7];
+    omp_set_num_threads((int)b->a[8]);
+    return 0;
+}
+
+/* Creates the model on ops (kept by the model: must outlive it), plans and binds the
+ * arena, initialises the parameters and draws the tokens. Returns NULL, or the name of
+ * the stage that failed ("model", "plan", "arena", "bind"; mt_last_error() has why). */
+static inline const char *bench_model_create(bench_model *b, const mt_ops *ops) {
+    const long *a = b->a;
+    mt_model_config c;
+    mt_model_config_defaults(&c, MT_DECODER_LLAMA2);
+    c.emb_dim = a[0];
+    c.num_decoder_layers = a[1];
+    c.num_query_heads = a[2];
+    c.num_kv_heads = a[3];
+    c.head_dim = a[0] / a[2];
+    c.mlp_dim = a[4];
+    c.vocab_size = b->V;
+    c.rope_max_timescale = 10000.0f;
+    if (mt_model_create(&b->m, &c, ops, b->B, b->T, a[10]) != MT_OK) return "model";
+    if (mt_plan_new(&b->plan) != MT_OK || mt_model_add_to_plan(b->m, b->plan) != MT_OK) return "plan";
+    b->n = mt_model_numel(b->m);
+    const int last = mt_model_phase_count(b->m) - 1;
+    int idm, idv;
+    if (mt_plan_add(b->plan, "adamw.m", MT_MEM_OPTIMIZER, (size_t)b->n * 4, 0, last, &idm) != MT_OK ||
+        mt_plan_add(b->plan, "adamw.v", MT_MEM_OPTIMIZER, (size_t)b->n * 4, 0, last, &idv) != MT_OK ||
+        mt_plan_finalize(b->plan) != MT_OK)
+        return "plan";
+    if (mt_arena_create(&b->arena, b->plan, NULL, NULL) != MT_OK) return "arena";
+    if (mt_model_bind(b->m, &b->arena, b->plan) != MT_OK || mt_model_init_params(b->m, 1) != MT_OK) return "bind";
+    b->mom = mt_arena_ptr(&b->arena, b->plan, idm);
+    b->vel = mt_arena_ptr(&b->arena, b->plan, idv);
+    b->tok = malloc(sizeof(int32_t) * (size_t)(b->B * b->T + 1));
+    for (int64_t i = 0; i < b->B * b->T + 1; i++) {
+        uint32_t w[4];
+        mt_rng_u32x4(7, 0, (uint64_t)i, w);
+        b->tok[i] = (int32_t)(w[0] % (uint32_t)b->V);
+    }
+    return NULL;
+}
+
+/* One training step s (0-based; AdamW's step count is s + 1) through ops' zero and
+ * adamw: *sum and *cnt receive the loss sum and the token count. Returns NULL, or
+ * "step" when the forward/backward failed. */
+static inline const char *bench_model_step(bench_model *b, const mt_ops *ops, int s, double *sum, int64_t *cnt) {
+    mt_model *m = b->m;
+    ops->zero(mt_model_grads(m), (size_t)b->n * 4);
+    if (mt_model_forward_backward(m, b->tok, b->tok + 1, 1.0f / (float)(b->B * b->T), sum, cnt) != MT_OK)
+        return "step";
+    for (int i = 0; i < mt_model_param_count(m); i++) {
+        const mt_param_info *p = mt_model_param(m, i);
+        ops->adamw(mt_model_params(m) + p->offset, mt_model_grads(m) + p->offset, b->mom + p->offset,
+                   b->vel + p->offset, p->numel, 1e-4f, 0.9f, 0.999f, 1e-8f, p->weight_decay ? 0.1f : 0.0f, 1.0f,
+                   s + 1);
+    }
+    return NULL;
+}
+
+/* Frees what bench_model_create made (after a successful create). */
+static inline void bench_model_free(bench_model *b) {
+    mt_arena_destroy(&b->arena);
+    mt_plan_free(b->plan);
+    mt_model_free(b->m);
+    free(b->tok);
+}
+
+#endif

@@ -1,0 +1,114 @@
+# tests/lib.sh: set-up shared by the tests/test_*.sh scripts. Sourced, never run:
+# tests/CMakeLists.txt registers only test_*.sh, so this file is not a test.
+# Use: . "$(dirname "$0")/lib.sh"
+#
+#   mt_tmp                  $tmp: a fresh directory removed on exit; failures=0
+#   fail MSG...             print "FAIL: MSG" and count it in $failures
+#   mt_finish MSG           exit 1 printing "N failure(s)" if any failed, else print MSG
+#   mt_mpi_env              export the Open MPI settings the MPI tests need: run as root,
+#                           oversubscribe the 2 cores, no single-copy (containers),
+#                           OMP_NUM_THREADS=1
+#   mpi NP CMD...           timeout 300 mpirun --oversubscribe -np NP CMD...
+#   mt_tiny_model FILE KIND [LAYERS]
+#                           a tiny model YAML (vocab 64, D 32, 4 query / 2 kv heads of 8,
+#                           MLP 64, LAYERS layers, default 2): KIND llama (llama2, silu),
+#                           gemma (tied embedding, gelu) or gemma2 (tied, soft-caps
+#                           30 / 50, sliding window 8 every 2nd layer, post-norms)
+#   mt_layout_cfg MODEL     $tmp/data (synthetic shards from tests/tools/mpi_layout data,
+#                           $tool must be set) and $tmp/cfg/run.yml (MODEL, length 16,
+#                           3 steps, lr 3e-4, adam_eps 1e-5, no warm-up, no eval, cpu,
+#                           seed 3); sets cfg to it; exits 1 if the shards cannot be written
+#   mt_shards DIR SEED NAME=NTOKENS...
+#                           llm.c token shards (header magic 20240520, version 1, uint16
+#                           tokens) of a noisy repeating pattern (learnable) drawn from
+#                           Python's random.Random(SEED), one shard per NAME in order
+
+mt_tmp() {
+    tmp="$(mktemp -d)"
+    trap 'rm -rf "$tmp"' EXIT
+    failures=0
+}
+
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+mt_finish() {
+    if [ "$failures" -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
+    echo "$1"
+}
+
+mt_mpi_env() {
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+    export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
+}
+
+mpi() { local np=$1; shift; timeout 300 mpirun --oversubscribe -np "$np" "$@"; }
+
+mt_tiny_model() {
+    local file=$1 kind=$2 layers=${3:-2}
+    mkdir -p "$(dirname "$file")"
+    case "$kind" in
+        llama) printf 'decoder_block: llama2\n' ;;
+        gemma) printf 'decoder_block: gemma\n' ;;
+        gemma2) printf 'decoder_block: gemma2\n' ;;
+        *) echo "mt_tiny_model: unknown kind $kind" >&2; return 1 ;;
+    esac > "$file"
+    cat >> "$file" <<YML
+vocab_size: 64
+base_emb_dim: 32
+base_num_query_heads: 4
+base_num_kv_heads: 2
+head_dim: 8
+base_mlp_dim: 64
+base_num_decoder_layers: $layers
+YML
+    case "$kind" in
+        llama) printf 'mlp_activations: ["silu", "linear"]\n' ;;
+        gemma) printf 'mlp_activations: ["gelu", "linear"]\nlogits_via_embedding: true\n' ;;
+        gemma2) printf '%s\n' 'mlp_activations: ["gelu", "linear"]' 'logits_via_embedding: true' \
+            'final_logits_soft_cap: 30.0' 'attn_logits_soft_cap: 50.0' 'sliding_window_size: 8' \
+            'sliding_window_pattern: 2' 'use_post_attn_norm: true' 'use_post_ffw_norm: true' ;;
+    esac >> "$file"
+    printf 'rope_max_timescale: 10000\n' >> "$file"
+}
+
+mt_layout_cfg() {
+    "$tool" data "$tmp/data" || { echo "cannot write shards"; exit 1; }
+    mkdir -p "$tmp/cfg"
+    cat > "$tmp/cfg/run.yml" <<YML
+model_name: $1
+dataset_path: $tmp/data
+max_target_length: 16
+steps: 3
+learning_rate: 0.0003
+adam_eps: 1e-05
+warmup_steps_fraction: 0
+eval_interval: 0
+backend: cpu
+seed: 3
+YML
+    cfg="$tmp/cfg/run.yml"
+}
+
+mt_shards() {
+    local dir=$1 seed=$2; shift 2
+    mkdir -p "$dir"
+    python3 - "$dir" "$seed" "$@" <<'PY'
+import random, struct, sys
+d = sys.argv[1]
+rng = random.Random(int(sys.argv[2]))
+def tokens(n):
+    out = []
+    while len(out) < n:
+        out.append(1)
+        for i in range(rng.randrange(5, 30)):
+            out.append(3 + (i * 7 + rng.randrange(3)) % 61)
+    return out[:n]
+def shard(path, toks):
+    hdr = [0] * 256
+    hdr[0], hdr[1], hdr[2] = 20240520, 1, len(toks)
+    open(path, "wb").write(struct.pack("<256i", *hdr) + struct.pack("<%dH" % len(toks), *toks))
+for spec in sys.argv[3:]:
+    name, n = spec.split("=")
+    shard(d + "/" + name, tokens(int(n)))
+PY
+}
