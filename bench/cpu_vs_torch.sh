@@ -19,10 +19,16 @@ done
 /usr/bin/python3 - "$out" "$pairs" <<'PY'
 import json, sys, statistics
 d, n = sys.argv[1], int(sys.argv[2])
+ratios, mts, pts = [], [], []
 for p in range(1, n + 1):
     mt = json.load(open(f"{d}/mt_{p}.json")); pt = json.load(open(f"{d}/pt_{p}.json"))
     a, b = statistics.median(mt["step_ms"]), statistics.median(pt["step_ms"])
+    ratios.append(a / b); mts += mt["step_ms"]; pts += pt["step_ms"]
     print(f"pair {p}: meshtrain {a:.0f} ms, pytorch {b:.0f} ms, ratio {a / b:.3f}; "
           f"peak RSS meshtrain {mt['peak_rss_mib']:.0f} MiB (planned arena {mt['planned_peak_mib']:.0f} MiB), "
           f"pytorch {pt['peak_rss_mib']:.0f} MiB")
+if n > 1:
+    print(f"all {n} pairs: median ratio {statistics.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f}); "
+          f"median step over all steps: meshtrain {statistics.median(mts):.0f} ms, pytorch {statistics.median(pts):.0f} ms, "
+          f"ratio {statistics.median(mts) / statistics.median(pts):.3f}")
 PY

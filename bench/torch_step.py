@@ -54,8 +54,9 @@ class Layer(torch.nn.Module):
         v = self.v(n).view(B, T, self.kv, self.dh).transpose(1, 2)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
         rep = self.h // self.kv
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
+        if rep > 1:  # as transformers' repeat_kv: no copy when every head has its own kv
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
         s = (q @ k.transpose(-1, -2)) / math.sqrt(self.dh) + mask
         a = torch.softmax(s, dim=-1) @ v
         x = x + self.o(a.transpose(1, 2).reshape(B, T, D))
