@@ -54,6 +54,29 @@ static inline float mt_vexpf(float x) {
     return mt_vfloat((mt_vbits(y) & keep & ~big) | (0x7F000000u & big));
 }
 
+/* mt_vexpf with its range reduction and polynomial steps fused (one rounding each):
+ * the same algorithm and edge cases, results within about 1 ulp of mt_vexpf, in about
+ * half the vector instructions. Call it only from functions compiled for a target
+ * with FMA (e.g. __attribute__((target("avx2,fma"))), chosen at run time from the CPU):
+ * elsewhere fmaf is a library call per element and nothing vectorises. */
+static inline float mt_vexpf_fma(float x) {
+    const float t = __builtin_fmaf(x, 1.44269504088896341f, 12582912.0f);
+    const int32_t n = (int32_t)(mt_vbits(t) - 0x4B400000u);
+    const float fn = t - 12582912.0f;
+    float r = __builtin_fmaf(fn, -0.693359375f, x);
+    r = __builtin_fmaf(fn, 2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = __builtin_fmaf(p, r, 1.3981999507e-3f);
+    p = __builtin_fmaf(p, r, 8.3334519073e-3f);
+    p = __builtin_fmaf(p, r, 4.1665795894e-2f);
+    p = __builtin_fmaf(p, r, 1.6666665459e-1f);
+    p = __builtin_fmaf(p, r, 5.0000001201e-1f);
+    const float y = (__builtin_fmaf(p, r * r, r) + 1.0f) * mt_vfloat(((uint32_t)n + 127u) << 23);
+    const uint32_t keep = ~mt_vmask(x < -87.0f); /* NaN compares false: kept */
+    const uint32_t big = mt_vmask(x > 88.0f);
+    return mt_vfloat((mt_vbits(y) & keep & ~big) | (0x7F000000u & big));
+}
+
 /* tanh(x) for float x; odd, saturates to +-1, NaN gives NaN. */
 static inline float mt_vtanhf(float x) {
     const uint32_t sign = mt_vbits(x) & 0x80000000u;
