@@ -559,6 +559,10 @@ static mt_status ck_fetch_param(void *vctx, int i, void *dst, size_t bytes) {
 }
 
 mt_status mt_checkpoint_save_model(const char *dir, mt_model *m, mt_dtype dtype) {
+    return mt_checkpoint_save_model_meta(dir, m, dtype, NULL);
+}
+
+mt_status mt_checkpoint_save_model_meta(const char *dir, mt_model *m, mt_dtype dtype, const char *const *metadata) {
     if (dtype != MT_F32 && dtype != MT_BF16)
         return mt_set_error(MT_ERR_INVALID, "%s: checkpoint dtype must be float32 or bfloat16, not %s", dir,
                             mt_dtype_name(dtype));
@@ -584,7 +588,21 @@ mt_status mt_checkpoint_save_model(const char *dir, mt_model *m, mt_dtype dtype)
         s = mt_set_error(MT_ERR_OOM, "%s: out of memory", dir);
     char *wpath = ck_join(dir, "model.safetensors"), *cpath = ck_join(dir, "config.json");
     if (s == MT_OK && (!wpath || !cpath)) s = mt_set_error(MT_ERR_OOM, "%s: out of memory", dir);
-    static const char *const meta[] = {"format", "pt", NULL};
+    /* "format": "pt" first (transformers reads it), then the caller's pairs */
+    enum { CK_META_MAX = 16 };
+    const char *meta[2 * CK_META_MAX + 3] = {"format", "pt"};
+    int nm = 2;
+    for (int i = 0; metadata && metadata[i] && metadata[i + 1]; i += 2) {
+        if (nm + 2 > 2 * CK_META_MAX + 2 || strcmp(metadata[i], "format") == 0) {
+            if (s == MT_OK)
+                s = mt_set_error(MT_ERR_INVALID, "%s: metadata key '%s': 'format' is reserved and at most %d "
+                                 "pairs are written", dir, metadata[i], CK_META_MAX);
+            break;
+        }
+        meta[nm++] = metadata[i];
+        meta[nm++] = metadata[i + 1];
+    }
+    meta[nm] = NULL;
     if (s == MT_OK) s = mt_safetensors_write_fetch(wpath, t, n, meta, ck_fetch_param, &x);
     if (s == MT_OK) s = ck_config_write(cpath, mt_model_get_config(m), dtype == MT_BF16 ? "bfloat16" : "float32");
     free(wpath);

@@ -26,6 +26,13 @@ extern "C" {
  * Errors: MT_ERR_INVALID (dtype not F32/BF16), MT_ERR_IO, MT_ERR_OOM. */
 mt_status mt_checkpoint_save_model(const char *dir, mt_model *m, mt_dtype dtype);
 
+/* mt_checkpoint_save_model with extra model.safetensors __metadata__: metadata is NULL
+ * or a NULL-terminated list key, value, key, value, ..., NULL (at most 16 pairs; the
+ * key "format" is reserved: it is always "pt", first). The trainer records there which
+ * checkpoint the file belongs to (train/trainer.h). Errors: those of
+ * mt_checkpoint_save_model; MT_ERR_INVALID for a "format" key or more than 16 pairs. */
+mt_status mt_checkpoint_save_model_meta(const char *dir, mt_model *m, mt_dtype dtype, const char *const *metadata);
+
 /* Load the parameters of m from dir/model.safetensors, or from the shards listed in
  * dir/model.safetensors.index.json when that exists. Every model parameter must be
  * present with the same shape (error names the tensor, the expected and the found

@@ -145,13 +145,14 @@ for line in open(out):
     f = line.split()
     if len(f) > 6 and f[0].isdigit():
         rows.append((int(f[1]), float(f[4])))
-# a line is [mpirun -np N] meshtrain train CONFIG key=value ...: plan takes CONFIG key=value ...
+# a line is [mpirun -np N] BINARY train CONFIG key=value ... (BINARY: this binary's
+# path as invoked): plan takes CONFIG key=value ...
 cmds = []
 for l in open("remat_commands_from_estimator.txt"):
     f = l.split()
     if f[:2] == ["mpirun", "-np"]:
         f = f[3:]
-    if f[:2] == ["meshtrain", "train"]:
+    if f[:2] == [binary, "train"]:
         cmds.append(f[2:])
 assert rows and len(rows) == len(cmds), (len(rows), len(cmds))
 bad = 0
@@ -204,7 +205,7 @@ for hbm in 95 $roomy; do
     [ -s remat_commands_from_estimator.txt ] || fail "no remat_commands_from_estimator.txt"
     check_rows est.out $((hbm * gib)) || fail "405b estimate rows (hbm_gib=$hbm)"
 done
-[ "$(grep -cE '^(mpirun -np [0-9]+ )?meshtrain train' remat_commands_from_estimator.txt)" -ge 2 ] \
+[ "$(grep -cE "^(mpirun -np [0-9]+ )?$bin train " remat_commands_from_estimator.txt)" -ge 2 ] \
     || fail "405b at hbm_gib=$roomy: fewer than 2 Pareto rows"
 
 for conf in "model_name=gemma2-9b num_devices=8 max_target_length=8192 hbm_gib=141" \
@@ -218,13 +219,13 @@ done
 # --- mode 2: fixed batch, lightest policy that fits ---
 "$bin" estimate "$base" $nodata model_name=gemma2-9b num_devices=8 hbm_gib=141 max_target_length=8192 \
     per_device_batch_size=2 > est2.out 2> err || fail "estimate fixed batch: $(cat err)"
-[ "$(grep -cE '^(mpirun -np [0-9]+ )?meshtrain train' remat_commands_from_estimator.txt)" -eq 1 ] || fail "mode 2 gives one command"
+[ "$(grep -cE "^(mpirun -np [0-9]+ )?$bin train " remat_commands_from_estimator.txt)" -eq 1 ] || fail "mode 2 gives one command"
 grep -q "per_device_batch_size=2 " remat_commands_from_estimator.txt || fail "mode 2 keeps the batch"
 
 # --- mode 3: a fixed tensor is left alone ---
 "$bin" estimate "$base" $nodata model_name=gemma2-9b num_devices=8 hbm_gib=141 max_target_length=8192 \
     remat_policy=custom mlpwi_0=device > est3.out 2> err || fail "estimate custom: $(cat err)"
-total=$(grep -cE '^(mpirun -np [0-9]+ )?meshtrain train' remat_commands_from_estimator.txt)
+total=$(grep -cE "^(mpirun -np [0-9]+ )?$bin train " remat_commands_from_estimator.txt)
 kept=$(grep -c 'mlpwi_0=device' remat_commands_from_estimator.txt)
 [ "$total" -ge 1 ] && [ "$total" -eq "$kept" ] || fail "mlpwi_0=device not respected ($kept of $total)"
 check_rows est3.out $((141 * gib)) || fail "estimate rows with mlpwi_0=device fixed"

@@ -3,9 +3,10 @@
 # written under mpirun (a fresh user's trial: `meshtrain train ... num_devices=2` with
 # every ici_* at 1 exited 2, "1 x 1 x 1 x 1 = 1 but the world has 2 ranks").
 #  - `estimate num_devices=2` of a tiny model writes lines that start with
-#    `mpirun -np 2` and carry the resolved mesh (plan/estimate's fsdp over 2);
-#  - the first line, given --oversubscribe and a short run, trains (exit 0) and
-#    prints the banner once (rank 0 only);
+#    `mpirun -np 2 <the binary as invoked> train` and carry the resolved mesh
+#    (plan/estimate's fsdp over 2);
+#  - the first line, run as written from the same directory (given --oversubscribe
+#    and a short run), trains (exit 0) and prints the banner once (rank 0 only);
 #  - under mpirun -np 2, num_devices=8 is refused (exit 2) naming num_devices.
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -47,15 +48,18 @@ cd "$tmp" || exit 1
 # A budget that fits batch 1..a few: the estimator's batches stay small enough to train here.
 "$bin" estimate "$tmp/cfg/run.yml" num_devices=2 hbm_gib=0.0005 > est.out 2> est.err || fail "estimate: $(cat est.err)"
 cat est.out
-line="$(grep -m1 '^mpirun -np 2 meshtrain train ' remat_commands_from_estimator.txt)"
-[ -n "$line" ] || fail "no line starting 'mpirun -np 2 meshtrain train': $(cat remat_commands_from_estimator.txt)"
+line="$(grep -m1 '^mpirun -np 2 ' remat_commands_from_estimator.txt)"
+case "$line" in
+"mpirun -np 2 $bin train "*) ;;
+*) fail "no line starting 'mpirun -np 2 $bin train': $(cat remat_commands_from_estimator.txt)" ;;
+esac
 # all ici_* = 1 means fsdp over num_devices for plan/estimate: the line spells it out
 case "$line" in
 *"ici_data_parallelism=1 ici_fsdp_parallelism=2 ici_context_parallelism=1 ici_tensor_parallelism=1"*) ;;
 *) fail "line lacks the resolved mesh (fsdp 2): $line" ;;
 esac
-# run it as written, with --oversubscribe (2 cores shared) and our binary
-run="${line/#mpirun -np 2 meshtrain /mpirun --oversubscribe -np 2 $bin }"
+# run it as written (the binary's path is in it), with --oversubscribe (2 cores shared)
+run="${line/#mpirun -np 2 /mpirun --oversubscribe -np 2 }"
 eval "$run run_name=est" > run.out 2> run.err || fail "the estimator's command failed: $run: $(cat run.out run.err)"
 [ "$(grep -c '^meshtrain: model ' run.out)" -eq 1 ] || fail "banner not printed exactly once: $(cat run.out)"
 [ "$(grep -c '^meshtrain: outputs in ' run.out)" -eq 1 ] || fail "outputs line not printed exactly once: $(cat run.out)"

@@ -185,7 +185,8 @@ mt_status mt_memory_plan_rank(const mt_train_config *cfg, mt_memory_report *rep,
 /* ------------------------------------------------------------ step model ---- */
 
 mt_step_model mt_step_model_default(void) {
-    mt_step_model s = {989e12, 55e9, 50e9};
+    mt_step_model s = {989e12, 55e9, 50e9,
+                       "an H100/H200 SXM GPU (dense bf16 peak), PCIe 5 x16 host link, 400 Gb/s InfiniBand"};
     return s;
 }
 
@@ -493,6 +494,12 @@ mt_status mt_estimate(const mt_train_config *cfg, int64_t batch_fixed, const int
     memset(out, 0, sizeof *out);
     if (!(cfg->hbm_gib > 0))
         return mt_set_error(MT_ERR_INVALID, "hbm_gib=%g: the device memory budget must be > 0 GiB", cfg->hbm_gib);
+    /* GiB -> bytes: beyond 2^63 bytes the size_t conversion wraps (1e19 GiB read as 0
+     * bytes) and no plan's int64 byte count could reach the budget anyway. */
+    if (!(cfg->hbm_gib <= MT_HBM_GIB_MAX))
+        return mt_set_error(MT_ERR_INVALID, "key 'hbm_gib' = %g: out of range; the device memory budget must be "
+                            "in (0, %.0f] GiB (at most 2^63 bytes, the largest 64-bit byte count)", cfg->hbm_gib,
+                            MT_HBM_GIB_MAX);
     const double t0 = mt_time_now();
     search s;
     memset(&s, 0, sizeof s);

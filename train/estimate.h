@@ -82,11 +82,16 @@ typedef struct mt_step_model {
     double device_flops;  /* FLOP/s of one device */
     double host_bw;       /* bytes/s host <-> device, each direction */
     double link_bw;       /* bytes/s of one device's collective link */
+    const char *device;   /* the hardware these constants describe, in words (static) */
 } mt_step_model;
 
 /* H100/H200 SXM dense bf16 peak 989e12 FLOP/s, PCIe 5 x16 55e9 B/s, 400 Gb/s
- * InfiniBand per GPU 50e9 B/s. */
+ * InfiniBand per GPU 50e9 B/s: a GPU whatever cfg->backend says (no key changes
+ * them), so for backend=cpu the modelled step times mean nothing. */
 mt_step_model mt_step_model_default(void);
+
+/* Largest hbm_gib mt_estimate takes: 2^33 GiB = 2^63 bytes. */
+#define MT_HBM_GIB_MAX 8589934592.0
 
 /* Modelled seconds of one optimizer step of cfg (all micro-batches): FLOPs (6 per
  * parameter per token + 12 L H Dh T per token for attention, causal not discounted,
@@ -132,8 +137,9 @@ typedef struct mt_estimate_result {
  * the device plan growing with the kept set (tests/test_cli_estimate.sh checks both
  * with `meshtrain plan`). batch_fixed > 0: error if the lightest policy does not fit, else
  * from all-device step back (device -> offload, largest first, then offload ->
- * remat) until it fits. Budget: cfg->hbm_gib GiB.
- * Errors: MT_ERR_INVALID (hbm_gib <= 0, config), MT_ERR_OOM; MT_ERR_INVALID with
+ * remat) until it fits. Budget: cfg->hbm_gib GiB, in (0, MT_HBM_GIB_MAX].
+ * Errors: MT_ERR_INVALID (hbm_gib <= 0 or > MT_HBM_GIB_MAX, naming the range; config),
+ * MT_ERR_OOM; MT_ERR_INVALID with
  * "does not fit" and the smallest plan's bytes against the budget when nothing fits. */
 mt_status mt_estimate(const mt_train_config *cfg, int64_t batch_fixed, const int fixed[MT_RT_COUNT],
                       const mt_step_model *sm, mt_estimate_result *out);

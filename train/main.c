@@ -11,9 +11,12 @@
  * the message on stderr as "meshtrain: error: <mt_last_error()>". */
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "models/checkpoint.h"
 #include "models/model.h"
@@ -79,7 +82,8 @@ static void print_help(const char *cmd) {
                 "Trains for `steps` steps. Writes <base_output_directory>/<run_name>/metrics.jsonl\n"
                 "(one JSON object per step) and checkpoints/step_<N>/ every checkpoint_period steps\n"
                 "and at the end. load_checkpoint=DIR resumes a run bitwise (exit 2 when the run\n"
-                "directory holds checkpoints after DIR's step); load_parameters_path=DIR starts from a\n"
+                "directory holds checkpoints after DIR's step or of another run, or DIR is not one\n"
+                "complete checkpoint); load_parameters_path=DIR starts from a\n"
                 "model.safetensors. The world is mpirun -np N, the mesh the ici_* keys (num_devices is\n"
                 "for plan/estimate; train refuses one that differs from N).\n");
     } else if (strcmp(cmd, "sample") == 0) {
@@ -108,8 +112,10 @@ static void print_help(const char *cmd) {
                 "modelled step time and writes runnable commands to ./remat_commands_from_estimator.txt\n"
                 "(the current directory; written whole, then renamed): each line carries the resolved mesh\n"
                 "(ici_*) and, for num_devices > 1, its `mpirun -np N`. --json prints the rows, budget,\n"
-                "search time and commands as one JSON object. Exit 2 when nothing fits; an earlier\n"
-                "job's commands file is then renamed to remat_commands_from_estimator.previous.txt.\n");
+                "search time and commands as one JSON object. Each line starts with this binary's path\n"
+                "as invoked, so it runs as written from this directory. The step model assumes an\n"
+                "H100/H200-class GPU (no key changes it; meaningless for backend=cpu). Exit 2 when\n"
+                "nothing fits or hbm_gib is outside (0, 8589934592]; a failed estimate changes no file.\n");
     }
     print_keys(o);
 }
@@ -171,12 +177,79 @@ static void human_duration(double s, char *buf, size_t n) {
     else snprintf(buf, n, "%lds", t);
 }
 
+/* ---- a single process stopped by SIGINT / SIGTERM says so (under mpirun
+ * parallel/comm_mpi.c reports "stopped by the launcher" instead) ----
+ * The handler writes one prepared line with write(2) (async-signal-safe) and dies of
+ * the signal as before (exit 130 / 143). The line names the newest complete checkpoint
+ * to resume from. It is prepared after every step (on_step) into the slot the handler
+ * is not reading, then published by one sig_atomic_t store. A step's checkpoint is
+ * saved after on_step: the handler stat(2)s (async-signal-safe) that checkpoint's
+ * train_state.safetensors, which exists only once step_<N>/ is renamed into place. */
+#define STOP_LINE (2 * MT_CONFIG_PATH_MAX + 160)
+typedef struct stop_note {
+    char done[STOP_LINE];       /* tail of the line when the pending checkpoint is not there */
+    char pending[STOP_LINE];    /* ... when it is */
+    char pending_file[STOP_LINE]; /* <ckdir>/step_<s>/train_state.safetensors, or "" */
+} stop_note;
+static stop_note g_stop[2];                  /* only the CLI: the handler's prepared text */
+static volatile sig_atomic_t g_stop_slot = -1; /* the published slot, -1 before any */
+
+static void put_stderr(const char *s) {
+    size_t n = 0;
+    while (s[n]) n++;
+    while (n > 0) {
+        ssize_t w = write(2, s, n);
+        if (w <= 0) return;
+        s += w;
+        n -= (size_t)w;
+    }
+}
+
+static void on_stop_signal(int sig) {
+    const int slot = g_stop_slot;
+    put_stderr(sig == SIGINT ? "meshtrain: stopped by SIGINT" : "meshtrain: stopped by SIGTERM");
+    if (slot >= 0) {
+        const stop_note *n = &g_stop[slot];
+        struct stat sb;
+        put_stderr(n->pending_file[0] && stat(n->pending_file, &sb) == 0 ? n->pending : n->done);
+    } else {
+        put_stderr("\n");
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
 typedef struct console {
     int64_t log_period;
+    int note;                  /* keep g_stop up to date (one process) */
+    int64_t checkpoint_period; /* the run's, to know which steps save */
+    char ckdir[2 * MT_CONFIG_PATH_MAX + 16]; /* <base_output_directory>/<run_name>/checkpoints */
 } console;
+
+/* Publish the stop line after step `step` (its checkpoint, if it saves one, is written
+ * after this call): the newest saved checkpoint so far, and this step's to come. */
+static void stop_note_update(const console *c, int64_t step, int64_t total) {
+    const int cur = g_stop_slot, next = cur == 0 ? 1 : 0;
+    stop_note *n = &g_stop[next];
+    struct stat sb;
+    if (cur >= 0) { /* the previous pending checkpoint, if saved, is now the newest */
+        const stop_note *o = &g_stop[cur];
+        snprintf(n->done, sizeof n->done, "%s",
+                 o->pending_file[0] && stat(o->pending_file, &sb) == 0 ? o->pending : o->done);
+    }
+    n->pending_file[0] = n->pending[0] = '\0';
+    if (step > 0 && ((c->checkpoint_period > 0 && step % c->checkpoint_period == 0) || step == total)) {
+        snprintf(n->pending_file, sizeof n->pending_file, "%s/step_%" PRId64 "/train_state.safetensors", c->ckdir,
+                 step);
+        snprintf(n->pending, sizeof n->pending, "; the newest checkpoint is step %" PRId64 ": resume with "
+                 "load_checkpoint=%s/step_%" PRId64 "\n", step, c->ckdir, step);
+    }
+    g_stop_slot = next;
+}
 
 static void on_step(const mt_step_metrics *m, void *user) {
     const console *c = user;
+    if (c->note) stop_note_update(c, m->step, m->total_steps);
     if (m->has_train && (m->step % c->log_period == 0 || m->step == 1 || m->step == m->total_steps)) {
         char eta[32];
         human_duration(m->eta_s, eta, sizeof eta);
@@ -190,12 +263,36 @@ static void on_step(const mt_step_metrics *m, void *user) {
     fflush(stdout);
 }
 
+/* An allocation that the run's memory plan sizes failed in mt_trainer_create: keep the
+ * status (MT_ERR_OOM, exit 1) and add to its message the plan's device bytes (rank 0 of
+ * this world, train/estimate.h mt_memory_plan_rank, when it can be computed), where to
+ * see it (`meshtrain plan`) and the keys that size it. */
+static mt_status train_oom(const mt_train_config *cfg) {
+    char why[512], size[96] = "";
+    snprintf(why, sizeof why, "%s", mt_last_error());
+    mt_train_config c = *cfg;
+    c.num_devices = mt_comm_world_size();
+    mt_memory_report r;
+    if (mt_memory_plan_rank(&c, &r, NULL, NULL) == MT_OK) {
+        char h[32];
+        human_bytes((double)r.peak, h, sizeof h);
+        snprintf(size, sizeof size, " (%zu bytes = %s per device)", r.peak, h);
+    }
+    return mt_set_error(MT_ERR_OOM, "%s: this run's memory plan%s cannot be allocated here; `meshtrain plan` with "
+                        "the same config and key=value overrides prints it. per_device_batch_size = %" PRId64
+                        ", max_target_length = %" PRId64 ", remat_policy = %s and the model dims (base_emb_dim, "
+                        "base_mlp_dim, base_num_decoder_layers, vocab_size) size it: lower them or save less",
+                        why, size, cfg->per_device_batch_size, cfg->max_target_length,
+                        mt_remat_policy_name((mt_remat_policy_kind)cfg->remat_policy));
+}
+
 static int cmd_train(int argc, char **argv) {
     mt_train_config cfg;
     mt_status st = load_config(argc, argv, &cfg, NULL);
     if (st != MT_OK) return fail(st);
     mt_trainer *t = NULL;
     st = mt_trainer_create(&t, &cfg);
+    if (st == MT_ERR_OOM) st = train_oom(&cfg);
     if (st != MT_OK) return fail(st);
     /* num_devices describes the job to plan/estimate; train takes the world from
      * mpirun -np (1 = the default, never an error). */
@@ -232,7 +329,21 @@ static int cmd_train(int argc, char **argv) {
         return 0;
     }
     fflush(stdout);
-    console c = {cfg.log_period};
+    console c = {cfg.log_period, mt_comm_world_size() == 1, cfg.checkpoint_period, ""};
+    snprintf(c.ckdir, sizeof c.ckdir, "%s/%s/checkpoints", cfg.base_output_directory, cfg.run_name);
+    if (c.note) { /* the line before the first step: the resumed checkpoint, or none */
+        stop_note *n = &g_stop[0];
+        if (cfg.load_checkpoint[0])
+            snprintf(n->done, sizeof n->done, "; the newest checkpoint is step %" PRId64 " (the one it resumed "
+                     "from): resume with load_checkpoint=%s\n", mt_trainer_step_count(t), cfg.load_checkpoint);
+        else
+            snprintf(n->done, sizeof n->done, "; no checkpoint was saved yet (checkpoint_period = %" PRId64
+                     "): nothing to resume from\n", cfg.checkpoint_period);
+        n->pending_file[0] = n->pending[0] = '\0';
+        g_stop_slot = 0;
+        signal(SIGINT, on_stop_signal);
+        signal(SIGTERM, on_stop_signal);
+    }
     st = mt_trainer_run(t, on_step, &c);
     mt_trainer_free(t);
     if (st != MT_OK) return fail(st);
@@ -447,14 +558,42 @@ static int cmd_plan(int argc, char **argv) {
 
 #define MT_COMMANDS_FILE "remat_commands_from_estimator.txt"
 
-/* The runnable `train` command of an estimate row: the user's overrides without the
- * keys it sets itself (hbm_gib dropped; batch, remat, num_devices, ici_*), then the
- * row's batch and custom policy, num_devices (> 1) and the resolved mesh (plan/estimate
- * read all ici_* = 1 as fsdp over num_devices; train needs the axes spelled out), under
- * `mpirun -np N` for more than one device. Returns 0 when buf was too small. */
-static int estimate_command(char *buf, size_t n, const char *path, int argc, char **argv, const mt_train_config *cfg,
-                            const int dims[4], const mt_estimate_row *row) {
+/* s as one shell word: unchanged when it holds only characters no shell treats
+ * specially, else in single quotes (each ' written as '\''). Returns 0 when buf was
+ * too small. */
+static int shell_word(char *buf, size_t n, const char *s) {
+    int plain = s[0] != '\0';
+    for (const char *c = s; *c && plain; c++)
+        plain = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+                strchr("_-./:=+,@%", *c) != NULL;
     size_t used = 0;
+    if (!plain) buf[used++] = '\'';
+    for (const char *c = s; *c; c++) {
+        if (used + 6 >= n) return 0;
+        if (!plain && *c == '\'') {
+            memcpy(buf + used, "'\\''", 4);
+            used += 4;
+        } else {
+            buf[used++] = *c;
+        }
+    }
+    if (!plain) buf[used++] = '\'';
+    buf[used] = '\0';
+    return 1;
+}
+
+/* The runnable `train` command of an estimate row: prog (the binary's path as the
+ * user invoked it: relative to the current directory, or a name found on PATH, so
+ * the line runs as written from where estimate ran), CONFIG, the user's overrides
+ * without the keys it sets itself (hbm_gib dropped; batch, remat, num_devices, ici_*),
+ * then the row's batch and custom policy, num_devices (> 1) and the resolved mesh
+ * (plan/estimate read all ici_* = 1 as fsdp over num_devices; train needs the axes
+ * spelled out), under `mpirun -np N` for more than one device. Words a shell would
+ * split or expand are single-quoted. Returns 0 when buf was too small. */
+static int estimate_command(char *buf, size_t n, const char *prog, const char *path, int argc, char **argv,
+                            const mt_train_config *cfg, const int dims[4], const mt_estimate_row *row) {
+    size_t used = 0;
+    char word[2048];
 #define CMD_ADD(...)                                                            \
     do {                                                                        \
         int w_ = snprintf(buf + used, n - used, __VA_ARGS__);                   \
@@ -463,7 +602,10 @@ static int estimate_command(char *buf, size_t n, const char *path, int argc, cha
     } while (0)
     buf[0] = '\0';
     if (cfg->num_devices > 1) CMD_ADD("mpirun -np %" PRId64 " ", cfg->num_devices);
-    CMD_ADD("meshtrain train %s", path);
+    if (!shell_word(word, sizeof word, prog)) return 0;
+    CMD_ADD("%s train", word);
+    if (!shell_word(word, sizeof word, path)) return 0;
+    CMD_ADD(" %s", word);
     static const char *const own[] = {"hbm_gib", "num_devices", "per_device_batch_size", "remat_policy",
                                       "ici_data_parallelism", "ici_fsdp_parallelism", "ici_context_parallelism",
                                       "ici_tensor_parallelism", NULL};
@@ -476,7 +618,9 @@ static int estimate_command(char *buf, size_t n, const char *path, int argc, cha
         mt_remat_tensor t;
         int skip = mt_remat_tensor_parse(key, &t) == MT_OK;
         for (int i = 0; own[i] && !skip; i++) skip = strcmp(key, own[i]) == 0;
-        if (!skip) CMD_ADD(" %s", argv[k]);
+        if (skip) continue;
+        if (!shell_word(word, sizeof word, argv[k])) return 0;
+        CMD_ADD(" %s", word);
     }
     CMD_ADD(" per_device_batch_size=%" PRId64 " remat_policy=custom", row->batch);
     for (int t = 0; t < MT_RT_COUNT; t++) {
@@ -498,11 +642,11 @@ static const char *estimate_action(const mt_train_config *cfg, const mt_estimate
 }
 
 /* `meshtrain estimate`: batch size and remat policy for a memory budget. The commands
- * file is written whole to a temporary name and renamed on success; when the estimate
- * fails, an existing commands file (an earlier job's) is renamed to
- * remat_commands_from_estimator.previous.txt, so nothing is lost and no file under the
- * usual name can be taken for this job's answer. */
-static int cmd_estimate(int argc, char **argv) {
+ * file is written whole to a temporary name and renamed on success; a failed estimate
+ * touches no file (bad input loses nothing), and when ./remat_commands_from_estimator.txt
+ * exists its message says that file is an earlier run's, not this one's. prog: argv[0]
+ * as invoked, the binary the written lines start with. */
+static int cmd_estimate(const char *prog, int argc, char **argv) {
     int json = 0, m = 0;
     for (int i = 0; i < argc; i++) /* --json anywhere after the command */
         if (strcmp(argv[i], "--json") == 0) json = 1;
@@ -513,7 +657,7 @@ static int cmd_estimate(int argc, char **argv) {
     if (check_config_first(path) != MT_OK) return fail(MT_ERR_INVALID);
     const char **ov = calloc((size_t)argc + 1, sizeof(char *));
     if (!ov) return fail(mt_set_error(MT_ERR_OOM, "out of memory"));
-    int n = 0, fixed[MT_RT_COUNT] = {0};
+    int n = 0, fixed[MT_RT_COUNT] = {0}, batch_given = 0;
     int64_t batch = 0;
     for (int i = 1; i < argc; i++) {
         const char *eq = strchr(argv[i], '=');
@@ -531,11 +675,7 @@ static int cmd_estimate(int argc, char **argv) {
                 }
                 fixed[t] = 1;
             } else if (strcmp(key, "per_device_batch_size") == 0) {
-                batch = atoll(eq + 1);
-                if (batch < 1) {
-                    free(ov);
-                    return fail(mt_set_error(MT_ERR_INVALID, "per_device_batch_size=%s must be >= 1", eq + 1));
-                }
+                batch_given = 1; /* the config parses and range-checks the value (no atoll wrap) */
             }
         }
         ov[n++] = argv[i];
@@ -544,6 +684,7 @@ static int cmd_estimate(int argc, char **argv) {
     mt_status st = mt_train_config_load(&cfg, path, n, ov);
     free(ov);
     if (st != MT_OK) return fail(st);
+    if (batch_given) batch = cfg.per_device_batch_size; /* a command-line batch is fixed (mode 2) */
     int any_fixed = 0;
     for (int t = 0; t < MT_RT_COUNT; t++) any_fixed |= fixed[t];
     if (any_fixed && cfg.remat_policy != MT_REMAT_CUSTOM)
@@ -565,14 +706,10 @@ static int cmd_estimate(int argc, char **argv) {
     if (st != MT_OK) {
         int code = fail(st);
         FILE *old = fopen(MT_COMMANDS_FILE, "r");
-        if (old) {
+        if (old) { /* left as it was: bad input loses nothing */
             fclose(old);
-            const char *prev = "remat_commands_from_estimator.previous.txt";
-            if (rename(MT_COMMANDS_FILE, prev) == 0)
-                fprintf(stderr, "meshtrain: ./%s (an earlier estimate's, not this one's) was renamed to ./%s\n",
-                        MT_COMMANDS_FILE, prev);
-            else
-                fprintf(stderr, "meshtrain: note: ./%s is an earlier estimate's, not this one's\n", MT_COMMANDS_FILE);
+            fprintf(stderr, "meshtrain: note: ./%s is from an earlier estimate, not this one (left unchanged)\n",
+                    MT_COMMANDS_FILE);
         }
         return code;
     }
@@ -580,7 +717,7 @@ static int cmd_estimate(int argc, char **argv) {
     char (*cmds)[4096] = calloc((size_t)res.nrows, sizeof *cmds);
     int ok = cmds != NULL;
     for (int i = 0; ok && i < res.nrows; i++)
-        ok = estimate_command(cmds[i], sizeof cmds[i], path, argc, argv, &cfg, r0.dims, &res.rows[i]);
+        ok = estimate_command(cmds[i], sizeof cmds[i], prog, path, argc, argv, &cfg, r0.dims, &res.rows[i]);
     FILE *f = NULL;
     const char *tmp = MT_COMMANDS_FILE ".tmp";
     if (ok) f = fopen(tmp, "w");
@@ -591,8 +728,9 @@ static int cmd_estimate(int argc, char **argv) {
                        : mt_set_error(MT_ERR_INVALID, "estimate: a command line is over 4096 bytes"));
     }
     fprintf(f, "# meshtrain estimate %s: hbm_gib=%g, %" PRId64 " device(s) = data %d x fsdp %d x context %d x tensor "
-            "%d; ranked by modelled tokens/s%s\n", path, cfg.hbm_gib, cfg.num_devices, r0.dims[0], r0.dims[1],
-            r0.dims[2], r0.dims[3], cfg.num_devices > 1 ? "; each line runs as written (mpirun -np N)" : "");
+            "%d; ranked by modelled tokens/s; each line runs as written from the directory estimate ran in%s\n",
+            path, cfg.hbm_gib, cfg.num_devices, r0.dims[0], r0.dims[1], r0.dims[2], r0.dims[3],
+            cfg.num_devices > 1 ? " (mpirun -np N)" : "");
     for (int i = 0; i < res.nrows; i++) fprintf(f, "%s\n", cmds[i]);
     const int werr = ferror(f);
     if (fclose(f) != 0 || werr || rename(tmp, MT_COMMANDS_FILE) != 0) {
@@ -602,6 +740,7 @@ static int cmd_estimate(int argc, char **argv) {
         return fail(mt_set_error(MT_ERR_IO, "cannot write ./%s", MT_COMMANDS_FILE));
     }
     const char *axes[4] = {"data", "fsdp", "context", "tensor"};
+    const int cpu = cfg.backend == MT_BACKEND_CPU; /* the step model is a GPU's */
     if (json) {
         printf("{\"model_name\": ");
         print_json_str(cfg.model.model_name);
@@ -611,9 +750,12 @@ static int cmd_estimate(int argc, char **argv) {
         for (int a = 0; a < 4; a++) printf("%s\"%s\": %d", a ? ", " : "", axes[a], r0.dims[a]);
         printf("}, \"hbm_gib\": %.17g, \"budget_bytes\": %zu, \"mode\": \"%s\", \"plans_evaluated\": %d"
                ", \"search_seconds\": %.6f, \"step_model\": {\"device_flops\": %.6g, \"host_bytes_per_s\": %.6g"
-               ", \"link_bytes_per_s\": %.6g}, \"commands_file\": \"%s\", \"rows\": [",
+               ", \"link_bytes_per_s\": %.6g, \"device\": ",
                cfg.hbm_gib, res.budget, res.mode == 1 ? "pareto" : "fixed_batch", res.plans, res.seconds,
-               sm.device_flops, sm.host_bw, sm.link_bw, MT_COMMANDS_FILE);
+               sm.device_flops, sm.host_bw, sm.link_bw);
+        print_json_str(sm.device);
+        printf(", \"applies_to_backend\": %s}, \"commands_file\": \"%s\", \"rows\": [", cpu ? "false" : "true",
+               MT_COMMANDS_FILE);
         for (int i = 0; i < res.nrows; i++) {
             const mt_estimate_row *row = &res.rows[i];
             printf("%s{\"rank\": %d, \"per_device_batch_size\": %" PRId64 ", \"device_bytes\": %zu, \"host_bytes\": "
@@ -641,7 +783,10 @@ static int cmd_estimate(int argc, char **argv) {
                              : "fixed batch size, lightest policy that fits",
                any_fixed ? ", respecting the fixed tensors" : "", res.plans, res.seconds);
         printf("step model: %.0f TFLOP/s per device, host link %.0f GB/s, collective link %.0f GB/s, no overlap; "
-               "float32 buffers\n", sm.device_flops / 1e12, sm.host_bw / 1e9, sm.link_bw / 1e9);
+               "float32 buffers (%s)\n", sm.device_flops / 1e12, sm.host_bw / 1e9, sm.link_bw / 1e9, sm.device);
+        if (cpu)
+            printf("note: backend=cpu: the step model describes that GPU, not a CPU, so the step s and tokens/s "
+                   "columns (and the ranking) mean nothing here; the memory figures are exact\n");
         printf("%-4s %6s %12s %10s %12s %14s  %s\n", "rank", "batch", "device GiB", "host GiB", "step s",
                "tokens/s/dev", "policy (q k v context out_proj mlpwi_0 mlpwi_1 mlpwo)");
         for (int i = 0; i < res.nrows; i++) {
@@ -676,10 +821,11 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     int (*run)(int, char **) = NULL;
+    int estimate = 0; /* cmd_estimate also takes argv[0]: its command lines start with it */
     if (strcmp(cmd, "train") == 0) run = cmd_train;
     else if (strcmp(cmd, "sample") == 0) run = cmd_sample;
     else if (strcmp(cmd, "plan") == 0) run = cmd_plan;
-    else if (strcmp(cmd, "estimate") == 0) run = cmd_estimate;
+    else if (strcmp(cmd, "estimate") == 0) estimate = 1;
     else {
         char msg[256];
         snprintf(msg, sizeof msg, "unknown command '%s' (train, sample, plan, estimate)", cmd);
@@ -691,5 +837,5 @@ int main(int argc, char **argv) {
             return 0;
         }
     if (argc < 3) return usage_error("missing CONFIG.yml");
-    return run(argc - 2, argv + 2);
+    return estimate ? cmd_estimate(argv[0], argc - 2, argv + 2) : run(argc - 2, argv + 2);
 }

@@ -175,6 +175,11 @@ mt_status mt_sample_generate(const mt_train_config *cfg, const char *checkpoint_
     memset(out, 0, sizeof *out);
     if (!checkpoint_dir || !checkpoint_dir[0])
         return mt_set_error(MT_ERR_INVALID, "sample: no checkpoint (set load_checkpoint=DIR)");
+    /* the decode model holds sample_length + 1 positions, fewer than 2^31 (mt_model_create) */
+    if (cfg->sample_length < 1 || cfg->sample_length > MT_SAMPLE_LENGTH_MAX)
+        return mt_set_error(MT_ERR_INVALID, "key 'sample_length' = %lld: out of range; sample generates 1 to %lld "
+                            "tokens (a KV cache of sample_length + 1 positions, fewer than 2^31)",
+                            (long long)cfg->sample_length, (long long)MT_SAMPLE_LENGTH_MAX);
     const mt_ops *ops;
     MT_TRY(mt_trainer_select_backend(cfg, &ops));
     struct stat sb;
@@ -213,13 +218,26 @@ mt_status mt_sample_generate(const mt_train_config *cfg, const char *checkpoint_
     if (st == MT_OK) st = mt_plan_new(&plan);
     if (st == MT_OK) st = mt_model_add_to_plan(model, plan);
     if (st == MT_OK) st = mt_plan_finalize(plan);
+    const int planned = st == MT_OK;
     if (st == MT_OK) st = mt_arena_create(&arena, plan, ops->alloc, ops->release), have_arena = st == MT_OK;
+    if (st == MT_ERR_OOM) { /* the model's tables and KV cache grow with sample_length: say so (still exit 1) */
+        char why[256], size[96] = "";
+        snprintf(why, sizeof why, "%s", mt_last_error());
+        if (planned)
+            snprintf(size, sizeof size, " needs %zu bytes (%.3f GiB), which", mt_plan_peak(plan),
+                     (double)mt_plan_peak(plan) / 1073741824.0);
+        st = mt_set_error(MT_ERR_OOM, "sample: the decode model of sample_length = %lld (the weights and a KV "
+                          "cache of %lld positions)%s cannot be allocated (%s); lower key 'sample_length'",
+                          (long long)cfg->sample_length, (long long)seq, size, why);
+    }
     if (st == MT_OK) st = mt_model_bind(model, &arena, plan);
     if (st == MT_OK) st = mt_checkpoint_load_model(checkpoint_dir, model);
     if (st == MT_OK) {
         out->ids = malloc(sizeof(int32_t) * (size_t)seq);
         logits = malloc(sizeof(float) * (size_t)mc.vocab_size);
-        if (!out->ids || !logits) st = mt_set_error(MT_ERR_OOM, "sample: out of memory");
+        if (!out->ids || !logits)
+            st = mt_set_error(MT_ERR_OOM, "sample: cannot allocate the %lld generated ids of sample_length = %lld",
+                              (long long)seq, (long long)cfg->sample_length);
     }
     if (st == MT_OK) {
         out->ids[0] = (int32_t)bos;

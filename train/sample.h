@@ -55,10 +55,17 @@ typedef struct mt_sample_result {
     char *text;    /* decoded text of ids */
 } mt_sample_result;
 
+/* Largest sample_length: the decode model's sample_length + 1 positions stay below
+ * 2^31 (mt_model_create's sequence limit). */
+#define MT_SAMPLE_LENGTH_MAX 2147483646LL
+
 /* Load checkpoint_dir (config.json + model.safetensors) and cfg->tokenizer_path,
  * then generate (header comment) with cfg->sample_length, temperature, top_k, seed
  * on cfg->backend. Errors: MT_ERR_IO / MT_ERR_FORMAT (checkpoint or vocab files),
- * MT_ERR_INVALID (the vocab has no "<s>"), MT_ERR_UNSUPPORTED (backend), MT_ERR_OOM. */
+ * MT_ERR_INVALID (the vocab has no "<s>"; sample_length outside
+ * [1, MT_SAMPLE_LENGTH_MAX], naming the key), MT_ERR_UNSUPPORTED (backend), MT_ERR_OOM
+ * (the decode model's memory, whose KV cache grows with sample_length: the message
+ * names the key and the bytes). */
 mt_status mt_sample_generate(const mt_train_config *cfg, const char *checkpoint_dir, mt_sample_result *out);
 void mt_sample_result_free(mt_sample_result *r);
 

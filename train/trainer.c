@@ -1,5 +1,6 @@
 /* train/trainer.c: the single-device training loop, evaluation and train-state
  * checkpoints (see trainer.h). */
+#define _XOPEN_SOURCE 700 /* realpath */
 #include "train/trainer.h"
 
 #include <dirent.h>
@@ -26,6 +27,7 @@
 #define MT_TRAIN_STATE_FORMAT "meshtrain-train-state"
 #define MT_TRAIN_STATE_VERSION "1"
 #define MT_PATH 2048
+#define MT_ID_LEN 40
 
 struct mt_trainer {
     mt_train_config cfg;
@@ -45,6 +47,9 @@ struct mt_trainer {
     int resumed;
     double flops_per_token, peak_flops;
     char run_dir[MT_PATH];
+    /* which history the checkpoints belong to (see "checkpoint identity" below) */
+    char run_id[MT_ID_LEN];         /* this run's, in every checkpoint it writes ("" until chosen) */
+    char resume_run_id[MT_ID_LEN];  /* load_checkpoint's ("" for one written before ids) */
     double time_sum;          /* wall seconds of the steps of this process */
     int64_t timed_steps;
     /* parallelism (see "parallel step" below) */
@@ -89,11 +94,13 @@ static mt_status mkdir_p(const char *path) {
     return MT_OK;
 }
 
-/* Remove a directory of plain files (a checkpoint directory); missing is fine. */
+/* Remove a directory of plain files (a checkpoint directory); missing is fine, and a
+ * plain file of that name is removed. */
 static mt_status remove_flat_dir(const char *path) {
     DIR *d = opendir(path);
     if (!d) {
         if (errno == ENOENT) return MT_OK;
+        if (errno == ENOTDIR && unlink(path) == 0) return MT_OK; /* a stray file under that name */
         return mt_set_error(MT_ERR_IO, "cannot open directory '%s': %s", path, strerror(errno));
     }
     struct dirent *e;
@@ -107,6 +114,223 @@ static mt_status remove_flat_dir(const char *path) {
     }
     closedir(d);
     if (rmdir(path) != 0) return mt_set_error(MT_ERR_IO, "cannot remove '%s': %s", path, strerror(errno));
+    return MT_OK;
+}
+
+/* ---------------------------------------------------- checkpoint identity ----
+ * A checkpoint records which history it belongs to and which save wrote it, in
+ * train_state.safetensors (__metadata__ "step", "run_id", "checkpoint_id") and in
+ * model.safetensors ("meshtrain_step", "meshtrain_run_id", "meshtrain_checkpoint_id";
+ * config.json stays a plain Hugging Face file: it is the same for every step of a run
+ * and is compared with the configured model on load). checkpoint_id is drawn for every
+ * save; run_id when a run directory starts a history (a fresh run, or a resume into a
+ * directory that holds no checkpoint yet: a branch) and kept by a resume in place. On
+ * load the two files must record the same step and checkpoint_id, a step_<N> directory
+ * must hold step N, and a step_<N>.tmp directory (a write that did not finish) is
+ * refused; on resume every checkpoint already in the run directory must carry
+ * load_checkpoint's run_id (checkpoints written before the ids: load_checkpoint must
+ * be one of that directory's own). Hugging Face checkpoints (load_parameters_path)
+ * carry none of this and are not checked. */
+
+/* 16 random hex digits (/dev/urandom; else the clock and the process id mixed). */
+static void new_id(char out[MT_ID_LEN]) {
+    uint64_t v = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    const int ok = f && fread(&v, sizeof v, 1, f) == 1;
+    if (f) fclose(f);
+    if (!ok) { /* splitmix64 finaliser of the time and pid */
+        v = (uint64_t)(mt_time_now() * 1e9) ^ ((uint64_t)getpid() << 40);
+        v = (v ^ (v >> 30)) * 0xbf58476d1ce4e5b9ULL;
+        v = (v ^ (v >> 27)) * 0x94d049bb133111ebULL;
+        v ^= v >> 31;
+    }
+    snprintf(out, MT_ID_LEN, "%016" PRIx64, v);
+}
+
+/* N of a directory name "step_<digits>" (at most 18 digits), else -1. */
+static int64_t step_of_name(const char *name) {
+    if (strncmp(name, "step_", 5) != 0 || !name[5] || strlen(name + 5) > 18) return -1;
+    for (const char *p = name + 5; *p; p++)
+        if (*p < '0' || *p > '9') return -1;
+    return strtoll(name + 5, NULL, 10);
+}
+
+/* The last component of path (trailing slashes ignored) into out[n]. */
+static void base_name(const char *path, char *out, size_t n) {
+    size_t len = strlen(path);
+    while (len > 1 && path[len - 1] == '/') len--;
+    size_t b = len;
+    while (b > 0 && path[b - 1] != '/') b--;
+    snprintf(out, n, "%.*s", (int)(len - b), path + b);
+}
+
+/* Is ckdir/name a directory holding a checkpoint's three files? */
+static int holds_checkpoint(const char *ckdir, const char *name) {
+    static const char *const files[] = {"config.json", "model.safetensors", "train_state.safetensors"};
+    char dir[MT_PATH], f[MT_PATH];
+    struct stat sb;
+    if (!path_join(dir, sizeof dir, ckdir, name) || stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) return 0;
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
+        if (!path_join(f, sizeof f, dir, files[i]) || stat(f, &sb) != 0 || !S_ISREG(sb.st_mode)) return 0;
+    return 1;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The steps of the complete checkpoints under ckdir (directories step_<digits>
+ * holding config.json, model.safetensors and train_state.safetensors; an empty
+ * directory or a file of that name is not one), ascending, in *steps (malloc'ed, the
+ * caller frees; NULL when none) and their count in *n. A missing ckdir has none.
+ * Errors: MT_ERR_OOM. */
+static mt_status scan_checkpoints(const char *ckdir, int64_t **steps, int *n) {
+    *steps = NULL;
+    *n = 0;
+    DIR *d = opendir(ckdir);
+    if (!d) return MT_OK;
+    int cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const int64_t v = step_of_name(e->d_name);
+        if (v < 0 || !holds_checkpoint(ckdir, e->d_name)) continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            int64_t *p = realloc(*steps, sizeof(int64_t) * (size_t)cap);
+            if (!p) {
+                closedir(d);
+                free(*steps);
+                *steps = NULL;
+                *n = 0;
+                return mt_set_error(MT_ERR_OOM, "out of memory listing '%s'", ckdir);
+            }
+            *steps = p;
+        }
+        (*steps)[(*n)++] = v;
+    }
+    closedir(d);
+    if (*n > 1) qsort(*steps, (size_t)*n, sizeof(int64_t), cmp_i64);
+    return MT_OK;
+}
+
+/* "step_a, step_b, ..." of steps[0..n) into buf[size] (cut with ", ..." when full). */
+static void format_steps(const int64_t *steps, int n, char *buf, size_t size) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        char one[40];
+        snprintf(one, sizeof one, "%sstep_%" PRId64, i ? ", " : "", steps[i]);
+        if (used + strlen(one) + 6 >= size) {
+            snprintf(buf + used, size - used, ", ...");
+            return;
+        }
+        memcpy(buf + used, one, strlen(one) + 1);
+        used += strlen(one);
+    }
+}
+
+/* The newest complete checkpoint step_<digits> under ckdir (scan_checkpoints), or -1. */
+static int64_t latest_checkpoint(const char *ckdir) {
+    int64_t *steps = NULL;
+    int n = 0;
+    if (scan_checkpoints(ckdir, &steps, &n) != MT_OK) return -1;
+    const int64_t best = n > 0 ? steps[n - 1] : -1;
+    free(steps);
+    return best;
+}
+
+/* The complete checkpoints under ckdir with a step above `after`: their count, and
+ * their names in step order ("step_4, step_6, ..."; cut with "..." when buf is full)
+ * in buf. */
+static int later_checkpoints(const char *ckdir, int64_t after, char *buf, size_t n) {
+    int64_t *steps = NULL;
+    int count = 0;
+    buf[0] = '\0';
+    if (scan_checkpoints(ckdir, &steps, &count) != MT_OK) return 0;
+    int first = 0;
+    while (first < count && steps[first] <= after) first++;
+    format_steps(steps + first, count - first, buf, n);
+    free(steps);
+    return count - first;
+}
+
+/* What one checkpoint file records of its checkpoint (-1 / "" when absent). */
+typedef struct ck_ident {
+    int64_t step;
+    char run_id[MT_ID_LEN], ck_id[MT_ID_LEN];
+} ck_ident;
+
+/* The identity keys of a safetensors file's __metadata__ ("step", "run_id",
+ * "checkpoint_id" after prefix). Errors: those of mt_safetensors_open. */
+static mt_status read_ident(const char *path, const char *prefix, ck_ident *id) {
+    id->step = -1;
+    id->run_id[0] = id->ck_id[0] = '\0';
+    mt_safetensors *f = NULL;
+    MT_TRY(mt_safetensors_open(&f, path));
+    char key[64];
+    snprintf(key, sizeof key, "%sstep", prefix);
+    const char *v = mt_safetensors_metadata(f, key);
+    char *end = NULL;
+    if (v && *v) {
+        errno = 0;
+        long long s = strtoll(v, &end, 10);
+        if (!*end && !errno && s >= 0) id->step = (int64_t)s;
+    }
+    snprintf(key, sizeof key, "%srun_id", prefix);
+    if ((v = mt_safetensors_metadata(f, key))) snprintf(id->run_id, sizeof id->run_id, "%s", v);
+    snprintf(key, sizeof key, "%scheckpoint_id", prefix);
+    if ((v = mt_safetensors_metadata(f, key))) snprintf(id->ck_id, sizeof id->ck_id, "%s", v);
+    mt_safetensors_close(f);
+    return MT_OK;
+}
+
+/* The files of checkpoint dir (load_checkpoint) belong together and to the step its
+ * name says (see "checkpoint identity"); t->resume_run_id gets its run_id. A missing
+ * file is left to the loaders to report. Errors: MT_ERR_INVALID naming the file that
+ * does not belong, MT_ERR_IO / MT_ERR_FORMAT (unreadable header). */
+static mt_status check_checkpoint_identity(mt_trainer *t, const char *dir) {
+    char ts[MT_PATH], mp[MT_PATH], base[256];
+    struct stat sb;
+    if (!path_join(ts, sizeof ts, dir, "train_state.safetensors") || !path_join(mp, sizeof mp, dir, "model.safetensors"))
+        return mt_set_error(MT_ERR_IO, "path too long: '%s'", dir);
+    if (stat(ts, &sb) != 0 || stat(mp, &sb) != 0) return MT_OK;
+    ck_ident a, b; /* train state, model */
+    MT_TRY(read_ident(ts, "", &a));
+    MT_TRY(read_ident(mp, "meshtrain_", &b));
+    base_name(dir, base, sizeof base);
+    const int64_t named = step_of_name(base);
+    if (a.step >= 0 && b.step >= 0 && a.step != b.step) {
+        if (named == a.step || named == b.step) {
+            const int model_odd = named == a.step;
+            return mt_set_error(MT_ERR_INVALID, "load_checkpoint=%s: %s does not belong to this checkpoint: it "
+                                "records step %" PRId64 ", while %s and the directory name say step %" PRId64
+                                " (files of two checkpoints were mixed; copy a step_<N> directory whole)", dir,
+                                model_odd ? mp : ts, model_odd ? b.step : a.step,
+                                model_odd ? "train_state.safetensors" : "model.safetensors", named);
+        }
+        return mt_set_error(MT_ERR_INVALID, "load_checkpoint=%s: %s records step %" PRId64 " but %s step %" PRId64
+                            ": the files come from two checkpoints (copy a step_<N> directory whole)", dir, mp,
+                            b.step, ts, a.step);
+    }
+    if (strcmp(a.ck_id, b.ck_id) != 0) {
+        if (!a.ck_id[0] || !b.ck_id[0])
+            return mt_set_error(MT_ERR_INVALID, "load_checkpoint=%s: %s does not belong to this checkpoint: it "
+                                "records no checkpoint id, %s records '%s' (files of two checkpoints were mixed; "
+                                "copy a step_<N> directory whole)", dir, b.ck_id[0] ? ts : mp,
+                                b.ck_id[0] ? "model.safetensors" : "train_state.safetensors",
+                                b.ck_id[0] ? b.ck_id : a.ck_id);
+        return mt_set_error(MT_ERR_INVALID, "load_checkpoint=%s: %s (checkpoint id '%s') and %s (checkpoint id "
+                            "'%s') were written by two different saves of step %" PRId64 ": one of them was copied "
+                            "from another checkpoint (copy a step_<N> directory whole)", dir, mp, b.ck_id, ts,
+                            a.ck_id, a.step);
+    }
+    if (named >= 0 && a.step >= 0 && named != a.step)
+        return mt_set_error(MT_ERR_INVALID, "load_checkpoint=%s: the directory is named step_%" PRId64 " but its "
+                            "files record step %" PRId64 " (%s): a renamed or copied checkpoint would resume at "
+                            "step %" PRId64 ", not %" PRId64 ". Give the directory of the step you mean, named "
+                            "step_%" PRId64, dir, named, a.step, ts, a.step, named, a.step);
+    snprintf(t->resume_run_id, sizeof t->resume_run_id, "%s", a.run_id);
     return MT_OK;
 }
 
@@ -528,10 +752,12 @@ static const char *hf_field(const char *key) {
     return key;
 }
 
-/* The directory of key `key` exists; with `compare`, its config.json is read
+/* The directory of key `key` exists and is not a step_<N>.tmp (an unfinished save);
+ * with `compare`, its config.json is read
  * (mt_hf_config_read) and must describe the configured model (mt_model_config_diff).
  * Errors: MT_ERR_IO (no such directory, no config.json), MT_ERR_FORMAT (config.json),
- * MT_ERR_INVALID (a mismatch, naming the file, the field and both values). */
+ * MT_ERR_INVALID (a .tmp directory; a mismatch, naming the file, the field and both
+ * values). */
 static mt_status check_checkpoint_dir(const mt_train_config *cfg, const char *key, const char *dir, int compare) {
     struct stat sb;
     if (stat(dir, &sb) != 0)
@@ -540,6 +766,23 @@ static mt_status check_checkpoint_dir(const mt_train_config *cfg, const char *ke
     if (!S_ISDIR(sb.st_mode))
         return mt_set_error(MT_ERR_IO, "key '%s': '%s' is not a directory (give the checkpoint directory, "
                             "e.g. .../checkpoints/step_N)", key, dir);
+    char base[256];
+    base_name(dir, base, sizeof base);
+    const size_t bl = strlen(base);
+    if (bl > 4 && strcmp(base + bl - 4, ".tmp") == 0) { /* step_<N>.tmp: a save that did not finish */
+        char parent[MT_PATH], newest[MT_PATH + 40] = "";
+        snprintf(parent, sizeof parent, "%s", dir);
+        size_t pl = strlen(parent);
+        while (pl > 1 && parent[pl - 1] == '/') parent[--pl] = '\0';
+        char *slash = strrchr(parent, '/');
+        if (slash) *slash = '\0';
+        else snprintf(parent, sizeof parent, ".");
+        const int64_t n = latest_checkpoint(parent[0] ? parent : "/");
+        if (n >= 0) snprintf(newest, sizeof newest, "; the newest complete one there is %s/step_%" PRId64, parent, n);
+        return mt_set_error(MT_ERR_INVALID, "key '%s': '%s' is an incomplete checkpoint (a write that did not "
+                            "finish: a checkpoint is written to step_<N>.tmp/ and renamed to step_<N>/ only when "
+                            "complete)%s", key, dir, newest);
+    }
     if (!compare) return MT_OK;
     char path[MT_PATH];
     if (!path_join(path, sizeof path, dir, "config.json")) return mt_set_error(MT_ERR_IO, "path too long: '%s'", dir);
@@ -625,6 +868,7 @@ mt_status mt_trainer_create_ex(mt_trainer **out, const mt_train_config *cfg, int
     if (st == MT_OK) {
         if (cfg->load_checkpoint[0]) {
             st = check_checkpoint_dir(cfg, "load_checkpoint", cfg->load_checkpoint, 1);
+            if (st == MT_OK) st = check_checkpoint_identity(t, cfg->load_checkpoint);
             if (st == MT_OK) st = load_model_params(t, cfg->load_checkpoint);
             if (st == MT_OK) st = load_train_state(t, cfg->load_checkpoint);
             t->resumed = 1;
@@ -910,7 +1154,9 @@ mt_status mt_trainer_evaluate(mt_trainer *t, double *val_loss, int64_t *val_toke
 
 /* ------------------------------------------------------------ checkpoints ---- */
 
-static mt_status write_train_state(mt_trainer *t, const char *dir) {
+/* train_state.safetensors of the current step into dir (rank 0; the other ranks pass
+ * dir = NULL and join the gather), recording ckid and t->run_id. */
+static mt_status write_train_state(mt_trainer *t, const char *dir, const char *ckid) {
     const size_t bytes = (size_t)t->numel * sizeof(float);
     float *m = malloc(bytes ? bytes : 1), *v = malloc(bytes ? bytes : 1);
     mt_st_write_tensor *w = calloc((size_t)(2 * t->nparams + 1), sizeof *w);
@@ -959,7 +1205,9 @@ static mt_status write_train_state(mt_trainer *t, const char *dir) {
                           /* the batch shape the data position was made with (checked on resume) */
                           "per_device_batch_size", bsz, "max_target_length", seq, "data_parallel_ranks", dpw,
                           /* the train split's shape (a different dataset is named on resume) */
-                          "data_shards", nsh, "data_shard_tokens", shtok, NULL};
+                          "data_shards", nsh, "data_shard_tokens", shtok,
+                          /* which history and which save (see "checkpoint identity") */
+                          "run_id", t->run_id, "checkpoint_id", ckid, NULL};
     char path[MT_PATH];
     if (!path_join(path, sizeof path, dir, "train_state.safetensors"))
         st = mt_set_error(MT_ERR_IO, "path too long: '%s'", dir);
@@ -976,19 +1224,24 @@ done:
 static mt_status save_checkpoint(mt_trainer *t, char *out_path, size_t out_size);
 
 mt_status mt_trainer_save_checkpoint(mt_trainer *t, char *out_path, size_t out_size) {
+    mt_status st;
     if (t->gs.params_sharded) { /* fsdp: every rank joins the gather of the shards, rank 0 writes them */
         float *full = malloc(sizeof(float) * (size_t)t->numel);
         if (!full) return mt_set_error(MT_ERR_OOM, "fsdp: cannot allocate %lld floats", (long long)t->numel);
-        mt_status st = mt_trainer_gather_params(t, full);
+        st = mt_trainer_gather_params(t, full);
         if (st == MT_OK) st = mt_model_fsdp_bind_full(t->model, full);
         if (st == MT_OK) {
             st = save_checkpoint(t, out_path, out_size);
             mt_model_fsdp_bind_full(t->model, NULL);
         }
         free(full);
-        return st;
+    } else {
+        st = save_checkpoint(t, out_path, out_size);
     }
-    return save_checkpoint(t, out_path, out_size);
+    /* Saving happens while a run is under way: a directory that cannot be made,
+     * cleared or renamed is a write failure like a full disk (exit 1), not bad input. */
+    if (st == MT_ERR_IO) st = mt_set_error(MT_ERR_RUNTIME, "%s", mt_last_error());
+    return st;
 }
 
 mt_status mt_trainer_gather_params(mt_trainer *t, float *host) {
@@ -1002,7 +1255,7 @@ static mt_status save_checkpoint(mt_trainer *t, char *out_path, size_t out_size)
     char ckdir[MT_PATH], final[MT_PATH], tmp[MT_PATH + 8], old[MT_PATH + 8], name[48];
     if (t->mesh->rank != 0) { /* joins rank 0's gather of the optimizer shards; writes nothing */
         if (out_path && out_size) out_path[0] = '\0';
-        MT_TRY(write_train_state(t, NULL));
+        MT_TRY(write_train_state(t, NULL, NULL));
         return mt_comm_barrier_wait(t->mesh->all, 3600.0); /* while rank 0 writes */
     }
     snprintf(name, sizeof name, "step_%" PRId64, t->step);
@@ -1013,8 +1266,14 @@ static mt_status save_checkpoint(mt_trainer *t, char *out_path, size_t out_size)
     MT_TRY(mkdir_p(ckdir));
     MT_TRY(remove_flat_dir(tmp));
     MT_TRY(mkdir_p(tmp));
-    mt_status ws = mt_checkpoint_save_model(tmp, t->model, MT_F32);
-    if (ws == MT_OK) ws = write_train_state(t, tmp);
+    /* both files record the step, the run's history and this save (see "checkpoint identity") */
+    char ckid[MT_ID_LEN];
+    if (!t->run_id[0]) new_id(t->run_id); /* a save outside mt_trainer_run (library sessions) */
+    new_id(ckid);
+    const char *meta[] = {"meshtrain_step", name + 5, "meshtrain_run_id", t->run_id, "meshtrain_checkpoint_id", ckid,
+                          NULL};
+    mt_status ws = mt_checkpoint_save_model_meta(tmp, t->model, MT_F32, meta);
+    if (ws == MT_OK) ws = write_train_state(t, tmp, ckid);
     if (ws != MT_OK) {
         /* Writing into the directory just made failed (disk full, I/O error, short
          * write): a runtime failure (exit 1), and no half checkpoint is left. */
@@ -1041,62 +1300,6 @@ static mt_status save_checkpoint(mt_trainer *t, char *out_path, size_t out_size)
 
 /* -------------------------------------------------------------------- run ---- */
 
-/* The newest complete checkpoint step_<digits> under ckdir, or -1. */
-static int64_t latest_checkpoint(const char *ckdir) {
-    DIR *d = opendir(ckdir);
-    if (!d) return -1;
-    int64_t best = -1;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        const char *n = e->d_name;
-        if (strncmp(n, "step_", 5) != 0 || !n[5]) continue;
-        int digits = 1;
-        for (const char *p = n + 5; *p; p++) digits &= *p >= '0' && *p <= '9';
-        if (!digits) continue;
-        int64_t v = strtoll(n + 5, NULL, 10);
-        if (v > best) best = v;
-    }
-    closedir(d);
-    return best;
-}
-
-static int cmp_i64(const void *a, const void *b) {
-    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
-
-/* The complete checkpoints step_<digits> under ckdir with a step above `after`: their
- * count, and their names in step order ("step_4, step_6, ..."; the first 32, then
- * "...") in buf. */
-static int later_checkpoints(const char *ckdir, int64_t after, char *buf, size_t n) {
-    int64_t steps[32];
-    int count = 0, kept = 0;
-    buf[0] = '\0';
-    DIR *d = opendir(ckdir);
-    if (!d) return 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        const char *nm = e->d_name;
-        if (strncmp(nm, "step_", 5) != 0 || !nm[5]) continue;
-        int digits = 1;
-        for (const char *p = nm + 5; *p; p++) digits &= *p >= '0' && *p <= '9';
-        const int64_t v = digits ? strtoll(nm + 5, NULL, 10) : -1;
-        if (v <= after) continue;
-        count++;
-        if (kept < 32) steps[kept++] = v;
-    }
-    closedir(d);
-    qsort(steps, (size_t)kept, sizeof steps[0], cmp_i64);
-    size_t used = 0;
-    for (int i = 0; i < kept + (count > kept); i++) {
-        int w = i < kept ? snprintf(buf + used, n - used, "%sstep_%" PRId64, i ? ", " : "", steps[i])
-                         : snprintf(buf + used, n - used, ", ...");
-        if (w < 0 || (size_t)w >= n - used) break;
-        used += (size_t)w;
-    }
-    return count;
-}
-
 /* Does the directory hold any entry? */
 static int dir_has_entries(const char *path) {
     DIR *d = opendir(path);
@@ -1106,6 +1309,92 @@ static int dir_has_entries(const char *path) {
     while (!any && (e = readdir(d))) any = strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
     closedir(d);
     return any;
+}
+
+/* The smallest step of the complete rows of metrics.jsonl (lines ending in a newline
+ * and starting {"step": N, as mt_metrics_open_resume keeps them) with N <= upto, or -1. */
+static int64_t first_metrics_row(const char *path, int64_t upto) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    int64_t first = -1;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    while ((len = getline(&line, &cap, f)) > 0) {
+        if (line[len - 1] != '\n' || strncmp(line, "{\"step\": ", 9) != 0) continue;
+        char *end = NULL;
+        const long long v = strtoll(line + 9, &end, 10);
+        if (end != line + 9 && v >= 0 && v <= upto && (first < 0 || v < first)) first = v;
+    }
+    free(line);
+    fclose(f);
+    return first;
+}
+
+/* Resuming into run directory t->run_dir (checkpoints ck, metrics mpath) continues
+ * load_checkpoint's own history (see "checkpoint identity"): every checkpoint there
+ * carries load_checkpoint's run_id (or, without ids, load_checkpoint is one of them),
+ * and without any checkpoint there metrics.jsonl keeps no row of another run (no row
+ * at or before the resumed step). Errors: MT_ERR_INVALID naming what belongs to
+ * another history, MT_ERR_OOM. */
+static mt_status check_history(const mt_trainer *t, const char *ck, const char *mpath) {
+    const mt_train_config *c = &t->cfg;
+    int64_t *steps = NULL;
+    int n = 0;
+    MT_TRY(scan_checkpoints(ck, &steps, &n));
+    if (n == 0) {
+        const int64_t first = first_metrics_row(mpath, t->step);
+        if (first >= 0)
+            return mt_set_error(MT_ERR_INVALID, "load_checkpoint=%s resumes at step %" PRId64 " into %s, whose "
+                                "metrics.jsonl holds rows of another run from step %" PRId64 " on (and no "
+                                "checkpoint): they would be kept in front of this history. Write to another "
+                                "run_name, or remove %s", c->load_checkpoint, t->step, t->run_dir, first, mpath);
+        return MT_OK;
+    }
+    /* load_checkpoint's directory is the run's checkpoints/ (for checkpoints without ids) */
+    char lreal[4096], creal[4096];
+    int same_dir = realpath(c->load_checkpoint, lreal) && realpath(ck, creal);
+    if (same_dir) {
+        char *slash = strrchr(lreal, '/');
+        if (slash && slash != lreal) *slash = '\0';
+        same_dir = strcmp(lreal, creal) == 0;
+    }
+    int64_t *foreign = malloc(sizeof(int64_t) * (size_t)n);
+    if (!foreign) {
+        free(steps);
+        return mt_set_error(MT_ERR_OOM, "out of memory");
+    }
+    int nf = 0;
+    char other[MT_ID_LEN] = "";
+    for (int i = 0; i < n; i++) {
+        char name[48], dir[MT_PATH], ts[MT_PATH];
+        ck_ident id = {-1, "", ""};
+        snprintf(name, sizeof name, "step_%" PRId64, steps[i]);
+        if (path_join(dir, sizeof dir, ck, name) && path_join(ts, sizeof ts, dir, "train_state.safetensors") &&
+            read_ident(ts, "", &id) != MT_OK)
+            id.run_id[0] = '\0'; /* unreadable: judged by where load_checkpoint is */
+        const int same = id.run_id[0] && t->resume_run_id[0] ? strcmp(id.run_id, t->resume_run_id) == 0 : same_dir;
+        if (!same) {
+            foreign[nf++] = steps[i];
+            if (!other[0]) snprintf(other, sizeof other, "%s", id.run_id);
+        }
+    }
+    const int64_t newest = steps[n - 1];
+    free(steps);
+    mt_status st = MT_OK;
+    if (nf > 0) {
+        char list[256], ids[160] = "";
+        format_steps(foreign, nf, list, sizeof list);
+        if (other[0] && t->resume_run_id[0])
+            snprintf(ids, sizeof ids, ", run id %s; load_checkpoint's is %s", other, t->resume_run_id);
+        st = mt_set_error(MT_ERR_INVALID, "load_checkpoint=%s is not a checkpoint of run '%s': %s holds "
+                          "checkpoint(s) of another history (%s%s); resuming into it would mix two runs' metrics "
+                          "and checkpoints. Resume run '%s' from its own newest checkpoint (load_checkpoint=%s/step_%"
+                          PRId64 "), or start a new run_name from %s", c->load_checkpoint, c->run_name, ck, list, ids,
+                          c->run_name, ck, newest, c->load_checkpoint);
+    }
+    free(foreign);
+    return st;
 }
 
 static mt_status check_outputs_here(const mt_trainer *t) {
@@ -1147,7 +1436,15 @@ static mt_status check_outputs_here(const mt_trainer *t) {
     const int has_metrics = stat(mpath, &sb) == 0;
     if (has_metrics && !S_ISREG(sb.st_mode))
         return mt_set_error(MT_ERR_INVALID, "'%s' exists and is not a file", mpath);
+    /* Found now, a directory that cannot be written is bad input (exit 2); once the run
+     * is under way a failed write is a runtime failure (mt_trainer_run). */
+    if (access(t->run_dir, W_OK | X_OK) != 0)
+        return mt_set_error(MT_ERR_IO, "cannot write the run directory '%s' (%s)", t->run_dir, strerror(errno));
+    if (has_ck && access(ck, W_OK | X_OK) != 0)
+        return mt_set_error(MT_ERR_IO, "cannot write '%s' (%s): checkpoints could not be saved", ck, strerror(errno));
     if (c->load_checkpoint[0]) { /* resuming: metrics are cut back to the resumed step */
+        /* The run directory's checkpoints and metrics must be load_checkpoint's history. */
+        MT_TRY(check_history(t, ck, mpath));
         /* Checkpoints after the resumed step belong to the history being replaced: the
          * new run would overwrite some of them and leave the others, and a later resume
          * from one of those would mix the two histories. Refuse before writing. */
@@ -1168,8 +1465,26 @@ static mt_status check_outputs_here(const mt_trainer *t) {
         if (n >= 0)
             return mt_set_error(MT_ERR_INVALID, "run directory %s already holds a run; resume with "
                                 "load_checkpoint=%s/step_%" PRId64 " or choose another run_name", t->run_dir, ck, n);
+        char what[160] = "";
+        if (has_ck) { /* name what is there: it holds no complete checkpoint */
+            DIR *d = opendir(ck);
+            struct dirent *e;
+            size_t used = 0;
+            int shown = 0;
+            while (d && (e = readdir(d)) && shown < 4) {
+                if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+                int w = snprintf(what + used, sizeof what - used, "%s%.40s", shown ? ", " : "; checkpoints/ holds ",
+                                 e->d_name);
+                if (w < 0 || (size_t)w >= sizeof what - used) break;
+                used += (size_t)w;
+                shown++;
+            }
+            if (d) closedir(d);
+            if (shown) snprintf(what + used, sizeof what - used, "%s, none of them a complete checkpoint",
+                                shown == 4 ? ", ..." : "");
+        }
         return mt_set_error(MT_ERR_INVALID, "run directory %s already holds a run (no complete checkpoint to "
-                            "resume from); remove it or choose another run_name", t->run_dir);
+                            "resume from%s); remove it or choose another run_name", t->run_dir, what);
     }
     return MT_OK;
 }
@@ -1194,12 +1509,24 @@ mt_status mt_trainer_run(mt_trainer *t, mt_train_callback cb, void *user) {
     const int lead = t->mesh->rank == 0;
     mt_metrics_writer *mw = NULL;
     if (lead) {
-        MT_TRY(mkdir_p(t->run_dir));
-        char mpath[MT_PATH];
-        if (!path_join(mpath, sizeof mpath, t->run_dir, "metrics.jsonl"))
+        char mpath[MT_PATH], ck[MT_PATH];
+        if (!path_join(mpath, sizeof mpath, t->run_dir, "metrics.jsonl") ||
+            !path_join(ck, sizeof ck, t->run_dir, "checkpoints"))
             return mt_set_error(MT_ERR_IO, "path too long: '%s'", t->run_dir);
+        /* The history this run's checkpoints carry (see "checkpoint identity"):
+         * load_checkpoint's when resuming in place (the run directory holds its
+         * history's checkpoints: mt_trainer_check_outputs), else a new one. */
+        if (t->resumed && t->resume_run_id[0] && latest_checkpoint(ck) >= 0)
+            memcpy(t->run_id, t->resume_run_id, sizeof t->run_id);
+        else
+            new_id(t->run_id);
+        mt_status ws = mkdir_p(t->run_dir);
         /* resumed: keep the complete rows up to the resumed step (atomic rewrite) */
-        MT_TRY(t->resumed ? mt_metrics_open_resume(&mw, mpath, t->step) : mt_metrics_open(&mw, mpath, 0));
+        if (ws == MT_OK) ws = t->resumed ? mt_metrics_open_resume(&mw, mpath, t->step) : mt_metrics_open(&mw, mpath, 0);
+        /* the outputs were checked (mt_trainer_check_outputs): a write failing now is a
+         * runtime failure (exit 1), as a full disk is */
+        if (ws == MT_ERR_IO) ws = mt_set_error(MT_ERR_RUNTIME, "%s", mt_last_error());
+        MT_TRY(ws);
     }
     mt_status st = MT_OK;
     const mt_train_config *c = &t->cfg;

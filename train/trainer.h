@@ -20,8 +20,15 @@
  * + config.json (mt_checkpoint_save_model, F32) and train_state.safetensors:
  * "<hf name>.adam_m" and "<hf name>.adam_v" (F32, the parameter's shape) for every
  * parameter, and __metadata__ {format: "meshtrain-train-state", version: "1", step,
- * data_shard, data_offset, data_epoch, seed}. A checkpoint is written to
- * step_<N>.tmp/ and renamed into place, so a crash never leaves a half checkpoint.
+ * data_shard, data_offset, data_epoch, seed, the batch shape and train split the data
+ * position belongs to, run_id, checkpoint_id}; model.safetensors' __metadata__ adds
+ * meshtrain_step, meshtrain_run_id and meshtrain_checkpoint_id. checkpoint_id (16 hex
+ * digits) is drawn for every save; run_id names the history: drawn when a run
+ * directory starts one (a fresh run, or a resume into a directory without checkpoints)
+ * and kept by a resume in place. A checkpoint is written to step_<N>.tmp/ and renamed
+ * into place, so a crash never leaves a half checkpoint; only step_<digits>
+ * directories holding config.json, model.safetensors and train_state.safetensors count
+ * as checkpoints.
  * There is no other training state: the schedule is a function of the step, the data
  * position is saved and init/sampling randomness is counter-based (Philox), so a
  * resumed run reproduces the uninterrupted run's losses bitwise. */
@@ -68,8 +75,12 @@ typedef struct mt_trainer mt_trainer;
  * eval_interval > 0; token ids must be < vocab_size), then the parameters from
  * load_checkpoint (parameters, AdamW moments, step, data position), else
  * load_parameters_path (parameters only), else mt_model_init_params(seed).
- * Errors: MT_ERR_INVALID / MT_ERR_UNSUPPORTED (config), MT_ERR_IO / MT_ERR_FORMAT
- * (data or checkpoint files, naming them), MT_ERR_OOM. */
+ * load_checkpoint must be one checkpoint: not a step_<N>.tmp directory (an unfinished
+ * save), its model.safetensors and train_state.safetensors recording the same step
+ * and checkpoint_id (when they record them), a step_<N> name matching the recorded
+ * step. Errors: MT_ERR_INVALID / MT_ERR_UNSUPPORTED (config; a checkpoint that fails
+ * those checks, naming the file or directory), MT_ERR_IO / MT_ERR_FORMAT (data or
+ * checkpoint files, naming them), MT_ERR_OOM. */
 mt_status mt_trainer_create(mt_trainer **out, const mt_train_config *cfg);
 
 /* mt_trainer_create with full_grads = 1: the model keeps its full fp32 gradient
@@ -121,19 +132,25 @@ mt_status mt_trainer_evaluate(mt_trainer *t, double *val_loss, int64_t *val_toke
 
 /* Write <run dir>/checkpoints/step_<N>/ for the current step N (replacing an
  * existing one). path (may be NULL) receives the directory. A failed write (disk
- * full, I/O error, short write) removes step_<N>.tmp/ and is MT_ERR_RUNTIME (exit 1).
- * Errors: MT_ERR_IO (cannot create or rename the directories), MT_ERR_RUNTIME, MT_ERR_OOM. */
+ * full, I/O error, short write) removes step_<N>.tmp/ and is MT_ERR_RUNTIME (exit 1),
+ * as is a directory that cannot be created, cleared or renamed.
+ * Errors: MT_ERR_RUNTIME, MT_ERR_OOM. */
 mt_status mt_trainer_save_checkpoint(mt_trainer *t, char *path, size_t path_size);
 
 /* Check the outputs before anything is written (the CLI calls it after
  * mt_trainer_create and before mt_trainer_run): base_output_directory is non-empty
  * and a directory if it exists, the run directory's nearest existing ancestor is
  * writable, <run dir>, <run dir>/checkpoints and metrics.jsonl are of the right kind,
- * and, unless load_checkpoint resumes, the run directory does not already hold a run
- * (metrics.jsonl, or anything under checkpoints/): its message names the newest
- * complete checkpoint to resume from. World rank 0 checks; under mpirun every rank
- * gets the verdict (a collective on the world). Errors: MT_ERR_INVALID naming the key
- * or path, MT_ERR_IO (not writable). */
+ * an existing run directory and checkpoints/ are writable, and, unless load_checkpoint
+ * resumes, the run directory does not already hold a run (metrics.jsonl, or anything
+ * under checkpoints/): its message names the newest complete checkpoint to resume
+ * from. When resuming, the run directory must hold load_checkpoint's own history:
+ * every complete checkpoint there carries load_checkpoint's run_id (without ids:
+ * load_checkpoint is in that checkpoints/), no checkpoint there is later than the
+ * resumed step, and without checkpoints metrics.jsonl holds no row at or before the
+ * resumed step (another run's rows would be kept). World rank 0 checks; under mpirun
+ * every rank gets the verdict (a collective on the world). Errors: MT_ERR_INVALID
+ * naming the key or path, MT_ERR_IO (not writable). */
 mt_status mt_trainer_check_outputs(mt_trainer *t);
 
 /* Called after every step (and after the evaluation before training) with that
@@ -144,7 +161,8 @@ typedef void (*mt_train_callback)(const mt_step_metrics *m, void *user);
  * resuming, truncating otherwise), evaluates before training (fresh runs), then
  * steps to cfg->steps, evaluating every eval_interval steps and at the end, writing
  * one metrics row per step and a checkpoint every checkpoint_period steps and at the
- * end. Errors: any of the above; MT_ERR_IO for the output directory. */
+ * end. Errors: any of the above; a write to the run directory that fails (it was
+ * checked by mt_trainer_check_outputs) is MT_ERR_RUNTIME. */
 mt_status mt_trainer_run(mt_trainer *t, mt_train_callback cb, void *user);
 
 #ifdef __cplusplus

@@ -8,6 +8,9 @@
         w = s.param("lm_head.weight")              # float32 [vocab, emb_dim], a copy
 
 Tensors cross as NumPy arrays (float32 values, int32 token ids), always copies.
+Token ids and labels may come in any integer dtype; each is checked to be in
+[0, vocab_size) (labels: or -1, ignored) before the int32 cast, and a float or bool
+array raises TypeError instead of being truncated.
 Every C error raises MeshtrainError carrying the status name and the library's message.
 
 The shared library is found from $MESHTRAIN_LIB (a path to libmeshtrain.so), else
@@ -323,11 +326,25 @@ class Session:
         _call("mt_session_train", self._s)
 
     # -- pieces of a custom step --
-    def _ids(self, a, what):
-        a = np.ascontiguousarray(a, dtype=np.int32).reshape(-1)
-        if a.size != self.rows:
-            raise ValueError(f"{what}: {a.size} ids, the session takes {self.rows} (batch x seq)")
-        return a
+    def _ids(self, a, what, labels=False, rows=None):
+        """a as int32 C-contiguous [rows] after checking it: an integer dtype (a float
+        or bool array raises TypeError rather than being truncated), rows ids
+        (self.rows by default), each in [0, vocab_size), or -1 for labels (ignored).
+        Checked before the int32 cast, which would wrap an int64 id of 2^32 to 0."""
+        a = np.asarray(a)
+        if not np.issubdtype(a.dtype, np.integer):
+            raise TypeError(f"{what}: dtype {a.dtype}, expected integer token ids (e.g. int32); "
+                            "a float or bool array is not taken as ids")
+        a = a.reshape(-1)
+        n = self.rows if rows is None else rows
+        if a.size != n:
+            raise ValueError(f"{what}: {a.size} ids for {n} rows" + (" (batch x seq)" if rows is None else ""))
+        bad = (a >= self.vocab_size) | ((a < 0) & (a != -1) if labels else (a < 0))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"{what}: id {a[i]} at position {i} is outside [0, vocab_size={self.vocab_size})"
+                             + (" and not -1 (ignored)" if labels else ""))
+        return np.ascontiguousarray(a, dtype=np.int32)
 
     def next_batch(self):
         """(tokens, labels): int32 [batch, seq] each, from the session's train reader."""
@@ -337,7 +354,9 @@ class Session:
         return t.reshape(self.batch, self.seq), lab.reshape(self.batch, self.seq)
 
     def forward(self, tokens):
-        """Final hidden states (after the final norm): float32 [rows, emb_dim]."""
+        """Final hidden states (after the final norm): float32 [rows, emb_dim]. tokens:
+        integer ids in [0, vocab_size), rows of them (TypeError for a float array,
+        ValueError for an id out of range)."""
         h = np.empty((self.rows, self.emb_dim), np.float32)
         _call("mt_session_forward", self._s, self._ids(tokens, "tokens"), h)
         return h
@@ -345,7 +364,7 @@ class Session:
     def loss(self, tokens, labels):
         """(loss_sum, count): summed cross-entropy over labels != -1 and their count."""
         ls, c = C.c_double(), C.c_int64()
-        _call("mt_session_loss", self._s, self._ids(tokens, "tokens"), self._ids(labels, "labels"),
+        _call("mt_session_loss", self._s, self._ids(tokens, "tokens"), self._ids(labels, "labels", True),
               C.byref(ls), C.byref(c))
         return ls.value, c.value
 
@@ -356,7 +375,7 @@ class Session:
     def forward_backward(self, tokens, labels, dscale=1.0):
         """Adds dscale * d(summed loss)/d(params) into the gradients; (loss_sum, count)."""
         ls, c = C.c_double(), C.c_int64()
-        _call("mt_session_forward_backward", self._s, self._ids(tokens, "tokens"), self._ids(labels, "labels"),
+        _call("mt_session_forward_backward", self._s, self._ids(tokens, "tokens"), self._ids(labels, "labels", True),
               float(dscale), C.byref(ls), C.byref(c))
         return ls.value, c.value
 
@@ -374,11 +393,10 @@ class Session:
     def tiled_loss(self, hidden, labels, dscale=1.0, grad=True, add_unembedding_grad=False):
         """Vocab-tiled cross-entropy of hidden [rows, emb_dim] (any rows) against
         labels [rows] with the session's unembedding: (loss_sum, count, dhidden), dhidden
-        = dscale * dloss/dhidden (None when grad is False)."""
+        = dscale * dloss/dhidden (None when grad is False). loss_sum is the SUM of the
+        count token losses (labels -1 ignored): the mean is loss_sum / count."""
         h = np.ascontiguousarray(hidden, dtype=np.float32).reshape(-1, self.emb_dim)
-        lab = np.ascontiguousarray(labels, dtype=np.int32).reshape(-1)
-        if lab.size != h.shape[0]:
-            raise ValueError(f"labels: {lab.size} for {h.shape[0]} rows")
+        lab = self._ids(labels, "labels", True, rows=h.shape[0])
         dh = np.empty_like(h) if grad else None
         ls, c = C.c_double(), C.c_int64()
         _call("mt_session_tiled_loss", self._s, h, lab, h.shape[0], float(dscale),

@@ -192,6 +192,42 @@ class MeshtrainTest(unittest.TestCase):
             self.assertFalse(r.has_data)
             np.testing.assert_array_equal(r.forward(tok), h1)
 
+    def test_token_ids_dtype_and_range(self):
+        # float / bool ids are refused (they were cast to int32 silently: 3.7 -> 3), and
+        # ids are range-checked before the int32 cast (an int64 2^32 + 3 wrapped to 3)
+        tok, lab = self.batch()
+        with self.session() as s:
+            h = s.forward(tok)
+            np.testing.assert_array_equal(s.forward(tok.astype(np.int64)), h)  # any integer dtype
+            np.testing.assert_array_equal(s.forward(tok.astype(np.uint8)), h)
+            for bad in (tok.astype(np.float32), tok.astype(np.float64), tok > 3):
+                with self.assertRaises(TypeError) as e:
+                    s.forward(bad)
+                self.assertIn("tokens", str(e.exception))
+                self.assertIn(str(bad.dtype), str(e.exception))
+            for v in (2**32 + 3, 64, -1):
+                t = tok.astype(np.int64)
+                t[1, 5] = v
+                with self.assertRaises(ValueError) as e:
+                    s.forward(t)
+                self.assertIn("vocab_size=64", str(e.exception))
+                self.assertIn(str(v), str(e.exception))
+            with self.assertRaises(TypeError):
+                s.loss(tok, lab.astype(np.float32))
+            with self.assertRaises(TypeError):
+                s.forward_backward(tok.astype(np.float32), lab)
+            with self.assertRaises(TypeError):
+                s.tiled_loss(h, lab.astype(np.float32))
+            big = lab.astype(np.int64)
+            big[0, 0] = 2**32 + 5
+            with self.assertRaises(ValueError):
+                s.tiled_loss(h, big)
+            with self.assertRaises(ValueError):
+                s.loss(tok, big)
+            ls, n, _ = s.tiled_loss(h, lab.astype(np.int64), grad=False)  # -1 stays "ignored"
+            self.assertEqual(n, s.rows - 1)
+            self.assertEqual(s.loss(tok, lab)[1], s.rows - 1)
+
     def test_errors_and_misc(self):
         with self.assertRaises(meshtrain.MeshtrainError) as e:
             meshtrain.Session(self.cfg, learning_rate="fast")
