@@ -273,6 +273,8 @@ expect2 "resume from step_6.tmp" "incomplete checkpoint" \
     "$bin" train "$cfg" run_name=inc steps=12 load_checkpoint="$tmp/inc/checkpoints/step_6.tmp"
 grep -q "$tmp/inc/checkpoints/step_4" "$tmp/e" || fail "step_6.tmp: newest complete one not named: $(cat "$tmp/e")"
 [ -e "$out/inc" ] && fail "step_6.tmp: the refused run wrote $out/inc"
+expect2 "sample from step_6.tmp" "incomplete checkpoint" \
+    "$bin" sample "$cfg" load_checkpoint="$tmp/inc/checkpoints/step_6.tmp"
 
 # 14. (defect 10) step_9 holding step 4
 mkdir -p "$tmp/ren" && cp -r "$ck/step_4" "$tmp/ren/step_9"

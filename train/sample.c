@@ -183,9 +183,9 @@ mt_status mt_sample_generate(const mt_train_config *cfg, const char *checkpoint_
     const mt_ops *ops;
     MT_TRY(mt_trainer_select_backend(cfg, &ops));
     struct stat sb;
-    if (stat(checkpoint_dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return mt_set_error(MT_ERR_IO, "key 'load_checkpoint': checkpoint directory '%s' %s", checkpoint_dir,
-                            stat(checkpoint_dir, &sb) != 0 ? "does not exist" : "is not a directory");
+    /* exists, is a directory, not an unfinished step_<N>.tmp (the model is checked below,
+     * from the checkpoint's own config.json) */
+    MT_TRY(mt_trainer_check_checkpoint_dir(cfg, "load_checkpoint", checkpoint_dir, 0));
     if (!cfg->tokenizer_path[0])
         return mt_set_error(MT_ERR_INVALID, "key 'tokenizer_path' is empty: sample decodes with a SentencePiece "
                             ".vocab file");

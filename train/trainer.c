@@ -752,13 +752,8 @@ static const char *hf_field(const char *key) {
     return key;
 }
 
-/* The directory of key `key` exists and is not a step_<N>.tmp (an unfinished save);
- * with `compare`, its config.json is read
- * (mt_hf_config_read) and must describe the configured model (mt_model_config_diff).
- * Errors: MT_ERR_IO (no such directory, no config.json), MT_ERR_FORMAT (config.json),
- * MT_ERR_INVALID (a .tmp directory; a mismatch, naming the file, the field and both
- * values). */
-static mt_status check_checkpoint_dir(const mt_train_config *cfg, const char *key, const char *dir, int compare) {
+/* See trainer.h. */
+mt_status mt_trainer_check_checkpoint_dir(const mt_train_config *cfg, const char *key, const char *dir, int compare) {
     struct stat sb;
     if (stat(dir, &sb) != 0)
         return mt_set_error(MT_ERR_IO, "key '%s': checkpoint directory '%s' does not exist (%s)", key, dir,
@@ -867,13 +862,13 @@ mt_status mt_trainer_create_ex(mt_trainer **out, const mt_train_config *cfg, int
     if (st == MT_OK) st = build_shard_table(t);
     if (st == MT_OK) {
         if (cfg->load_checkpoint[0]) {
-            st = check_checkpoint_dir(cfg, "load_checkpoint", cfg->load_checkpoint, 1);
+            st = mt_trainer_check_checkpoint_dir(cfg, "load_checkpoint", cfg->load_checkpoint, 1);
             if (st == MT_OK) st = check_checkpoint_identity(t, cfg->load_checkpoint);
             if (st == MT_OK) st = load_model_params(t, cfg->load_checkpoint);
             if (st == MT_OK) st = load_train_state(t, cfg->load_checkpoint);
             t->resumed = 1;
         } else if (cfg->load_parameters_path[0]) {
-            st = check_checkpoint_dir(cfg, "load_parameters_path", cfg->load_parameters_path, 0);
+            st = mt_trainer_check_checkpoint_dir(cfg, "load_parameters_path", cfg->load_parameters_path, 0);
             if (st == MT_OK) st = load_model_params(t, cfg->load_parameters_path);
         } else {
             st = mt_model_init_params(t->model, (uint64_t)cfg->seed);

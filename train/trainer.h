@@ -137,6 +137,16 @@ mt_status mt_trainer_evaluate(mt_trainer *t, double *val_loss, int64_t *val_toke
  * Errors: MT_ERR_RUNTIME, MT_ERR_OOM. */
 mt_status mt_trainer_save_checkpoint(mt_trainer *t, char *path, size_t path_size);
 
+/* The checkpoint directory `dir`, given by config key `key` (named in messages), exists,
+ * is a directory and is not a step_<N>.tmp (a save that did not finish; the message names
+ * the newest complete checkpoint next to it); with `compare`, its config.json is read
+ * (mt_hf_config_read) and must describe cfg's model (mt_model_config_diff). Used by
+ * `train` (load_checkpoint, load_parameters_path) and `sample`.
+ * Errors: MT_ERR_IO (no such directory, not a directory, no config.json), MT_ERR_FORMAT
+ * (config.json), MT_ERR_INVALID (a .tmp directory; a model mismatch, naming the file,
+ * the field and both values). */
+mt_status mt_trainer_check_checkpoint_dir(const mt_train_config *cfg, const char *key, const char *dir, int compare);
+
 /* Check the outputs before anything is written (the CLI calls it after
  * mt_trainer_create and before mt_trainer_run): base_output_directory is non-empty
  * and a directory if it exists, the run directory's nearest existing ancestor is
