@@ -115,7 +115,8 @@ static void print_help(const char *cmd) {
                 "search time and commands as one JSON object. Each line starts with this binary's path\n"
                 "as invoked, so it runs as written from this directory. The step model assumes an\n"
                 "H100/H200-class GPU (no key changes it; meaningless for backend=cpu). Exit 2 when\n"
-                "nothing fits or hbm_gib is outside (0, 8589934592]; a failed estimate changes no file.\n");
+                "nothing fits or hbm_gib is outside (0, %.0f]; a failed estimate changes no file.\n",
+                MT_HBM_GIB_MAX);
     }
     print_keys(o);
 }
@@ -558,6 +559,10 @@ static int cmd_plan(int argc, char **argv) {
 
 #define MT_COMMANDS_FILE "remat_commands_from_estimator.txt"
 
+/* argv[0] as the user invoked meshtrain (set by main): estimate's command lines start
+ * with it, so they run as written from the directory estimate ran in. */
+static const char *g_prog = "meshtrain";
+
 /* s as one shell word: unchanged when it holds only characters no shell treats
  * specially, else in single quotes (each ' written as '\''). Returns 0 when buf was
  * too small. */
@@ -644,9 +649,10 @@ static const char *estimate_action(const mt_train_config *cfg, const mt_estimate
 /* `meshtrain estimate`: batch size and remat policy for a memory budget. The commands
  * file is written whole to a temporary name and renamed on success; a failed estimate
  * touches no file (bad input loses nothing), and when ./remat_commands_from_estimator.txt
- * exists its message says that file is an earlier run's, not this one's. prog: argv[0]
- * as invoked, the binary the written lines start with. */
-static int cmd_estimate(const char *prog, int argc, char **argv) {
+ * exists its message says that file is an earlier run's, not this one's. The written
+ * lines start with g_prog, the binary as invoked. */
+static int cmd_estimate(int argc, char **argv) {
+    const char *prog = g_prog;
     int json = 0, m = 0;
     for (int i = 0; i < argc; i++) /* --json anywhere after the command */
         if (strcmp(argv[i], "--json") == 0) json = 1;
@@ -821,11 +827,11 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     int (*run)(int, char **) = NULL;
-    int estimate = 0; /* cmd_estimate also takes argv[0]: its command lines start with it */
+    g_prog = argv[0]; /* estimate's command lines start with it */
     if (strcmp(cmd, "train") == 0) run = cmd_train;
     else if (strcmp(cmd, "sample") == 0) run = cmd_sample;
     else if (strcmp(cmd, "plan") == 0) run = cmd_plan;
-    else if (strcmp(cmd, "estimate") == 0) estimate = 1;
+    else if (strcmp(cmd, "estimate") == 0) run = cmd_estimate;
     else {
         char msg[256];
         snprintf(msg, sizeof msg, "unknown command '%s' (train, sample, plan, estimate)", cmd);
@@ -837,5 +843,5 @@ int main(int argc, char **argv) {
             return 0;
         }
     if (argc < 3) return usage_error("missing CONFIG.yml");
-    return estimate ? cmd_estimate(argv[0], argc - 2, argv + 2) : run(argc - 2, argv + 2);
+    return run(argc - 2, argv + 2);
 }
