@@ -1,0 +1,20 @@
+# cmake -DDIR=<kernels/cuda> -P check_no_asm.cmake: fails when the word `asm` (or
+# __asm / __asm__) appears in any file under DIR except ptx.cuh, the one header whose
+# inline PTX the CPU emulator implements (tests/cudaemu/README.md).
+file(GLOB_RECURSE files ${DIR}/*)
+set(bad "")
+foreach(f ${files})
+  get_filename_component(name ${f} NAME)
+  if(name STREQUAL "ptx.cuh")
+    continue()
+  endif()
+  file(STRINGS ${f} hits REGEX "(^|[^A-Za-z0-9_])(asm|__asm|__asm__)([^A-Za-z0-9_]|$)")
+  if(hits)
+    list(APPEND bad "${f}: ${hits}")
+  endif()
+endforeach()
+if(bad)
+  string(REPLACE ";" "\n" bad "${bad}")
+  message(FATAL_ERROR "inline asm outside kernels/cuda/ptx.cuh (put a wrapper there):\n${bad}")
+endif()
+message(STATUS "no asm outside ptx.cuh in ${DIR}")

@@ -1,0 +1,17 @@
+# tests/cudaemu/selftest/runtime_tests.cmake: the runtime half's self-tests (runtime API,
+# CPU cuBLASLt + dlopen shim, bf16), label emu.
+# NOTE to the owner of tests/cudaemu/CMakeLists.txt: include this file after the
+# `cudaemu` library target exists:
+#   include(${CMAKE_CURRENT_SOURCE_DIR}/selftest/runtime_tests.cmake)
+# Each test is a plain driver that returns the number of failed checks (0 = pass).
+set(CUDAEMU_RT_DIR ${CMAKE_CURRENT_LIST_DIR}/..)
+foreach(src test_runtime_api.c test_runtime_cublaslt.c test_runtime_bf16.cpp)
+  get_filename_component(name ${src} NAME_WE)
+  add_executable(${name} ${CMAKE_CURRENT_LIST_DIR}/${src})
+  target_include_directories(${name} PRIVATE ${CUDAEMU_RT_DIR}/include ${CUDAEMU_RT_DIR}/src ${CMAKE_CURRENT_LIST_DIR})
+  target_compile_definitions(${name} PRIVATE CUDAEMU=1)
+  target_link_libraries(${name} PRIVATE cudaemu ${CMAKE_DL_LIBS} m)
+  set_target_properties(${name} PROPERTIES LINKER_LANGUAGE CXX)
+  add_test(NAME ${name} COMMAND ${name})
+  set_tests_properties(${name} PROPERTIES LABELS emu TIMEOUT 120)
+endforeach()

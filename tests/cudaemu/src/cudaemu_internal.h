@@ -1,0 +1,50 @@
+/* tests/cudaemu/src/cudaemu_internal.h: the contract between the emulator's runtime
+ * half (runtime.cpp: device memory table, errors, streams; owner: the runtime API) and
+ * its device half (launch.cpp, fibers: threads, barriers, warps, shared memory).
+ * Not installed, not seen by kernels/cuda code. */
+#ifndef CUDAEMU_INTERNAL_H
+#define CUDAEMU_INTERNAL_H
+
+#include <stddef.h>
+
+#include "cudaemu_types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- provided by the runtime half ---- */
+
+/* 1 if [p, p + bytes) lies inside one live device allocation (cudaMalloc), else 0. */
+int cudaemu_device_range(const void *p, size_t bytes);
+
+/* 1 if p points into a live device allocation (or is one past its end), else 0. */
+int cudaemu_is_device_ptr(const void *p);
+
+/* Record an error from the device half (a kernel fault or a bad launch). `e` becomes
+ * the value cudaGetLastError / cudaPeekAtLastError / the next synchronising call
+ * return; `sticky` != 0 makes it a context error that every later call returns, as
+ * a real device fault (cudaErrorIllegalAddress, cudaErrorLaunchFailure) does. The
+ * formatted message (naming kernel and .cu file:line) is printed to stderr once and
+ * is what cudaGetErrorString(e) returns while this error is current. */
+void cudaemu_record_error(cudaError_t e, int sticky, const char *fmt, ...)
+#ifdef __GNUC__
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* The current sticky error (cudaSuccess when none): a launch after a fault does nothing. */
+cudaError_t cudaemu_sticky_error(void);
+
+/* The dynamic shared memory limit set for `func` with cudaFuncSetAttribute(func,
+ * cudaFuncAttributeMaxDynamicSharedMemorySize, v); 0 when never set. */
+size_t cudaemu_func_max_dynamic_smem(const void *func);
+
+/* Byte value fresh device and shared memory is filled with (0xFF: every float is a
+ * NaN, every double too), unless CUDAEMU_FILL=0 (zero fill). */
+unsigned char cudaemu_fill_byte(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
