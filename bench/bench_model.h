@@ -17,7 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "kernels/ops.h"
+#include "kernels/backend.h"
 #include "models/model.h"
 #include "runtime/plan.h"
 #include "runtime/rng.h"
@@ -48,10 +48,10 @@ static inline int bench_model_args(bench_model *b, const char *prog, int argc, c
     return 0;
 }
 
-/* Creates the model on ops (kept by the model: must outlive it), plans and binds the
+/* Creates the model on be (kept by the model: must outlive it), plans and binds the
  * arena, initialises the parameters and draws the tokens. Returns NULL, or the name of
  * the stage that failed ("model", "plan", "arena", "bind"; mt_last_error() has why). */
-static inline const char *bench_model_create(bench_model *b, const mt_ops *ops) {
+static inline const char *bench_model_create(bench_model *b, mt_backend *be) {
     const long *a = b->a;
     mt_model_config c;
     mt_model_config_defaults(&c, MT_DECODER_LLAMA2);
@@ -63,7 +63,7 @@ static inline const char *bench_model_create(bench_model *b, const mt_ops *ops) 
     c.mlp_dim = a[4];
     c.vocab_size = b->V;
     c.rope_max_timescale = 10000.0f;
-    if (mt_model_create(&b->m, &c, ops, b->B, b->T, a[10]) != MT_OK) return "model";
+    if (mt_model_create(&b->m, &c, be, b->B, b->T, a[10]) != MT_OK) return "model";
     if (mt_plan_new(&b->plan) != MT_OK || mt_model_add_to_plan(b->m, b->plan) != MT_OK) return "plan";
     b->n = mt_model_numel(b->m);
     const int last = mt_model_phase_count(b->m) - 1;
@@ -72,7 +72,7 @@ static inline const char *bench_model_create(bench_model *b, const mt_ops *ops) 
         mt_plan_add(b->plan, "adamw.v", MT_MEM_OPTIMIZER, (size_t)b->n * 4, 0, last, &idv) != MT_OK ||
         mt_plan_finalize(b->plan) != MT_OK)
         return "plan";
-    if (mt_arena_create(&b->arena, b->plan, NULL, NULL) != MT_OK) return "arena";
+    if (mt_arena_create(&b->arena, b->plan, NULL, NULL, NULL) != MT_OK) return "arena";
     if (mt_model_bind(b->m, &b->arena, b->plan) != MT_OK || mt_model_init_params(b->m, 1) != MT_OK) return "bind";
     b->mom = mt_arena_ptr(&b->arena, b->plan, idm);
     b->vel = mt_arena_ptr(&b->arena, b->plan, idv);
@@ -85,19 +85,20 @@ static inline const char *bench_model_create(bench_model *b, const mt_ops *ops) 
     return NULL;
 }
 
-/* One training step s (0-based; AdamW's step count is s + 1) through ops' zero and
+/* One training step s (0-based; AdamW's step count is s + 1) through be's zero and
  * adamw: *sum and *cnt receive the loss sum and the token count. Returns NULL, or
- * "step" when the forward/backward failed. */
-static inline const char *bench_model_step(bench_model *b, const mt_ops *ops, int s, double *sum, int64_t *cnt) {
+ * "step" / "zero" / "adamw" naming what failed (message in mt_last_error()). */
+static inline const char *bench_model_step(bench_model *b, mt_backend *be, int s, double *sum, int64_t *cnt) {
     mt_model *m = b->m;
-    ops->zero(mt_model_grads(m), (size_t)b->n * 4);
+    if (be->ops->zero(be, mt_model_grads(m), (size_t)b->n * 4) != MT_OK) return "zero";
     if (mt_model_forward_backward(m, b->tok, b->tok + 1, 1.0f / (float)(b->B * b->T), sum, cnt) != MT_OK)
         return "step";
     for (int i = 0; i < mt_model_param_count(m); i++) {
         const mt_param_info *p = mt_model_param(m, i);
-        ops->adamw(mt_model_params(m) + p->offset, mt_model_grads(m) + p->offset, b->mom + p->offset,
-                   b->vel + p->offset, p->numel, 1e-4f, 0.9f, 0.999f, 1e-8f, p->weight_decay ? 0.1f : 0.0f, 1.0f,
-                   s + 1);
+        if (be->ops->adamw(be, mt_model_params(m) + p->offset, mt_model_grads(m) + p->offset, b->mom + p->offset,
+                           b->vel + p->offset, p->numel, 1e-4f, 0.9f, 0.999f, 1e-8f, p->weight_decay ? 0.1f : 0.0f,
+                           1.0f, s + 1) != MT_OK)
+            return "adamw";
     }
     return NULL;
 }

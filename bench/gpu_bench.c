@@ -25,7 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/ops.h"
+#include "tests/tools/tool_backend.h"
+#include "kernels/backend.h"
 #include "models/config.h"
 #include "models/model.h"
 #include "runtime/plan.h"
@@ -34,7 +35,7 @@
 
 #define PEAK_TFLOPS 989.0
 
-static const mt_ops *G;
+static mt_backend *G;
 
 /* Milliseconds per call of fn(ctx), after one warm-up, averaged over reps. */
 static double time_ms(void (*fn)(void *), void *ctx, int reps) {
@@ -103,7 +104,7 @@ typedef struct gemm_ctx {
 
 static void gemm_ours(void *p) {
     gemm_ctx *c = p;
-    G->gemm(0, 1, c->M, c->N, c->K, 1.0f, c->A, c->K, c->B, c->K, 0.0f, c->C, c->N); /* x W^T */
+    TOOL_OK(G->ops->gemm(G, 0, 1, c->M, c->N, c->K, 1.0f, c->A, c->K, c->B, c->K, 0.0f, c->C, c->N)); /* x W^T */
 }
 
 static void gemm_direct(void *p) {
@@ -206,12 +207,12 @@ typedef struct att_ctx {
 
 static void att_fwd(void *p) {
     att_ctx *c = p;
-    G->attention_fwd(&c->a, c->o, c->lse, c->q, c->k, c->v);
+    TOOL_OK(G->ops->attention_fwd(G, &c->a, c->o, c->lse, c->q, c->k, c->v));
 }
 
 static void att_bwd(void *p) {
     att_ctx *c = p;
-    G->attention_bwd(&c->a, c->dq, c->dk, c->dv, c->dout, c->q, c->k, c->v, c->o, c->lse);
+    TOOL_OK(G->ops->attention_bwd(G, &c->a, c->dq, c->dk, c->dv, c->dout, c->q, c->k, c->v, c->o, c->lse));
 }
 
 static int bench_attention(const char *dir) {
@@ -257,16 +258,16 @@ typedef struct step_ctx {
 
 static void train_step(void *p) {
     step_ctx *c = p;
-    G->zero(mt_model_grads(c->m), (size_t)c->P * 4);
+    TOOL_OK(G->ops->zero(G, mt_model_grads(c->m), (size_t)c->P * 4));
     double l = 0;
     int64_t n = 0;
     if (mt_model_forward_backward(c->m, c->tok, c->lab, 1.0f / (float)c->ntok, &l, &n) != MT_OK)
         fprintf(stderr, "gpu_bench: step: %s\n", mt_last_error());
-    const double norm = sqrt(G->sumsq(mt_model_grads(c->m), c->P));
+    const double norm = sqrt(tool_sumsq(G, mt_model_grads(c->m), c->P));
     const float gs = norm > 1.0 ? (float)(1.0 / norm) : 1.0f;
     c->t++;
-    G->adamw(mt_model_params(c->m), mt_model_grads(c->m), c->mom, c->var, c->P, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, gs,
-             c->t);
+    TOOL_OK(G->ops->adamw(G, mt_model_params(c->m), mt_model_grads(c->m), c->mom, c->var, c->P, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, gs,
+             c->t));
 }
 
 static int bench_step_model(FILE *f, const char *src, const char *name, int64_t B, int64_t T, int last) {
@@ -302,20 +303,20 @@ static int bench_step_model(FILE *f, const char *src, const char *name, int64_t 
     cudaMemGetInfo(&freeb, &total);
     const size_t free0 = freeb;
     mt_arena arena;
-    if (mt_arena_create(&arena, plan, G->alloc, G->release) != MT_OK || mt_model_bind(m, &arena, plan) != MT_OK) {
+    if (mt_backend_arena_create(G, &arena, plan) != MT_OK || mt_model_bind(m, &arena, plan) != MT_OK) {
         fprintf(stderr, "gpu_bench: %s: %s\n", name, mt_last_error());
         return 1;
     }
     step_ctx c = {.m = m, .P = mt_model_numel(m), .ntok = B * T};
-    c.mom = G->alloc((size_t)c.P * 4);
-    c.var = G->alloc((size_t)c.P * 4);
-    G->zero(c.mom, (size_t)c.P * 4);
-    G->zero(c.var, (size_t)c.P * 4);
+    c.mom = tool_alloc(G, (size_t)c.P * 4);
+    c.var = tool_alloc(G, (size_t)c.P * 4);
+    TOOL_OK(G->ops->zero(G, c.mom, (size_t)c.P * 4));
+    TOOL_OK(G->ops->zero(G, c.var, (size_t)c.P * 4));
     /* mt_model_init_params draws billions of normals on the host (a minute at 8B):
      * the timing needs only realistic magnitudes, so parameters are a repeated random
      * pattern times 0.02 (the init's std). */
     fill_random(mt_model_params(m), (size_t)c.P * 4);
-    G->scale(mt_model_params(m), 0.02f, c.P);
+    TOOL_OK(G->ops->scale(G, mt_model_params(m), 0.02f, c.P));
     c.tok = malloc((size_t)(B * T) * sizeof(int32_t));
     c.lab = malloc((size_t)(B * T) * sizeof(int32_t));
     for (int64_t i = 0; i < B * T; i++) {
@@ -339,8 +340,8 @@ static int bench_step_model(FILE *f, const char *src, const char *name, int64_t 
             (long long)T, (long long)tiles, ms, tps, flop_tok * tps / 1e12, flop_tok * tps / 1e12 / PEAK_TFLOPS,
             planned, measured, total, last ? "" : ",");
     fflush(f);
-    G->release(c.mom);
-    G->release(c.var);
+    G->ops->release(G, c.mom);
+    G->ops->release(G, c.var);
     free(c.tok);
     free(c.lab);
     mt_arena_destroy(&arena);
@@ -367,7 +368,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: gpu_bench OUTDIR [SOURCE_DIR]\n");
         return 2;
     }
-    G = mt_cuda_ops();
+    if (mt_backend_create(MT_BACKEND_CUDA, &G) != MT_OK) G = NULL;
     if (!G) {
         fprintf(stderr, "gpu_bench: no CUDA device\n");
         return 77;

@@ -20,8 +20,8 @@ static int fail(const char *what) {
 int main(int argc, char **argv) {
     bench_model b;
     if (bench_model_args(&b, "step_bench", argc, argv) != 0) return 2;
-    const mt_ops *ops = mt_cpu_ops();
-    const char *err = bench_model_create(&b, ops);
+    mt_backend *be = mt_cpu_backend();
+    const char *err = bench_model_create(&b, be);
     if (err) return fail(err);
     int steps = (int)b.a[9];
     double loss = 0;
@@ -30,7 +30,7 @@ int main(int argc, char **argv) {
         double t0 = mt_time_now();
         double sum = 0;
         int64_t cnt = 0;
-        if ((err = bench_model_step(&b, ops, s, &sum, &cnt)) != NULL) return fail(err);
+        if ((err = bench_model_step(&b, be, s, &sum, &cnt)) != NULL) return fail(err);
         loss = sum / (double)cnt;
         double ms = (mt_time_now() - t0) * 1e3;
         if (s > 0) printf("%s%.1f", s > 1 ? ", " : "", ms); /* step 0 is warm-up */

@@ -14,12 +14,12 @@ int64_t mt_tiled_loss_tile_rows(int64_t N, int64_t num_tiles) {
     return (N + num_tiles - 1) / num_tiles;
 }
 
-void mt_tiled_loss(const mt_ops *ops, const mt_tiled_loss_args *a, const float *h,
+mt_status mt_tiled_loss(mt_backend *be, const mt_tiled_loss_args *a, const float *h,
                    const float *W, const int32_t *labels, float *tile, float *dh, float *dW,
                    double *loss_sum, int64_t *count) {
     const int64_t N = a->N, D = a->D, V = a->V;
     int64_t T = a->num_tiles;
-    if (N <= 0) return;
+    if (N <= 0) return MT_OK;
     /* Out-of-range tile counts are clamped, matching mt_tiled_loss_tile_rows. */
     if (T < 1) T = 1;
     if (T > N) T = N;
@@ -27,11 +27,12 @@ void mt_tiled_loss(const mt_ops *ops, const mt_tiled_loss_args *a, const float *
         const int64_t r0 = t * N / T, r1 = (t + 1) * N / T, R = r1 - r0;
         if (R == 0) continue;
         const float *ht = h + r0 * D;
-        ops->gemm(0, 1, R, V, D, 1.0f, ht, D, W, D, 0.0f, tile, V);
-        ops->xent_tile(tile, labels + r0, R, V, a->softcap, a->ignore_index, a->dscale,
-                       loss_sum, count);
+        MT_TRY(be->ops->gemm(be, 0, 1, R, V, D, 1.0f, ht, D, W, D, 0.0f, tile, V));
+        MT_TRY(be->ops->xent_tile(be, tile, labels + r0, R, V, a->softcap, a->ignore_index, a->dscale, loss_sum,
+                                  count));
         if (!dh) continue;
-        ops->gemm(0, 0, R, D, V, 1.0f, tile, V, W, D, 0.0f, dh + r0 * D, D);
-        if (dW) ops->gemm(1, 0, V, D, R, 1.0f, tile, V, ht, D, 1.0f, dW, D);
+        MT_TRY(be->ops->gemm(be, 0, 0, R, D, V, 1.0f, tile, V, W, D, 0.0f, dh + r0 * D, D));
+        if (dW) MT_TRY(be->ops->gemm(be, 1, 0, V, D, R, 1.0f, tile, V, ht, D, 1.0f, dW, D));
     }
+    return MT_OK;
 }

@@ -480,6 +480,9 @@ static mt_status ck_config_read(ck_reader *r, mt_model_config *c) {
     if (b == MT_DECODER_GEMMA2 || b == MT_DECODER_GEMMA3) {
         int g2 = b == MT_DECODER_GEMMA2;
         MT_TRY(ck_float(r, NULL, "query_pre_attn_scalar", 256.0f, 0.0f, 0, &c->query_pre_attn_scalar));
+        /* null means head_dim (0 in mt_model_config); store the value it stands for, as the
+         * writer does, so a read -> write -> read round trip gives the same config. */
+        if (c->query_pre_attn_scalar == 0.0f) c->query_pre_attn_scalar = (float)c->head_dim;
         const cJSON *sw = ck_get(r, "sliding_window");
         if (sw && cJSON_IsNull(sw)) c->sliding_window_size = 0; /* None: no sliding layers */
         else MT_TRY(ck_int(r, NULL, "sliding_window", 4096, 1, &c->sliding_window_size));
@@ -539,7 +542,7 @@ mt_status mt_hf_config_read(const char *path, mt_model_config *c) {
 
 typedef struct ck_save_ctx {
     mt_model *m;
-    const mt_ops *ops;
+    mt_backend *be;
     const float *params;
     mt_dtype dtype;
     float *scratch; /* float32, largest parameter (BF16 only) */
@@ -550,9 +553,9 @@ static mt_status ck_fetch_param(void *vctx, int i, void *dst, size_t bytes) {
     const mt_param_info *p = mt_model_param(x->m, i);
     const float *src = x->params + p->offset;
     if (x->dtype == MT_F32) {
-        x->ops->copy_to_host(dst, src, bytes);
+        MT_TRY(x->be->ops->copy_to_host(x->be, dst, src, bytes));
     } else {
-        x->ops->copy_to_host(x->scratch, src, (size_t)p->numel * sizeof(float));
+        MT_TRY(x->be->ops->copy_to_host(x->be, x->scratch, src, (size_t)p->numel * sizeof(float)));
         mt_f32_to_bf16_array(dst, x->scratch, (size_t)p->numel);
     }
     return MT_OK;
@@ -566,9 +569,9 @@ mt_status mt_checkpoint_save_model_meta(const char *dir, mt_model *m, mt_dtype d
     if (dtype != MT_F32 && dtype != MT_BF16)
         return mt_set_error(MT_ERR_INVALID, "%s: checkpoint dtype must be float32 or bfloat16, not %s", dir,
                             mt_dtype_name(dtype));
-    const mt_ops *ops = mt_model_ops(m);
+    mt_backend *be = mt_model_backend(m);
     float *params = mt_model_params(m);
-    if (!ops || !params) return mt_set_error(MT_ERR_INVALID, "%s: model parameters are not bound to memory", dir);
+    if (!be || !params) return mt_set_error(MT_ERR_INVALID, "%s: model parameters are not bound to memory", dir);
     MT_TRY(ck_mkdirs(dir));
     int n = mt_model_param_count(m);
     mt_st_write_tensor *t = calloc(n > 0 ? (size_t)n : 1, sizeof *t);
@@ -582,7 +585,7 @@ mt_status mt_checkpoint_save_model_meta(const char *dir, mt_model *m, mt_dtype d
         for (int d = 0; d < p->ndim; d++) t[i].shape[d] = p->shape[d];
         if (p->numel > most) most = p->numel;
     }
-    ck_save_ctx x = {m, ops, params, dtype, NULL};
+    ck_save_ctx x = {m, be, params, dtype, NULL};
     mt_status s = MT_OK;
     if (dtype == MT_BF16 && !(x.scratch = malloc((size_t)most * sizeof(float))))
         s = mt_set_error(MT_ERR_OOM, "%s: out of memory", dir);
@@ -732,9 +735,9 @@ static mt_status ck_open_files(const char *dir, mt_safetensors ***files_out, int
 }
 
 mt_status mt_checkpoint_load_model(const char *dir, mt_model *m) {
-    const mt_ops *ops = mt_model_ops(m);
+    mt_backend *be = mt_model_backend(m);
     float *params = mt_model_params(m);
-    if (!ops || !params) return mt_set_error(MT_ERR_INVALID, "%s: model parameters are not bound to memory", dir);
+    if (!be || !params) return mt_set_error(MT_ERR_INVALID, "%s: model parameters are not bound to memory", dir);
     const mt_model_config *cfg = mt_model_get_config(m);
     int tied = cfg->logits_via_embedding != 0;
     int gemma3 = cfg->decoder_block == MT_DECODER_GEMMA3;
@@ -817,9 +820,9 @@ mt_status mt_checkpoint_load_model(const char *dir, mt_model *m) {
     for (int i = 0; i < np && s == MT_OK; i++) {
         const mt_param_info *p = mt_model_param(m, i);
         s = mt_safetensors_read_f32(files[src[i].file], src[i].index, host, p->numel);
-        if (s == MT_OK) ops->copy_to_device(params + p->offset, host, (size_t)p->numel * sizeof(float));
+        if (s == MT_OK) s = be->ops->copy_to_device(be, params + p->offset, host, (size_t)p->numel * sizeof(float));
     }
-    if (s == MT_OK) ops->sync();
+    if (s == MT_OK) s = be->ops->sync(be);
     free(host);
     free(src);
     for (int f = 0; f < nfiles; f++) mt_safetensors_close(files[f]);

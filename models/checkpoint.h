@@ -22,7 +22,7 @@ extern "C" {
  * MT_F32 or MT_BF16 (round to nearest even)) and dir/config.json
  * (mt_hf_config_write). Creates dir (and missing parents). Each file is written
  * atomically (tmp + fsync + rename). The parameters are copied to the host with the
- * model's ops->copy_to_host.
+ * model's be->ops->copy_to_host.
  * Errors: MT_ERR_INVALID (dtype not F32/BF16), MT_ERR_IO, MT_ERR_OOM. */
 mt_status mt_checkpoint_save_model(const char *dir, mt_model *m, mt_dtype dtype);
 
@@ -45,7 +45,7 @@ mt_status mt_checkpoint_save_model_meta(const char *dir, mt_model *m, mt_dtype d
  * "language_model.lm_head.*" as "lm_head.*", and vision_tower / multi_modal_projector
  * tensors are skipped. F32/BF16/F16/F64
  * data are converted to float32 (NaN/Inf rejected) and copied with
- * ops->copy_to_device, one tensor at a time through one host buffer.
+ * be->ops->copy_to_device, one tensor at a time through one host buffer.
  * Names and shapes are all checked before anything is copied into m; a NaN/Inf is
  * found while copying, so after that error m holds a mix of old and new values and
  * must not be used.

@@ -8,7 +8,7 @@
 #define MT_MODELS_CONFIG_H
 
 #include <stdint.h>
-#include "kernels/ops.h"
+#include "kernels/backend.h"
 #include "runtime/status.h"
 
 #ifdef __cplusplus

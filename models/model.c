@@ -15,7 +15,7 @@
  * deterministic ops, so the saved set per layer is exactly the list in layer_act_elems.
  *
  * Backward: the gradient of the residual stream lives in one buffer G; every RMSNorm
- * backward accumulates into it (ops->rmsnorm_bwd adds to dx), which is the residual
+ * backward accumulates into it (be->ops->rmsnorm_bwd adds to dx), which is the residual
  * connection's gradient for free. */
 #include "models/model.h"
 
@@ -75,7 +75,7 @@ typedef struct layer_params {
 
 struct mt_model {
     mt_model_config cfg;
-    const mt_ops *ops;
+    mt_backend *be;
     int64_t B, T, N, tiles;
     int64_t D, V, F, H, Hkv, Dh, QD, KVD;
     float eps, w_off, emb_scale;
@@ -229,9 +229,9 @@ static void build_param_table(mt_model *m) {
 /* ------------------------------------------------------------------------------ */
 /* create / free                                                                   */
 
-mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_ops *ops,
+mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, mt_backend *be,
                           int64_t batch, int64_t seq, int64_t num_vocab_tiling) {
-    if (!out || !cfg || !ops) return mt_set_error(MT_ERR_INVALID, "mt_model_create: NULL argument");
+    if (!out || !cfg || !be) return mt_set_error(MT_ERR_INVALID, "mt_model_create: NULL argument");
     *out = NULL;
     MT_TRY(mt_model_config_validate(cfg));
     if (batch < 1) return mt_set_error(MT_ERR_INVALID, "per_device_batch_size=%lld must be >= 1", (long long)batch);
@@ -244,7 +244,7 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_o
     mt_model *m = calloc(1, sizeof(*m));
     if (!m) return mt_set_error(MT_ERR_OOM, "mt_model_create: out of memory");
     m->cfg = *cfg;
-    m->ops = ops;
+    m->be = be;
     m->B = batch;
     m->T = seq;
     m->N = batch * seq;
@@ -328,7 +328,7 @@ void mt_model_free(mt_model *m) {
 
 const mt_model_config *mt_model_get_config(const mt_model *m) { return &m->cfg; }
 
-const mt_ops *mt_model_ops(const mt_model *m) { return m->ops; }
+mt_backend *mt_model_backend(const mt_model *m) { return m->be; }
 
 int mt_model_phase_count(const mt_model *m) { return (int)(2 * m->cfg.num_decoder_layers + 4); }
 
@@ -714,10 +714,10 @@ mt_status mt_model_init_params(mt_model *m, uint64_t seed) {
         if (m->fsdp > 1) { /* this rank's shard [flo, fhi) only */
             const int64_t a = p->offset > m->flo ? p->offset : m->flo;
             const int64_t b = p->offset + p->numel < m->fhi ? p->offset + p->numel : m->fhi;
-            if (b > a) m->ops->copy_to_device(base + (a - m->flo), h + (a - p->offset), (size_t)(b - a) * sizeof(float));
+            if (b > a) MT_TRY(m->be->ops->copy_to_device(m->be, base + (a - m->flo), h + (a - p->offset), (size_t)(b - a) * sizeof(float)));
             continue;
         }
-        m->ops->copy_to_device(base + p->offset, h, (size_t)p->numel * sizeof(float));
+        MT_TRY(m->be->ops->copy_to_device(m->be, base + p->offset, h, (size_t)p->numel * sizeof(float)));
     }
     free(h);
     return MT_OK;
@@ -747,18 +747,19 @@ static const float *PW(const mt_model *m, int i) {
  * fsdp: first complete the prefetch in flight (prefetch_layer), which may be layer l. */
 static void fsdp_gather(mt_model *m, float *win, int64_t a, int64_t b, int async);
 static void fsdp_wait(mt_model *m);
-static void fetch_layer(mt_model *m, int64_t l) {
-    if (!m->param_offload && m->fsdp == 1) return;
+static mt_status MT_MUST_CHECK fetch_layer(mt_model *m, int64_t l) {
+    if (!m->param_offload && m->fsdp == 1) return MT_OK;
     fsdp_wait(m);
     const int s = (int)(l % 2);
-    if (m->win_layer[s] == l) return;
+    if (m->win_layer[s] == l) return MT_OK;
     const int64_t a = m->params[m->lp[l].in_norm].offset;
     if (m->fsdp > 1)
         fsdp_gather(m, m->pwin[s], a, a + m->layer_numel, 0);
     else
-        m->ops->copy_to_device(m->pwin[s], (const float *)m->gptr[GB_PARAMS] + a,
-                               (size_t)m->layer_numel * sizeof(float));
+        MT_TRY(m->be->ops->copy_to_device(m->be, m->pwin[s], (const float *)m->gptr[GB_PARAMS] + a,
+                               (size_t)m->layer_numel * sizeof(float)));
     m->win_layer[s] = l;
+    return MT_OK;
 }
 /* fsdp prefetch: start the all-gather of layer l's window (slot l % 2) so that it
  * overlaps the layer being computed (forward: l = current + 1; backward: l = current -
@@ -774,20 +775,21 @@ static void prefetch_layer(mt_model *m, int64_t l) {
     fsdp_gather(m, m->pwin[s], a, a + m->layer_numel, 1);
     m->win_layer[s] = m->tp_status == MT_OK ? l : -1;
 }
-static void fetch_global(mt_model *m) {
-    if (!m->param_offload && m->fsdp == 1) return;
+static mt_status MT_MUST_CHECK fetch_global(mt_model *m) {
+    if (!m->param_offload && m->fsdp == 1) return MT_OK;
     fsdp_wait(m);
     const int64_t emb = m->params[m->p_embed].numel;
     if (m->fsdp > 1) {
         fsdp_gather(m, m->pwin[2], 0, emb, 0);
         fsdp_gather(m, m->pwin[2] + emb, m->tail_off, m->numel, 0);
         m->win_layer[0] = m->win_layer[1] = -1;
-        return;
+        return MT_OK;
     }
     const float *host = m->gptr[GB_PARAMS];
-    m->ops->copy_to_device(m->pwin[2], host, (size_t)emb * sizeof(float));
-    m->ops->copy_to_device(m->pwin[2] + emb, host + m->tail_off, (size_t)(m->numel - m->tail_off) * sizeof(float));
+    MT_TRY(m->be->ops->copy_to_device(m->be, m->pwin[2], host, (size_t)emb * sizeof(float)));
+    MT_TRY(m->be->ops->copy_to_device(m->be, m->pwin[2] + emb, host + m->tail_off, (size_t)(m->numel - m->tail_off) * sizeof(float)));
     m->win_layer[0] = m->win_layer[1] = -1;
+    return MT_OK;
 }
 /* The gradient of parameter i (its tensor-parallel slice): in the full buffer, or with
  * a gradient sink in the layer window (layer parameters), the embedding window or the
@@ -803,27 +805,31 @@ static float *GW(const mt_model *m, int i) {
 
 /* Gradient sink, before a backward: zero the tail window and (tied: the loss adds to
  * it) the embedding window; an untied embedding window is zeroed before its backward. */
-static void grad_windows_begin(mt_model *m) {
-    if (!m->sink) return;
-    m->ops->zero(m->gwin[2], (size_t)(m->numel - m->tail_off) * sizeof(float));
+static mt_status MT_MUST_CHECK grad_windows_begin(mt_model *m) {
+    if (!m->sink) return MT_OK;
+    MT_TRY(m->be->ops->zero(m->be, m->gwin[2], (size_t)(m->numel - m->tail_off) * sizeof(float)));
     if (m->cfg.logits_via_embedding)
-        m->ops->zero(m->gwin[1], (size_t)m->params[m->p_embed].numel * sizeof(float));
+        MT_TRY(m->be->ops->zero(m->be, m->gwin[1], (size_t)m->params[m->p_embed].numel * sizeof(float)));
+    return MT_OK;
 }
 
 /* y[N, out] = x[N, in] W^T + beta y, W [out, in] (HF nn.Linear). */
-static void linear_fwd(const mt_ops *ops, float *y, const float *x, const float *W, int64_t N,
+static mt_status MT_MUST_CHECK linear_fwd(mt_backend *be, float *y, const float *x, const float *W, int64_t N,
                        int64_t in, int64_t out, float beta) {
-    ops->gemm(0, 1, N, out, in, 1.0f, x, in, W, in, beta, y, out);
+    MT_TRY(be->ops->gemm(be, 0, 1, N, out, in, 1.0f, x, in, W, in, beta, y, out));
+    return MT_OK;
 }
 /* dW[out, in] += dy[N, out]^T x[N, in] */
-static void linear_bwd_w(const mt_ops *ops, float *dW, const float *dy, const float *x, int64_t N,
+static mt_status MT_MUST_CHECK linear_bwd_w(mt_backend *be, float *dW, const float *dy, const float *x, int64_t N,
                          int64_t in, int64_t out) {
-    ops->gemm(1, 0, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW, in);
+    MT_TRY(be->ops->gemm(be, 1, 0, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW, in));
+    return MT_OK;
 }
 /* dx[N, in] = dy[N, out] W + beta dx */
-static void linear_bwd_x(const mt_ops *ops, float *dx, const float *dy, const float *W, int64_t N,
+static mt_status MT_MUST_CHECK linear_bwd_x(mt_backend *be, float *dx, const float *dy, const float *W, int64_t N,
                          int64_t in, int64_t out, float beta) {
-    ops->gemm(0, 0, N, in, out, 1.0f, dy, out, W, in, beta, dx, in);
+    MT_TRY(be->ops->gemm(be, 0, 0, N, in, out, 1.0f, dy, out, W, in, beta, dx, in));
+    return MT_OK;
 }
 
 /* ---- tensor parallelism (Megatron-LM: Shoeybi et al. 2019, section 3) ----
@@ -863,9 +869,10 @@ static void sp_gather(mt_model *m, float *full) {
 
 /* full[N, D] = RMSNorm(x) where x holds this rank's residual rows (all rows without
  * sequence parallelism); rstd gets this rank's rows' statistics. */
-static void norm_gather(mt_model *m, float *full, float *rstd, const float *x, int wi) {
-    m->ops->rmsnorm_fwd(full + seq_row0(m) * m->D, rstd, x, PW(m, wi), seq_rows(m), m->D, m->eps, m->w_off);
+static mt_status MT_MUST_CHECK norm_gather(mt_model *m, float *full, float *rstd, const float *x, int wi) {
+    MT_TRY(m->be->ops->rmsnorm_fwd(m->be, full + seq_row0(m) * m->D, rstd, x, PW(m, wi), seq_rows(m), m->D, m->eps, m->w_off));
     sp_gather(m, full);
+    return MT_OK;
 }
 
 /* The partial input gradient d[N, D] of the column-parallel GEMMs summed over the
@@ -884,32 +891,35 @@ static const float *tp_sum_input_grad(mt_model *m, float *d, float *part) {
  * parameter pi with row stride ldw. y has N rows, or seq_rows under sequence
  * parallelism (the sum reduce-scattered). full [N, D] scratch is needed under sequence
  * parallelism; part [N, D] (sequence parallel: [seq_rows, D]) when beta != 0 and tp > 1. */
-static void row_fwd(mt_model *m, float *y, const float *x, int pi, int64_t in_l, int64_t ldw, float beta,
+static mt_status MT_MUST_CHECK row_fwd(mt_model *m, float *y, const float *x, int pi, int64_t in_l, int64_t ldw, float beta,
                     float *full, float *part) {
-    const mt_ops *ops = m->ops;
+    mt_backend *be = m->be;
     const int64_t N = m->N, D = m->D;
     if (m->tp == 1) {
-        ops->gemm(0, 1, N, D, in_l, 1.0f, x, in_l, PW(m, pi), ldw, beta, y, D);
-        return;
+        MT_TRY(be->ops->gemm(be, 0, 1, N, D, in_l, 1.0f, x, in_l, PW(m, pi), ldw, beta, y, D));
+        return MT_OK;
     }
     float *dst = beta == 0.0f ? y : part;
     if (m->sp) {
-        ops->gemm(0, 1, N, D, in_l, 1.0f, x, in_l, PW(m, pi), ldw, 0.0f, full, D);
+        MT_TRY(be->ops->gemm(be, 0, 1, N, D, in_l, 1.0f, x, in_l, PW(m, pi), ldw, 0.0f, full, D));
         if (m->tp_status == MT_OK)
             m->tp_status = mt_comm_reduce_scatter(m->tp_comm, full, dst, m->sp_counts, MT_COMM_F32);
     } else {
-        ops->gemm(0, 1, N, D, in_l, 1.0f, x, in_l, PW(m, pi), ldw, 0.0f, dst, D);
+        MT_TRY(be->ops->gemm(be, 0, 1, N, D, in_l, 1.0f, x, in_l, PW(m, pi), ldw, 0.0f, dst, D));
         tp_sum(m, dst, N * D);
     }
-    if (beta != 0.0f) ops->axpy(y, part, 1.0f, seq_rows(m) * D);
+    if (beta != 0.0f) MT_TRY(be->ops->axpy(be, y, part, 1.0f, seq_rows(m) * D));
+    return MT_OK;
 }
 /* dW_slice[D, in_l] (row stride ldw) += dy[N, D]^T x[N, in_l] */
-static void row_bwd_w(mt_model *m, int pi, const float *dy, const float *x, int64_t in_l, int64_t ldw) {
-    m->ops->gemm(1, 0, m->D, in_l, m->N, 1.0f, dy, m->D, x, in_l, 1.0f, GW(m, pi), ldw);
+static mt_status MT_MUST_CHECK row_bwd_w(mt_model *m, int pi, const float *dy, const float *x, int64_t in_l, int64_t ldw) {
+    MT_TRY(m->be->ops->gemm(m->be, 1, 0, m->D, in_l, m->N, 1.0f, dy, m->D, x, in_l, 1.0f, GW(m, pi), ldw));
+    return MT_OK;
 }
 /* dx[N, in_l] = dy[N, D] W_slice + beta dx */
-static void row_bwd_x(mt_model *m, float *dx, const float *dy, int pi, int64_t in_l, int64_t ldw, float beta) {
-    m->ops->gemm(0, 0, m->N, in_l, m->D, 1.0f, dy, m->D, PW(m, pi), ldw, beta, dx, in_l);
+static mt_status MT_MUST_CHECK row_bwd_x(mt_model *m, float *dx, const float *dy, int pi, int64_t in_l, int64_t ldw, float beta) {
+    MT_TRY(m->be->ops->gemm(m->be, 0, 0, m->N, in_l, m->D, 1.0f, dy, m->D, PW(m, pi), ldw, beta, dx, in_l));
+    return MT_OK;
 }
 
 static mt_attn_args attn_args(const mt_model *m, int64_t l) {
@@ -976,7 +986,8 @@ static mt_status cp_add_to_plan(mt_model *m, mt_plan *plan, int first, int last)
 /* ---- ring strategy: K/V blocks travel around the context group (rank r sends to
  * r + 1); after step s rank r holds the block of rank (r - s) mod C. Forward: each
  * block's attention (q_pos / k_pos the original positions) is merged into the
- * running output with the online-softmax rule (Milakov & Gimelshein 2018):
+ * running output with the online-softmax rule (Milakov & Gimelshein 2018; the op
+ * attn_merge of kernels/ops.h):
  * lse = log(e^lse_a + e^lse_b), out = e^(lse_a - lse) out_a + e^(lse_b - lse) out_b.
  * Backward: with the final out and lse, each block's attention backward gives exact
  * per-block dq (summed here) and dK/dV, which travel with the block and are sent
@@ -990,49 +1001,32 @@ static void cp_ring_pass(mt_model *m, float *const *send, float *const *recv, in
 }
 
 /* out/lse (running, [B, Tq, H, Dh] / [B, H, Tq]) merged with one block's ob/lb. */
-static void cp_ring_merge(const mt_model *m, float *out, float *lse, const float *ob, const float *lb) {
-    const int64_t B = m->B, H = m->H, Tq = m->T, Dh = m->Dh;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < H; h++)
-            for (int64_t i = 0; i < Tq; i++) {
-                float *la = lse + (b * H + h) * Tq + i;
-                const float lbv = lb[(b * H + h) * Tq + i];
-                if (lbv == -INFINITY) continue;
-                const float lav = *la, mx = lav > lbv ? lav : lbv;
-                const double ln = mx + log(exp((double)lav - mx) + exp((double)lbv - mx));
-                const float wa = lav == -INFINITY ? 0.0f : (float)exp((double)lav - ln);
-                const float wb = (float)exp((double)lbv - ln);
-                float *o = out + ((b * Tq + i) * H + h) * Dh;
-                const float *q = ob + ((b * Tq + i) * H + h) * Dh;
-                for (int64_t d = 0; d < Dh; d++) o[d] = wa * o[d] + wb * q[d];
-                *la = (float)ln;
-            }
-}
 
-static void cp_ring_fwd(mt_model *m, mt_attn_args *args, float *out, float *lse, const float *q, const float *k,
+static mt_status MT_MUST_CHECK cp_ring_fwd(mt_model *m, mt_attn_args *args, float *out, float *lse, const float *q, const float *k,
                         const float *v) {
     const int C = m->cp, r = m->cp_rank;
     const size_t kvb = (size_t)(m->N * m->KVD) * sizeof(float);
     float *kb[2] = {m->cp_buf[CP_RK0], m->cp_buf[CP_RK1]}, *vb[2] = {m->cp_buf[CP_RV0], m->cp_buf[CP_RV1]};
-    m->ops->copy(kb[0], k, kvb);
-    m->ops->copy(vb[0], v, kvb);
+    MT_TRY(m->be->ops->copy(m->be, kb[0], k, kvb));
+    MT_TRY(m->be->ops->copy(m->be, vb[0], v, kvb));
     for (int s = 0; s < C; s++) {
         const int cur = s & 1, src = (r - s + C) % C;
         args->k_pos = (const int32_t *)m->cp_buf[CP_KPOS] + (int64_t)src * m->T;
         if (s == 0) {
-            m->ops->attention_fwd(args, out, lse, q, kb[cur], vb[cur]);
+            MT_TRY(m->be->ops->attention_fwd(m->be, args, out, lse, q, kb[cur], vb[cur]));
         } else {
-            m->ops->attention_fwd(args, m->cp_buf[CP_ROUT], m->cp_buf[CP_RLSE], q, kb[cur], vb[cur]);
-            cp_ring_merge(m, out, lse, m->cp_buf[CP_ROUT], m->cp_buf[CP_RLSE]);
+            MT_TRY(m->be->ops->attention_fwd(m->be, args, m->cp_buf[CP_ROUT], m->cp_buf[CP_RLSE], q, kb[cur], vb[cur]));
+            MT_TRY(m->be->ops->attn_merge(m->be, out, lse, m->cp_buf[CP_ROUT], m->cp_buf[CP_RLSE], m->B, m->T, m->H, m->Dh));
         }
         if (s + 1 < C) {
             float *snd[2] = {kb[cur], vb[cur]}, *rcv[2] = {kb[!cur], vb[!cur]};
             cp_ring_pass(m, snd, rcv, 2);
         }
     }
+    return MT_OK;
 }
 
-static void cp_ring_bwd(mt_model *m, mt_attn_args *args, float *dq, float *dk, float *dv, const float *dout,
+static mt_status MT_MUST_CHECK cp_ring_bwd(mt_model *m, mt_attn_args *args, float *dq, float *dk, float *dv, const float *dout,
                         const float *q, const float *k, const float *v, const float *out, const float *lse) {
     const int C = m->cp, r = m->cp_rank;
     const int64_t nq = m->N * m->QD, nkv = m->N * m->KVD;
@@ -1040,20 +1034,20 @@ static void cp_ring_bwd(mt_model *m, mt_attn_args *args, float *dq, float *dk, f
     float *kb[2] = {m->cp_buf[CP_RK0], m->cp_buf[CP_RK1]}, *vb[2] = {m->cp_buf[CP_RV0], m->cp_buf[CP_RV1]};
     float *dkb[2] = {m->cp_buf[CP_RDK0], m->cp_buf[CP_RDK1]}, *dvb[2] = {m->cp_buf[CP_RDV0], m->cp_buf[CP_RDV1]};
     float *dqs = m->cp_buf[CP_ROUT];
-    m->ops->copy(kb[0], k, kvb);
-    m->ops->copy(vb[0], v, kvb);
-    m->ops->zero(dkb[0], kvb);
-    m->ops->zero(dvb[0], kvb);
+    MT_TRY(m->be->ops->copy(m->be, kb[0], k, kvb));
+    MT_TRY(m->be->ops->copy(m->be, vb[0], v, kvb));
+    MT_TRY(m->be->ops->zero(m->be, dkb[0], kvb));
+    MT_TRY(m->be->ops->zero(m->be, dvb[0], kvb));
     int cur = 0;
     for (int s = 0; s < C; s++) {
         cur = s & 1;
         const int src = (r - s + C) % C;
         args->k_pos = (const int32_t *)m->cp_buf[CP_KPOS] + (int64_t)src * m->T;
         /* dk, dv (the caller's outputs) serve as this block's scratch */
-        m->ops->attention_bwd(args, s == 0 ? dq : dqs, dk, dv, dout, q, kb[cur], vb[cur], out, lse);
-        if (s > 0) m->ops->axpy(dq, dqs, 1.0f, nq);
-        m->ops->axpy(dkb[cur], dk, 1.0f, nkv);
-        m->ops->axpy(dvb[cur], dv, 1.0f, nkv);
+        MT_TRY(m->be->ops->attention_bwd(m->be, args, s == 0 ? dq : dqs, dk, dv, dout, q, kb[cur], vb[cur], out, lse));
+        if (s > 0) MT_TRY(m->be->ops->axpy(m->be, dq, dqs, 1.0f, nq));
+        MT_TRY(m->be->ops->axpy(m->be, dkb[cur], dk, 1.0f, nkv));
+        MT_TRY(m->be->ops->axpy(m->be, dvb[cur], dv, 1.0f, nkv));
         if (s + 1 < C) {
             float *snd[4] = {kb[cur], vb[cur], dkb[cur], dvb[cur]}, *rcv[4] = {kb[!cur], vb[!cur], dkb[!cur], dvb[!cur]};
             cp_ring_pass(m, snd, rcv, 4);
@@ -1062,10 +1056,11 @@ static void cp_ring_bwd(mt_model *m, mt_attn_args *args, float *dq, float *dk, f
     /* the block now here belongs to rank r + 1: send its gradients home, receive ours */
     float *snd[2] = {dkb[cur], dvb[cur]}, *rcv[2] = {dk, dv};
     cp_ring_pass(m, snd, rcv, 2);
+    return MT_OK;
 }
 
 /* full[B, Tg, KVD] (rank-major chunks reordered per sequence) = gather of x[B, 2Tc, KVD]. */
-static void cp_gather(mt_model *m, float *full, const float *x) {
+static mt_status MT_MUST_CHECK cp_gather(mt_model *m, float *full, const float *x) {
     const int64_t C = m->cp, B = m->B, Tl = m->T, KVD = m->KVD, blk = B * Tl * KVD;
     float *stage = m->cp_buf[CP_STAGE];
     int64_t counts[C];
@@ -1073,63 +1068,67 @@ static void cp_gather(mt_model *m, float *full, const float *x) {
     if (m->tp_status == MT_OK) m->tp_status = mt_comm_all_gather(m->cp_comm, x, stage, counts, MT_COMM_F32);
     for (int64_t r = 0; r < C; r++)
         for (int64_t b = 0; b < B; b++)
-            m->ops->copy(full + (b * m->Tg + r * Tl) * KVD, stage + r * blk + b * Tl * KVD,
-                         (size_t)(Tl * KVD) * sizeof(float));
+            MT_TRY(m->be->ops->copy(m->be, full + (b * m->Tg + r * Tl) * KVD, stage + r * blk + b * Tl * KVD,
+                         (size_t)(Tl * KVD) * sizeof(float)));
+    return MT_OK;
 }
 
 /* x[B, 2Tc, KVD] = this rank's rows of the group's sum of full[B, Tg, KVD]. */
-static void cp_scatter(mt_model *m, float *x, const float *full) {
+static mt_status MT_MUST_CHECK cp_scatter(mt_model *m, float *x, const float *full) {
     const int64_t C = m->cp, B = m->B, Tl = m->T, KVD = m->KVD, blk = B * Tl * KVD;
     float *stage = m->cp_buf[CP_STAGE];
     int64_t counts[C];
     for (int64_t r = 0; r < C; r++) {
         counts[r] = blk;
         for (int64_t b = 0; b < B; b++)
-            m->ops->copy(stage + r * blk + b * Tl * KVD, full + (b * m->Tg + r * Tl) * KVD,
-                         (size_t)(Tl * KVD) * sizeof(float));
+            MT_TRY(m->be->ops->copy(m->be, stage + r * blk + b * Tl * KVD, full + (b * m->Tg + r * Tl) * KVD,
+                         (size_t)(Tl * KVD) * sizeof(float)));
     }
     if (m->tp_status == MT_OK) m->tp_status = mt_comm_reduce_scatter(m->cp_comm, stage, x, counts, MT_COMM_F32);
+    return MT_OK;
 }
 
-static void cp_attention_fwd(mt_model *m, int64_t l, float *out, float *lse, const float *q, const float *k,
+static mt_status MT_MUST_CHECK cp_attention_fwd(mt_model *m, int64_t l, float *out, float *lse, const float *q, const float *k,
                              const float *v) {
     mt_attn_args args = attn_args(m, l);
     if (m->cp == 1) {
-        m->ops->attention_fwd(&args, out, lse, q, k, v);
-        return;
+        MT_TRY(m->be->ops->attention_fwd(m->be, &args, out, lse, q, k, v));
+        return MT_OK;
     }
     args.q_pos = m->gptr[GB_POSITIONS]; /* the same 2Tc positions for every sequence */
     if (m->cp_ring) {
-        cp_ring_fwd(m, &args, out, lse, q, k, v);
-        return;
+        MT_TRY(cp_ring_fwd(m, &args, out, lse, q, k, v));
+        return MT_OK;
     }
-    cp_gather(m, m->cp_buf[CP_K], k);
-    cp_gather(m, m->cp_buf[CP_V], v);
+    MT_TRY(cp_gather(m, m->cp_buf[CP_K], k));
+    MT_TRY(cp_gather(m, m->cp_buf[CP_V], v));
     args.Tk = m->Tg;
     args.k_pos = m->cp_buf[CP_KPOS];
-    m->ops->attention_fwd(&args, out, lse, q, m->cp_buf[CP_K], m->cp_buf[CP_V]);
+    MT_TRY(m->be->ops->attention_fwd(m->be, &args, out, lse, q, m->cp_buf[CP_K], m->cp_buf[CP_V]));
+    return MT_OK;
 }
 
-static void cp_attention_bwd(mt_model *m, int64_t l, float *dq, float *dk, float *dv, const float *dout,
+static mt_status MT_MUST_CHECK cp_attention_bwd(mt_model *m, int64_t l, float *dq, float *dk, float *dv, const float *dout,
                              const float *q, const float *k, const float *v, const float *out, const float *lse) {
     mt_attn_args args = attn_args(m, l);
     if (m->cp == 1) {
-        m->ops->attention_bwd(&args, dq, dk, dv, dout, q, k, v, out, lse);
-        return;
+        MT_TRY(m->be->ops->attention_bwd(m->be, &args, dq, dk, dv, dout, q, k, v, out, lse));
+        return MT_OK;
     }
     args.q_pos = m->gptr[GB_POSITIONS];
     if (m->cp_ring) {
-        cp_ring_bwd(m, &args, dq, dk, dv, dout, q, k, v, out, lse);
-        return;
+        MT_TRY(cp_ring_bwd(m, &args, dq, dk, dv, dout, q, k, v, out, lse));
+        return MT_OK;
     }
-    cp_gather(m, m->cp_buf[CP_K], k);
-    cp_gather(m, m->cp_buf[CP_V], v);
+    MT_TRY(cp_gather(m, m->cp_buf[CP_K], k));
+    MT_TRY(cp_gather(m, m->cp_buf[CP_V], v));
     args.Tk = m->Tg;
     args.k_pos = m->cp_buf[CP_KPOS];
-    m->ops->attention_bwd(&args, dq, m->cp_buf[CP_DK], m->cp_buf[CP_DV], dout, q, m->cp_buf[CP_K],
-                          m->cp_buf[CP_V], out, lse);
-    cp_scatter(m, dk, m->cp_buf[CP_DK]);
-    cp_scatter(m, dv, m->cp_buf[CP_DV]);
+    MT_TRY(m->be->ops->attention_bwd(m->be, &args, dq, m->cp_buf[CP_DK], m->cp_buf[CP_DV], dout, q, m->cp_buf[CP_K],
+                          m->cp_buf[CP_V], out, lse));
+    MT_TRY(cp_scatter(m, dk, m->cp_buf[CP_DK]));
+    MT_TRY(cp_scatter(m, dv, m->cp_buf[CP_DV]));
+    return MT_OK;
 }
 
 /* Original position of local row j (< 2Tc) of context rank r. */
@@ -1166,19 +1165,21 @@ static void layer_ptrs(const mt_model *m, int64_t l, int fwd, float *a[LA_COUNT]
 }
 
 /* After the forward of layer l: copy its offloaded tensors to the host pool. */
-static void layer_offload(mt_model *m, int64_t l, float *a[LA_COUNT]) {
-    if (!m->has_offload) return;
+static mt_status MT_MUST_CHECK layer_offload(mt_model *m, int64_t l, float *a[LA_COUNT]) {
+    if (!m->has_offload) return MT_OK;
     for (int j = 0; j < LA_COUNT; j++)
         if (m->hid[l][j] >= 0)
-            m->ops->copy_to_host(m->hptr[l][j], a[j], (size_t)layer_act_elems(m, j) * sizeof(float));
+            MT_TRY(m->be->ops->copy_to_host(m->be, m->hptr[l][j], a[j], (size_t)layer_act_elems(m, j) * sizeof(float)));
+    return MT_OK;
 }
 
 /* Before the backward of layer l: bring its offloaded tensors back. */
-static void layer_restore(mt_model *m, int64_t l, float *a[LA_COUNT]) {
-    if (!m->has_offload) return;
+static mt_status MT_MUST_CHECK layer_restore(mt_model *m, int64_t l, float *a[LA_COUNT]) {
+    if (!m->has_offload) return MT_OK;
     for (int j = 0; j < LA_COUNT; j++)
         if (m->hid[l][j] >= 0)
-            m->ops->copy_to_device(a[j], m->hptr[l][j], (size_t)layer_act_elems(m, j) * sizeof(float));
+            MT_TRY(m->be->ops->copy_to_device(m->be, a[j], m->hptr[l][j], (size_t)layer_act_elems(m, j) * sizeof(float)));
+    return MT_OK;
 }
 
 static int la_is_remat(const mt_model *m, int j) {
@@ -1186,8 +1187,8 @@ static int la_is_remat(const mt_model *m, int j) {
 }
 
 /* Forward of layer l (phase 1 + l): layer input -> next layer input. */
-static void layer_forward(mt_model *m, int64_t l) {
-    const mt_ops *ops = m->ops;
+static mt_status MT_MUST_CHECK layer_forward(mt_model *m, int64_t l) {
+    mt_backend *be = m->be;
     const layer_params *lp = &m->lp[l];
     float *a[LA_COUNT];
     layer_ptrs(m, l, 1, a);
@@ -1203,106 +1204,109 @@ static void layer_forward(mt_model *m, int64_t l) {
     float *y = l + 1 < m->cfg.num_decoder_layers ? m->lptr[l + 1][LA_INPUT] : m->gptr[GB_FINAL_INPUT];
 
     /* attention block */
-    norm_gather(m, nrm, a[LA_RSTD_IN], x, lp->in_norm);
+    MT_TRY(norm_gather(m, nrm, a[LA_RSTD_IN], x, lp->in_norm));
     if (m->cfg.use_qk_norm) {
-        linear_fwd(ops, tmp, nrm, PW(m, lp->q), N, D, QD, 0.0f);
-        ops->rmsnorm_fwd(a[LA_Q], a[LA_RSTD_QN], tmp, PW(m, lp->q_norm), N * H, Dh, m->eps, m->w_off);
-        linear_fwd(ops, tmp, nrm, PW(m, lp->k), N, D, KVD, 0.0f);
-        ops->rmsnorm_fwd(a[LA_K], a[LA_RSTD_KN], tmp, PW(m, lp->k_norm), N * Hkv, Dh, m->eps, m->w_off);
+        MT_TRY(linear_fwd(be, tmp, nrm, PW(m, lp->q), N, D, QD, 0.0f));
+        MT_TRY(be->ops->rmsnorm_fwd(be, a[LA_Q], a[LA_RSTD_QN], tmp, PW(m, lp->q_norm), N * H, Dh, m->eps, m->w_off));
+        MT_TRY(linear_fwd(be, tmp, nrm, PW(m, lp->k), N, D, KVD, 0.0f));
+        MT_TRY(be->ops->rmsnorm_fwd(be, a[LA_K], a[LA_RSTD_KN], tmp, PW(m, lp->k_norm), N * Hkv, Dh, m->eps, m->w_off));
     } else {
-        linear_fwd(ops, a[LA_Q], nrm, PW(m, lp->q), N, D, QD, 0.0f);
-        linear_fwd(ops, a[LA_K], nrm, PW(m, lp->k), N, D, KVD, 0.0f);
+        MT_TRY(linear_fwd(be, a[LA_Q], nrm, PW(m, lp->q), N, D, QD, 0.0f));
+        MT_TRY(linear_fwd(be, a[LA_K], nrm, PW(m, lp->k), N, D, KVD, 0.0f));
     }
-    ops->rope_fwd(a[LA_Q], pos, inv_freq, N, H, Dh);
-    ops->rope_fwd(a[LA_K], pos, inv_freq, N, Hkv, Dh);
-    linear_fwd(ops, a[LA_V], nrm, PW(m, lp->v), N, D, KVD, 0.0f);
-    cp_attention_fwd(m, l, a[LA_CTX], a[LA_LSE], a[LA_Q], a[LA_K], a[LA_V]);
-    row_fwd(m, a[LA_OUT], a[LA_CTX], lp->o, QD, m->QDg, 0.0f, tmp, NULL);
-    ops->copy(res, x, ND);
+    MT_TRY(be->ops->rope_fwd(be, a[LA_Q], pos, inv_freq, N, H, Dh));
+    MT_TRY(be->ops->rope_fwd(be, a[LA_K], pos, inv_freq, N, Hkv, Dh));
+    MT_TRY(linear_fwd(be, a[LA_V], nrm, PW(m, lp->v), N, D, KVD, 0.0f));
+    MT_TRY(cp_attention_fwd(m, l, a[LA_CTX], a[LA_LSE], a[LA_Q], a[LA_K], a[LA_V]));
+    MT_TRY(row_fwd(m, a[LA_OUT], a[LA_CTX], lp->o, QD, m->QDg, 0.0f, tmp, NULL));
+    MT_TRY(be->ops->copy(be, res, x, ND));
     if (m->cfg.use_post_attn_norm) {
-        ops->rmsnorm_fwd(tmp, a[LA_RSTD_PA], a[LA_OUT], PW(m, lp->post_attn_norm), Ns, D, m->eps, m->w_off);
-        ops->axpy(res, tmp, 1.0f, Ns * D);
+        MT_TRY(be->ops->rmsnorm_fwd(be, tmp, a[LA_RSTD_PA], a[LA_OUT], PW(m, lp->post_attn_norm), Ns, D, m->eps, m->w_off));
+        MT_TRY(be->ops->axpy(be, res, tmp, 1.0f, Ns * D));
     } else {
-        ops->axpy(res, a[LA_OUT], 1.0f, Ns * D);
+        MT_TRY(be->ops->axpy(be, res, a[LA_OUT], 1.0f, Ns * D));
     }
 
     /* MLP block */
-    norm_gather(m, nrm, a[LA_RSTD_MLP], res, lp->pre_mlp_norm);
-    linear_fwd(ops, a[LA_GATE], nrm, PW(m, lp->gate), N, D, F, 0.0f);
-    linear_fwd(ops, a[LA_UP], nrm, PW(m, lp->up), N, D, F, 0.0f);
-    ops->glu_fwd(glu, a[LA_GATE], a[LA_UP], N * F, m->cfg.mlp_activation);
-    ops->copy(y, res, ND);
+    MT_TRY(norm_gather(m, nrm, a[LA_RSTD_MLP], res, lp->pre_mlp_norm));
+    MT_TRY(linear_fwd(be, a[LA_GATE], nrm, PW(m, lp->gate), N, D, F, 0.0f));
+    MT_TRY(linear_fwd(be, a[LA_UP], nrm, PW(m, lp->up), N, D, F, 0.0f));
+    MT_TRY(be->ops->glu_fwd(be, glu, a[LA_GATE], a[LA_UP], N * F, m->cfg.mlp_activation));
+    MT_TRY(be->ops->copy(be, y, res, ND));
     if (m->cfg.use_post_ffw_norm) {
-        row_fwd(m, a[LA_MLPWO], glu, lp->down, F, m->Fg, 0.0f, nrm, NULL);
-        ops->rmsnorm_fwd(tmp, a[LA_RSTD_PF], a[LA_MLPWO], PW(m, lp->post_ffw_norm), Ns, D, m->eps, m->w_off);
-        ops->axpy(y, tmp, 1.0f, Ns * D);
+        MT_TRY(row_fwd(m, a[LA_MLPWO], glu, lp->down, F, m->Fg, 0.0f, nrm, NULL));
+        MT_TRY(be->ops->rmsnorm_fwd(be, tmp, a[LA_RSTD_PF], a[LA_MLPWO], PW(m, lp->post_ffw_norm), Ns, D, m->eps, m->w_off));
+        MT_TRY(be->ops->axpy(be, y, tmp, 1.0f, Ns * D));
     } else {
-        row_fwd(m, y, glu, lp->down, F, m->Fg, 1.0f, nrm, tmp);
+        MT_TRY(row_fwd(m, y, glu, lp->down, F, m->Fg, 1.0f, nrm, tmp));
     }
-    layer_offload(m, l, a);
+    MT_TRY(layer_offload(m, l, a));
+    return MT_OK;
 }
 
 /* Start of the backward of layer l, attention half: recompute the attention tensors
  * that were not kept, from decoder_layer_input, with the forward's exact op sequence
  * (so bitwise the forward's values). Uses nrm and w0 as temporaries. */
-static void layer_recompute_attn(mt_model *m, int64_t l, float *a[LA_COUNT]) {
-    const mt_ops *ops = m->ops;
+static mt_status MT_MUST_CHECK layer_recompute_attn(mt_model *m, int64_t l, float *a[LA_COUNT]) {
+    mt_backend *be = m->be;
     const layer_params *lp = &m->lp[l];
     const int64_t N = m->N, D = m->D, H = m->H, Hkv = m->Hkv, Dh = m->Dh, QD = m->QD, KVD = m->KVD;
     const int rq = la_is_remat(m, LA_Q), rk = la_is_remat(m, LA_K), rv = la_is_remat(m, LA_V);
     const int32_t *pos = m->gptr[GB_POSITIONS];
     const float *inv_freq = layer_inv_freq(m, l);
     float *nrm = m->gptr[GB_BWD_NORM], *tmp = m->gptr[GB_BWD_W0];
-    if (rq || rk || rv) norm_gather(m, nrm, a[LA_RSTD_IN], a[LA_INPUT], lp->in_norm);
+    if (rq || rk || rv) MT_TRY(norm_gather(m, nrm, a[LA_RSTD_IN], a[LA_INPUT], lp->in_norm));
     if (rq) {
         if (m->cfg.use_qk_norm) {
-            linear_fwd(ops, tmp, nrm, PW(m, lp->q), N, D, QD, 0.0f);
-            ops->rmsnorm_fwd(a[LA_Q], a[LA_RSTD_QN], tmp, PW(m, lp->q_norm), N * H, Dh, m->eps, m->w_off);
+            MT_TRY(linear_fwd(be, tmp, nrm, PW(m, lp->q), N, D, QD, 0.0f));
+            MT_TRY(be->ops->rmsnorm_fwd(be, a[LA_Q], a[LA_RSTD_QN], tmp, PW(m, lp->q_norm), N * H, Dh, m->eps, m->w_off));
         } else {
-            linear_fwd(ops, a[LA_Q], nrm, PW(m, lp->q), N, D, QD, 0.0f);
+            MT_TRY(linear_fwd(be, a[LA_Q], nrm, PW(m, lp->q), N, D, QD, 0.0f));
         }
-        ops->rope_fwd(a[LA_Q], pos, inv_freq, N, H, Dh);
+        MT_TRY(be->ops->rope_fwd(be, a[LA_Q], pos, inv_freq, N, H, Dh));
     }
     if (rk) {
         if (m->cfg.use_qk_norm) {
-            linear_fwd(ops, tmp, nrm, PW(m, lp->k), N, D, KVD, 0.0f);
-            ops->rmsnorm_fwd(a[LA_K], a[LA_RSTD_KN], tmp, PW(m, lp->k_norm), N * Hkv, Dh, m->eps, m->w_off);
+            MT_TRY(linear_fwd(be, tmp, nrm, PW(m, lp->k), N, D, KVD, 0.0f));
+            MT_TRY(be->ops->rmsnorm_fwd(be, a[LA_K], a[LA_RSTD_KN], tmp, PW(m, lp->k_norm), N * Hkv, Dh, m->eps, m->w_off));
         } else {
-            linear_fwd(ops, a[LA_K], nrm, PW(m, lp->k), N, D, KVD, 0.0f);
+            MT_TRY(linear_fwd(be, a[LA_K], nrm, PW(m, lp->k), N, D, KVD, 0.0f));
         }
-        ops->rope_fwd(a[LA_K], pos, inv_freq, N, Hkv, Dh);
+        MT_TRY(be->ops->rope_fwd(be, a[LA_K], pos, inv_freq, N, Hkv, Dh));
     }
-    if (rv) linear_fwd(ops, a[LA_V], nrm, PW(m, lp->v), N, D, KVD, 0.0f);
+    if (rv) MT_TRY(linear_fwd(be, a[LA_V], nrm, PW(m, lp->v), N, D, KVD, 0.0f));
     if (la_is_remat(m, LA_CTX)) {
-        cp_attention_fwd(m, l, a[LA_CTX], a[LA_LSE], a[LA_Q], a[LA_K], a[LA_V]);
+        MT_TRY(cp_attention_fwd(m, l, a[LA_CTX], a[LA_LSE], a[LA_Q], a[LA_K], a[LA_V]));
     }
-    if (la_is_remat(m, LA_OUT)) row_fwd(m, a[LA_OUT], a[LA_CTX], lp->o, QD, m->QDg, 0.0f, nrm, NULL);
+    if (la_is_remat(m, LA_OUT)) MT_TRY(row_fwd(m, a[LA_OUT], a[LA_CTX], lp->o, QD, m->QDg, 0.0f, nrm, NULL));
+    return MT_OK;
 }
 
 /* MLP half: given n2 = pre-MLP norm(h) in nrm, recompute mlpwi_0, mlpwi_1 and (with a
  * post-MLP norm) mlpwo when they were not kept. Uses glu and full [N, D] as temporaries. */
-static void layer_recompute_mlp(mt_model *m, int64_t l, float *a[LA_COUNT], const float *nrm, float *glu,
+static mt_status MT_MUST_CHECK layer_recompute_mlp(mt_model *m, int64_t l, float *a[LA_COUNT], const float *nrm, float *glu,
                                 float *full) {
-    const mt_ops *ops = m->ops;
+    mt_backend *be = m->be;
     const layer_params *lp = &m->lp[l];
     const int64_t N = m->N, D = m->D, F = m->F;
-    if (la_is_remat(m, LA_GATE)) linear_fwd(ops, a[LA_GATE], nrm, PW(m, lp->gate), N, D, F, 0.0f);
-    if (la_is_remat(m, LA_UP)) linear_fwd(ops, a[LA_UP], nrm, PW(m, lp->up), N, D, F, 0.0f);
+    if (la_is_remat(m, LA_GATE)) MT_TRY(linear_fwd(be, a[LA_GATE], nrm, PW(m, lp->gate), N, D, F, 0.0f));
+    if (la_is_remat(m, LA_UP)) MT_TRY(linear_fwd(be, a[LA_UP], nrm, PW(m, lp->up), N, D, F, 0.0f));
     if (la_is_remat(m, LA_MLPWO)) {
-        ops->glu_fwd(glu, a[LA_GATE], a[LA_UP], N * F, m->cfg.mlp_activation);
-        row_fwd(m, a[LA_MLPWO], glu, lp->down, F, m->Fg, 0.0f, full, NULL);
+        MT_TRY(be->ops->glu_fwd(be, glu, a[LA_GATE], a[LA_UP], N * F, m->cfg.mlp_activation));
+        MT_TRY(row_fwd(m, a[LA_MLPWO], glu, lp->down, F, m->Fg, 0.0f, full, NULL));
     }
+    return MT_OK;
 }
 
 /* Backward of layer l (phase 2L + 1 - l): on entry G = dloss/d(layer output), on exit
  * G = dloss/d(layer input); parameter gradients accumulated. */
-static void layer_backward(mt_model *m, int64_t l) {
-    const mt_ops *ops = m->ops;
+static mt_status MT_MUST_CHECK layer_backward(mt_model *m, int64_t l) {
+    mt_backend *be = m->be;
     const layer_params *lp = &m->lp[l];
     float *a[LA_COUNT];
     layer_ptrs(m, l, 0, a);
-    layer_restore(m, l, a);
-    layer_recompute_attn(m, l, a);
+    MT_TRY(layer_restore(m, l, a));
+    MT_TRY(layer_recompute_attn(m, l, a));
     const int64_t N = m->N, D = m->D, F = m->F, H = m->H, Hkv = m->Hkv, Dh = m->Dh;
     const int64_t QD = m->QD, KVD = m->KVD;
     const int64_t Ns = seq_rows(m), s0 = seq_row0(m); /* residual rows (sequence parallelism) */
@@ -1319,103 +1323,105 @@ static void layer_backward(mt_model *m, int64_t l) {
 
     /* ---- MLP block: y = h + [post_ffw](down(act(g) u)) ---- */
     /* recompute h = x + [post_attn](o) and n2 = norm(h), then the MLP tensors not kept */
-    ops->copy(res, x, ND);
+    MT_TRY(be->ops->copy(be, res, x, ND));
     if (m->cfg.use_post_attn_norm) {
-        ops->rmsnorm_fwd(d2, a[LA_RSTD_PA], a[LA_OUT], PW(m, lp->post_attn_norm), Ns, D, eps, off);
-        ops->axpy(res, d2, 1.0f, Ns * D);
+        MT_TRY(be->ops->rmsnorm_fwd(be, d2, a[LA_RSTD_PA], a[LA_OUT], PW(m, lp->post_attn_norm), Ns, D, eps, off));
+        MT_TRY(be->ops->axpy(be, res, d2, 1.0f, Ns * D));
     } else {
-        ops->axpy(res, a[LA_OUT], 1.0f, Ns * D);
+        MT_TRY(be->ops->axpy(be, res, a[LA_OUT], 1.0f, Ns * D));
     }
-    norm_gather(m, nrm, a[LA_RSTD_MLP], res, lp->pre_mlp_norm);
-    layer_recompute_mlp(m, l, a, nrm, w0, d2);
+    MT_TRY(norm_gather(m, nrm, a[LA_RSTD_MLP], res, lp->pre_mlp_norm));
+    MT_TRY(layer_recompute_mlp(m, l, a, nrm, w0, d2));
     /* d(down_proj output) [N, D]: under sequence parallelism this rank's rows are
      * written into d1 and all-gathered */
     const float *dmlp = G;
     if (m->cfg.use_post_ffw_norm) {
-        ops->zero(d1 + s0 * D, ND);
-        ops->rmsnorm_bwd(d1 + s0 * D, GW(m, lp->post_ffw_norm), G, a[LA_MLPWO], PW(m, lp->post_ffw_norm),
-                         a[LA_RSTD_PF], Ns, D, off);
+        MT_TRY(be->ops->zero(be, d1 + s0 * D, ND));
+        MT_TRY(be->ops->rmsnorm_bwd(be, d1 + s0 * D, GW(m, lp->post_ffw_norm), G, a[LA_MLPWO], PW(m, lp->post_ffw_norm),
+                         a[LA_RSTD_PF], Ns, D, off));
         dmlp = d1;
     } else if (m->sp) {
-        ops->copy(d1 + s0 * D, G, ND);
+        MT_TRY(be->ops->copy(be, d1 + s0 * D, G, ND));
         dmlp = d1;
     }
     sp_gather(m, d1);
-    ops->glu_fwd(w0, a[LA_GATE], a[LA_UP], N * F, m->cfg.mlp_activation);
-    row_bwd_w(m, lp->down, dmlp, w0, F, m->Fg);
-    row_bwd_x(m, w0, dmlp, lp->down, F, m->Fg, 0.0f); /* d(act(g) u) */
-    ops->glu_bwd(w1, w2, w0, a[LA_GATE], a[LA_UP], N * F, m->cfg.mlp_activation);
-    linear_bwd_w(ops, GW(m, lp->gate), w1, nrm, N, D, F);
-    linear_bwd_w(ops, GW(m, lp->up), w2, nrm, N, D, F);
-    linear_bwd_x(ops, d2, w1, PW(m, lp->gate), N, D, F, 0.0f);
-    linear_bwd_x(ops, d2, w2, PW(m, lp->up), N, D, F, 1.0f);
+    MT_TRY(be->ops->glu_fwd(be, w0, a[LA_GATE], a[LA_UP], N * F, m->cfg.mlp_activation));
+    MT_TRY(row_bwd_w(m, lp->down, dmlp, w0, F, m->Fg));
+    MT_TRY(row_bwd_x(m, w0, dmlp, lp->down, F, m->Fg, 0.0f)); /* d(act(g) u) */
+    MT_TRY(be->ops->glu_bwd(be, w1, w2, w0, a[LA_GATE], a[LA_UP], N * F, m->cfg.mlp_activation));
+    MT_TRY(linear_bwd_w(be, GW(m, lp->gate), w1, nrm, N, D, F));
+    MT_TRY(linear_bwd_w(be, GW(m, lp->up), w2, nrm, N, D, F));
+    MT_TRY(linear_bwd_x(be, d2, w1, PW(m, lp->gate), N, D, F, 0.0f));
+    MT_TRY(linear_bwd_x(be, d2, w2, PW(m, lp->up), N, D, F, 1.0f));
     /* column-parallel gate/up: partial input gradient (d1 is free again) */
     const float *dn2 = tp_sum_input_grad(m, d2, d1);
-    ops->rmsnorm_bwd(G, GW(m, lp->pre_mlp_norm), dn2, res, PW(m, lp->pre_mlp_norm), a[LA_RSTD_MLP], Ns, D,
-                     off);
+    MT_TRY(be->ops->rmsnorm_bwd(be, G, GW(m, lp->pre_mlp_norm), dn2, res, PW(m, lp->pre_mlp_norm), a[LA_RSTD_MLP], Ns, D,
+                     off));
 
     /* ---- attention block: h = x + [post_attn](o_proj(attn(...))) ---- */
     const float *dattn = G;
     if (m->cfg.use_post_attn_norm) {
-        ops->zero(d1 + s0 * D, ND);
-        ops->rmsnorm_bwd(d1 + s0 * D, GW(m, lp->post_attn_norm), G, a[LA_OUT], PW(m, lp->post_attn_norm),
-                         a[LA_RSTD_PA], Ns, D, off);
+        MT_TRY(be->ops->zero(be, d1 + s0 * D, ND));
+        MT_TRY(be->ops->rmsnorm_bwd(be, d1 + s0 * D, GW(m, lp->post_attn_norm), G, a[LA_OUT], PW(m, lp->post_attn_norm),
+                         a[LA_RSTD_PA], Ns, D, off));
         dattn = d1;
     } else if (m->sp) {
-        ops->copy(d1 + s0 * D, G, ND);
+        MT_TRY(be->ops->copy(be, d1 + s0 * D, G, ND));
         dattn = d1;
     }
     sp_gather(m, d1);
-    row_bwd_w(m, lp->o, dattn, a[LA_CTX], QD, m->QDg);
-    row_bwd_x(m, w0, dattn, lp->o, QD, m->QDg, 0.0f); /* dcontext */
-    cp_attention_bwd(m, l, w1, w2, w3, w0, a[LA_Q], a[LA_K], a[LA_V], a[LA_CTX], a[LA_LSE]);
-    ops->rope_bwd(w1, pos, inv_freq, N, H, Dh);
-    ops->rope_bwd(w2, pos, inv_freq, N, Hkv, Dh);
-    norm_gather(m, nrm, a[LA_RSTD_IN], x, lp->in_norm); /* recompute n1 */
+    MT_TRY(row_bwd_w(m, lp->o, dattn, a[LA_CTX], QD, m->QDg));
+    MT_TRY(row_bwd_x(m, w0, dattn, lp->o, QD, m->QDg, 0.0f)); /* dcontext */
+    MT_TRY(cp_attention_bwd(m, l, w1, w2, w3, w0, a[LA_Q], a[LA_K], a[LA_V], a[LA_CTX], a[LA_LSE]));
+    MT_TRY(be->ops->rope_bwd(be, w1, pos, inv_freq, N, H, Dh));
+    MT_TRY(be->ops->rope_bwd(be, w2, pos, inv_freq, N, Hkv, Dh));
+    MT_TRY(norm_gather(m, nrm, a[LA_RSTD_IN], x, lp->in_norm)); /* recompute n1 */
     const float *dq = w1, *dk = w2, *dv = w3;
     if (m->cfg.use_qk_norm) {
-        linear_fwd(ops, w0, nrm, PW(m, lp->q), N, D, QD, 0.0f); /* q before q_norm */
-        ops->zero(w4, (size_t)(N * QD) * sizeof(float));
-        ops->rmsnorm_bwd(w4, GW(m, lp->q_norm), w1, w0, PW(m, lp->q_norm), a[LA_RSTD_QN], N * H, Dh, off);
-        linear_fwd(ops, w0, nrm, PW(m, lp->k), N, D, KVD, 0.0f); /* k before k_norm */
-        ops->zero(w1, (size_t)(N * KVD) * sizeof(float));
-        ops->rmsnorm_bwd(w1, GW(m, lp->k_norm), w2, w0, PW(m, lp->k_norm), a[LA_RSTD_KN], N * Hkv, Dh, off);
+        MT_TRY(linear_fwd(be, w0, nrm, PW(m, lp->q), N, D, QD, 0.0f)); /* q before q_norm */
+        MT_TRY(be->ops->zero(be, w4, (size_t)(N * QD) * sizeof(float)));
+        MT_TRY(be->ops->rmsnorm_bwd(be, w4, GW(m, lp->q_norm), w1, w0, PW(m, lp->q_norm), a[LA_RSTD_QN], N * H, Dh, off));
+        MT_TRY(linear_fwd(be, w0, nrm, PW(m, lp->k), N, D, KVD, 0.0f)); /* k before k_norm */
+        MT_TRY(be->ops->zero(be, w1, (size_t)(N * KVD) * sizeof(float)));
+        MT_TRY(be->ops->rmsnorm_bwd(be, w1, GW(m, lp->k_norm), w2, w0, PW(m, lp->k_norm), a[LA_RSTD_KN], N * Hkv, Dh, off));
         dq = w4;
         dk = w1;
     }
-    linear_bwd_w(ops, GW(m, lp->q), dq, nrm, N, D, QD);
-    linear_bwd_w(ops, GW(m, lp->k), dk, nrm, N, D, KVD);
-    linear_bwd_w(ops, GW(m, lp->v), dv, nrm, N, D, KVD);
-    linear_bwd_x(ops, d2, dq, PW(m, lp->q), N, D, QD, 0.0f);
-    linear_bwd_x(ops, d2, dk, PW(m, lp->k), N, D, KVD, 1.0f);
-    linear_bwd_x(ops, d2, dv, PW(m, lp->v), N, D, KVD, 1.0f);
+    MT_TRY(linear_bwd_w(be, GW(m, lp->q), dq, nrm, N, D, QD));
+    MT_TRY(linear_bwd_w(be, GW(m, lp->k), dk, nrm, N, D, KVD));
+    MT_TRY(linear_bwd_w(be, GW(m, lp->v), dv, nrm, N, D, KVD));
+    MT_TRY(linear_bwd_x(be, d2, dq, PW(m, lp->q), N, D, QD, 0.0f));
+    MT_TRY(linear_bwd_x(be, d2, dk, PW(m, lp->k), N, D, KVD, 1.0f));
+    MT_TRY(linear_bwd_x(be, d2, dv, PW(m, lp->v), N, D, KVD, 1.0f));
     const float *dn1 = tp_sum_input_grad(m, d2, d1); /* column-parallel q/k/v: partial input gradient */
-    ops->rmsnorm_bwd(G, GW(m, lp->in_norm), dn1, x, PW(m, lp->in_norm), a[LA_RSTD_IN], Ns, D, off);
+    MT_TRY(be->ops->rmsnorm_bwd(be, G, GW(m, lp->in_norm), dn1, x, PW(m, lp->in_norm), a[LA_RSTD_IN], Ns, D, off));
+    return MT_OK;
 }
 
 /* Phases 0 .. L and the final norm of phase L + 1: tokens -> final_hidden. */
-static void model_forward(mt_model *m, const int32_t *tokens) {
-    const mt_ops *ops = m->ops;
+static mt_status MT_MUST_CHECK model_forward(mt_model *m, const int32_t *tokens) {
+    mt_backend *be = m->be;
     const int64_t N = m->N, D = m->D;
-    ops->copy_to_device(m->gptr[GB_TOKENS], tokens, (size_t)N * sizeof(int32_t));
+    MT_TRY(be->ops->copy_to_device(be, m->gptr[GB_TOKENS], tokens, (size_t)N * sizeof(int32_t)));
     for (int64_t b = 0; b < m->B; b++) /* the same T positions for each of the B rows */
-        ops->copy_to_device((int32_t *)m->gptr[GB_POSITIONS] + b * m->T, m->pos_host, (size_t)m->T * sizeof(int32_t));
-    if (m->cp > 1) ops->copy_to_device(m->cp_buf[CP_KPOS], m->cp_kpos_host, (size_t)m->Tg * sizeof(int32_t));
-    ops->copy_to_device(m->gptr[GB_INV_FREQ], m->inv_freq_host, (size_t)m->Dh * sizeof(float));
-    fetch_global(m);
+        MT_TRY(be->ops->copy_to_device(be, (int32_t *)m->gptr[GB_POSITIONS] + b * m->T, m->pos_host, (size_t)m->T * sizeof(int32_t)));
+    if (m->cp > 1) MT_TRY(be->ops->copy_to_device(be, m->cp_buf[CP_KPOS], m->cp_kpos_host, (size_t)m->Tg * sizeof(int32_t)));
+    MT_TRY(be->ops->copy_to_device(be, m->gptr[GB_INV_FREQ], m->inv_freq_host, (size_t)m->Dh * sizeof(float)));
+    MT_TRY(fetch_global(m));
     const int64_t Ns = seq_rows(m), s0 = seq_row0(m); /* sequence parallelism: this rank's rows */
-    ops->embedding_fwd(m->lptr[0][LA_INPUT], PW(m, m->p_embed), (const int32_t *)m->gptr[GB_TOKENS] + s0, Ns, D,
-                       m->emb_scale);
+    MT_TRY(be->ops->embedding_fwd(be, m->lptr[0][LA_INPUT], PW(m, m->p_embed), (const int32_t *)m->gptr[GB_TOKENS] + s0, Ns, D,
+                       m->emb_scale));
     for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++) {
-        fetch_layer(m, l);
+        MT_TRY(fetch_layer(m, l));
         prefetch_layer(m, l + 1); /* fsdp: layer l + 1's all-gather overlaps layer l */
-        layer_forward(m, l);
+        MT_TRY(layer_forward(m, l));
     }
     /* the loss needs every row's hidden state (each tensor rank computes its vocabulary
      * slice of all rows): under sequence parallelism all-gathered */
-    ops->rmsnorm_fwd((float *)m->gptr[GB_FINAL_HIDDEN] + s0 * D, m->gptr[GB_FINAL_RSTD], m->gptr[GB_FINAL_INPUT],
-                     PW(m, m->p_final_norm), Ns, D, m->eps, m->w_off);
+    MT_TRY(be->ops->rmsnorm_fwd(be, (float *)m->gptr[GB_FINAL_HIDDEN] + s0 * D, m->gptr[GB_FINAL_RSTD], m->gptr[GB_FINAL_INPUT],
+                     PW(m, m->p_final_norm), Ns, D, m->eps, m->w_off));
     sp_gather(m, m->gptr[GB_FINAL_HIDDEN]);
+    return MT_OK;
 }
 
 static const float *unembedding(const mt_model *m) {
@@ -1440,27 +1446,27 @@ static mt_status check_ready(const mt_model *m, const char *fn) {
  * the activations a whole forward saved (model_forward), ADDS into the gradients, and
  * leaves the saved activations consumed (the backward scratch reuses their memory). */
 static mt_status backward_from_final_hidden(mt_model *m) {
-    const mt_ops *ops = m->ops;
+    mt_backend *be = m->be;
     const int64_t D = m->D, Ns = seq_rows(m), s0 = seq_row0(m);
     m->fwd_kept = 0;
     float *G = m->gptr[GB_RESID_GRAD];
-    ops->zero(G, (size_t)(Ns * D) * sizeof(float));
+    MT_TRY(be->ops->zero(be, G, (size_t)(Ns * D) * sizeof(float)));
     /* dloss/dfinal_hidden [N, D] is the same on every tensor rank; under sequence
      * parallelism each rank takes its rows */
-    ops->rmsnorm_bwd(G, GW(m, m->p_final_norm), (const float *)m->gptr[GB_FINAL_HIDDEN_GRAD] + s0 * D,
-                     m->gptr[GB_FINAL_INPUT], PW(m, m->p_final_norm), m->gptr[GB_FINAL_RSTD], Ns, D, m->w_off);
+    MT_TRY(be->ops->rmsnorm_bwd(be, G, GW(m, m->p_final_norm), (const float *)m->gptr[GB_FINAL_HIDDEN_GRAD] + s0 * D,
+                     m->gptr[GB_FINAL_INPUT], PW(m, m->p_final_norm), m->gptr[GB_FINAL_RSTD], Ns, D, m->w_off));
     if (m->sink) { /* model.norm and lm_head are complete (phase L + 1): hand the tail window over */
-        ops->sync();
+        MT_TRY(be->ops->sync(be));
         MT_TRY(m->sink(m->sink_ctx, m->tail_off, m->numel - m->tail_off, m->gwin[2]));
     }
     for (int64_t l = m->cfg.num_decoder_layers - 1; l >= 0; l--) {
-        fetch_layer(m, l);
+        MT_TRY(fetch_layer(m, l));
         prefetch_layer(m, l - 1); /* fsdp: layer l - 1's all-gather overlaps layer l */
-        if (m->sink) ops->zero(m->gwin[0], (size_t)m->layer_numel * sizeof(float));
-        layer_backward(m, l);
+        if (m->sink) MT_TRY(be->ops->zero(be, m->gwin[0], (size_t)m->layer_numel * sizeof(float)));
+        MT_TRY(layer_backward(m, l));
         if (m->sink) { /* layer l's gradient is complete: hand its window over */
             MT_TRY(m->tp_status);
-            ops->sync();
+            MT_TRY(be->ops->sync(be));
             MT_TRY(m->sink(m->sink_ctx, m->params[m->lp[l].in_norm].offset, m->layer_numel, m->gwin[0]));
         }
     }
@@ -1469,11 +1475,11 @@ static mt_status backward_from_final_hidden(mt_model *m) {
      * rank 0 adds it, so the group's sum of embedding gradients counts it once; under
      * sequence parallelism each rank adds its own rows) */
     if (m->sink && !m->cfg.logits_via_embedding)
-        ops->zero(m->gwin[1], (size_t)m->params[m->p_embed].numel * sizeof(float));
+        MT_TRY(be->ops->zero(be, m->gwin[1], (size_t)m->params[m->p_embed].numel * sizeof(float)));
     if (m->tp_rank == 0 || m->sp)
-        ops->embedding_bwd(GW(m, m->p_embed), G, (const int32_t *)m->gptr[GB_TOKENS] + s0, Ns, m->V, D,
-                           m->emb_scale);
-    ops->sync();
+        MT_TRY(be->ops->embedding_bwd(be, GW(m, m->p_embed), G, (const int32_t *)m->gptr[GB_TOKENS] + s0, Ns, m->V, D,
+                           m->emb_scale));
+    MT_TRY(be->ops->sync(be));
     if (m->sink) MT_TRY(m->sink(m->sink_ctx, 0, m->params[m->p_embed].numel, m->gwin[1]));
     return MT_OK;
 }
@@ -1485,15 +1491,15 @@ static mt_status forward_loss(mt_model *m, const int32_t *tokens, const int32_t 
     labels = cp_select(m, labels, m->cp_lab);
     MT_TRY(check_ids(m, tokens, "tokens", 0));
     MT_TRY(check_ids(m, labels, "labels", 1));
-    const mt_ops *ops = m->ops;
+    mt_backend *be = m->be;
     const int64_t N = m->N, D = m->D;
     m->tp_status = MT_OK;
     m->fwd_kept = 0;
-    model_forward(m, tokens);
+    MT_TRY(model_forward(m, tokens));
     MT_TRY(m->tp_status);
 
     /* phase L + 1: vocab-tiled loss (and its VJP), final norm backward */
-    ops->copy_to_device(m->gptr[GB_LABELS], labels, (size_t)N * sizeof(int32_t));
+    MT_TRY(be->ops->copy_to_device(be, m->gptr[GB_LABELS], labels, (size_t)N * sizeof(int32_t)));
     mt_tiled_loss_args la = {.N = N, .D = D, .V = m->V, .num_tiles = m->tiles,
                              .softcap = m->cfg.final_logits_soft_cap, .ignore_index = MT_IGNORE_LABEL,
                              .dscale = dscale};
@@ -1502,18 +1508,18 @@ static mt_status forward_loss(mt_model *m, const int32_t *tokens, const int32_t 
     float *dh = backward ? m->gptr[GB_FINAL_HIDDEN_GRAD] : NULL;
     float *dW = NULL;
     if (backward) {
-        grad_windows_begin(m);
+        MT_TRY(grad_windows_begin(m));
         dW = GW(m, m->cfg.logits_via_embedding ? m->p_embed : m->p_lm_head);
     }
     if (m->tp > 1) { /* vocab-parallel: this rank's rows [v0, v0 + Vl) of the unembedding */
         const mt_vocab_loss_args va = {.N = N, .D = D, .v0 = m->v0, .Vl = m->Vl, .num_tiles = m->tiles,
                                        .softcap = la.softcap, .ignore_index = la.ignore_index, .dscale = dscale};
-        MT_TRY(mt_vocab_parallel_loss(ops, m->tp_comm, &va, m->gptr[GB_FINAL_HIDDEN], unembedding(m) + m->v0 * D,
+        MT_TRY(mt_vocab_parallel_loss(be, m->tp_comm, &va, m->gptr[GB_FINAL_HIDDEN], unembedding(m) + m->v0 * D,
                                       m->gptr[GB_LABELS], m->gptr[GB_LOSS_TILE], dh, dW ? dW + m->v0 * D : NULL,
                                       &ls, &cnt));
     } else {
-        mt_tiled_loss(ops, &la, m->gptr[GB_FINAL_HIDDEN], unembedding(m), m->gptr[GB_LABELS],
-                      m->gptr[GB_LOSS_TILE], dh, dW, &ls, &cnt);
+        MT_TRY(mt_tiled_loss(be, &la, m->gptr[GB_FINAL_HIDDEN], unembedding(m), m->gptr[GB_LABELS],
+                      m->gptr[GB_LOSS_TILE], dh, dW, &ls, &cnt));
     }
     if (loss_sum) *loss_sum = ls;
     if (count) *count = cnt;
@@ -1543,9 +1549,9 @@ mt_status mt_model_hidden(mt_model *m, const int32_t *tokens, float *hidden) {
     if (!hidden) return mt_set_error(MT_ERR_INVALID, "mt_model_hidden: hidden is NULL");
     m->tp_status = MT_OK;
     m->fwd_kept = 0;
-    model_forward(m, tokens);
+    MT_TRY(model_forward(m, tokens));
     MT_TRY(m->tp_status); /* tensor parallel: the row-parallel all-reduces */
-    m->ops->copy_to_host(hidden, m->gptr[GB_FINAL_HIDDEN], (size_t)(m->N * m->D) * sizeof(float));
+    MT_TRY(m->be->ops->copy_to_host(m->be, hidden, m->gptr[GB_FINAL_HIDDEN], (size_t)(m->N * m->D) * sizeof(float)));
     m->fwd_kept = 1; /* mt_model_backward_hidden may follow */
     return MT_OK;
 }
@@ -1559,9 +1565,9 @@ mt_status mt_model_backward_hidden(mt_model *m, const float *dhidden) {
     if (!m->fwd_kept)
         return mt_set_error(MT_ERR_INVALID, "mt_model_backward_hidden: no forward to differentiate (call "
                             "mt_model_hidden or mt_model_loss first; a backward consumes the forward)");
-    m->ops->copy_to_device(m->gptr[GB_FINAL_HIDDEN_GRAD], dhidden, (size_t)(m->N * m->D) * sizeof(float));
+    MT_TRY(m->be->ops->copy_to_device(m->be, m->gptr[GB_FINAL_HIDDEN_GRAD], dhidden, (size_t)(m->N * m->D) * sizeof(float)));
     m->tp_status = MT_OK;
-    grad_windows_begin(m);
+    MT_TRY(grad_windows_begin(m));
     return backward_from_final_hidden(m);
 }
 
@@ -1573,9 +1579,9 @@ mt_status mt_model_logits(mt_model *m, const int32_t *tokens, float *logits) {
     MT_TRY(check_ids(m, tokens, "tokens", 0));
     if (!logits) return mt_set_error(MT_ERR_INVALID, "mt_model_logits: logits is NULL");
     m->fwd_kept = 0; /* mt_model_backward_hidden follows mt_model_hidden / mt_model_loss only */
-    const mt_ops *ops = m->ops;
+    mt_backend *be = m->be;
     const int64_t N = m->N, D = m->D, V = m->V;
-    model_forward(m, tokens);
+    MT_TRY(model_forward(m, tokens));
     const float *h = m->gptr[GB_FINAL_HIDDEN];
     float *tile = m->gptr[GB_LOSS_TILE];
     const float cap = m->cfg.final_logits_soft_cap;
@@ -1583,9 +1589,9 @@ mt_status mt_model_logits(mt_model *m, const int32_t *tokens, float *logits) {
         /* the row split of kernels/tiled_loss.h */
         const int64_t r0 = t * N / m->tiles, r1 = (t + 1) * N / m->tiles, R = r1 - r0;
         if (R <= 0) continue;
-        ops->gemm(0, 1, R, V, D, 1.0f, h + r0 * D, D, unembedding(m), D, 0.0f, tile, V);
+        MT_TRY(be->ops->gemm(be, 0, 1, R, V, D, 1.0f, h + r0 * D, D, unembedding(m), D, 0.0f, tile, V));
         float *dst = logits + r0 * V;
-        ops->copy_to_host(dst, tile, (size_t)(R * V) * sizeof(float));
+        MT_TRY(be->ops->copy_to_host(be, dst, tile, (size_t)(R * V) * sizeof(float)));
         if (cap > 0.0f)
             for (int64_t i = 0; i < R * V; i++) dst[i] = cap * tanhf(dst[i] / cap);
     }
@@ -1665,8 +1671,8 @@ int64_t mt_model_decode_length(const mt_model *m) { return m && m->decode ? m->d
  * one row): its key and value go to the cache row t, its query attends over the
  * cached rows [k0, t] (k0 > 0 only on a sliding-window layer, whose mask excludes the
  * rows before). */
-static void decode_layer(mt_model *m, int64_t l, int64_t t) {
-    const mt_ops *ops = m->ops;
+static mt_status MT_MUST_CHECK decode_layer(mt_model *m, int64_t l, int64_t t) {
+    mt_backend *be = m->be;
     const layer_params *lp = &m->lp[l];
     const int64_t D = m->D, F = m->F, H = m->H, Hkv = m->Hkv, Dh = m->Dh, QD = m->QD, KVD = m->KVD;
     float **b = (float **)m->dec_buf;
@@ -1677,46 +1683,47 @@ static void decode_layer(mt_model *m, int64_t l, int64_t t) {
     const float *inv_freq = (const float *)b[DEC_INV_FREQ] + (mt_model_layer_is_local(&m->cfg, l) ? Dh / 2 : 0);
 
     /* attention block */
-    ops->rmsnorm_fwd(nrm, rstd, x, PW(m, lp->in_norm), 1, D, m->eps, m->w_off);
+    MT_TRY(be->ops->rmsnorm_fwd(be, nrm, rstd, x, PW(m, lp->in_norm), 1, D, m->eps, m->w_off));
     if (m->cfg.use_qk_norm) {
-        linear_fwd(ops, tmp, nrm, PW(m, lp->q), 1, D, QD, 0.0f);
-        ops->rmsnorm_fwd(q, rstd, tmp, PW(m, lp->q_norm), H, Dh, m->eps, m->w_off);
-        linear_fwd(ops, tmp, nrm, PW(m, lp->k), 1, D, KVD, 0.0f);
-        ops->rmsnorm_fwd(kc + t * KVD, rstd, tmp, PW(m, lp->k_norm), Hkv, Dh, m->eps, m->w_off);
+        MT_TRY(linear_fwd(be, tmp, nrm, PW(m, lp->q), 1, D, QD, 0.0f));
+        MT_TRY(be->ops->rmsnorm_fwd(be, q, rstd, tmp, PW(m, lp->q_norm), H, Dh, m->eps, m->w_off));
+        MT_TRY(linear_fwd(be, tmp, nrm, PW(m, lp->k), 1, D, KVD, 0.0f));
+        MT_TRY(be->ops->rmsnorm_fwd(be, kc + t * KVD, rstd, tmp, PW(m, lp->k_norm), Hkv, Dh, m->eps, m->w_off));
     } else {
-        linear_fwd(ops, q, nrm, PW(m, lp->q), 1, D, QD, 0.0f);
-        linear_fwd(ops, kc + t * KVD, nrm, PW(m, lp->k), 1, D, KVD, 0.0f);
+        MT_TRY(linear_fwd(be, q, nrm, PW(m, lp->q), 1, D, QD, 0.0f));
+        MT_TRY(linear_fwd(be, kc + t * KVD, nrm, PW(m, lp->k), 1, D, KVD, 0.0f));
     }
-    ops->rope_fwd(q, pos + t, inv_freq, 1, H, Dh);
-    ops->rope_fwd(kc + t * KVD, pos + t, inv_freq, 1, Hkv, Dh);
-    linear_fwd(ops, vc + t * KVD, nrm, PW(m, lp->v), 1, D, KVD, 0.0f);
+    MT_TRY(be->ops->rope_fwd(be, q, pos + t, inv_freq, 1, H, Dh));
+    MT_TRY(be->ops->rope_fwd(be, kc + t * KVD, pos + t, inv_freq, 1, Hkv, Dh));
+    MT_TRY(linear_fwd(be, vc + t * KVD, nrm, PW(m, lp->v), 1, D, KVD, 0.0f));
     mt_attn_args a = attn_args(m, l);
     const int64_t k0 = a.window > 0 && t - a.window + 1 > 0 ? t - a.window + 1 : 0;
     a.Tq = 1;
     a.Tk = t + 1 - k0;
     a.q_pos = pos + t;
     a.k_pos = pos + k0;
-    ops->attention_fwd(&a, b[DEC_CTX], b[DEC_LSE], q, kc + k0 * KVD, vc + k0 * KVD);
-    linear_fwd(ops, out, b[DEC_CTX], PW(m, lp->o), 1, QD, D, 0.0f);
+    MT_TRY(be->ops->attention_fwd(be, &a, b[DEC_CTX], b[DEC_LSE], q, kc + k0 * KVD, vc + k0 * KVD));
+    MT_TRY(linear_fwd(be, out, b[DEC_CTX], PW(m, lp->o), 1, QD, D, 0.0f));
     if (m->cfg.use_post_attn_norm) {
-        ops->rmsnorm_fwd(tmp, rstd, out, PW(m, lp->post_attn_norm), 1, D, m->eps, m->w_off);
-        ops->axpy(x, tmp, 1.0f, D);
+        MT_TRY(be->ops->rmsnorm_fwd(be, tmp, rstd, out, PW(m, lp->post_attn_norm), 1, D, m->eps, m->w_off));
+        MT_TRY(be->ops->axpy(be, x, tmp, 1.0f, D));
     } else {
-        ops->axpy(x, out, 1.0f, D);
+        MT_TRY(be->ops->axpy(be, x, out, 1.0f, D));
     }
 
     /* MLP block */
-    ops->rmsnorm_fwd(nrm, rstd, x, PW(m, lp->pre_mlp_norm), 1, D, m->eps, m->w_off);
-    linear_fwd(ops, b[DEC_GATE], nrm, PW(m, lp->gate), 1, D, F, 0.0f);
-    linear_fwd(ops, b[DEC_UP], nrm, PW(m, lp->up), 1, D, F, 0.0f);
-    ops->glu_fwd(glu, b[DEC_GATE], b[DEC_UP], F, m->cfg.mlp_activation);
+    MT_TRY(be->ops->rmsnorm_fwd(be, nrm, rstd, x, PW(m, lp->pre_mlp_norm), 1, D, m->eps, m->w_off));
+    MT_TRY(linear_fwd(be, b[DEC_GATE], nrm, PW(m, lp->gate), 1, D, F, 0.0f));
+    MT_TRY(linear_fwd(be, b[DEC_UP], nrm, PW(m, lp->up), 1, D, F, 0.0f));
+    MT_TRY(be->ops->glu_fwd(be, glu, b[DEC_GATE], b[DEC_UP], F, m->cfg.mlp_activation));
     if (m->cfg.use_post_ffw_norm) {
-        linear_fwd(ops, out, glu, PW(m, lp->down), 1, F, D, 0.0f);
-        ops->rmsnorm_fwd(tmp, rstd, out, PW(m, lp->post_ffw_norm), 1, D, m->eps, m->w_off);
-        ops->axpy(x, tmp, 1.0f, D);
+        MT_TRY(linear_fwd(be, out, glu, PW(m, lp->down), 1, F, D, 0.0f));
+        MT_TRY(be->ops->rmsnorm_fwd(be, tmp, rstd, out, PW(m, lp->post_ffw_norm), 1, D, m->eps, m->w_off));
+        MT_TRY(be->ops->axpy(be, x, tmp, 1.0f, D));
     } else {
-        linear_fwd(ops, x, glu, PW(m, lp->down), 1, F, D, 1.0f);
+        MT_TRY(linear_fwd(be, x, glu, PW(m, lp->down), 1, F, D, 1.0f));
     }
+    return MT_OK;
 }
 
 mt_status mt_model_decode_step(mt_model *m, int32_t token, float *logits) {
@@ -1730,19 +1737,19 @@ mt_status mt_model_decode_step(mt_model *m, int32_t token, float *logits) {
     if (t >= m->T)
         return mt_set_error(MT_ERR_INVALID, "mt_model_decode_step: the KV cache is full (%lld positions; "
                             "mt_model_decode_reset starts again)", (long long)m->T);
-    const mt_ops *ops = m->ops;
+    mt_backend *be = m->be;
     const int64_t D = m->D, V = m->V;
     if (t == 0) { /* constant inputs: once per sequence (the arena may be new) */
-        ops->copy_to_device(m->dec_buf[DEC_POS], m->pos_host, (size_t)m->T * sizeof(int32_t));
-        ops->copy_to_device(m->dec_buf[DEC_INV_FREQ], m->inv_freq_host, (size_t)m->Dh * sizeof(float));
+        MT_TRY(be->ops->copy_to_device(be, m->dec_buf[DEC_POS], m->pos_host, (size_t)m->T * sizeof(int32_t)));
+        MT_TRY(be->ops->copy_to_device(be, m->dec_buf[DEC_INV_FREQ], m->inv_freq_host, (size_t)m->Dh * sizeof(float)));
     }
-    ops->copy_to_device(m->dec_buf[DEC_TOKEN], &token, sizeof(int32_t));
-    ops->embedding_fwd(m->dec_buf[DEC_X], PW(m, m->p_embed), m->dec_buf[DEC_TOKEN], 1, D, m->emb_scale);
-    for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++) decode_layer(m, l, t);
-    ops->rmsnorm_fwd(m->dec_buf[DEC_NORM], m->dec_buf[DEC_RSTD], m->dec_buf[DEC_X], PW(m, m->p_final_norm), 1, D,
-                     m->eps, m->w_off);
-    linear_fwd(ops, m->dec_buf[DEC_LOGITS], m->dec_buf[DEC_NORM], unembedding(m), 1, D, V, 0.0f);
-    ops->copy_to_host(logits, m->dec_buf[DEC_LOGITS], (size_t)V * sizeof(float));
+    MT_TRY(be->ops->copy_to_device(be, m->dec_buf[DEC_TOKEN], &token, sizeof(int32_t)));
+    MT_TRY(be->ops->embedding_fwd(be, m->dec_buf[DEC_X], PW(m, m->p_embed), m->dec_buf[DEC_TOKEN], 1, D, m->emb_scale));
+    for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++) MT_TRY(decode_layer(m, l, t));
+    MT_TRY(be->ops->rmsnorm_fwd(be, m->dec_buf[DEC_NORM], m->dec_buf[DEC_RSTD], m->dec_buf[DEC_X], PW(m, m->p_final_norm), 1, D,
+                     m->eps, m->w_off));
+    MT_TRY(linear_fwd(be, m->dec_buf[DEC_LOGITS], m->dec_buf[DEC_NORM], unembedding(m), 1, D, V, 0.0f));
+    MT_TRY(be->ops->copy_to_host(be, logits, m->dec_buf[DEC_LOGITS], (size_t)V * sizeof(float)));
     const float cap = m->cfg.final_logits_soft_cap; /* as mt_model_logits */
     if (cap > 0.0f)
         for (int64_t i = 0; i < V; i++) logits[i] = cap * tanhf(logits[i] / cap);

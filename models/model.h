@@ -22,7 +22,7 @@
 #define MT_MODELS_MODEL_H
 
 #include <stdint.h>
-#include "kernels/ops.h"
+#include "kernels/backend.h"
 #include "models/config.h"
 #include "parallel/comm.h"
 #include "models/remat.h"
@@ -52,13 +52,13 @@ typedef struct mt_model mt_model;
 /* Create a model for micro-batches of `batch` sequences of `seq` tokens, with the
  * loss cut into `num_vocab_tiling` row tiles. Allocates no tensor memory.
  * Errors: MT_ERR_INVALID (config invalid, batch/seq/tiling < 1, tiling > batch*seq). */
-mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, const mt_ops *ops,
+mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, mt_backend *be,
                           int64_t batch, int64_t seq, int64_t num_vocab_tiling);
 void mt_model_free(mt_model *m);
 
 const mt_model_config *mt_model_get_config(const mt_model *m);
 /* The op table the model was created with (for host <-> backend copies of params). */
-const mt_ops *mt_model_ops(const mt_model *m);
+mt_backend *mt_model_backend(const mt_model *m);
 int mt_model_phase_count(const mt_model *m);
 
 /* Add all of the model's buffers to `plan` (not yet finalised). */
@@ -307,7 +307,7 @@ int64_t mt_model_decode_length(const mt_model *m);
  * run only that row through every layer (the op sequence of the full forward on one
  * row: norms, QK-norm, RoPE at position t with the layer's global / local table),
  * append its rotated key and value to each layer's cache row t, attend over the cached
- * rows with ops->attention_fwd (Tq = 1, Tk = rows kept, q_pos = [t], k_pos = their
+ * rows with be->ops->attention_fwd (Tq = 1, Tk = rows kept, q_pos = [t], k_pos = their
  * positions; a sliding-window layer passes only its last window rows, which are the
  * only ones its mask allows; attention soft-cap per the config), then the final norm
  * and the logits of that row into host logits[vocab_size] (after the final soft-cap,

@@ -20,7 +20,7 @@
  *   compute stream wait before the result is used (mt_comm_wait, or at once for the
  *   blocking calls). So a "blocking" NCCL call returns when the collective is QUEUED:
  *   the buffers are ordered with the compute stream, not the host (copy_to_host and
- *   ops->sync wait for it). On a device group of one the local copy is a
+ *   be->ops->sync wait for it). On a device group of one the local copy is a
  *   cudaMemcpyAsync on the compute stream.
  * mt_comm_backend() says whether MPI runs; mt_comm_is_device() whether a communicator
  * carries NCCL.

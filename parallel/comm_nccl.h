@@ -20,7 +20,7 @@
 typedef struct mt_nccl mt_nccl;
 
 /* The CUDA backend's compute stream (a cudaStream_t), defined in
- * kernels/cuda/cuda_backend.cu: every op of mt_cuda_ops() is queued there. */
+ * kernels/cuda/cuda_backend.cu: every op of the CUDA backend is queued there. */
 void *mt_cuda_compute_stream(void);
 
 /* 1 when p is device (or managed) memory, 0 for host memory or NULL. */

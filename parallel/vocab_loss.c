@@ -4,7 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-mt_status mt_vocab_parallel_loss(const mt_ops *ops, mt_comm *comm, const mt_vocab_loss_args *a, const float *h,
+mt_status mt_vocab_parallel_loss(mt_backend *be, mt_comm *comm, const mt_vocab_loss_args *a, const float *h,
                                  const float *W_l, const int32_t *labels, float *tile, float *dh, float *dW_l,
                                  double *loss_sum, int64_t *count) {
     const int64_t N = a->N, D = a->D, Vl = a->Vl, v0 = a->v0;
@@ -28,7 +28,7 @@ mt_status mt_vocab_parallel_loss(const mt_ops *ops, mt_comm *comm, const mt_voca
         const int64_t r0 = t * N / T, r1 = (t + 1) * N / T, R = r1 - r0;
         if (R == 0) continue;
         const float *ht = h + r0 * D;
-        ops->gemm(0, 1, R, Vl, D, 1.0f, ht, D, W_l, D, 0.0f, tile, Vl);
+        MT_TRY(be->ops->gemm(be, 0, 1, R, Vl, D, 1.0f, ht, D, W_l, D, 0.0f, tile, Vl));
         for (int64_t r = 0; r < R; r++) {
             float *z = tile + r * Vl, m = -INFINITY;
             for (int64_t j = 0; j < Vl; j++) {
@@ -70,8 +70,8 @@ mt_status mt_vocab_parallel_loss(const mt_ops *ops, mt_comm *comm, const mt_voca
             }
         }
         if (!dh) continue;
-        ops->gemm(0, 0, R, D, Vl, 1.0f, tile, Vl, W_l, D, 0.0f, dh + r0 * D, D);
-        if (dW_l) ops->gemm(1, 0, Vl, D, R, 1.0f, tile, Vl, ht, D, 1.0f, dW_l, D);
+        MT_TRY(be->ops->gemm(be, 0, 0, R, D, Vl, 1.0f, tile, Vl, W_l, D, 0.0f, dh + r0 * D, D));
+        if (dW_l) MT_TRY(be->ops->gemm(be, 1, 0, Vl, D, R, 1.0f, tile, Vl, ht, D, 1.0f, dW_l, D));
     }
     free(mx);
     free(sz);

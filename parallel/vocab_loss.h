@@ -21,7 +21,7 @@
 #define MT_PARALLEL_VOCAB_LOSS_H
 
 #include <stdint.h>
-#include "kernels/ops.h"
+#include "kernels/backend.h"
 #include "parallel/comm.h"
 #include "runtime/status.h"
 
@@ -43,7 +43,7 @@ typedef struct mt_vocab_loss_args {
  * dscale dloss/dh (overwritten, full after the all-reduce); dW_l (may be NULL)
  * += dscale dloss/dW_l. tile: mt_tiled_loss_tile_rows(N, num_tiles) x Vl floats.
  * comm: the tensor group (NULL = one rank). Errors: those of the collectives, MT_ERR_OOM. */
-mt_status mt_vocab_parallel_loss(const mt_ops *ops, mt_comm *comm, const mt_vocab_loss_args *a, const float *h,
+mt_status mt_vocab_parallel_loss(mt_backend *be, mt_comm *comm, const mt_vocab_loss_args *a, const float *h,
                                  const float *W_l, const int32_t *labels, float *tile, float *dh, float *dW_l,
                                  double *loss_sum, int64_t *count);
 

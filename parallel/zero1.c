@@ -53,6 +53,7 @@ mt_status mt_grad_sync_init(mt_grad_sync *g, mt_comm *comm, int n, int rank, int
     g->fsdp = 1;
     g->rep = n;
     g->rep_rank = rank;
+    g->be = mt_cpu_backend();
     if (zero1) {
         g->counts = malloc(sizeof(int64_t) * (size_t)n);
         if (!g->counts) return mt_set_error(MT_ERR_OOM, "gradient sync: out of memory");
@@ -154,7 +155,7 @@ static mt_status tensor_reduce_range(mt_grad_sync *g, float *x, int64_t a, int64
         for (int i = 0; i < g->nrep; i++) {
             const int64_t lo = g->rep_off[i] > a ? g->rep_off[i] : a;
             const int64_t hi = g->rep_off[i] + g->rep_n[i] < a + n ? g->rep_off[i] + g->rep_n[i] : a + n;
-            if (hi > lo) memset(x + (lo - a), 0, (size_t)(hi - lo) * sizeof(float));
+            if (hi > lo) MT_TRY(g->be->ops->zero(g->be, x + (lo - a), (size_t)(hi - lo) * sizeof(float)));
         }
     return mt_comm_all_reduce(g->tp_comm, x, n, MT_COMM_F32);
 }
@@ -207,26 +208,18 @@ mt_status mt_grad_sync_bind(mt_grad_sync *g, const mt_arena *arena, const mt_pla
     return MT_OK;
 }
 
-/* acc[i] = round(acc[i] + x[i]) in dt (first: acc = round(x)); the add in fp32. */
-static void accumulate(void *acc, mt_dtype dt, const float *x, int64_t n, int first) {
-    if (dt == MT_F32) {
-        float *a = acc;
-        if (first) memcpy(a, x, (size_t)n * sizeof(float));
-        else {
-#pragma omp parallel for schedule(static)
-            for (int64_t i = 0; i < n; i++) a[i] += x[i];
-        }
-        return;
-    }
-    mt_bf16 *a = acc;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) a[i] = mt_f32_to_bf16((first ? 0.0f : mt_bf16_to_f32(a[i])) + x[i]);
+/* acc[i] = round(acc[i] + x[i]) in dt (first: acc = round(x)); the add in fp32, through
+ * the backend's grad_accumulate op (kernels/ops.h): the buffers may be device memory. */
+static mt_status accumulate(const mt_grad_sync *g, void *acc, mt_dtype dt, const float *x, int64_t n, int first) {
+    return g->be->ops->grad_accumulate(g->be, acc, dt, x, n, first);
 }
 
-static void to_f32(float *dst, const void *acc, mt_dtype dt, int64_t n) {
-    if (dt == MT_F32) memmove(dst, acc, (size_t)n * sizeof(float));
-    else mt_bf16_to_f32_array(dst, acc, (size_t)n);
+/* dst[n] (fp32) = acc[n] of dt, through the backend's to_f32 op. */
+static mt_status to_f32(const mt_grad_sync *g, float *dst, const void *acc, mt_dtype dt, int64_t n) {
+    return g->be->ops->to_f32(g->be, dst, acc, dt, n);
 }
+
+void mt_grad_sync_set_backend(mt_grad_sync *g, mt_backend *be) { g->be = be; }
 
 mt_status mt_grad_sync_set_path(mt_grad_sync *g, int fsdp, int64_t chunk) {
     if (chunk < 1) return mt_set_error(MT_ERR_INVALID, "gradient sync: chunk of %lld floats", (long long)chunk);
@@ -248,16 +241,15 @@ mt_status mt_grad_sync_window(void *ctx, int64_t a, int64_t n, float *w) {
         return mt_set_error(MT_ERR_INVALID, "gradient sync: window [%lld, +%lld) outside the %lld gradients",
                             (long long)a, (long long)n, (long long)g->numel);
     if (g->path == MT_GRAD_WINDOW_ACC) { /* the tensor / data reductions come once, at finish */
-        accumulate((char *)g->acc + (size_t)a * es, g->grad_dtype, w, n, g->mb == 0);
-        return MT_OK;
+        return accumulate(g, (char *)g->acc + (size_t)a * es, g->grad_dtype, w, n, g->mb == 0);
     }
     if (g->path != MT_GRAD_WINDOW_RS) return mt_set_error(MT_ERR_INVALID, "gradient sync: no window path chosen");
     MT_TRY(tensor_reduce_range(g, w, a, n));
     int64_t own0, own;
     MT_TRY(reduce_scatter_range(g, w, a, n, &own0, &own));
     if (!g->direct && own > 0)
-        accumulate((char *)g->shard_acc + (size_t)(own0 - g->lo) * es, g->grad_dtype, g->shard + (own0 - g->lo), own,
-                   g->mb == 0);
+        MT_TRY(accumulate(g, (char *)g->shard_acc + (size_t)(own0 - g->lo) * es, g->grad_dtype,
+                          g->shard + (own0 - g->lo), own, g->mb == 0));
     return MT_OK;
 }
 
@@ -265,7 +257,7 @@ mt_status mt_grad_sync_window(void *ctx, int64_t a, int64_t n, float *w) {
 static mt_status finish_windows(mt_grad_sync *g, float **out) {
     const int64_t S = g->hi - g->lo;
     if (g->path == MT_GRAD_WINDOW_RS) { /* every window was reduce-scattered already */
-        if (!g->direct) to_f32(g->shard, g->shard_acc, g->grad_dtype, S);
+        if (!g->direct) MT_TRY(to_f32(g, g->shard, g->shard_acc, g->grad_dtype, S));
         *out = g->shard;
         return MT_OK;
     }
@@ -274,7 +266,7 @@ static mt_status finish_windows(mt_grad_sync *g, float **out) {
     for (int64_t a = 0; a < g->numel; a += g->chunk) {
         const int64_t n = g->numel - a < g->chunk ? g->numel - a : g->chunk;
         void *acc = (char *)g->acc + (size_t)a * es;
-        to_f32(g->chunk_buf, acc, g->grad_dtype, n);
+        MT_TRY(to_f32(g, g->chunk_buf, acc, g->grad_dtype, n));
         MT_TRY(tensor_reduce_range(g, g->chunk_buf, a, n));
         if (g->zero1) {
             int64_t own0, own;
@@ -282,7 +274,7 @@ static mt_status finish_windows(mt_grad_sync *g, float **out) {
         } else if (g->comm && g->n > 1) {
             MT_TRY(mt_comm_all_reduce(g->comm, g->chunk_buf, n, MT_COMM_F32));
         }
-        if (store) accumulate(acc, g->grad_dtype, g->chunk_buf, n, 1);
+        if (store) MT_TRY(accumulate(g, acc, g->grad_dtype, g->chunk_buf, n, 1));
     }
     *out = g->zero1 ? g->shard : NULL;
     return MT_OK;
@@ -295,7 +287,7 @@ mt_status mt_grad_sync_read(mt_grad_sync *g, int64_t a, int64_t n, float **out) 
     if (a < 0 || n < 1 || n > g->chunk || a + n > g->numel)
         return mt_set_error(MT_ERR_INVALID, "mt_grad_sync_read: [%lld, +%lld) is not inside the gradient in chunks "
                             "of %lld", (long long)a, (long long)n, (long long)g->chunk);
-    to_f32(g->chunk_buf, (const char *)g->acc + (size_t)a * mt_dtype_size(g->grad_dtype), g->grad_dtype, n);
+    MT_TRY(to_f32(g, g->chunk_buf, (const char *)g->acc + (size_t)a * mt_dtype_size(g->grad_dtype), g->grad_dtype, n));
     *out = g->chunk_buf;
     return MT_OK;
 }
@@ -306,10 +298,10 @@ mt_status mt_grad_sync_microbatch(mt_grad_sync *g, float *grads, int64_t mb, int
     if (g->sched == MT_GA_REDUCE_EVERY) {
         MT_TRY(tensor_reduce(g, grads));
         MT_TRY(mt_comm_reduce_scatter(g->comm, grads, g->shard, g->counts, MT_COMM_F32));
-        accumulate(g->shard_acc, g->grad_dtype, g->shard, g->hi - g->lo, mb == 0);
+        MT_TRY(accumulate(g, g->shard_acc, g->grad_dtype, g->shard, g->hi - g->lo, mb == 0));
         *zero_grads = 1;
     } else if (g->grad_dtype != MT_F32) {
-        accumulate(g->acc, g->grad_dtype, grads, g->numel, mb == 0);
+        MT_TRY(accumulate(g, g->acc, g->grad_dtype, grads, g->numel, mb == 0));
         *zero_grads = 1;
     }
     return MT_OK;
@@ -319,11 +311,11 @@ mt_status mt_grad_sync_finish(mt_grad_sync *g, float *grads, float **out) {
     const int64_t S = g->hi - g->lo;
     if (g->path != MT_GRAD_FULL) return finish_windows(g, out);
     if (g->sched == MT_GA_REDUCE_EVERY && !g->direct) {
-        to_f32(g->shard, g->shard_acc, g->grad_dtype, S);
+        MT_TRY(to_f32(g, g->shard, g->shard_acc, g->grad_dtype, S));
         *out = g->shard;
         return MT_OK;
     }
-    if (g->grad_dtype != MT_F32 && !g->direct) to_f32(grads, g->acc, g->grad_dtype, g->numel);
+    if (g->grad_dtype != MT_F32 && !g->direct) MT_TRY(to_f32(g, grads, g->acc, g->grad_dtype, g->numel));
     MT_TRY(tensor_reduce(g, grads));
     if (g->zero1) {
         MT_TRY(mt_comm_reduce_scatter(g->comm, grads, g->shard, g->counts, MT_COMM_F32));
@@ -337,8 +329,7 @@ mt_status mt_grad_sync_finish(mt_grad_sync *g, float *grads, float **out) {
 
 mt_status mt_grad_sync_gather(mt_grad_sync *g, const float *shard, float *full) {
     if (!g->zero1) {
-        if (shard != full) memmove(full, shard, (size_t)g->numel * sizeof(float));
-        return MT_OK;
+        return shard != full ? g->be->ops->copy(g->be, full, shard, (size_t)g->numel * sizeof(float)) : MT_OK;
     }
     return mt_comm_all_gather(g->comm, shard, full, g->counts, MT_COMM_F32);
 }

@@ -58,7 +58,9 @@
  * (exact when n divides 8 (n - 1) x floats, e.g. n = 2, 4, 8; the formula below sums
  * the chunks for MT_GRAD_WINDOW_ACC; per-window tensor all-reduces are counted as one).
  *
- * Buffers are HOST memory (the MPI backend, CPU ops); they are plan entries:
+ * Buffers are backend memory: every loop over them (accumulation, conversion, zeroing,
+ * copies) is an op of the backend set with mt_grad_sync_set_backend (grad_accumulate,
+ * to_f32, zero, copy); the collectives pass them to parallel/comm.h. Plan entries:
  *   "grad_accumulator"        numel x grad_dtype, MT_MEM_GRADS (once + bfloat16, not fsdp)
  *   "grad_shard_accumulator"  shard x grad_dtype, MT_MEM_GRADS (every; fsdp with K > 1)
  *   "grads.window.reduce"     chunk x fp32, MT_MEM_GRADS, optimizer phase (WINDOW_ACC)
@@ -81,6 +83,7 @@
 #define MT_PARALLEL_ZERO1_H
 
 #include <stdint.h>
+#include "kernels/backend.h"
 #include "parallel/comm.h"
 #include "runtime/dtype.h"
 #include "runtime/plan.h"
@@ -103,6 +106,7 @@ typedef enum mt_grad_path {
 } mt_grad_path;
 
 typedef struct mt_grad_sync {
+    mt_backend *be;       /* the backend whose memory the buffers are in (mt_grad_sync_set_backend) */
     mt_comm *comm;        /* data x fsdp x context group (fsdp-major under fsdp); NULL = a group of one */
     int n, rank;          /* group size and this rank */
     int zero1;            /* shard_optimizer_over_data */
@@ -152,6 +156,11 @@ typedef struct mt_grad_sync {
 mt_status mt_grad_sync_init(mt_grad_sync *g, mt_comm *comm, int n, int rank, int64_t numel, int zero1,
                             mt_dtype grad_dtype, mt_ga_reduce sched, int64_t accum_steps);
 void mt_grad_sync_free(mt_grad_sync *g);
+
+/* The backend whose memory the accumulators, shard and windows are in and whose ops
+ * accumulate, convert and zero them (init sets the CPU backend; the trainer passes its
+ * own). be must outlive g. */
+void mt_grad_sync_set_backend(mt_grad_sync *g, mt_backend *be);
 
 /* Tensor parallelism: before every data reduction the gradient is all-reduced over
  * the tensor group `comm` (size ranks, this one `rank`) after ranks other than 0 zero

@@ -403,7 +403,8 @@ static void *mt_arena_host_alloc(size_t bytes) {
 
 /* An empty plan (peak 0) still gets one MT_PLAN_ALIGN block so that base is a real
  * pointer; a->bytes is the peak either way. */
-mt_status mt_arena_create(mt_arena *a, const mt_plan *p, void *(*alloc)(size_t), void (*release)(void *)) {
+mt_status mt_arena_create(mt_arena *a, const mt_plan *p, mt_arena_alloc_fn alloc, mt_arena_release_fn release,
+                          void *ctx) {
     if (!a) return mt_set_error(MT_ERR_INVALID, "mt_arena_create: NULL arena");
     memset(a, 0, sizeof *a);
     if (!p || !p->finalized) return mt_set_error(MT_ERR_INVALID, "mt_arena_create: plan not finalised");
@@ -411,19 +412,31 @@ mt_status mt_arena_create(mt_arena *a, const mt_plan *p, void *(*alloc)(size_t),
         return mt_set_error(MT_ERR_INVALID, "mt_arena_create: alloc and release must both be given or both NULL");
     const size_t bytes = p->peak;
     const size_t request = bytes ? bytes : MT_PLAN_ALIGN;
-    void *base = alloc ? alloc(request) : mt_arena_host_alloc(request);
-    if (!base)
-        return mt_set_error(MT_ERR_OOM, "mt_arena_create: cannot allocate %zu bytes (%.3f GiB)", request,
-                            (double)request / (1024.0 * 1024.0 * 1024.0));
+    void *base = NULL;
+    if (alloc) {
+        const mt_status st = alloc(ctx, request, &base);
+        if (st != MT_OK || !base)
+            return mt_set_error(st != MT_OK ? st : MT_ERR_OOM, "mt_arena_create: cannot allocate %zu bytes (%.3f GiB): %s",
+                                request, (double)request / (1024.0 * 1024.0 * 1024.0), mt_last_error());
+    } else {
+        base = mt_arena_host_alloc(request);
+        if (!base)
+            return mt_set_error(MT_ERR_OOM, "mt_arena_create: cannot allocate %zu bytes (%.3f GiB)", request,
+                                (double)request / (1024.0 * 1024.0 * 1024.0));
+    }
     a->base = base;
     a->bytes = bytes;
-    a->release = alloc ? release : free;
+    a->release = release;
+    a->ctx = ctx;
     return MT_OK;
 }
 
 void mt_arena_destroy(mt_arena *a) {
     if (!a) return;
-    if (a->base && a->release) a->release(a->base);
+    if (a->base) {
+        if (a->release) a->release(a->ctx, a->base);
+        else free(a->base);
+    }
     memset(a, 0, sizeof *a);
 }
 

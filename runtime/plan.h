@@ -89,17 +89,26 @@ void mt_plan_live_by_category(const mt_plan *p, size_t out[MT_MEM_CATEGORY_COUNT
 /* Total bytes per category over all entries regardless of lifetime. */
 void mt_plan_total_by_category(const mt_plan *p, size_t out[MT_MEM_CATEGORY_COUNT]);
 
-/* One allocation sized by a finalised plan. `alloc`/`release` allocate device (or
- * host) memory; NULL means aligned host malloc/free. */
+/* An allocator for an arena: alloc sets *out to `bytes` (or returns a status with
+ * its message set); release frees what alloc gave. ctx is passed through (a backend:
+ * kernels/backend.h mt_backend_arena_create). */
+typedef mt_status (*mt_arena_alloc_fn)(void *ctx, size_t bytes, void **out);
+typedef void (*mt_arena_release_fn)(void *ctx, void *p);
+
+/* One allocation sized by a finalised plan. */
 typedef struct mt_arena {
     void *base;
     size_t bytes;
-    void (*release)(void *);
+    mt_arena_release_fn release; /* NULL: host free() */
+    void *ctx;
 } mt_arena;
 
-/* Allocate exactly mt_plan_peak(p) bytes (zero-filled on the host path).
- * Errors: MT_ERR_INVALID if p is not finalised; MT_ERR_OOM naming the byte count. */
-mt_status mt_arena_create(mt_arena *a, const mt_plan *p, void *(*alloc)(size_t), void (*release)(void *));
+/* Allocate exactly mt_plan_peak(p) bytes with alloc(ctx, ...), or, when alloc and
+ * release are NULL, aligned host memory (zero-filled). Errors: MT_ERR_INVALID if p is
+ * not finalised or only one of alloc/release is given; MT_ERR_OOM naming the byte
+ * count (or alloc's own status and message). */
+mt_status mt_arena_create(mt_arena *a, const mt_plan *p, mt_arena_alloc_fn alloc, mt_arena_release_fn release,
+                          void *ctx);
 void mt_arena_destroy(mt_arena *a);
 
 /* Pointer to entry `id` inside the arena, or NULL if id is out of range. */

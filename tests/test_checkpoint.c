@@ -11,6 +11,8 @@
  *   transformers config-class defaults, not from the code. */
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
+
+#include "tests/test_backend_util.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "kernels/ops.h"
+#include "kernels/backend.h"
 #include "models/checkpoint.h"
 #include "models/config.h"
 #include "models/model.h"
@@ -97,12 +99,12 @@ typedef struct fixture {
 
 static void fx_init(fixture *f, const mt_model_config *c, uint64_t seed) {
     memset(f, 0, sizeof *f);
-    const mt_ops *ops = mt_cpu_ops();
-    cr_assert_eq(mt_model_create(&f->m, c, ops, 1, 4, 1), MT_OK, "%s", mt_last_error());
+    mt_backend *be = mt_cpu_backend();
+    cr_assert_eq(mt_model_create(&f->m, c, be, 1, 4, 1), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_plan_new(&f->plan), MT_OK);
     cr_assert_eq(mt_model_add_to_plan(f->m, f->plan), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_plan_finalize(f->plan), MT_OK);
-    cr_assert_eq(mt_arena_create(&f->arena, f->plan, ops->alloc, ops->release), MT_OK);
+    cr_assert_eq(mt_backend_arena_create(be, &f->arena, f->plan), MT_OK);
     cr_assert_eq(mt_model_bind(f->m, &f->arena, f->plan), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_model_init_params(f->m, seed), MT_OK);
     /* Norm scales start constant (1 or 0): give them distinct values so a swap shows. */

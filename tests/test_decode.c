@@ -12,12 +12,14 @@
  * - reset gives bitwise the same logits again; plan entries and byte counts; errors
  *   (full cache, bad token, training calls on a decode model, batch > 1). */
 #include <criterion/criterion.h>
+
+#include "tests/test_backend_util.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/ops.h"
+#include "kernels/backend.h"
 #include "models/config.h"
 #include "models/model.h"
 #include "runtime/plan.h"
@@ -32,13 +34,13 @@ typedef struct fixture {
 
 static void fx_init(fixture *f, const mt_model_config *c, int64_t T, int decode) {
     memset(f, 0, sizeof(*f));
-    const mt_ops *ops = mt_cpu_ops();
-    cr_assert_eq(mt_model_create(&f->m, c, ops, 1, T, 1), MT_OK, "%s", mt_last_error());
+    mt_backend *be = mt_cpu_backend();
+    cr_assert_eq(mt_model_create(&f->m, c, be, 1, T, 1), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_model_set_decode(f->m, decode), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_plan_new(&f->plan), MT_OK);
     cr_assert_eq(mt_model_add_to_plan(f->m, f->plan), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_plan_finalize(f->plan), MT_OK);
-    cr_assert_eq(mt_arena_create(&f->arena, f->plan, ops->alloc, ops->release), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_backend_arena_create(be, &f->arena, f->plan), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_model_bind(f->m, &f->arena, f->plan), MT_OK, "%s", mt_last_error());
 }
 
@@ -290,9 +292,9 @@ Test(decode, plan_entries) {
 
 Test(decode, errors) {
     mt_model_config c = tiny_llama3();
-    const mt_ops *ops = mt_cpu_ops();
+    mt_backend *be = mt_cpu_backend();
     mt_model *m;
-    cr_assert_eq(mt_model_create(&m, &c, ops, 2, 8, 1), MT_OK);
+    cr_assert_eq(mt_model_create(&m, &c, be, 2, 8, 1), MT_OK);
     cr_assert_eq(mt_model_set_decode(m, 1), MT_ERR_INVALID); /* batch 2 */
     mt_model_free(m);
 
@@ -321,7 +323,7 @@ Test(decode, errors) {
     fx_free(&f);
 
     /* decoding runs on one rank with device parameters */
-    cr_assert_eq(mt_model_create(&m, &c, ops, 1, 4, 1), MT_OK);
+    cr_assert_eq(mt_model_create(&m, &c, be, 1, 4, 1), MT_OK);
     cr_assert_eq(mt_model_set_decode(m, 1), MT_OK);
     cr_assert_eq(mt_model_set_param_offload(m, 1), MT_OK);
     mt_plan *p;

@@ -14,12 +14,14 @@
  * Also: the plan entries (no "grads", the three windows with their sizes and phases),
  * mt_model_grads NULL, and a sink error stopping the backward. */
 #include <criterion/criterion.h>
+
+#include "tests/test_backend_util.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/ops.h"
+#include "kernels/backend.h"
 #include "models/config.h"
 #include "models/model.h"
 #include "models/remat.h"
@@ -54,8 +56,8 @@ typedef struct fixture {
 
 static void fx_init(fixture *f, const mt_model_config *c, int remat_full, collector *col) {
     memset(f, 0, sizeof *f);
-    const mt_ops *ops = mt_cpu_ops();
-    cr_assert_eq(mt_model_create(&f->m, c, ops, 2, 6, 3), MT_OK, "%s", mt_last_error());
+    mt_backend *be = mt_cpu_backend();
+    cr_assert_eq(mt_model_create(&f->m, c, be, 2, 6, 3), MT_OK, "%s", mt_last_error());
     if (remat_full) {
         mt_remat_policy p;
         cr_assert_eq(mt_remat_policy_resolve(MT_REMAT_FULL, NULL, &p), MT_OK);
@@ -65,7 +67,7 @@ static void fx_init(fixture *f, const mt_model_config *c, int remat_full, collec
     cr_assert_eq(mt_plan_new(&f->plan), MT_OK);
     cr_assert_eq(mt_model_add_to_plan(f->m, f->plan), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_plan_finalize(f->plan), MT_OK);
-    cr_assert_eq(mt_arena_create(&f->arena, f->plan, NULL, NULL), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_arena_create(&f->arena, f->plan, NULL, NULL, NULL), MT_OK, "%s", mt_last_error());
     if (col) { /* every byte NaN: a window read before it is zeroed poisons the result */
         float *p = f->arena.base;
         for (size_t i = 0; i < f->arena.bytes / sizeof(float); i++) p[i] = NAN;

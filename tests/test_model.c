@@ -11,12 +11,14 @@
  * - num_vocab_tiling 1 vs 3, tied and untied.
  * The float64 PyTorch comparison is tests/test_torch_reference.sh. */
 #include <criterion/criterion.h>
+
+#include "tests/test_backend_util.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/ops.h"
+#include "kernels/backend.h"
 #include "models/config.h"
 #include "models/model.h"
 #include "runtime/plan.h"
@@ -36,12 +38,12 @@ static void fx_init(fixture *f, const mt_model_config *c, int64_t B, int64_t T, 
     memset(f, 0, sizeof(*f));
     f->B = B;
     f->T = T;
-    const mt_ops *ops = mt_cpu_ops();
-    cr_assert_eq(mt_model_create(&f->m, c, ops, B, T, tiles), MT_OK, "%s", mt_last_error());
+    mt_backend *be = mt_cpu_backend();
+    cr_assert_eq(mt_model_create(&f->m, c, be, B, T, tiles), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_plan_new(&f->plan), MT_OK);
     cr_assert_eq(mt_model_add_to_plan(f->m, f->plan), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_plan_finalize(f->plan), MT_OK);
-    cr_assert_eq(mt_arena_create(&f->arena, f->plan, ops->alloc, ops->release), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_backend_arena_create(be, &f->arena, f->plan), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_model_bind(f->m, &f->arena, f->plan), MT_OK, "%s", mt_last_error());
 }
 
@@ -361,7 +363,7 @@ static void check_honest_lifetimes(const mt_model_config *c) {
     for (int k = 0; k < 2; k++) {
         mt_arena arena;
         const mt_plan *pl = k == 0 ? f.plan : flat;
-        cr_assert_eq(mt_arena_create(&arena, pl, NULL, NULL), MT_OK);
+        cr_assert_eq(mt_arena_create(&arena, pl, NULL, NULL, NULL), MT_OK);
         poison(&arena);
         cr_assert_eq(mt_model_bind(f.m, &arena, pl), MT_OK, "%s", mt_last_error());
         memcpy(mt_model_params(f.m), params, (size_t)numel * sizeof(float));
@@ -525,8 +527,8 @@ Test(inputs, out_of_range_tokens_and_labels) {
     cr_expect_eq(mt_model_forward_backward(f.m, tok, lab, 1.0f, &ls, &cnt), MT_OK, "%s", mt_last_error());
 
     mt_model *m2;
-    cr_expect_eq(mt_model_create(&m2, &c, mt_cpu_ops(), 2, 4, 9), MT_ERR_INVALID);
-    cr_expect_eq(mt_model_create(&m2, &c, mt_cpu_ops(), 0, 4, 1), MT_ERR_INVALID);
+    cr_expect_eq(mt_model_create(&m2, &c, mt_cpu_backend(), 2, 4, 9), MT_ERR_INVALID);
+    cr_expect_eq(mt_model_create(&m2, &c, mt_cpu_backend(), 0, 4, 1), MT_ERR_INVALID);
     fx_free(&f);
 }
 

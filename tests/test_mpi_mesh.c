@@ -6,7 +6,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "kernels/ops.h"
+#include "kernels/backend.h"
 #include "parallel/comm.h"
 #include "parallel/mesh.h"
 #include "parallel/zero1.h"
@@ -113,7 +113,7 @@ Test(comm, device_split_needs_nccl_and_a_gpu) {
     if (!mt_comm_have_nccl()) {
         cr_assert_eq(st, MT_ERR_UNSUPPORTED);
         cr_assert(strstr(mt_last_error(), "'dev'") && strstr(mt_last_error(), "no NCCL"), "%s", mt_last_error());
-    } else if (!mt_cuda_ops()) {
+    } else if (!mt_cuda_backend_available()) {
         cr_assert_eq(st, MT_ERR_UNSUPPORTED);
         cr_assert(strstr(mt_last_error(), "none is visible"), "%s", mt_last_error());
     } else {
@@ -158,7 +158,7 @@ Test(zero1, bf16_accumulator_rounds_once_per_add) {
         cr_assert(id >= 0, "%s missing", acc);
         cr_assert_eq(mt_plan_entry_get(plan, id)->bytes, 5 * 2);
         mt_arena arena;
-        cr_assert_eq(mt_arena_create(&arena, plan, NULL, NULL), MT_OK);
+        cr_assert_eq(mt_arena_create(&arena, plan, NULL, NULL, NULL), MT_OK);
         cr_assert_eq(mt_grad_sync_bind(&g, &arena, plan), MT_OK);
         const float mb[3][5] = {{1.0f, 1e-3f, -2.5f, 3.14159f, 100.0f},
                                 {1e-3f, 1.0f, 2.5f, 1e-4f, 0.37f},

@@ -8,9 +8,11 @@
  * Shapes are chosen to cross the kernel's block sizes (64 keys; 64 query rows, 32 at
  * head_dim 256) with ragged last blocks. MT_TEST_VERBOSE=1 prints the errors. */
 #include <criterion/criterion.h>
+
+#include "tests/test_backend_util.h"
 #include <omp.h>
 
-#include "kernels/ops.h"
+#include "kernels/backend.h"
 #include "tests/test_ops_util.h"
 
 #define EXPECT_ERR(what, err, tol)                                                      \
@@ -116,9 +118,9 @@ static void run_case(const att_case *tc) {
     tu_fill_normal(&r, k, nk, tc->std);
     tu_fill_normal(&r, v, nk, 1.0);
     tu_fill_normal(&r, dout, nq, 1.0);
-    const mt_ops *o = mt_cpu_ops();
-    o->attention_fwd(a, out, lse, q, k, v);
-    o->attention_bwd(a, dq, dk, dv, dout, q, k, v, out, lse);
+    mt_backend *o = mt_cpu_backend();
+    TU_OK(o->ops->attention_fwd(o, a, out, lse, q, k, v));
+    TU_OK(o->ops->attention_bwd(o, a, dq, dk, dv, dout, q, k, v, out, lse));
 
     att_ctx c = {*a, tu_to_double(q, nq), tu_to_double(k, nk), tu_to_double(v, nk),
                  tu_to_double(dout, nq)};
@@ -264,8 +266,8 @@ static void determinism_case(mt_attn_args a) {
         dq[t] = tu_falloc(nq);
         dk[t] = tu_falloc(nk);
         dv[t] = tu_falloc(nk);
-        mt_cpu_ops()->attention_fwd(&a, out[t], lse[t], q, k, v);
-        mt_cpu_ops()->attention_bwd(&a, dq[t], dk[t], dv[t], dout, q, k, v, out[t], lse[t]);
+        TU_OK(mt_cpu_backend()->ops->attention_fwd(mt_cpu_backend(), &a, out[t], lse[t], q, k, v));
+        TU_OK(mt_cpu_backend()->ops->attention_bwd(mt_cpu_backend(), &a, dq[t], dk[t], dv[t], dout, q, k, v, out[t], lse[t]));
     }
     cr_expect(tu_bitwise_equal(out[0], out[1], nq), "out");
     cr_expect(tu_bitwise_equal(lse[0], lse[1], nl), "lse");

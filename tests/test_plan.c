@@ -207,7 +207,7 @@ Test(plan, bad_input) {
     cr_expect_eq(mt_plan_add(p, "c", MT_MEM_CATEGORY_COUNT, 10, 0, 0, NULL), MT_ERR_INVALID, "bad category");
     cr_expect_eq(mt_plan_count(p), 1);
     mt_arena a;
-    cr_expect_eq(mt_arena_create(&a, p, NULL, NULL), MT_ERR_INVALID, "arena before finalise");
+    cr_expect_eq(mt_arena_create(&a, p, NULL, NULL, NULL), MT_ERR_INVALID, "arena before finalise");
     cr_assert_eq(mt_plan_finalize(p), MT_OK);
     cr_expect_eq(mt_plan_add(p, "late", MT_MEM_PARAMS, 10, 0, 0, NULL), MT_ERR_INVALID, "add after finalise");
     cr_expect_eq(mt_plan_count(p), 1);
@@ -216,12 +216,15 @@ Test(plan, bad_input) {
 
 static int counting_allocs;
 static size_t counting_last;
-static void *counting_alloc(size_t n) {
+static mt_status counting_alloc(void *ctx, size_t n, void **out) {
+    (void)ctx;
     counting_allocs++;
     counting_last = n;
-    return malloc(n);
+    *out = malloc(n);
+    return *out ? MT_OK : MT_ERR_OOM;
 }
-static void counting_release(void *ptr) {
+static void counting_release(void *ctx, void *ptr) {
+    (void)ctx;
     counting_allocs--;
     free(ptr);
 }
@@ -230,7 +233,7 @@ Test(plan, arena) {
     mt_plan *p = random_plan(100, 20, 1 << 16);
     size_t peak = mt_plan_peak(p);
     mt_arena a;
-    cr_assert_eq(mt_arena_create(&a, p, NULL, NULL), MT_OK);
+    cr_assert_eq(mt_arena_create(&a, p, NULL, NULL, NULL), MT_OK);
     cr_expect_eq(a.bytes, peak);
     cr_expect_eq((uintptr_t)a.base % MT_PLAN_ALIGN, 0);
     const unsigned char *bytes = a.base;
@@ -247,7 +250,7 @@ Test(plan, arena) {
     cr_expect_null(a.base);
     mt_arena_destroy(&a); /* twice is harmless */
 
-    cr_assert_eq(mt_arena_create(&a, p, counting_alloc, counting_release), MT_OK);
+    cr_assert_eq(mt_arena_create(&a, p, counting_alloc, counting_release, NULL), MT_OK);
     cr_expect_eq(counting_allocs, 1);
     cr_expect_eq(counting_last, peak);
     cr_expect_eq(a.bytes, peak);

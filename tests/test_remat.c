@@ -9,11 +9,13 @@
  * and grow by one layer's worth of scratch; the host pool holds exactly the
  * offloaded bytes. */
 #include <criterion/criterion.h>
+
+#include "tests/test_backend_util.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/ops.h"
+#include "kernels/backend.h"
 #include "models/model.h"
 #include "models/remat.h"
 #include "runtime/plan.h"
@@ -82,9 +84,9 @@ static int g_param_offload; /* parameters in the host pool, a layer window on th
 
 static void run(const mt_model_config *c, const mt_remat_policy *pol, run_out *o) {
     memset(o, 0, sizeof *o);
-    const mt_ops *ops = mt_cpu_ops();
+    mt_backend *be = mt_cpu_backend();
     mt_model *m;
-    cr_assert_eq(mt_model_create(&m, c, ops, B, T, 2), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_model_create(&m, c, be, B, T, 2), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_model_set_remat(m, pol), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_model_set_param_offload(m, g_param_offload), MT_OK, "%s", mt_last_error());
     mt_plan *p, *h;
@@ -92,7 +94,7 @@ static void run(const mt_model_config *c, const mt_remat_policy *pol, run_out *o
     cr_assert_eq(mt_plan_new(&h), MT_OK);
     cr_assert_eq(mt_model_add_to_plan(m, p), MT_OK, "%s", mt_last_error());
     mt_adamw opt;
-    mt_adamw_init(&opt, ops, mt_model_numel(m), 0.9, 0.95, 1e-8, 0.1);
+    mt_adamw_init(&opt, be, mt_model_numel(m), 0.9, 0.95, 1e-8, 0.1);
     cr_assert_eq(mt_adamw_add_to_plan(&opt, p, mt_model_phase_count(m)), MT_OK);
     cr_assert_eq(mt_model_add_to_host_plan(m, h), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_plan_finalize(p), MT_OK);
@@ -108,8 +110,8 @@ static void run(const mt_model_config *c, const mt_remat_policy *pol, run_out *o
         if (mt_plan_entry_get(h, i)->category == MT_MEM_ACTIVATIONS) o->host_bytes += mt_plan_entry_get(h, i)->bytes;
     o->peak = mt_plan_peak(p);
     mt_arena a, ha;
-    cr_assert_eq(mt_arena_create(&a, p, ops->alloc, ops->release), MT_OK);
-    cr_assert_eq(mt_arena_create(&ha, h, NULL, NULL), MT_OK);
+    cr_assert_eq(mt_backend_arena_create(be, &a, p), MT_OK);
+    cr_assert_eq(mt_arena_create(&ha, h, NULL, NULL, NULL), MT_OK);
     cr_assert_eq(mt_model_bind(m, &a, p), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_adamw_bind(&opt, &a, p), MT_OK);
     int offloads = 0;
@@ -130,7 +132,7 @@ static void run(const mt_model_config *c, const mt_remat_policy *pol, run_out *o
     o->numel = mt_model_numel(m);
     for (int s = 0; s < STEPS; s++) {
         int32_t tok[B * T], lab[B * T];
-        ops->zero(mt_model_grads(m), (size_t)o->numel * sizeof(float));
+        TU_OK(be->ops->zero(be, mt_model_grads(m), (size_t)o->numel * sizeof(float)));
         double ls = 0;
         int64_t cnt = 0;
         /* two micro-batches: accumulation passes through the same buffers */

@@ -46,7 +46,7 @@ struct mt_session {
     /* either way: */
     mt_model *model;
     const mt_plan *plan;
-    const mt_ops *ops;
+    mt_backend *be;
     mt_data_loader *reader;  /* mt_session_next_batch, opened on first use */
     int fwd_fresh;           /* saved activations hold the last forward */
 };
@@ -99,21 +99,21 @@ static mt_status apply_overrides(mt_train_config *cfg, int n, const char *const 
  * builds them (train/trainer.c). */
 static mt_status build_standalone(mt_session *s) {
     const mt_train_config *c = &s->cfg;
-    MT_TRY(mt_trainer_select_backend(c, &s->ops));
-    MT_TRY(mt_model_create(&s->own_model, &c->model, s->ops, c->per_device_batch_size, c->max_target_length,
+    MT_TRY(mt_trainer_select_backend(c, &s->be));
+    MT_TRY(mt_model_create(&s->own_model, &c->model, s->be, c->per_device_batch_size, c->max_target_length,
                            c->num_vocab_tiling));
     MT_TRY(mt_memory_apply_remat(c, s->own_model));
     MT_TRY(mt_plan_new(&s->own_plan));
     MT_TRY(mt_model_add_to_plan(s->own_model, s->own_plan));
     MT_TRY(mt_plan_finalize(s->own_plan));
-    MT_TRY(mt_arena_create(&s->arena, s->own_plan, s->ops->alloc, s->ops->release));
+    MT_TRY(mt_backend_arena_create(s->be, &s->arena, s->own_plan));
     s->have_arena = 1;
     MT_TRY(mt_model_bind(s->own_model, &s->arena, s->own_plan));
     MT_TRY(mt_plan_new(&s->host_plan));
     MT_TRY(mt_model_add_to_host_plan(s->own_model, s->host_plan));
     MT_TRY(mt_plan_finalize(s->host_plan));
     if (mt_plan_count(s->host_plan) > 0) {
-        MT_TRY(mt_arena_create(&s->host_arena, s->host_plan, NULL, NULL));
+        MT_TRY(mt_arena_create(&s->host_arena, s->host_plan, NULL, NULL, NULL));
         s->have_host_arena = 1;
         MT_TRY(mt_model_bind_host(s->own_model, &s->host_arena, s->host_plan));
     }
@@ -134,7 +134,7 @@ static mt_status finish_create(mt_session **out, mt_session *s) {
             if (st == MT_OK) {
                 s->model = mt_trainer_model(s->trainer);
                 s->plan = mt_trainer_get_plan(s->trainer);
-                s->ops = mt_model_ops(s->model);
+                s->be = mt_model_backend(s->model);
             }
         } else if (mt_comm_world_size() > 1) {
             st = mt_set_error(MT_ERR_INVALID,
@@ -213,6 +213,7 @@ void mt_session_free(mt_session *s) {
     mt_plan_free(s->own_plan);
     if (s->have_host_arena) mt_arena_destroy(&s->host_arena);
     mt_plan_free(s->host_plan);
+    if (!s->trainer) mt_backend_free(s->be); /* a standalone session's own; else the trainer's */
     free(s);
 }
 
@@ -325,7 +326,7 @@ mt_status mt_session_loss(mt_session *s, const int32_t *tokens, const int32_t *l
 
 mt_status mt_session_zero_grads(mt_session *s) {
     NEED(s, "mt_session_zero_grads");
-    s->ops->zero(mt_model_grads(s->model), (size_t)mt_model_numel(s->model) * sizeof(float));
+    MT_TRY(s->be->ops->zero(s->be, mt_model_grads(s->model), (size_t)mt_model_numel(s->model) * sizeof(float)));
     return MT_OK;
 }
 
@@ -389,31 +390,34 @@ mt_status mt_session_tiled_loss(mt_session *s, const float *hidden, const int32_
     a.softcap = c->final_logits_soft_cap;
     a.ignore_index = MT_IGNORE_LABEL;
     a.dscale = dscale;
-    const mt_ops *ops = s->ops;
+    mt_backend *be = s->be;
     const size_t hbytes = (size_t)(rows * D) * sizeof(float);
     const size_t tbytes = (size_t)(mt_tiled_loss_tile_rows(rows, a.num_tiles) * V) * sizeof(float);
-    float *h = ops->alloc(hbytes), *tile = ops->alloc(tbytes);
-    int32_t *lab = ops->alloc((size_t)rows * sizeof(int32_t));
-    float *dh = need_dh ? ops->alloc(hbytes) : NULL;
-    mt_status st = MT_OK;
-    if (!h || !tile || !lab || (need_dh && !dh)) {
-        st = mt_set_error(MT_ERR_OOM, "mt_session_tiled_loss: cannot allocate %zu bytes of scratch",
-                          2 * hbytes + tbytes + (size_t)rows * sizeof(int32_t));
+    void *h = NULL, *tile = NULL, *lab = NULL, *dh = NULL;
+    mt_status st = be->ops->alloc(be, hbytes, &h);
+    if (st == MT_OK) st = be->ops->alloc(be, tbytes, &tile);
+    if (st == MT_OK) st = be->ops->alloc(be, (size_t)rows * sizeof(int32_t), &lab);
+    if (st == MT_OK && need_dh) st = be->ops->alloc(be, hbytes, &dh);
+    if (st != MT_OK) {
+        st = mt_set_error(st, "mt_session_tiled_loss: cannot allocate %zu bytes of scratch: %s",
+                          2 * hbytes + tbytes + (size_t)rows * sizeof(int32_t), mt_last_error());
     } else {
-        ops->copy_to_device(h, hidden, hbytes);
-        ops->copy_to_device(lab, labels, (size_t)rows * sizeof(int32_t));
         double ls = 0.0;
         int64_t cnt = 0;
-        mt_tiled_loss(ops, &a, h, W, lab, tile, dh, dW, &ls, &cnt);
-        ops->sync();
-        if (dhidden) ops->copy_to_host(dhidden, dh, hbytes);
-        *loss_sum = ls;
-        *count = cnt;
+        st = be->ops->copy_to_device(be, h, hidden, hbytes);
+        if (st == MT_OK) st = be->ops->copy_to_device(be, lab, labels, (size_t)rows * sizeof(int32_t));
+        if (st == MT_OK) st = mt_tiled_loss(be, &a, h, W, lab, tile, dh, dW, &ls, &cnt);
+        if (st == MT_OK) st = be->ops->sync(be);
+        if (st == MT_OK && dhidden) st = be->ops->copy_to_host(be, dhidden, dh, hbytes);
+        if (st == MT_OK) {
+            *loss_sum = ls;
+            *count = cnt;
+        }
     }
-    if (h) ops->release(h);
-    if (tile) ops->release(tile);
-    if (lab) ops->release(lab);
-    if (dh) ops->release(dh);
+    if (h) be->ops->release(be, h);
+    if (tile) be->ops->release(be, tile);
+    if (lab) be->ops->release(be, lab);
+    if (dh) be->ops->release(be, dh);
     return st;
 }
 
@@ -465,9 +469,9 @@ static mt_status copy_tensor(mt_session *s, const char *name, float *host, int64
     float *dev = (grad ? mt_model_grads(s->model) : mt_model_params(s->model)) + p->offset;
     const size_t bytes = (size_t)numel * sizeof(float);
     if (to_host)
-        s->ops->copy_to_host(host, dev, bytes);
+        MT_TRY(s->be->ops->copy_to_host(s->be, host, dev, bytes));
     else
-        s->ops->copy_to_device(dev, host, bytes);
+        MT_TRY(s->be->ops->copy_to_device(s->be, dev, host, bytes));
     if (!to_host && !grad) s->fwd_fresh = 0;
     return MT_OK;
 }
@@ -516,7 +520,7 @@ mt_status mt_session_activation(mt_session *s, const char *name, float *out, int
     const mt_plan_entry *pe = mt_plan_entry_get(s->plan, pid);
     if (!pe) return mt_set_error(MT_ERR_RUNTIME, "mt_session_activation: the plan has no 'params' entry");
     const char *base = (const char *)mt_model_params(s->model) - pe->offset;
-    s->ops->copy_to_host(out, base + e->offset, (size_t)n * sizeof(float));
+    MT_TRY(s->be->ops->copy_to_host(s->be, out, base + e->offset, (size_t)n * sizeof(float)));
     return MT_OK;
 }
 

@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include "models/config.h"
 #include "models/remat.h"
+#include "kernels/backend.h" /* mt_backend_kind: backend=auto|cpu|cuda */
 #include "runtime/dtype.h"
 #include "runtime/status.h"
 
@@ -27,8 +28,6 @@ extern "C" {
 #define MT_CONFIG_PATH_MAX 1024
 #define MT_CONFIG_NAME_MAX 128
 
-/* backend=auto|cpu|cuda; auto picks cuda when mt_cuda_ops() is non-NULL. */
-typedef enum mt_backend_kind { MT_BACKEND_AUTO = 0, MT_BACKEND_CPU = 1, MT_BACKEND_CUDA = 2 } mt_backend_kind;
 
 typedef struct mt_train_config {
     mt_model_config model;                          /* model keys; model.model_name = model_name */

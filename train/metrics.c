@@ -16,11 +16,6 @@ double mt_flops_per_token(const mt_model_config *c, int64_t seq) {
     return 6.0 * (n - n_emb) + attn;
 }
 
-double mt_backend_peak_flops(const char *backend_name) {
-    if (backend_name && strcmp(backend_name, "cuda") == 0) return 989e12;
-    return 0.0;
-}
-
 double mt_mfu(double flops_per_token, double tokens_per_s, double peak_flops) {
     if (!(peak_flops > 0.0)) return NAN;
     return flops_per_token * tokens_per_s / peak_flops;

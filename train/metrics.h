@@ -8,7 +8,7 @@
  * Doubles are printed with %.17g, so a value reads back bitwise (resume checks compare
  * the text). "mfu" is null when no peak FLOP/s is known for the backend: the CPU
  * backend prints null (a nominal CPU peak would make the number meaningless across
- * machines); see mt_backend_peak_flops. */
+ * machines); the peak is the backend's capability (kernels/backend.h caps.peak_flops). */
 #ifndef MT_TRAIN_METRICS_H
 #define MT_TRAIN_METRICS_H
 
@@ -45,10 +45,6 @@ typedef struct mt_step_metrics {
  * T = seq tokens per sequence (causal attention not discounted, sliding windows not
  * discounted). */
 double mt_flops_per_token(const mt_model_config *c, int64_t seq);
-
-/* Nominal dense peak FLOP/s of one device of a backend ("cuda": 989e12, H100/H200
- * SXM bf16 dense, REFERENCE.md), or 0 when none is stated ("cpu"). */
-double mt_backend_peak_flops(const char *backend_name);
 
 /* mfu = flops_per_token * tokens_per_s / peak, or NaN when peak <= 0. */
 double mt_mfu(double flops_per_token, double tokens_per_s, double peak_flops);

@@ -31,10 +31,15 @@ double mt_lr_schedule_at(const mt_lr_schedule *sch, int64_t s) {
     return sch->peak * a + final_lr * (1.0 - a);
 }
 
-double mt_grad_global_norm(const mt_ops *ops, const float *grads, const mt_param_info *params, int n) {
+mt_status mt_grad_global_norm(mt_backend *be, const float *grads, const mt_param_info *params, int n, double *norm) {
     double ss = 0.0;
-    for (int i = 0; i < n; i++) ss += ops->sumsq(grads + params[i].offset, params[i].numel);
-    return sqrt(ss);
+    for (int i = 0; i < n; i++) {
+        double part;
+        MT_TRY(be->ops->sumsq(be, grads + params[i].offset, params[i].numel, &part));
+        ss += part;
+    }
+    *norm = sqrt(ss);
+    return MT_OK;
 }
 
 double mt_clip_scale(double norm, double threshold) {
@@ -42,10 +47,10 @@ double mt_clip_scale(double norm, double threshold) {
     return 1.0;
 }
 
-void mt_adamw_init(mt_adamw *o, const mt_ops *ops, int64_t numel, double b1, double b2, double eps,
+void mt_adamw_init(mt_adamw *o, mt_backend *be, int64_t numel, double b1, double b2, double eps,
                    double weight_decay) {
     memset(o, 0, sizeof *o);
-    o->ops = ops;
+    o->be = be;
     o->numel = numel;
     o->b1 = (float)b1;
     o->b2 = (float)b2;
@@ -66,8 +71,8 @@ mt_status mt_adamw_bind(mt_adamw *o, const mt_arena *arena, const mt_plan *plan)
     o->m = mt_arena_ptr(arena, plan, o->plan_m);
     o->v = mt_arena_ptr(arena, plan, o->plan_v);
     if (!o->m || !o->v) return mt_set_error(MT_ERR_INVALID, "adamw: moments are not in the plan");
-    o->ops->zero(o->m, (size_t)o->numel * sizeof(float));
-    o->ops->zero(o->v, (size_t)o->numel * sizeof(float));
+    MT_TRY(o->be->ops->zero(o->be, o->m, (size_t)o->numel * sizeof(float)));
+    MT_TRY(o->be->ops->zero(o->be, o->v, (size_t)o->numel * sizeof(float)));
     return MT_OK;
 }
 
@@ -80,8 +85,8 @@ mt_status mt_adamw_step(mt_adamw *o, const mt_param_info *params, int n, float *
             return mt_set_error(MT_ERR_INVALID, "adamw: tensor '%s' [%lld, +%lld) outside the %lld moments",
                                 pi->name, (long long)pi->offset, (long long)pi->numel, (long long)o->numel);
         const float wd = pi->weight_decay ? o->weight_decay : 0.0f;
-        o->ops->adamw(p + pi->offset, g + pi->offset, o->m + pi->offset, o->v + pi->offset, pi->numel, lr,
-                      o->b1, o->b2, o->eps, wd, grad_scale, t);
+        MT_TRY(o->be->ops->adamw(o->be, p + pi->offset, g + pi->offset, o->m + pi->offset, o->v + pi->offset, pi->numel, lr,
+                      o->b1, o->b2, o->eps, wd, grad_scale, t));
     }
     return MT_OK;
 }

@@ -12,18 +12,18 @@
  * so with warmup the first update runs at lr 0, exactly as in MaxText.
  *
  * Clipping: optax.clip_by_global_norm: norm = sqrt(sum over tensors of sum g^2)
- * (per-tensor ops->sumsq in fp64, summed in table order, sqrt in fp64); when
+ * (per-tensor be->ops->sumsq in fp64, summed in table order, sqrt in fp64); when
  * threshold > 0 and norm > threshold the gradients are scaled by threshold / norm
- * (passed to ops->adamw as grad_scale, not applied in a separate pass).
+ * (passed to be->ops->adamw as grad_scale, not applied in a separate pass).
  *
- * AdamW: one ops->adamw per parameter tensor (kernels/ops.h gives the math), weight
+ * AdamW: one be->ops->adamw per parameter tensor (kernels/ops.h gives the math), weight
  * decay only on tensors with mt_param_info.weight_decay (matrices, not norm scales),
  * moments m and v in fp32 in backend memory laid out like the flat parameter buffer. */
 #ifndef MT_TRAIN_OPTIMIZER_H
 #define MT_TRAIN_OPTIMIZER_H
 
 #include <stdint.h>
-#include "kernels/ops.h"
+#include "kernels/backend.h"
 #include "models/model.h"
 #include "runtime/plan.h"
 #include "runtime/status.h"
@@ -47,9 +47,10 @@ mt_lr_schedule mt_lr_schedule_make(double learning_rate, double warmup_steps_fra
  * final value). Pure function of (schedule, s): resuming reproduces it exactly. */
 double mt_lr_schedule_at(const mt_lr_schedule *sch, int64_t s);
 
-/* Global L2 norm of the gradients of the n parameters (flat buffer `grads` in backend
- * memory, float32, laid out by params[i].offset / numel). fp64. */
-double mt_grad_global_norm(const mt_ops *ops, const float *grads, const mt_param_info *params, int n);
+/* *norm = global L2 norm of the gradients of the n parameters (flat buffer `grads` in
+ * backend memory, float32, laid out by params[i].offset / numel). fp64.
+ * Errors: those of be->ops->sumsq (a backend failure). */
+mt_status mt_grad_global_norm(mt_backend *be, const float *grads, const mt_param_info *params, int n, double *norm);
 
 /* Gradient multiplier of clip_by_global_norm: threshold / norm when threshold > 0
  * and norm > threshold, else 1. */
@@ -58,7 +59,7 @@ double mt_clip_scale(double norm, double threshold);
 /* AdamW hyper-parameters and state. m and v are backend memory of numel floats each
  * (arena entries added by mt_adamw_add_to_plan). */
 typedef struct mt_adamw {
-    const mt_ops *ops;
+    mt_backend *be;
     float *m, *v;
     int64_t numel;
     float b1, b2, eps, weight_decay;
@@ -66,7 +67,7 @@ typedef struct mt_adamw {
 } mt_adamw;
 
 /* Initialise hyper-parameters (no memory). */
-void mt_adamw_init(mt_adamw *o, const mt_ops *ops, int64_t numel, double b1, double b2, double eps,
+void mt_adamw_init(mt_adamw *o, mt_backend *be, int64_t numel, double b1, double b2, double eps,
                    double weight_decay);
 
 /* Add "optimizer.adam_m" and "optimizer.adam_v" (numel fp32 each, category

@@ -180,8 +180,8 @@ mt_status mt_sample_generate(const mt_train_config *cfg, const char *checkpoint_
         return mt_set_error(MT_ERR_INVALID, "key 'sample_length' = %lld: out of range; sample generates 1 to %lld "
                             "tokens (a KV cache of sample_length + 1 positions, fewer than 2^31)",
                             (long long)cfg->sample_length, (long long)MT_SAMPLE_LENGTH_MAX);
-    const mt_ops *ops;
-    MT_TRY(mt_trainer_select_backend(cfg, &ops));
+    mt_backend *be;
+    MT_TRY(mt_trainer_select_backend(cfg, &be));
     struct stat sb;
     /* exists, is a directory, not an unfinished step_<N>.tmp (the model is checked below,
      * from the checkpoint's own config.json) */
@@ -213,13 +213,13 @@ mt_status mt_sample_generate(const mt_train_config *cfg, const char *checkpoint_
     int have_arena = 0;
     float *logits = NULL;
     /* A decode model (models/model.h): a KV cache of seq positions, one row per step. */
-    if (st == MT_OK) st = mt_model_create(&model, &mc, ops, 1, seq, 1);
+    if (st == MT_OK) st = mt_model_create(&model, &mc, be, 1, seq, 1);
     if (st == MT_OK) st = mt_model_set_decode(model, 1);
     if (st == MT_OK) st = mt_plan_new(&plan);
     if (st == MT_OK) st = mt_model_add_to_plan(model, plan);
     if (st == MT_OK) st = mt_plan_finalize(plan);
     const int planned = st == MT_OK;
-    if (st == MT_OK) st = mt_arena_create(&arena, plan, ops->alloc, ops->release), have_arena = st == MT_OK;
+    if (st == MT_OK) st = mt_backend_arena_create(be, &arena, plan), have_arena = st == MT_OK;
     if (st == MT_ERR_OOM) { /* the model's tables and KV cache grow with sample_length: say so (still exit 1) */
         char why[256], size[96] = "";
         snprintf(why, sizeof why, "%s", mt_last_error());

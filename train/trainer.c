@@ -31,7 +31,7 @@
 
 struct mt_trainer {
     mt_train_config cfg;
-    const mt_ops *ops;
+    mt_backend *be;
     mt_model *model;
     mt_plan *plan;
     mt_arena arena;
@@ -336,9 +336,13 @@ static mt_status check_checkpoint_identity(mt_trainer *t, const char *dir) {
 
 /* -------------------------------------------------------------- building ---- */
 
-/* What no backend computes yet: bfloat16 compute or master weights. */
-static mt_status check_dtypes(const mt_train_config *cfg, const char *backend) {
-    if (cfg->dtype != MT_F32)
+/* What the backend of cfg->backend cannot run, from its capabilities alone (before any
+ * device is probed: kernels/backend.h mt_backend_kind_caps), each refusal naming the key:
+ * dtype (compute) and weight_dtype (master weights: float32 on every backend),
+ * grad_dtype, parameter/optimizer host offload. More than one rank is checked against
+ * caps.multi_rank once the world size is known (setup_mesh). */
+mt_status mt_trainer_check_caps(const mt_train_config *cfg, const mt_backend_caps *caps, const char *backend) {
+    if (!mt_backend_has_dtype(caps, cfg->dtype))
         return mt_set_error(MT_ERR_UNSUPPORTED,
                             "dtype=%s is not supported on the %s backend (float32 only; "
                             "use dtype=float32)",
@@ -348,23 +352,37 @@ static mt_status check_dtypes(const mt_train_config *cfg, const char *backend) {
                             "weight_dtype=%s is not supported: master weights are float32 "
                             "(use weight_dtype=float32)",
                             mt_dtype_name(cfg->weight_dtype));
+    if (!((caps->grad_dtypes >> (unsigned)cfg->grad_dtype) & 1u))
+        return mt_set_error(MT_ERR_UNSUPPORTED, "grad_dtype=%s is not supported on the %s backend",
+                            mt_dtype_name(cfg->grad_dtype), backend);
+    if ((cfg->parameter_memory_host_offload || cfg->optimizer_memory_host_offload) && !caps->host_offload)
+        return mt_set_error(MT_ERR_UNSUPPORTED, "%s=true is not supported on the %s backend yet (the host pool's "
+                            "parameter and optimizer paths run on backends with host memory only; use "
+                            "backend=cpu or drop the key)",
+                            cfg->parameter_memory_host_offload ? "parameter_memory_host_offload"
+                                                               : "optimizer_memory_host_offload",
+                            backend);
     return MT_OK;
 }
 
-mt_status mt_trainer_select_backend(const mt_train_config *cfg, const mt_ops **ops) {
-    const mt_ops *cuda = mt_cuda_ops();
-    switch (cfg->backend) {
-    case MT_BACKEND_CPU: *ops = mt_cpu_ops(); break;
-    case MT_BACKEND_CUDA:
-        if (!cuda)
-            return mt_set_error(MT_ERR_UNSUPPORTED,
-                                "backend=cuda: this build has no CUDA backend or no GPU is visible");
-        *ops = cuda;
-        break;
-    case MT_BACKEND_AUTO:
-    default: *ops = cuda ? cuda : mt_cpu_ops(); break;
+static const char *kind_name(mt_backend_kind k) {
+    return k == MT_BACKEND_CPU ? "cpu" : k == MT_BACKEND_CUDA ? "cuda" : "auto-selected";
+}
+
+mt_status mt_trainer_select_backend(const mt_train_config *cfg, mt_backend **be) {
+    *be = NULL;
+    /* From the config first, so a refusal names the key even where no device is visible. */
+    if (cfg->backend != MT_BACKEND_AUTO) {
+        const mt_backend_caps caps = mt_backend_kind_caps(cfg->backend);
+        MT_TRY(mt_trainer_check_caps(cfg, &caps, kind_name(cfg->backend)));
     }
-    return check_dtypes(cfg, (*ops)->name);
+    MT_TRY(mt_backend_create(cfg->backend, be));
+    const mt_status st = mt_trainer_check_caps(cfg, &(*be)->caps, (*be)->name);
+    if (st != MT_OK) {
+        mt_backend_free(*be);
+        *be = NULL;
+    }
+    return st;
 }
 
 /* -------------------------------------------------------- parallel set-up ---- */
@@ -396,8 +414,10 @@ static mt_status plan_dims(const mt_train_config *cfg, int dims[MT_MESH_AXES]) {
     return check_layout(cfg, dims);
 }
 
-/* The process group and the mesh of the ici_* keys (checked before any compute). */
-static mt_status setup_mesh(mt_trainer *t) {
+/* The process group and the mesh of the ici_* keys (checked before any compute), and
+ * the refusal of more than one rank on a backend without caps->multi_rank (made from
+ * the config's backend kind, before any device is probed). */
+static mt_status setup_mesh(mt_trainer *t, const mt_backend_caps *caps, const char *backend) {
     MT_TRY(mt_comm_world_init());
     mt_comm_set_timeout(t->cfg.collective_timeout_s);
     int64_t ici[MT_MESH_AXES];
@@ -405,11 +425,11 @@ static mt_status setup_mesh(mt_trainer *t) {
     cfg_ici(&t->cfg, ici);
     MT_TRY(mt_mesh_resolve(ici, mt_comm_world_size(), dims));
     MT_TRY(check_layout(&t->cfg, dims));
-    if (mt_comm_world_size() > 1 && strcmp(t->ops->name, "cpu") != 0)
+    if (mt_comm_world_size() > 1 && !caps->multi_rank)
         return mt_set_error(MT_ERR_UNSUPPORTED, "backend=%s with %d ranks: the trainer does not run multi-rank "
-                            "on the GPU yet (its optimizer and checkpoint collectives use host buffers; "
+                            "on this backend yet (its optimizer and checkpoint collectives use host buffers; "
                             "parallel/comm.h's NCCL communicators are not wired in); multi-rank runs use "
-                            "backend=cpu", t->ops->name, mt_comm_world_size());
+                            "backend=cpu", backend, mt_comm_world_size());
     return mt_mesh_create(&t->mesh, dims);
 }
 
@@ -462,12 +482,12 @@ static int64_t max_param_numel(const mt_model *model) {
     return n;
 }
 
-/* Model + plan (finalised) + gradient-sync and optimizer entries for cfg with ops, for
+/* Model + plan (finalised) + gradient-sync and optimizer entries for cfg with be, for
  * this rank of `mesh`, or (mesh NULL: only planning) for rank 0 of a mesh of dims.
  * full_grads = 1 keeps the model's full gradient buffer (no gradient windows: the
  * library API's sessions, which read named gradients from it); 0 lets the gradient
  * sync choose its path (parallel/zero1.h), installing the model's gradient sink. */
-static mt_status build_plan(const mt_train_config *cfg, const mt_ops *ops, mt_model **model, mt_plan **plan,
+static mt_status build_plan(const mt_train_config *cfg, mt_backend *be, mt_model **model, mt_plan **plan,
                             mt_adamw *opt, mt_grad_sync *gs, const mt_mesh *mesh, const int dims[MT_MESH_AXES],
                             mt_plan *host, int full_grads) {
     *model = NULL;
@@ -483,7 +503,7 @@ static mt_status build_plan(const mt_train_config *cfg, const mt_ops *ops, mt_mo
     const int dp_rank = mesh ? mt_comm_rank(mesh->grad_fsdp) : 0;
     const int tp_rank = mesh ? mesh->coord[MT_AXIS_TENSOR] : 0, cp_rank = mesh ? mesh->coord[MT_AXIS_CONTEXT] : 0;
     memset(gs, 0, sizeof *gs);
-    mt_status st = mt_model_create(model, &cfg->model, ops, cfg->per_device_batch_size,
+    mt_status st = mt_model_create(model, &cfg->model, be, cfg->per_device_batch_size,
                                    cfg->max_target_length, cfg->num_vocab_tiling);
     if (st == MT_OK) st = mt_model_set_tensor_parallel(*model, tp_comm, tp_n, tp_rank);
     if (st == MT_OK) st = mt_model_set_context_parallel(*model, cp_comm, cp_n, cp_rank,
@@ -496,6 +516,7 @@ static mt_status build_plan(const mt_train_config *cfg, const mt_ops *ops, mt_mo
         st = mt_grad_sync_init(gs, dp_comm, dp_n, dp_rank, mt_model_numel(*model),
                                cfg->shard_optimizer_over_data || fsdp_n > 1, cfg->grad_dtype,
                                (mt_ga_reduce)cfg->gradient_accumulation_reduce, cfg->gradient_accumulation_steps);
+    if (st == MT_OK) mt_grad_sync_set_backend(gs, be);
     if (st == MT_OK && fsdp_n > 1) { /* fsdp implies ZeRO-1, its shards nested in the fsdp shards */
         st = mt_grad_sync_set_fsdp(gs, mesh ? mesh->replica : NULL, fsdp_n, fsdp_rank);
         int64_t lo, hi;
@@ -511,7 +532,7 @@ static mt_status build_plan(const mt_train_config *cfg, const mt_ops *ops, mt_mo
     if (st == MT_OK) st = mt_model_add_to_plan(*model, *plan);
     if (st == MT_OK) st = mt_grad_sync_add_to_plan(gs, *plan, mt_model_phase_count(*model) - 1);
     if (st == MT_OK) {
-        mt_adamw_init(opt, ops, mt_grad_sync_opt_numel(gs), cfg->adam_b1, cfg->adam_b2, cfg->adam_eps,
+        mt_adamw_init(opt, be, mt_grad_sync_opt_numel(gs), cfg->adam_b1, cfg->adam_b2, cfg->adam_eps,
                       cfg->adam_weight_decay);
         /* optimizer_memory_host_offload: the moments live in the host pool (host plan) */
         st = mt_adamw_add_to_plan(opt, cfg->optimizer_memory_host_offload ? host : *plan,
@@ -528,10 +549,11 @@ static mt_status build_plan(const mt_train_config *cfg, const mt_ops *ops, mt_mo
 }
 
 mt_status mt_trainer_plan(const mt_train_config *cfg, mt_plan **plan, int64_t *num_params) {
-    /* Sizing does not need the device: without one, size with the CPU table. */
-    const mt_ops *ops = mt_cuda_ops();
-    if (cfg->backend == MT_BACKEND_CPU || !ops) ops = mt_cpu_ops();
-    MT_TRY(check_dtypes(cfg, ops->name));
+    /* Sizing does not need the device: check the chosen backend's capabilities, size with
+     * the CPU backend object (the plan does not depend on the backend). */
+    const mt_backend_caps caps = mt_backend_kind_caps(cfg->backend);
+    MT_TRY(mt_trainer_check_caps(cfg, &caps, kind_name(cfg->backend)));
+    mt_backend *be = mt_cpu_backend();
     /* The plan of data x fsdp rank 0 of the layout the ici_* keys give (-1 counts as 1). */
     int dims[MT_MESH_AXES];
     MT_TRY(plan_dims(cfg, dims));
@@ -540,7 +562,7 @@ mt_status mt_trainer_plan(const mt_train_config *cfg, mt_plan **plan, int64_t *n
     mt_grad_sync gs;
     mt_plan *host = NULL;
     MT_TRY(mt_plan_new(&host));
-    mt_status st = build_plan(cfg, ops, &model, plan, &opt, &gs, NULL, dims, host, 0);
+    mt_status st = build_plan(cfg, be, &model, plan, &opt, &gs, NULL, dims, host, 0);
     mt_grad_sync_free(&gs);
     mt_plan_free(host);
     MT_TRY(st);
@@ -552,16 +574,18 @@ mt_status mt_trainer_plan(const mt_train_config *cfg, mt_plan **plan, int64_t *n
 mt_status mt_trainer_plan_with_host(const mt_train_config *cfg, mt_plan **plan, mt_plan **host_plan,
                                      int64_t *num_params) {
     *plan = *host_plan = NULL;
-    const mt_ops *ops = mt_cuda_ops();
-    if (cfg->backend == MT_BACKEND_CPU || !ops) ops = mt_cpu_ops();
-    MT_TRY(check_dtypes(cfg, ops->name));
+    /* Sizing does not need the device: check the chosen backend's capabilities, size with
+     * the CPU backend object (the plan does not depend on the backend). */
+    const mt_backend_caps caps = mt_backend_kind_caps(cfg->backend);
+    MT_TRY(mt_trainer_check_caps(cfg, &caps, kind_name(cfg->backend)));
+    mt_backend *be = mt_cpu_backend();
     int dims[MT_MESH_AXES];
     MT_TRY(plan_dims(cfg, dims));
     mt_model *model;
     mt_adamw opt;
     mt_grad_sync gs;
     MT_TRY(mt_plan_new(host_plan));
-    mt_status st = build_plan(cfg, ops, &model, plan, &opt, &gs, NULL, dims, *host_plan, 0);
+    mt_status st = build_plan(cfg, be, &model, plan, &opt, &gs, NULL, dims, *host_plan, 0);
     mt_grad_sync_free(&gs);
     if (st != MT_OK) {
         mt_plan_free(*host_plan);
@@ -644,7 +668,7 @@ static mt_status load_train_state(mt_trainer *t, const char *dir) {
             const int64_t b = p->offset + n < t->gs.hi ? p->offset + n : t->gs.hi;
             if (st == MT_OK && b > a) {
                 float *dst = (which ? t->opt.v : t->opt.m) + (a - t->gs.lo);
-                t->ops->copy_to_device(dst, host + (a - p->offset), (size_t)(b - a) * sizeof(float));
+                st = t->be->ops->copy_to_device(t->be, dst, host + (a - p->offset), (size_t)(b - a) * sizeof(float));
             }
         }
     }
@@ -719,21 +743,10 @@ static mt_status open_loader(mt_data_loader **out, const mt_train_config *cfg, c
 /* The host pool of offloaded activations: its own plan and arena (host memory, apart
  * from the device arena), bound to the model. Parameter and optimizer host offload are
  * planned (train/estimate.h) but not run yet. */
-/* Parameter and optimizer host offload keep those buffers in the host pool and move
- * them with the op table's copies: right on the CPU backend only, for now. */
-static mt_status check_host_offload(const mt_train_config *cfg, const mt_ops *ops) {
-    if ((cfg->parameter_memory_host_offload || cfg->optimizer_memory_host_offload) && strcmp(ops->name, "cpu") != 0)
-        return mt_set_error(MT_ERR_UNSUPPORTED, "%s runs on the cpu backend only for now (backend %s)",
-                            cfg->parameter_memory_host_offload ? "parameter_memory_host_offload"
-                                                               : "optimizer_memory_host_offload",
-                            ops->name);
-    return MT_OK;
-}
-
 static mt_status setup_host_pool(mt_trainer *t) {
     MT_TRY(mt_model_add_to_host_plan(t->model, t->host_plan));
     MT_TRY(mt_plan_finalize(t->host_plan));
-    MT_TRY(mt_arena_create(&t->host_arena, t->host_plan, NULL, NULL));
+    MT_TRY(mt_arena_create(&t->host_arena, t->host_plan, NULL, NULL, NULL));
     t->have_host_arena = 1;
     return mt_model_bind_host(t->model, &t->host_arena, t->host_plan);
 }
@@ -807,8 +820,8 @@ static mt_status load_model_params(mt_trainer *t, const char *dir) {
         mt_model_fsdp_bind_full(t->model, NULL);
     }
     if (st == MT_OK)
-        t->ops->copy_to_device(mt_model_params(t->model), full + t->gs.flo,
-                               (size_t)(t->gs.fhi - t->gs.flo) * sizeof(float));
+        st = t->be->ops->copy_to_device(t->be, mt_model_params(t->model), full + t->gs.flo,
+                                        (size_t)(t->gs.fhi - t->gs.flo) * sizeof(float));
     free(full);
     return st;
 }
@@ -826,12 +839,12 @@ mt_status mt_trainer_create_ex(mt_trainer **out, const mt_train_config *cfg, int
     mt_trainer *t = calloc(1, sizeof *t);
     if (!t) return mt_set_error(MT_ERR_OOM, "trainer: out of memory");
     t->cfg = *cfg;
-    mt_status st = mt_trainer_select_backend(cfg, &t->ops);
-    if (st == MT_OK) st = setup_mesh(t);
-    if (st == MT_OK) st = check_host_offload(cfg, t->ops);
+    const mt_backend_caps kind_caps = mt_backend_kind_caps(cfg->backend);
+    mt_status st = setup_mesh(t, &kind_caps, kind_name(cfg->backend));
+    if (st == MT_OK) st = mt_trainer_select_backend(cfg, &t->be);
     if (st == MT_OK) st = mt_plan_new(&t->host_plan);
     if (st == MT_OK)
-        st = build_plan(cfg, t->ops, &t->model, &t->plan, &t->opt, &t->gs, t->mesh, t->mesh->dims, t->host_plan,
+        st = build_plan(cfg, t->be, &t->model, &t->plan, &t->opt, &t->gs, t->mesh, t->mesh->dims, t->host_plan,
                         full_grads);
     if (st == MT_OK) st = open_loader(&t->train, cfg, "train", dp_rank(t->mesh), dp_size(t->mesh));
     if (st == MT_OK && cfg->eval_interval > 0)
@@ -840,7 +853,7 @@ mt_status mt_trainer_create_ex(mt_trainer **out, const mt_train_config *cfg, int
         MT_LOG_I("eval_steps=%" PRId64 " is more than the validation split holds: each evaluation reads its %" PRId64
                  " window(s) once", cfg->eval_steps, mt_data_windows_per_epoch(t->val));
     if (st == MT_OK) {
-        st = mt_arena_create(&t->arena, t->plan, t->ops->alloc, t->ops->release);
+        st = mt_backend_arena_create(t->be, &t->arena, t->plan);
         t->have_arena = st == MT_OK;
     }
     if (st == MT_OK) st = mt_model_bind(t->model, &t->arena, t->plan);
@@ -878,7 +891,7 @@ mt_status mt_trainer_create_ex(mt_trainer **out, const mt_train_config *cfg, int
         t->sched = mt_lr_schedule_make(cfg->learning_rate, cfg->warmup_steps_fraction,
                                        cfg->cosine_learning_rate_final_fraction, cfg->steps);
         t->flops_per_token = mt_flops_per_token(&cfg->model, cfg->max_target_length);
-        t->peak_flops = mt_backend_peak_flops(t->ops->name);
+        t->peak_flops = t->be->caps.peak_flops;
         char tmp[MT_PATH];
         if (!path_join(tmp, sizeof tmp, cfg->base_output_directory, cfg->run_name))
             st = mt_set_error(MT_ERR_INVALID, "base_output_directory + run_name is too long");
@@ -908,6 +921,7 @@ void mt_trainer_free(mt_trainer *t) {
     free(t->sparams);
     mt_grad_sync_free(&t->gs);
     mt_mesh_free(t->mesh);
+    mt_backend_free(t->be); /* after every buffer it allocated (the arena) */
     free(t);
 }
 
@@ -924,7 +938,7 @@ mt_status mt_trainer_gather_grad(mt_trainer *t, float *host) {
     if (t->chunked_grad) return chunked_pass(t, t->last_inv_count, NULL, 0.0f, 0.0f, host);
     if (!t->last_grad) return mt_set_error(MT_ERR_INVALID, "mt_trainer_gather_grad: no step has run");
     if (t->gs.zero1) return mt_grad_sync_gather(&t->gs, t->last_grad, host);
-    t->ops->copy_to_host(host, t->last_grad, (size_t)t->numel * sizeof(float));
+    MT_TRY(t->be->ops->copy_to_host(t->be, host, t->last_grad, (size_t)t->numel * sizeof(float)));
     return MT_OK;
 }
 
@@ -1021,11 +1035,16 @@ static mt_status chunked_pass(mt_trainer *t, float inv, double *norm, float lr, 
         float *buf = NULL;
         st = mt_grad_sync_read(&t->gs, a, n, &buf);
         if (st != MT_OK) break;
-        t->ops->scale(buf, inv, n);
+        st = t->be->ops->scale(t->be, buf, inv, n);
+        if (st != MT_OK) break;
         if (norm) {
-            for (int i = i0; i < i1; i++) ss += t->ops->sumsq(buf + (sp[i].offset - a), sp[i].numel);
+            for (int i = i0; st == MT_OK && i < i1; i++) {
+                double part = 0.0;
+                st = t->be->ops->sumsq(t->be, buf + (sp[i].offset - a), sp[i].numel, &part);
+                ss += part;
+            }
         } else if (host) {
-            t->ops->copy_to_host(host + a, buf, (size_t)n * sizeof(float));
+            st = t->be->ops->copy_to_host(t->be, host + a, buf, (size_t)n * sizeof(float));
         } else {
             mt_adamw sub = t->opt; /* the moments of [a, a + n) */
             sub.m += a;
@@ -1046,14 +1065,14 @@ static mt_status chunked_pass(mt_trainer *t, float inv, double *norm, float lr, 
 
 mt_status mt_trainer_step(mt_trainer *t, mt_step_metrics *m) {
     const double t0 = mt_time_now();
-    const mt_ops *ops = t->ops;
+    mt_backend *be = t->be;
     float *grads = mt_model_grads(t->model); /* NULL with gradient windows (parallel/zero1.h) */
     const size_t gbytes = (size_t)t->numel * sizeof(float);
     mt_comm *dp = t->mesh->grad;
     const uint64_t bytes0 = mt_mesh_bytes_total(t->mesh);
     double loss_sum = 0.0;
     int64_t count = 0;
-    if (grads) ops->zero(grads, gbytes);
+    if (grads) MT_TRY(be->ops->zero(be, grads, gbytes));
     for (int64_t mb = 0; mb < t->cfg.gradient_accumulation_steps; mb++) {
         mt_grad_sync_set_microbatch(&t->gs, mb);
         MT_TRY(mt_data_next(t->train, t->tokens, t->labels));
@@ -1064,7 +1083,7 @@ mt_status mt_trainer_step(mt_trainer *t, mt_step_metrics *m) {
         count += c;
         int zero = 0;
         MT_TRY(mt_grad_sync_microbatch(&t->gs, grads, mb, &zero));
-        if (zero && grads && mb + 1 < t->cfg.gradient_accumulation_steps) ops->zero(grads, gbytes);
+        if (zero && grads && mb + 1 < t->cfg.gradient_accumulation_steps) MT_TRY(be->ops->zero(be, grads, gbytes));
     }
     MT_TRY(mt_comm_all_reduce(dp, &loss_sum, 1, MT_COMM_F64));
     MT_TRY(mt_comm_all_reduce(dp, &count, 1, MT_COMM_I64));
@@ -1078,8 +1097,8 @@ mt_status mt_trainer_step(mt_trainer *t, mt_step_metrics *m) {
     t->last_inv_count = inv;
     t->chunked_grad = g == NULL;
     if (g) {
-        ops->scale(g, inv, mt_grad_sync_opt_numel(&t->gs));
-        norm = mt_grad_global_norm(ops, g, t->sparams, t->nsparams);
+        MT_TRY(be->ops->scale(be, g, inv, mt_grad_sync_opt_numel(&t->gs)));
+        MT_TRY(mt_grad_global_norm(be, g, t->sparams, t->nsparams, &norm));
     } else {
         MT_TRY(chunked_pass(t, inv, &norm, 0.0f, 0.0f, NULL));
     }
@@ -1103,7 +1122,7 @@ mt_status mt_trainer_step(mt_trainer *t, mt_step_metrics *m) {
         MT_TRY(chunked_pass(t, inv, NULL, (float)lr, (float)clip, NULL));
     MT_TRY(mt_grad_sync_gather_params(&t->gs, params));
     t->last_step_bytes = mt_mesh_bytes_total(t->mesh) - bytes0;
-    ops->sync();
+    MT_TRY(be->ops->sync(be));
     t->step++;
     const double dt = mt_time_now() - t0;
     t->time_sum += dt;
@@ -1166,8 +1185,9 @@ static mt_status write_train_state(mt_trainer *t, const char *dir, const char *c
         if (st == MT_OK) st = mt_grad_sync_gather(&t->gs, t->opt.v, v);
         if (st != MT_OK) goto done;
     } else {
-        t->ops->copy_to_host(m, t->opt.m, bytes);
-        t->ops->copy_to_host(v, t->opt.v, bytes);
+        st = t->be->ops->copy_to_host(t->be, m, t->opt.m, bytes);
+        if (st == MT_OK) st = t->be->ops->copy_to_host(t->be, v, t->opt.v, bytes);
+        if (st != MT_OK) goto done;
     }
     if (t->mesh->rank != 0) goto done; /* every rank took part in the gather; rank 0 writes */
     for (int i = 0; i < t->nparams; i++) {
@@ -1242,7 +1262,7 @@ mt_status mt_trainer_save_checkpoint(mt_trainer *t, char *out_path, size_t out_s
 mt_status mt_trainer_gather_params(mt_trainer *t, float *host) {
     if (t->gs.params_sharded) /* each rank's optimizer sub-shard of its up-to-date fsdp shard */
         return mt_grad_sync_gather(&t->gs, mt_model_params(t->model) + (t->gs.lo - t->gs.flo), host);
-    t->ops->copy_to_host(host, mt_model_params(t->model), (size_t)t->numel * sizeof(float));
+    MT_TRY(t->be->ops->copy_to_host(t->be, host, mt_model_params(t->model), (size_t)t->numel * sizeof(float)));
     return MT_OK;
 }
 

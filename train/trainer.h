@@ -37,7 +37,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "kernels/ops.h"
+#include "kernels/backend.h"
 #include "models/model.h"
 #include "runtime/plan.h"
 #include "runtime/status.h"
@@ -48,11 +48,21 @@
 extern "C" {
 #endif
 
-/* The op table for cfg->backend: cpu, cuda (MT_ERR_UNSUPPORTED when mt_cuda_ops()
- * is NULL), auto (cuda when available, else cpu). Also rejects what the chosen
- * backend cannot compute: dtype or weight_dtype other than float32
- * (MT_ERR_UNSUPPORTED, the message names the key and the backend). */
-mt_status mt_trainer_select_backend(const mt_train_config *cfg, const mt_ops **ops);
+/* Refuse what a backend with capabilities `caps` (kernels/backend.h) cannot run,
+ * naming the key: dtype not in caps->compute_dtypes, weight_dtype other than float32,
+ * grad_dtype not in caps->grad_dtypes, parameter_memory_host_offload or
+ * optimizer_memory_host_offload without caps->host_offload. `backend` names it in
+ * the message. Errors: MT_ERR_UNSUPPORTED. (More than one rank without
+ * caps->multi_rank is refused by mt_trainer_create once the world size is known.) */
+mt_status mt_trainer_check_caps(const mt_train_config *cfg, const mt_backend_caps *caps, const char *backend);
+
+/* *be = a new backend for cfg->backend (kernels/backend.h registry: cpu, cuda, auto =
+ * cuda when built with it and a device is visible, else cpu), after
+ * mt_trainer_check_caps: for cpu and cuda the capability check runs from the config
+ * before any device probe, so a refused key is named even where no GPU is visible.
+ * The caller releases it with mt_backend_free. Errors: MT_ERR_UNSUPPORTED (a refused
+ * key; cuda not built or no device visible), MT_ERR_OOM. */
+mt_status mt_trainer_select_backend(const mt_train_config *cfg, mt_backend **be);
 
 /* The finalised memory plan of a training step for cfg without allocating anything
  * or opening data: the model's buffers (mt_model_add_to_plan) plus the AdamW moments.

@@ -70,9 +70,10 @@ __attribute__((target("avx2"))) static void adamw_avx2(float *restrict p, const 
 }
 #endif
 
-void mt_cpu_adamw(float *restrict p, const float *restrict g, float *restrict m,
+mt_status mt_cpu_adamw(mt_backend *be, float *restrict p, const float *restrict g, float *restrict m,
                   float *restrict v, int64_t n, float lr, float b1, float b2, float eps, float wd,
                   float grad_scale, int64_t t) {
+    (void)be;
     const float inv_bc1 = (float)(1.0 / (1.0 - pow((double)b1, (double)t)));
     const float inv_bc2 = (float)(1.0 / (1.0 - pow((double)b2, (double)t)));
     const adamw_consts k = {lr, b1, b2, 1.0f - b1, 1.0f - b2, eps, wd, grad_scale, inv_bc1, inv_bc2};
@@ -96,4 +97,5 @@ void mt_cpu_adamw(float *restrict p, const float *restrict g, float *restrict m,
         (void)avx2;
         adamw_scalar(p + i0, g + i0, m + i0, v + i0, 0, len, &k);
     }
+    return MT_OK;
 }

@@ -557,10 +557,11 @@ static void att_fwd_task(const att_geom *g, att_fwd_scratch *sc, int64_t b, int6
     }
 }
 
-void mt_cpu_attention_fwd(const mt_attn_args *a, float *out, float *lse, const float *q,
+mt_status mt_cpu_attention_fwd(mt_backend *be, const mt_attn_args *a, float *out, float *lse, const float *q,
                           const float *k, const float *v) {
+    (void)be;
     const att_geom g = att_geom_make(a);
-    if (g.B <= 0 || g.Tq <= 0 || g.H <= 0) return;
+    if (g.B <= 0 || g.Tq <= 0 || g.H <= 0) return MT_OK;
     const int64_t ntask = g.B * g.H * g.nqb;
     const int kcache = g.Dh * g.nkb * MT_ATT_BK <= MT_ATT_KCACHE;
     const int64_t kt = kcache ? g.Dh * g.nkb * MT_ATT_BK : g.Dh * MT_ATT_BK;
@@ -599,6 +600,7 @@ void mt_cpu_attention_fwd(const mt_attn_args *a, float *out, float *lse, const f
         att_fill_nan(out, g.B * g.Tq * g.q_rs);
         att_fill_nan(lse, g.B * g.H * g.Tq);
     }
+    return MT_OK;
 }
 
 /* ---- backward ---- */
@@ -791,11 +793,12 @@ static void att_bwd_query_block(const att_geom *g, const att_bwd_scratch *sc,
     }
 }
 
-void mt_cpu_attention_bwd(const mt_attn_args *a, float *dq, float *dk, float *dv,
+mt_status mt_cpu_attention_bwd(mt_backend *be, const mt_attn_args *a, float *dq, float *dk, float *dv,
                           const float *dout, const float *q, const float *k, const float *v,
                           const float *out, const float *lse) {
+    (void)be;
     const att_geom g = att_geom_make(a);
-    if (g.B <= 0 || g.H <= 0) return;
+    if (g.B <= 0 || g.H <= 0) return MT_OK;
     const att_bwd_io io = {dq, dk, dv, dout, q, k, v, out, lse};
     const int by_kv = g.B * g.Hkv >= (int64_t)omp_get_max_threads();
     const int64_t qc = g.G * g.nqb * att_qslot(&g);
@@ -841,4 +844,5 @@ void mt_cpu_attention_bwd(const mt_attn_args *a, float *dq, float *dk, float *dv
         att_fill_nan(dk, g.B * g.Tk * g.k_rs);
         att_fill_nan(dv, g.B * g.Tk * g.k_rs);
     }
+    return MT_OK;
 }

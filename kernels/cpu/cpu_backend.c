@@ -1,9 +1,13 @@
-/* kernels/cpu/cpu_backend.c: the CPU op table and its host-memory functions.
+/* kernels/cpu/cpu_backend.c: the CPU backend object, its op table and its host-memory
+ * functions.
  *
  * Memory is plain host memory from aligned_alloc (256-byte aligned, as ops.h asks of
  * every backend, so vector loads and cache lines never straddle an allocation's start).
  * "Device" copies are memcpy and sync is a no-op: the CPU runs each op to completion
- * before returning. The op implementations live one group per file next to this one. */
+ * before returning. The CPU backend has no context (no streams, no scratch, nothing
+ * sticky: an op fails only on an invalid argument), so one process-wide object serves
+ * every caller and mt_backend_free on it does nothing. The op implementations live one
+ * group per file next to this one. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,29 +15,46 @@
 
 #define MT_CPU_ALIGN ((size_t)256)
 
-void *mt_cpu_alloc(size_t bytes) {
+mt_status mt_cpu_alloc(mt_backend *be, size_t bytes, void **out) {
+    (void)be;
+    *out = NULL;
     /* C11 aligned_alloc wants a size that is a multiple of the alignment; a request of
      * 0 bytes still returns a unique pointer that release() accepts. */
     size_t rounded = (bytes + MT_CPU_ALIGN - 1) / MT_CPU_ALIGN * MT_CPU_ALIGN;
-    if (rounded < bytes) return NULL; /* overflow */
+    if (rounded < bytes) return mt_set_error(MT_ERR_OOM, "cpu: alloc of %zu bytes overflows", bytes);
     if (rounded == 0) rounded = MT_CPU_ALIGN;
-    return aligned_alloc(MT_CPU_ALIGN, rounded);
+    *out = aligned_alloc(MT_CPU_ALIGN, rounded);
+    if (!*out) return mt_set_error(MT_ERR_OOM, "cpu: out of memory allocating %zu bytes", bytes);
+    return MT_OK;
 }
 
-void mt_cpu_release(void *p) { free(p); }
+mt_status mt_cpu_release(mt_backend *be, void *p) {
+    (void)be;
+    free(p);
+    return MT_OK;
+}
 
-void mt_cpu_copy(void *dst, const void *src, size_t bytes) {
+mt_status mt_cpu_copy(mt_backend *be, void *dst, const void *src, size_t bytes) {
+    (void)be;
     if (bytes > 0 && dst != src) memmove(dst, src, bytes);
+    return MT_OK;
 }
 
-void mt_cpu_zero(void *p, size_t bytes) {
+mt_status mt_cpu_zero(mt_backend *be, void *p, size_t bytes) {
+    (void)be;
     if (bytes > 0) memset(p, 0, bytes);
+    return MT_OK;
 }
 
-void mt_cpu_sync(void) {}
+mt_status mt_cpu_sync(mt_backend *be) {
+    (void)be;
+    return MT_OK;
+}
+
+static void cpu_free(mt_backend *be) { (void)be; /* the process-wide object stays */ }
 
 static const mt_ops mt_cpu_ops_table = {
-    .name = "cpu",
+    .free = cpu_free,
     .alloc = mt_cpu_alloc,
     .release = mt_cpu_release,
     .copy_to_device = mt_cpu_copy,
@@ -50,18 +71,35 @@ static const mt_ops mt_cpu_ops_table = {
     .rope_bwd = mt_cpu_rope_bwd,
     .attention_fwd = mt_cpu_attention_fwd,
     .attention_bwd = mt_cpu_attention_bwd,
+    .attn_merge = mt_cpu_attn_merge,
     .glu_fwd = mt_cpu_glu_fwd,
     .glu_bwd = mt_cpu_glu_bwd,
     .xent_tile = mt_cpu_xent_tile,
     .axpy = mt_cpu_axpy,
     .scale = mt_cpu_scale,
     .sumsq = mt_cpu_sumsq,
+    .grad_accumulate = mt_cpu_grad_accumulate,
+    .to_f32 = mt_cpu_to_f32,
     .adamw = mt_cpu_adamw,
 };
 
-const mt_ops *mt_cpu_ops(void) { return &mt_cpu_ops_table; }
+/* Host memory; float32 compute; peak FLOP/s unknown (MFU is NaN on the CPU). */
+#define MT_CPU_CAPS                                                                       \
+    {.device_memory = 0, .compute_dtypes = 1u << MT_F32,                                   \
+     .grad_dtypes = (1u << MT_F32) | (1u << MT_BF16), .peak_flops = 0.0, .multi_rank = 1, \
+     .host_offload = 1}
 
-#ifndef MT_HAVE_CUDA
-/* This build has no CUDA backend (CMake found no nvcc). */
-const mt_ops *mt_cuda_ops(void) { return NULL; }
-#endif
+mt_backend_caps mt_cpu_backend_caps(void) {
+    const mt_backend_caps c = MT_CPU_CAPS;
+    return c;
+}
+
+mt_backend *mt_cpu_backend(void) {
+    static mt_backend be = {.ops = &mt_cpu_ops_table, .ctx = NULL, .caps = MT_CPU_CAPS, .name = "cpu"};
+    return &be;
+}
+
+mt_status mt_cpu_backend_create(mt_backend **out) {
+    *out = mt_cpu_backend();
+    return MT_OK;
+}

@@ -11,17 +11,22 @@
 #define MT_CPU_PAR_MIN ((int64_t)32768)
 #define MT_SUMSQ_CHUNKS 64
 
-void mt_cpu_axpy(float *restrict y, const float *restrict x, float alpha, int64_t n) {
+mt_status mt_cpu_axpy(mt_backend *be, float *restrict y, const float *restrict x, float alpha, int64_t n) {
+    (void)be;
 #pragma omp parallel for simd schedule(static) if (n >= MT_CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) y[i] += alpha * x[i];
+    return MT_OK;
 }
 
-void mt_cpu_scale(float *restrict x, float alpha, int64_t n) {
+mt_status mt_cpu_scale(mt_backend *be, float *restrict x, float alpha, int64_t n) {
+    (void)be;
 #pragma omp parallel for simd schedule(static) if (n >= MT_CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) x[i] *= alpha;
+    return MT_OK;
 }
 
-double mt_cpu_sumsq(const float *restrict x, int64_t n) {
+mt_status mt_cpu_sumsq(mt_backend *be, const float *restrict x, int64_t n, double *out) {
+    (void)be;
     double part[MT_SUMSQ_CHUNKS];
 #pragma omp parallel for schedule(static) if (n >= MT_CPU_PAR_MIN)
     for (int c = 0; c < MT_SUMSQ_CHUNKS; c++) {
@@ -36,5 +41,6 @@ double mt_cpu_sumsq(const float *restrict x, int64_t n) {
     }
     double total = 0.0;
     for (int c = 0; c < MT_SUMSQ_CHUNKS; c++) total += part[c];
-    return total;
+    *out = total;
+    return MT_OK;
 }

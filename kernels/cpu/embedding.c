@@ -10,8 +10,9 @@
 #define MT_CPU_PAR_MIN ((int64_t)32768)
 #define MT_EMB_COLS 64 /* columns per backward work item: 4 cache lines of a row */
 
-void mt_cpu_embedding_fwd(float *restrict out, const float *restrict table,
+mt_status mt_cpu_embedding_fwd(mt_backend *be, float *restrict out, const float *restrict table,
                           const int32_t *restrict tokens, int64_t N, int64_t D, float scale) {
+    (void)be;
 #pragma omp parallel for schedule(static) if (N * D >= MT_CPU_PAR_MIN)
     for (int64_t n = 0; n < N; n++) {
         const float *restrict src = table + (int64_t)tokens[n] * D;
@@ -19,11 +20,13 @@ void mt_cpu_embedding_fwd(float *restrict out, const float *restrict table,
 #pragma omp simd
         for (int64_t d = 0; d < D; d++) dst[d] = scale * src[d];
     }
+    return MT_OK;
 }
 
-void mt_cpu_embedding_bwd(float *restrict dtable, const float *restrict dout,
+mt_status mt_cpu_embedding_bwd(mt_backend *be, float *restrict dtable, const float *restrict dout,
                           const int32_t *restrict tokens, int64_t N, int64_t V, int64_t D,
                           float scale) {
+    (void)be;
     (void)V; /* tokens lie in [0, V) (caller's contract) */
     const int64_t nblk = (D + MT_EMB_COLS - 1) / MT_EMB_COLS;
 #pragma omp parallel for schedule(static) if (N * D >= MT_CPU_PAR_MIN)
@@ -37,4 +40,5 @@ void mt_cpu_embedding_bwd(float *restrict dtable, const float *restrict dout,
             for (int64_t d = 0; d < nd; d++) dst[d] += scale * src[d];
         }
     }
+    return MT_OK;
 }

@@ -65,22 +65,26 @@ static void glu_bwd_block(float *restrict dgate, float *restrict dup, const floa
     }
 }
 
-void mt_cpu_glu_fwd(float *h, const float *gate, const float *up, int64_t count,
+mt_status mt_cpu_glu_fwd(mt_backend *be, float *h, const float *gate, const float *up, int64_t count,
                     mt_activation act) {
+    (void)be;
     const int64_t nblk = (count + MT_GLU_BLOCK - 1) / MT_GLU_BLOCK;
 #pragma omp parallel for schedule(static) if (count >= MT_CPU_PAR_MIN)
     for (int64_t b = 0; b < nblk; b++) {
         const int64_t i0 = b * MT_GLU_BLOCK, n = count - i0 < MT_GLU_BLOCK ? count - i0 : MT_GLU_BLOCK;
         glu_fwd_block(h + i0, gate + i0, up + i0, n, act);
     }
+    return MT_OK;
 }
 
-void mt_cpu_glu_bwd(float *dgate, float *dup, const float *dh, const float *gate, const float *up,
+mt_status mt_cpu_glu_bwd(mt_backend *be, float *dgate, float *dup, const float *dh, const float *gate, const float *up,
                     int64_t count, mt_activation act) {
+    (void)be;
     const int64_t nblk = (count + MT_GLU_BLOCK - 1) / MT_GLU_BLOCK;
 #pragma omp parallel for schedule(static) if (count >= MT_CPU_PAR_MIN)
     for (int64_t b = 0; b < nblk; b++) {
         const int64_t i0 = b * MT_GLU_BLOCK, n = count - i0 < MT_GLU_BLOCK ? count - i0 : MT_GLU_BLOCK;
         glu_bwd_block(dgate + i0, dup + i0, dh + i0, gate + i0, up + i0, n, act);
     }
+    return MT_OK;
 }

@@ -30,11 +30,13 @@ static void rms_fwd_row(float *restrict yr, float *restrict rstd, const float *r
     for (int64_t d = 0; d < D; d++) yr[d] = (xr[d] * r) * (w_offset + w[d]);
 }
 
-void mt_cpu_rmsnorm_fwd(float *restrict y, float *restrict rstd, const float *restrict x,
+mt_status mt_cpu_rmsnorm_fwd(mt_backend *be, float *restrict y, float *restrict rstd, const float *restrict x,
                         const float *restrict w, int64_t N, int64_t D, float eps,
                         float w_offset) {
+    (void)be;
 #pragma omp parallel for schedule(static) if (N * D >= MT_CPU_PAR_MIN)
     for (int64_t n = 0; n < N; n++) rms_fwd_row(y + n * D, rstd + n, x + n * D, w, D, eps, w_offset);
+    return MT_OK;
 }
 
 /* One row of dx (added to dxr). */
@@ -72,9 +74,10 @@ static void rms_dw_cols(float *restrict dw, const float *restrict dy, const floa
     for (int64_t d = 0; d < nd; d++) dw[d0 + d] += (float)acc[d];
 }
 
-void mt_cpu_rmsnorm_bwd(float *restrict dx, float *restrict dw, const float *restrict dy,
+mt_status mt_cpu_rmsnorm_bwd(mt_backend *be, float *restrict dx, float *restrict dw, const float *restrict dy,
                         const float *restrict x, const float *restrict w,
                         const float *restrict rstd, int64_t N, int64_t D, float w_offset) {
+    (void)be;
 #pragma omp parallel for schedule(static) if (N * D >= MT_CPU_PAR_MIN)
     for (int64_t n = 0; n < N; n++) rms_bwd_row(dx + n * D, dy + n * D, x + n * D, w, rstd[n], D, w_offset);
     const int64_t nblk = (D + MT_RMS_COLS - 1) / MT_RMS_COLS;
@@ -83,4 +86,5 @@ void mt_cpu_rmsnorm_bwd(float *restrict dx, float *restrict dw, const float *res
         const int64_t d0 = blk * MT_RMS_COLS;
         rms_dw_cols(dw, dy, x, rstd, N, D, d0, D - d0 < MT_RMS_COLS ? D - d0 : MT_RMS_COLS);
     }
+    return MT_OK;
 }

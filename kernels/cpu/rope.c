@@ -40,12 +40,16 @@ static void rope_rotate(float *x, const int32_t *restrict pos, const float *rest
     }
 }
 
-void mt_cpu_rope_fwd(float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t H,
+mt_status mt_cpu_rope_fwd(mt_backend *be, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t H,
                      int64_t Dh) {
+    (void)be;
     rope_rotate(x, pos, inv_freq, N, H, Dh, 1.0f);
+    return MT_OK;
 }
 
-void mt_cpu_rope_bwd(float *dx, const int32_t *pos, const float *inv_freq, int64_t N, int64_t H,
+mt_status mt_cpu_rope_bwd(mt_backend *be, float *dx, const int32_t *pos, const float *inv_freq, int64_t N, int64_t H,
                      int64_t Dh) {
+    (void)be;
     rope_rotate(dx, pos, inv_freq, N, H, Dh, -1.0f);
+    return MT_OK;
 }

@@ -71,8 +71,9 @@ static double xent_row(float *restrict z, int32_t label, int64_t V, float cap, f
     return loss;
 }
 
-void mt_cpu_xent_tile(float *logits, const int32_t *labels, int64_t R, int64_t V, float softcap,
+mt_status mt_cpu_xent_tile(mt_backend *be, float *logits, const int32_t *labels, int64_t R, int64_t V, float softcap,
                       int32_t ignore_index, float dscale, double *loss_sum, int64_t *count) {
+    (void)be;
     double part[MT_XENT_CHUNKS];
     int64_t cnt[MT_XENT_CHUNKS];
     const int64_t nch = R < MT_XENT_CHUNKS ? R : MT_XENT_CHUNKS;
@@ -100,4 +101,5 @@ void mt_cpu_xent_tile(float *logits, const int32_t *labels, int64_t R, int64_t V
     }
     *loss_sum += total;
     *count += n;
+    return MT_OK;
 }

@@ -27,12 +27,14 @@ __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, int64
     }
 }
 
-void mt_cuda_adamw(float *p, const float *g, float *m, float *v, int64_t n, float lr, float b1, float b2,
+mt_status mt_cuda_adamw(mt_backend *be, float *p, const float *g, float *m, float *v, int64_t n, float lr, float b1, float b2,
                    float eps, float wd, float grad_scale, int64_t t) {
-    if (n <= 0) return;
+    MT_CUDA_ENTER(be);
+    if (n <= 0) return MT_OK;
     const float inv_bc1 = (float)(1.0 / (1.0 - pow((double)b1, (double)t)));
     const float inv_bc2 = (float)(1.0 / (1.0 - pow((double)b2, (double)t)));
     adamw_kernel<<<mt_cuda_blocks(n, MT_ADAM_THREADS), MT_ADAM_THREADS>>>(p, g, m, v, n, lr, b1, b2, eps, wd,
                                                                           grad_scale, inv_bc1, inv_bc2);
-    MT_CUDA_LAUNCHED();
+    MT_CUDA_LAUNCHED(be, "adamw_kernel");
+    return MT_OK;
 }

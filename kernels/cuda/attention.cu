@@ -353,63 +353,69 @@ static att_p att_params(const mt_attn_args *a) {
     return p;
 }
 
-static int att_check(const mt_attn_args *a) {
-    if (a->Dh > AT_DMAX || a->Dh <= 0 || a->Hkv <= 0 || a->H % a->Hkv != 0 || a->H > 65535 || a->B > 65535) {
-        mt_cuda_fail(__FILE__, __LINE__, "attention", "unsupported shape (head_dim 1..256, H % Hkv == 0)");
-        return 0;
-    }
-    return 1;
+/* MT_ERR_INVALID for a shape these kernels do not handle (not sticky: nothing ran). */
+static mt_status att_check(const mt_attn_args *a) {
+    if (a->Dh > AT_DMAX || a->Dh <= 0 || a->Hkv <= 0 || a->H % a->Hkv != 0 || a->H > 65535 || a->B > 65535)
+        return mt_set_error(MT_ERR_INVALID, "cuda: attention: unsupported shape (head_dim %lld, H %lld, Hkv %lld, "
+                            "B %lld; head_dim 1..256, H %% Hkv == 0, H and B <= 65535)", (long long)a->Dh,
+                            (long long)a->H, (long long)a->Hkv, (long long)a->B);
+    return MT_OK;
 }
 
 /* Dynamic shared memory above 48 KiB needs an opt-in per kernel. */
 template <typename K>
-static void att_smem(K kernel, size_t bytes) {
-    if (bytes > 48 * 1024) MT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                              (int)bytes));
+static mt_status att_smem(mt_backend *be, K kernel, size_t bytes) {
+    if (bytes > 48 * 1024)
+        MT_CUDA_TRY(be, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    return MT_OK;
 }
 
-void mt_cuda_attention_fwd(const mt_attn_args *a, float *out, float *lse, const float *q, const float *k,
+mt_status mt_cuda_attention_fwd(mt_backend *be, const mt_attn_args *a, float *out, float *lse, const float *q, const float *k,
                            const float *v) {
-    if (a->B <= 0 || a->Tq <= 0 || a->H <= 0) return;
-    if (!att_check(a)) return;
+    MT_CUDA_ENTER(be);
+    if (a->B <= 0 || a->Tq <= 0 || a->H <= 0) return MT_OK;
+    MT_TRY(att_check(a));
     const att_p p = att_params(a);
     const size_t Dh = (size_t)p.Dh;
     const size_t smem = (AT_BQ * Dh + AT_BK * (Dh + 1) + AT_BK * Dh) * sizeof(float) +
                         (AT_BQ + AT_BK) * sizeof(long long);
-    att_smem(att_fwd_kernel, smem);
+    MT_TRY(att_smem(be, att_fwd_kernel, smem));
     dim3 grid((unsigned)((p.Tq + AT_BQ - 1) / AT_BQ), (unsigned)p.H, (unsigned)p.B);
     att_fwd_kernel<<<grid, AT_THREADS, smem>>>(p, out, lse, q, k, v);
-    MT_CUDA_LAUNCHED();
+    MT_CUDA_LAUNCHED(be, "att_fwd_kernel");
+    return MT_OK;
 }
 
-void mt_cuda_attention_bwd(const mt_attn_args *a, float *dq, float *dk, float *dv, const float *dout,
+mt_status mt_cuda_attention_bwd(mt_backend *be, const mt_attn_args *a, float *dq, float *dk, float *dv, const float *dout,
                            const float *q, const float *k, const float *v, const float *out, const float *lse) {
-    if (a->B <= 0 || a->H <= 0) return;
-    if (!att_check(a)) return;
+    MT_CUDA_ENTER(be);
+    if (a->B <= 0 || a->H <= 0) return MT_OK;
+    MT_TRY(att_check(a));
     const att_p p = att_params(a);
     const size_t Dh = (size_t)p.Dh;
     if (p.Tq <= 0 || p.Tk <= 0) { /* nothing attends: zero gradients */
-        if (p.Tq > 0) MT_CUDA_CHECK(cudaMemsetAsync(dq, 0, (size_t)(p.B * p.Tq * p.H) * Dh * sizeof(float), 0));
+        if (p.Tq > 0) MT_CUDA_TRY(be, cudaMemsetAsync(dq, 0, (size_t)(p.B * p.Tq * p.H) * Dh * sizeof(float), 0));
         if (p.Tk > 0) {
-            MT_CUDA_CHECK(cudaMemsetAsync(dk, 0, (size_t)(p.B * p.Tk * p.Hkv) * Dh * sizeof(float), 0));
-            MT_CUDA_CHECK(cudaMemsetAsync(dv, 0, (size_t)(p.B * p.Tk * p.Hkv) * Dh * sizeof(float), 0));
+            MT_CUDA_TRY(be, cudaMemsetAsync(dk, 0, (size_t)(p.B * p.Tk * p.Hkv) * Dh * sizeof(float), 0));
+            MT_CUDA_TRY(be, cudaMemsetAsync(dv, 0, (size_t)(p.B * p.Tk * p.Hkv) * Dh * sizeof(float), 0));
         }
-        return;
+        return MT_OK;
     }
-    float *Dv = (float *)mt_cuda_scratch(MT_CUDA_SCRATCH_ATTN, (size_t)(p.B * p.H * p.Tq) * sizeof(float));
-    if (!Dv) return;
+    float *Dv = NULL;
+    MT_TRY(mt_cuda_scratch(be, MT_CUDA_SCRATCH_ATTN, (size_t)(p.B * p.H * p.Tq) * sizeof(float), (void **)&Dv));
     att_bwd_dot_kernel<<<mt_cuda_blocks(p.B * p.Tq * p.H * 32, 256), 256>>>(p, Dv, dout, out);
-    MT_CUDA_LAUNCHED();
+    MT_CUDA_LAUNCHED(be, "att_bwd_dot_kernel");
     const size_t smem_dq = (2 * AT_BQ * Dh + 2 * AT_BK * (Dh + 1)) * sizeof(float) +
                            (AT_BQ + AT_BK) * sizeof(long long);
-    att_smem(att_bwd_dq_kernel, smem_dq);
+    MT_TRY(att_smem(be, att_bwd_dq_kernel, smem_dq));
     dim3 gq((unsigned)((p.Tq + AT_BQ - 1) / AT_BQ), (unsigned)p.H, (unsigned)p.B);
     att_bwd_dq_kernel<<<gq, AT_THREADS, smem_dq>>>(p, dq, dout, q, k, v, lse, Dv);
-    MT_CUDA_LAUNCHED();
+    MT_CUDA_LAUNCHED(be, "att_bwd_dq_kernel");
     const size_t smem_kv = (2 * AT_BKV * Dh + 2 * AT_BQ2 * (Dh + 1) + 2 * AT_BQ2) * sizeof(float) +
                            (AT_BQ2 + AT_BKV) * sizeof(long long);
-    att_smem(att_bwd_dkdv_kernel, smem_kv);
+    MT_TRY(att_smem(be, att_bwd_dkdv_kernel, smem_kv));
     dim3 gk((unsigned)((p.Tk + AT_BKV - 1) / AT_BKV), (unsigned)p.Hkv, (unsigned)p.B);
     att_bwd_dkdv_kernel<<<gk, AT_THREADS, smem_kv>>>(p, dk, dv, dout, q, k, v, lse, Dv);
-    MT_CUDA_LAUNCHED();
+    MT_CUDA_LAUNCHED(be, "att_bwd_dkdv_kernel");
+    return MT_OK;
 }

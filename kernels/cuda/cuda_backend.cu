@@ -1,116 +1,153 @@
-/* kernels/cuda/cuda_backend.cu: the CUDA op table, device memory, error state and the
- * internal scratch buffers.
+/* kernels/cuda/cuda_backend.cu: the CUDA backend object (op table + context), device
+ * memory, the context's error state and scratch buffers.
  *
- * mt_cuda_ops() probes once (cudaGetDeviceCount) and returns NULL when no device is
- * visible, so a CUDA build still runs CPU-only. Memory is cudaMalloc'd (which aligns to
- * at least 256 bytes, as ops.h asks). The table is fp32 end to end, like the CPU
- * backend it is tested against; bf16 compute weights and activations (issue 4) are a
- * later step that adds entries, not a change to these.
+ * mt_cuda_backend_available() probes once (cudaGetDeviceCount); mt_cuda_backend_create
+ * refuses with MT_ERR_UNSUPPORTED when no device is visible, so a CUDA build still runs
+ * CPU-only. Memory is cudaMalloc'd (which aligns to at least 256 bytes, as ops.h asks).
+ * The table is fp32 end to end, like the CPU backend it is tested against; bf16 compute
+ * weights and activations (issue 4) are a later step that adds entries. The
+ * capabilities live in the registry (kernels/backend.c mt_cuda_backend_caps).
  * Not thread-safe: one host thread drives one device (one process per GPU). */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "kernels/cuda/common.cuh"
 
-static int g_failed = 0;
+static mt_cuda_ctx *ctx_of(mt_backend *be) { return (mt_cuda_ctx *)be->ctx; }
 
-void mt_cuda_fail(const char *file, int line, const char *what, const char *msg) {
-    g_failed = 1;
-    mt_set_error(MT_ERR_RUNTIME, "cuda: %s failed at %s:%d: %s", what, file, line, msg);
+mt_status mt_cuda_fail(mt_backend *be, const char *what, const char *msg, int sticky) {
+    mt_cuda_ctx *c = ctx_of(be);
+    if (sticky && c->sticky == MT_OK) {
+        c->sticky = MT_ERR_RUNTIME;
+        snprintf(c->msg, sizeof c->msg, "cuda: %s: %s (an earlier device failure: the backend is unusable)", what,
+                 msg);
+    }
+    return mt_set_error(MT_ERR_RUNTIME, "cuda: %s: %s", what, msg);
 }
 
-int mt_cuda_failed(void) { return g_failed; }
-
-static void *g_scratch[MT_CUDA_SCRATCH_COUNT];
-static size_t g_scratch_bytes[MT_CUDA_SCRATCH_COUNT];
-
-void *mt_cuda_scratch(int slot, size_t bytes) {
-    if (bytes <= g_scratch_bytes[slot]) return g_scratch[slot];
-    if (g_scratch[slot]) {
-        MT_CUDA_CHECK(cudaFree(g_scratch[slot]));
-        g_scratch[slot] = NULL;
-        g_scratch_bytes[slot] = 0;
+mt_status mt_cuda_scratch(mt_backend *be, int slot, size_t bytes, void **out) {
+    mt_cuda_ctx *c = ctx_of(be);
+    *out = NULL;
+    if (bytes <= c->scratch_bytes[slot]) {
+        *out = c->scratch[slot];
+        return MT_OK;
+    }
+    if (c->scratch[slot]) {
+        MT_CUDA_TRY(be, cudaFree(c->scratch[slot]));
+        c->scratch[slot] = NULL;
+        c->scratch_bytes[slot] = 0;
     }
     size_t want = bytes + bytes / 4; /* room to grow a little without another malloc */
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, want);
     if (e != cudaSuccess) {
-        mt_cuda_fail(__FILE__, __LINE__, "cudaMalloc(scratch)", cudaGetErrorString(e));
-        return NULL;
+        (void)cudaGetLastError(); /* an allocation that did not fit is not sticky */
+        return mt_set_error(MT_ERR_OOM, "cuda: cudaMalloc(scratch, %zu bytes): %s", want, cudaGetErrorString(e));
     }
-    g_scratch[slot] = p;
-    g_scratch_bytes[slot] = want;
-    return p;
+    c->scratch[slot] = p;
+    c->scratch_bytes[slot] = want;
+    *out = p;
+    return MT_OK;
 }
 
-static void *cu_alloc(size_t bytes) {
+static mt_status cu_alloc(mt_backend *be, size_t bytes, void **out) {
+    *out = NULL;
+    MT_CUDA_ENTER(be);
     void *p = NULL;
     if (bytes == 0) bytes = 256; /* a unique pointer that release() accepts */
     cudaError_t e = cudaMalloc(&p, bytes);
     if (e != cudaSuccess) {
-        /* OOM is the caller's to report (mt_arena_create returns MT_ERR_OOM) */
-        mt_set_error(MT_ERR_OOM, "cuda: cudaMalloc(%zu bytes): %s", bytes, cudaGetErrorString(e));
         (void)cudaGetLastError(); /* clear the non-sticky error */
-        return NULL;
+        return mt_set_error(MT_ERR_OOM, "cuda: cudaMalloc(%zu bytes): %s", bytes, cudaGetErrorString(e));
     }
-    return p;
+    *out = p;
+    return MT_OK;
 }
 
-static void cu_release(void *p) {
-    if (p) MT_CUDA_CHECK(cudaFree(p));
+static mt_status cu_release(mt_backend *be, void *p) {
+    if (p) MT_CUDA_TRY(be, cudaFree(p));
+    return MT_OK;
 }
 
-static void cu_copy_to_device(void *dst, const void *src_host, size_t bytes) {
-    if (bytes) MT_CUDA_CHECK(cudaMemcpy(dst, src_host, bytes, cudaMemcpyHostToDevice));
+static mt_status cu_copy_to_device(mt_backend *be, void *dst, const void *src_host, size_t bytes) {
+    MT_CUDA_ENTER(be);
+    if (bytes) MT_CUDA_TRY(be, cudaMemcpy(dst, src_host, bytes, cudaMemcpyHostToDevice));
+    return MT_OK;
 }
 
-static void cu_copy_to_host(void *dst_host, const void *src, size_t bytes) {
-    if (bytes) MT_CUDA_CHECK(cudaMemcpy(dst_host, src, bytes, cudaMemcpyDeviceToHost));
+static mt_status cu_copy_to_host(mt_backend *be, void *dst_host, const void *src, size_t bytes) {
+    MT_CUDA_ENTER(be);
+    if (bytes) MT_CUDA_TRY(be, cudaMemcpy(dst_host, src, bytes, cudaMemcpyDeviceToHost));
+    return MT_OK;
 }
 
-static void cu_copy(void *dst, const void *src, size_t bytes) {
-    if (bytes && dst != src) MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0));
+static mt_status cu_copy(mt_backend *be, void *dst, const void *src, size_t bytes) {
+    MT_CUDA_ENTER(be);
+    if (bytes && dst != src) MT_CUDA_TRY(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0));
+    return MT_OK;
 }
 
-static void cu_zero(void *p, size_t bytes) {
-    if (bytes) MT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, 0));
+static mt_status cu_zero(mt_backend *be, void *p, size_t bytes) {
+    MT_CUDA_ENTER(be);
+    if (bytes) MT_CUDA_TRY(be, cudaMemsetAsync(p, 0, bytes, 0));
+    return MT_OK;
 }
 
-static void cu_sync(void) { MT_CUDA_CHECK(cudaDeviceSynchronize()); }
+static mt_status cu_sync(mt_backend *be) {
+    MT_CUDA_ENTER(be);
+    MT_CUDA_TRY(be, cudaDeviceSynchronize());
+    return MT_OK;
+}
+
+static void cu_free(mt_backend *be) {
+    if (!be) return;
+    mt_cuda_ctx *c = ctx_of(be);
+    for (int i = 0; i < MT_CUDA_SCRATCH_COUNT; i++)
+        if (c->scratch[i]) (void)cudaFree(c->scratch[i]);
+    free(c);
+    free(be);
+}
 
 /* The compute stream (a cudaStream_t; declared for C in parallel/comm_nccl.h): the
  * stream every op above is queued on, today the legacy default stream (0). The NCCL
  * backend orders its communication stream against it with events (comm.h). */
 extern "C" void *mt_cuda_compute_stream(void) { return (void *)(cudaStream_t)0; }
 
-static const mt_ops mt_cuda_ops_table = {
-    "cuda",
-    cu_alloc,
-    cu_release,
-    cu_copy_to_device,
-    cu_copy_to_host,
-    cu_copy,
-    cu_zero,
-    cu_sync,
-    mt_cuda_gemm,
-    mt_cuda_embedding_fwd,
-    mt_cuda_embedding_bwd,
-    mt_cuda_rmsnorm_fwd,
-    mt_cuda_rmsnorm_bwd,
-    mt_cuda_rope_fwd,
-    mt_cuda_rope_bwd,
-    mt_cuda_attention_fwd,
-    mt_cuda_attention_bwd,
-    mt_cuda_glu_fwd,
-    mt_cuda_glu_bwd,
-    mt_cuda_xent_tile,
-    mt_cuda_axpy,
-    mt_cuda_scale,
-    mt_cuda_sumsq,
-    mt_cuda_adamw,
-};
+static mt_ops make_table(void) {
+    mt_ops t;
+    t.free = cu_free;
+    t.alloc = cu_alloc;
+    t.release = cu_release;
+    t.copy_to_device = cu_copy_to_device;
+    t.copy_to_host = cu_copy_to_host;
+    t.copy = cu_copy;
+    t.zero = cu_zero;
+    t.sync = cu_sync;
+    t.gemm = mt_cuda_gemm;
+    t.embedding_fwd = mt_cuda_embedding_fwd;
+    t.embedding_bwd = mt_cuda_embedding_bwd;
+    t.rmsnorm_fwd = mt_cuda_rmsnorm_fwd;
+    t.rmsnorm_bwd = mt_cuda_rmsnorm_bwd;
+    t.rope_fwd = mt_cuda_rope_fwd;
+    t.rope_bwd = mt_cuda_rope_bwd;
+    t.attention_fwd = mt_cuda_attention_fwd;
+    t.attention_bwd = mt_cuda_attention_bwd;
+    t.attn_merge = mt_cuda_attn_merge;
+    t.glu_fwd = mt_cuda_glu_fwd;
+    t.glu_bwd = mt_cuda_glu_bwd;
+    t.xent_tile = mt_cuda_xent_tile;
+    t.axpy = mt_cuda_axpy;
+    t.scale = mt_cuda_scale;
+    t.sumsq = mt_cuda_sumsq;
+    t.grad_accumulate = mt_cuda_grad_accumulate;
+    t.to_f32 = mt_cuda_to_f32;
+    t.adamw = mt_cuda_adamw;
+    return t;
+}
 
-extern "C" const mt_ops *mt_cuda_ops(void) {
+static const mt_ops mt_cuda_ops_table = make_table();
+
+extern "C" int mt_cuda_backend_available(void) {
     static int probed = 0, usable = 0;
     if (!probed) {
         probed = 1;
@@ -122,5 +159,24 @@ extern "C" const mt_ops *mt_cuda_ops(void) {
             (void)cudaGetLastError();
         }
     }
-    return usable ? &mt_cuda_ops_table : NULL;
+    return usable;
+}
+
+extern "C" mt_status mt_cuda_backend_create(mt_backend **out) {
+    *out = NULL;
+    if (!mt_cuda_backend_available())
+        return mt_set_error(MT_ERR_UNSUPPORTED, "backend=cuda: no CUDA device is visible");
+    mt_backend *be = (mt_backend *)calloc(1, sizeof *be);
+    mt_cuda_ctx *c = (mt_cuda_ctx *)calloc(1, sizeof *c);
+    if (!be || !c) {
+        free(be);
+        free(c);
+        return mt_set_error(MT_ERR_OOM, "cuda: out of host memory for the backend");
+    }
+    be->ops = &mt_cuda_ops_table;
+    be->ctx = c;
+    be->caps = mt_cuda_backend_caps();
+    be->name = "cuda";
+    *out = be;
+    return MT_OK;
 }

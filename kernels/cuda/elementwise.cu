@@ -1,14 +1,17 @@
 /* kernels/cuda/elementwise.cu: axpy, scale and the fp64 sum of squares.
  *
  * axpy/scale are grid-stride loops (memory bound; one float per thread per step).
- * sumsq (global gradient norm) is two passes with a fixed partition: MT_SUMSQ_BLOCKS
- * blocks each own one contiguous slice [b n / G, (b+1) n / G), sum it per thread in
- * fp64 then in a fixed tree, and one block adds the G partials in a fixed tree. The
- * partition depends only on n, so the result is bitwise reproducible on any GPU
+ * sumsq (global gradient norm) is two passes with a fixed partition: G blocks, G =
+ * ceil(n / MT_SUMSQ_PER_BLOCK) capped at MT_SUMSQ_BLOCKS (enough blocks to fill an H200's
+ * 132 SMs several times over, and no more blocks than there is work: most gradient
+ * tensors are small), each own one contiguous slice [b n / G, (b+1) n / G), sum it per
+ * thread in fp64 then in a fixed tree, and one block adds the G partials in a fixed tree.
+ * The partition depends only on n, so the result is bitwise reproducible on any GPU
  * (not bitwise the CPU's, whose chunking differs; agreement is to fp64 rounding). */
 #include "kernels/cuda/common.cuh"
 
 #define MT_SUMSQ_BLOCKS 1024
+#define MT_SUMSQ_PER_BLOCK 8192 /* elements per block before the cap: 32 per thread */
 #define MT_EW_THREADS 256
 
 __global__ void axpy_kernel(float *y, const float *x, float alpha, int64_t n) {
@@ -42,27 +45,34 @@ __global__ void sumsq_final_kernel(double *out, const double *part, int G) {
     if (threadIdx.x == 0) out[0] = s;
 }
 
-void mt_cuda_axpy(float *y, const float *x, float alpha, int64_t n) {
-    if (n <= 0) return;
+mt_status mt_cuda_axpy(mt_backend *be, float *y, const float *x, float alpha, int64_t n) {
+    MT_CUDA_ENTER(be);
+    if (n <= 0) return MT_OK;
     axpy_kernel<<<mt_cuda_blocks(n, MT_EW_THREADS), MT_EW_THREADS>>>(y, x, alpha, n);
-    MT_CUDA_LAUNCHED();
+    MT_CUDA_LAUNCHED(be, "axpy_kernel");
+    return MT_OK;
 }
 
-void mt_cuda_scale(float *x, float alpha, int64_t n) {
-    if (n <= 0) return;
+mt_status mt_cuda_scale(mt_backend *be, float *x, float alpha, int64_t n) {
+    MT_CUDA_ENTER(be);
+    if (n <= 0) return MT_OK;
     scale_kernel<<<mt_cuda_blocks(n, MT_EW_THREADS), MT_EW_THREADS>>>(x, alpha, n);
-    MT_CUDA_LAUNCHED();
+    MT_CUDA_LAUNCHED(be, "scale_kernel");
+    return MT_OK;
 }
 
-double mt_cuda_sumsq(const float *x, int64_t n) {
-    if (n <= 0) return 0.0;
-    double *part = (double *)mt_cuda_scratch(MT_CUDA_SCRATCH_REDUCE, (MT_SUMSQ_BLOCKS + 1) * sizeof(double));
-    if (!part) return NAN;
-    sumsq_partial_kernel<<<MT_SUMSQ_BLOCKS, MT_EW_THREADS>>>(part, x, n);
-    MT_CUDA_LAUNCHED();
-    sumsq_final_kernel<<<1, 1024>>>(part + MT_SUMSQ_BLOCKS, part, MT_SUMSQ_BLOCKS);
-    MT_CUDA_LAUNCHED();
-    double r = NAN;
-    MT_CUDA_CHECK(cudaMemcpy(&r, part + MT_SUMSQ_BLOCKS, sizeof(double), cudaMemcpyDeviceToHost));
-    return r;
+mt_status mt_cuda_sumsq(mt_backend *be, const float *x, int64_t n, double *out) {
+    MT_CUDA_ENTER(be);
+    *out = 0.0;
+    if (n <= 0) return MT_OK;
+    double *part = NULL;
+    MT_TRY(mt_cuda_scratch(be, MT_CUDA_SCRATCH_REDUCE, (MT_SUMSQ_BLOCKS + 1) * sizeof(double), (void **)&part));
+    const int64_t want = (n + MT_SUMSQ_PER_BLOCK - 1) / MT_SUMSQ_PER_BLOCK;
+    const int G = want < MT_SUMSQ_BLOCKS ? (int)want : MT_SUMSQ_BLOCKS;
+    sumsq_partial_kernel<<<G, MT_EW_THREADS>>>(part, x, n);
+    MT_CUDA_LAUNCHED(be, "sumsq_partial_kernel");
+    sumsq_final_kernel<<<1, 1024>>>(part + MT_SUMSQ_BLOCKS, part, G);
+    MT_CUDA_LAUNCHED(be, "sumsq_final_kernel");
+    MT_CUDA_TRY(be, cudaMemcpy(out, part + MT_SUMSQ_BLOCKS, sizeof(double), cudaMemcpyDeviceToHost));
+    return MT_OK;
 }

@@ -40,27 +40,34 @@ __global__ void embedding_bwd_kernel(float *dtable, const float *dout, const int
     *dst = acc;
 }
 
-void mt_cuda_embedding_fwd(float *out, const float *table, const int32_t *tokens, int64_t N, int64_t D,
+mt_status mt_cuda_embedding_fwd(mt_backend *be, float *out, const float *table, const int32_t *tokens, int64_t N, int64_t D,
                            float scale) {
-    if (N <= 0 || D <= 0) return;
+    MT_CUDA_ENTER(be);
+    if (N <= 0 || D <= 0) return MT_OK;
     embedding_fwd_kernel<<<(unsigned)N, MT_EMB_THREADS>>>(out, table, tokens, D, scale);
-    MT_CUDA_LAUNCHED();
+    MT_CUDA_LAUNCHED(be, "embedding_fwd_kernel");
+    return MT_OK;
 }
 
-void mt_cuda_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int64_t N, int64_t V,
+mt_status mt_cuda_embedding_bwd(mt_backend *be, float *dtable, const float *dout, const int32_t *tokens, int64_t N, int64_t V,
                            int64_t D, float scale) {
-    if (N <= 0 || D <= 0 || V <= 0) return;
+    MT_CUDA_ENTER(be);
+    if (N <= 0 || D <= 0 || V <= 0) return MT_OK;
     /* host: tokens -> stable counting sort -> order, segment starts, segment tokens */
     int32_t *h = (int32_t *)malloc((size_t)(4 * N + 2) * sizeof(int32_t));
     int32_t *cnt = (int32_t *)calloc((size_t)V + 1, sizeof(int32_t));
     if (!h || !cnt) {
         free(h);
         free(cnt);
-        mt_cuda_fail(__FILE__, __LINE__, "malloc(embedding sort)", "out of host memory");
-        return;
+        return mt_set_error(MT_ERR_OOM, "cuda: embedding_bwd: out of host memory for the token sort");
     }
     int32_t *tok = h, *order = h + N, *seg = h + 2 * N, *segtok = h + 3 * N + 1;
-    MT_CUDA_CHECK(cudaMemcpy(tok, tokens, (size_t)N * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    cudaError_t e = cudaMemcpy(tok, tokens, (size_t)N * sizeof(int32_t), cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) {
+        free(h);
+        free(cnt);
+        return mt_cuda_fail(be, "embedding_bwd: cudaMemcpy(tokens to host)", cudaGetErrorString(e), 1);
+    }
     for (int64_t n = 0; n < N; n++) cnt[tok[n] + 1]++; /* tokens are in [0, V) (caller) */
     for (int64_t v = 0; v < V; v++) cnt[v + 1] += cnt[v];
     int64_t nseg = 0;
@@ -74,14 +81,17 @@ void mt_cuda_embedding_bwd(float *dtable, const float *dout, const int32_t *toke
     for (int64_t n = 0; n < N; n++) order[cnt[tok[n]]++] = (int32_t)n; /* stable: increasing n */
     free(cnt);
     /* device copy of order | seg | segtok, laid out as on the host */
-    int32_t *dbuf = (int32_t *)mt_cuda_scratch(MT_CUDA_SCRATCH_EMBED, (size_t)(3 * N + 2) * sizeof(int32_t));
-    if (!dbuf) {
+    int32_t *dbuf = NULL;
+    mt_status st = mt_cuda_scratch(be, MT_CUDA_SCRATCH_EMBED, (size_t)(3 * N + 2) * sizeof(int32_t), (void **)&dbuf);
+    if (st != MT_OK) {
         free(h);
-        return;
+        return st;
     }
-    MT_CUDA_CHECK(cudaMemcpy(dbuf, order, (size_t)(3 * N + 2) * sizeof(int32_t), cudaMemcpyHostToDevice));
+    e = cudaMemcpy(dbuf, order, (size_t)(3 * N + 2) * sizeof(int32_t), cudaMemcpyHostToDevice);
     free(h);
+    if (e != cudaSuccess) return mt_cuda_fail(be, "embedding_bwd: cudaMemcpy(sort to device)", cudaGetErrorString(e), 1);
     dim3 grid((unsigned)nseg, (unsigned)((D + MT_EMB_THREADS - 1) / MT_EMB_THREADS));
     embedding_bwd_kernel<<<grid, MT_EMB_THREADS>>>(dtable, dout, dbuf, dbuf + N, dbuf + 2 * N + 1, D, scale);
-    MT_CUDA_LAUNCHED();
+    MT_CUDA_LAUNCHED(be, "embedding_bwd_kernel");
+    return MT_OK;
 }

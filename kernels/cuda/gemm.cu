@@ -40,9 +40,11 @@ static struct { MT_LT_FUNCS(MT_LT_PTR) } lt; /* filled by lt_load */
 #define MT_STR2(x) #x
 #define MT_STR(x) MT_STR2(x)
 
-/* 1 when every function resolved; else records the error (mt_cuda_fail) and returns 0. */
-static int lt_load(void) {
+/* 1 when every function resolved; else records the error (mt_cuda_fail, not sticky:
+ * the device is fine) and returns 0. */
+static int lt_load(mt_backend *be) {
     static int state; /* 0 not tried, 1 loaded, -1 failed */
+    if (state < 0) mt_cuda_fail(be, "cuBLASLt", "libcublasLt could not be loaded (see the first failure)", 0);
     if (state) return state > 0;
     const char *names[] = {"libcublasLt.so." MT_STR(CUBLAS_VER_MAJOR), "libcublasLt.so",
 #ifdef MT_CUBLASLT_PATH
@@ -53,13 +55,13 @@ static int lt_load(void) {
     for (int i = 0; names[i] && !h; i++) h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
     if (!h) {
         state = -1;
-        mt_cuda_fail(__FILE__, __LINE__, "dlopen(libcublasLt)", dlerror());
+        mt_cuda_fail(be, "dlopen(libcublasLt)", dlerror(), 0);
         return 0;
     }
 #define MT_LT_SYM(f)                                                                      \
     if (!(lt.f = (decltype(lt.f))dlsym(h, #f))) {                                         \
         state = -1;                                                                       \
-        mt_cuda_fail(__FILE__, __LINE__, "dlsym(" #f ")", "symbol missing in libcublasLt"); \
+        mt_cuda_fail(be, "dlsym(" #f ")", "symbol missing in libcublasLt", 0);      \
         return 0;                                                                         \
     }
     MT_LT_FUNCS(MT_LT_SYM)
@@ -95,7 +97,7 @@ static int g_next; /* round-robin eviction */
     do {                                                                                  \
         cublasStatus_t s_ = (call);                                                       \
         if (s_ != CUBLAS_STATUS_SUCCESS) {                                                \
-            mt_cuda_fail(__FILE__, __LINE__, #call, lt.cublasLtGetStatusString(s_));         \
+            mt_cuda_fail(be, #call, lt.cublasLtGetStatusString(s_), 1);                     \
             return NULL;                                                                  \
         }                                                                                 \
     } while (0)
@@ -116,14 +118,21 @@ static void plan_destroy(gemm_plan *p) {
     p->used = 0;
 }
 
-static gemm_plan *plan_get(const gemm_key *k) {
+/* The cached plan of k, or NULL with the error recorded (the message names the
+ * cuBLASLt call and cublasLtGetStatusString). */
+static gemm_plan *plan_get(mt_backend *be, const gemm_key *k) {
     for (int i = 0; i < MT_GEMM_CACHE; i++)
         if (g_cache[i].used && memcmp(&g_cache[i].key, k, sizeof(*k)) == 0) return &g_cache[i];
     if (!g_lt) {
-        if (!lt_load()) return NULL;
+        if (!lt_load(be)) return NULL;
         LT_CHECK(lt.cublasLtCreate(&g_lt));
-        if (cudaMalloc(&g_ws, MT_GEMM_WS_BYTES) != cudaSuccess) {
-            mt_cuda_fail(__FILE__, __LINE__, "cudaMalloc(gemm workspace)", "out of memory");
+    }
+    if (!g_ws) {
+        cudaError_t e = cudaMalloc(&g_ws, MT_GEMM_WS_BYTES);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError(); /* did not fit: not sticky */
+            g_ws = NULL;
+            mt_cuda_fail(be, "cudaMalloc(gemm workspace, 32 MiB)", cudaGetErrorString(e), 0);
             return NULL;
         }
     }
@@ -157,7 +166,7 @@ static gemm_plan *plan_get(const gemm_key *k) {
     p->used = 1; /* descriptors exist: destroy them on eviction even on failure below */
     if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
         plan_destroy(p);
-        mt_cuda_fail(__FILE__, __LINE__, "cublasLtMatmulAlgoGetHeuristic", "no algorithm for this shape");
+        mt_cuda_fail(be, "cublasLtMatmulAlgoGetHeuristic", s != CUBLAS_STATUS_SUCCESS ? lt.cublasLtGetStatusString(s) : "no algorithm for this shape", 0);
         return NULL;
     }
     p->algo = res.algo;
@@ -173,14 +182,15 @@ __global__ void gemm_scale_kernel(float *C, int64_t M, int64_t N, int64_t ldc, f
     }
 }
 
-void mt_cuda_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+mt_status mt_cuda_gemm(mt_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                   const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                   int64_t ldc) {
-    if (M <= 0 || N <= 0) return;
+    MT_CUDA_ENTER(be);
+    if (M <= 0 || N <= 0) return MT_OK;
     if (K <= 0 || alpha == 0.0f) { /* C = beta C; C not read when beta == 0 */
         gemm_scale_kernel<<<mt_cuda_blocks(M * N, 256), 256>>>(C, M, N, ldc, beta);
-        MT_CUDA_LAUNCHED();
-        return;
+        MT_CUDA_LAUNCHED(be, "gemm_scale_kernel");
+        return MT_OK;
     }
     gemm_key k;
     memset(&k, 0, sizeof(k)); /* padding bytes take part in memcmp */
@@ -196,9 +206,10 @@ void mt_cuda_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, flo
     k.al_b = ptr_align(B);
     k.al_c = ptr_align(C);
     k.beta_zero = beta == 0.0f;
-    gemm_plan *p = plan_get(&k);
-    if (!p) return;
+    gemm_plan *p = plan_get(be, &k);
+    if (!p) return MT_ERR_RUNTIME; /* message recorded by plan_get */
     cublasStatus_t s = lt.cublasLtMatmul(g_lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
                                       &p->algo, g_ws, MT_GEMM_WS_BYTES, 0);
-    if (s != CUBLAS_STATUS_SUCCESS) mt_cuda_fail(__FILE__, __LINE__, "cublasLtMatmul", lt.cublasLtGetStatusString(s));
+    if (s != CUBLAS_STATUS_SUCCESS) return mt_cuda_fail(be, "cublasLtMatmul", lt.cublasLtGetStatusString(s), 1);
+    return MT_OK;
 }

@@ -40,16 +40,20 @@ __global__ void glu_bwd_kernel(float *dgate, float *dup, const float *dh, const 
     }
 }
 
-void mt_cuda_glu_fwd(float *h, const float *gate, const float *up, int64_t count, mt_activation act) {
-    if (count <= 0) return;
+mt_status mt_cuda_glu_fwd(mt_backend *be, float *h, const float *gate, const float *up, int64_t count, mt_activation act) {
+    MT_CUDA_ENTER(be);
+    if (count <= 0) return MT_OK;
     glu_fwd_kernel<<<mt_cuda_blocks(count, MT_GLU_THREADS), MT_GLU_THREADS>>>(h, gate, up, count, (int)act);
-    MT_CUDA_LAUNCHED();
+    MT_CUDA_LAUNCHED(be, "glu_fwd_kernel");
+    return MT_OK;
 }
 
-void mt_cuda_glu_bwd(float *dgate, float *dup, const float *dh, const float *gate, const float *up,
+mt_status mt_cuda_glu_bwd(mt_backend *be, float *dgate, float *dup, const float *dh, const float *gate, const float *up,
                      int64_t count, mt_activation act) {
-    if (count <= 0) return;
+    MT_CUDA_ENTER(be);
+    if (count <= 0) return MT_OK;
     glu_bwd_kernel<<<mt_cuda_blocks(count, MT_GLU_THREADS), MT_GLU_THREADS>>>(dgate, dup, dh, gate, up, count,
                                                                               (int)act);
-    MT_CUDA_LAUNCHED();
+    MT_CUDA_LAUNCHED(be, "glu_bwd_kernel");
+    return MT_OK;
 }

@@ -67,24 +67,28 @@ __global__ void rmsnorm_bwd_dw_final_kernel(float *dw, const double *part, int64
     dw[d] += (float)acc;
 }
 
-void mt_cuda_rmsnorm_fwd(float *y, float *rstd, const float *x, const float *w, int64_t N, int64_t D, float eps,
+mt_status mt_cuda_rmsnorm_fwd(mt_backend *be, float *y, float *rstd, const float *x, const float *w, int64_t N, int64_t D, float eps,
                          float w_offset) {
-    if (N <= 0 || D <= 0) return;
+    MT_CUDA_ENTER(be);
+    if (N <= 0 || D <= 0) return MT_OK;
     rmsnorm_fwd_kernel<<<(unsigned)N, MT_RMS_THREADS>>>(y, rstd, x, w, D, eps, w_offset);
-    MT_CUDA_LAUNCHED();
+    MT_CUDA_LAUNCHED(be, "rmsnorm_fwd_kernel");
+    return MT_OK;
 }
 
-void mt_cuda_rmsnorm_bwd(float *dx, float *dw, const float *dy, const float *x, const float *w, const float *rstd,
+mt_status mt_cuda_rmsnorm_bwd(mt_backend *be, float *dx, float *dw, const float *dy, const float *x, const float *w, const float *rstd,
                          int64_t N, int64_t D, float w_offset) {
-    if (N <= 0 || D <= 0) return;
+    MT_CUDA_ENTER(be);
+    if (N <= 0 || D <= 0) return MT_OK;
     rmsnorm_bwd_dx_kernel<<<(unsigned)N, MT_RMS_THREADS>>>(dx, dy, x, w, rstd, D, w_offset);
-    MT_CUDA_LAUNCHED();
+    MT_CUDA_LAUNCHED(be, "rmsnorm_bwd_dx_kernel");
     const int64_t P = (N + MT_RMS_CHUNK - 1) / MT_RMS_CHUNK;
-    double *part = (double *)mt_cuda_scratch(MT_CUDA_SCRATCH_REDUCE, (size_t)(P * D) * sizeof(double));
-    if (!part) return;
+    double *part = NULL;
+    MT_TRY(mt_cuda_scratch(be, MT_CUDA_SCRATCH_REDUCE, (size_t)(P * D) * sizeof(double), (void **)&part));
     const unsigned cols = (unsigned)((D + MT_RMS_THREADS - 1) / MT_RMS_THREADS);
     rmsnorm_bwd_dw_partial_kernel<<<dim3(cols, (unsigned)P), MT_RMS_THREADS>>>(part, dy, x, rstd, N, D);
-    MT_CUDA_LAUNCHED();
+    MT_CUDA_LAUNCHED(be, "rmsnorm_bwd_dw_partial_kernel");
     rmsnorm_bwd_dw_final_kernel<<<cols, MT_RMS_THREADS>>>(dw, part, P, D);
-    MT_CUDA_LAUNCHED();
+    MT_CUDA_LAUNCHED(be, "rmsnorm_bwd_dw_final_kernel");
+    return MT_OK;
 }

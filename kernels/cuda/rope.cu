@@ -22,16 +22,20 @@ __global__ void rope_kernel(float *x, const int32_t *pos, const float *inv_freq,
     }
 }
 
-void mt_cuda_rope_fwd(float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t H, int64_t Dh) {
-    if (N <= 0 || H <= 0 || Dh < 2) return;
+mt_status mt_cuda_rope_fwd(mt_backend *be, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t H, int64_t Dh) {
+    MT_CUDA_ENTER(be);
+    if (N <= 0 || H <= 0 || Dh < 2) return MT_OK;
     rope_kernel<<<mt_cuda_blocks(N * H * (Dh / 2), MT_ROPE_THREADS), MT_ROPE_THREADS>>>(x, pos, inv_freq, N, H, Dh,
                                                                                         1.0f);
-    MT_CUDA_LAUNCHED();
+    MT_CUDA_LAUNCHED(be, "rope_kernel");
+    return MT_OK;
 }
 
-void mt_cuda_rope_bwd(float *dx, const int32_t *pos, const float *inv_freq, int64_t N, int64_t H, int64_t Dh) {
-    if (N <= 0 || H <= 0 || Dh < 2) return;
+mt_status mt_cuda_rope_bwd(mt_backend *be, float *dx, const int32_t *pos, const float *inv_freq, int64_t N, int64_t H, int64_t Dh) {
+    MT_CUDA_ENTER(be);
+    if (N <= 0 || H <= 0 || Dh < 2) return MT_OK;
     rope_kernel<<<mt_cuda_blocks(N * H * (Dh / 2), MT_ROPE_THREADS), MT_ROPE_THREADS>>>(dx, pos, inv_freq, N, H, Dh,
                                                                                         -1.0f);
-    MT_CUDA_LAUNCHED();
+    MT_CUDA_LAUNCHED(be, "rope_kernel");
+    return MT_OK;
 }

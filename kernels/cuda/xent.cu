@@ -63,22 +63,24 @@ __global__ void xent_kernel(float *logits, const int32_t *labels, int64_t V, flo
     }
 }
 
-void mt_cuda_xent_tile(float *logits, const int32_t *labels, int64_t R, int64_t V, float softcap,
+mt_status mt_cuda_xent_tile(mt_backend *be, float *logits, const int32_t *labels, int64_t R, int64_t V, float softcap,
                        int32_t ignore_index, float dscale, double *loss_sum, int64_t *count) {
-    if (R <= 0) return;
+    MT_CUDA_ENTER(be);
+    if (R <= 0) return MT_OK;
     const size_t bytes = (size_t)R * (sizeof(double) + sizeof(int32_t));
-    char *dbuf = (char *)mt_cuda_scratch(MT_CUDA_SCRATCH_XENT, bytes);
+    char *dbuf = NULL;
+    MT_TRY(mt_cuda_scratch(be, MT_CUDA_SCRATCH_XENT, bytes, (void **)&dbuf));
     char *hbuf = (char *)malloc(bytes);
-    if (!dbuf || !hbuf) {
-        free(hbuf);
-        if (dbuf) mt_cuda_fail(__FILE__, __LINE__, "malloc(xent)", "out of host memory");
-        return;
-    }
+    if (!hbuf) return mt_set_error(MT_ERR_OOM, "cuda: xent_tile: out of host memory");
     double *d_loss = (double *)dbuf;
     int32_t *d_valid = (int32_t *)(dbuf + (size_t)R * sizeof(double));
     xent_kernel<<<(unsigned)R, MT_XENT_THREADS>>>(logits, labels, V, softcap, ignore_index, dscale, d_loss, d_valid);
-    MT_CUDA_LAUNCHED();
-    MT_CUDA_CHECK(cudaMemcpy(hbuf, dbuf, bytes, cudaMemcpyDeviceToHost));
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaMemcpy(hbuf, dbuf, bytes, cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) {
+        free(hbuf);
+        return mt_cuda_fail(be, "xent_kernel launch or its cudaMemcpy (synchronising)", cudaGetErrorString(e), 1);
+    }
     const double *h_loss = (const double *)hbuf;
     const int32_t *h_valid = (const int32_t *)(hbuf + (size_t)R * sizeof(double));
     double s = 0.0;
@@ -91,4 +93,5 @@ void mt_cuda_xent_tile(float *logits, const int32_t *labels, int64_t R, int64_t 
     *loss_sum += s;
     *count += c;
     free(hbuf);
+    return MT_OK;
 }

@@ -40,12 +40,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "kernels/ops.h"
+#include "tests/tools/tool_backend.h"
+#include "kernels/backend.h"
 #include "parallel/comm.h"
 #include "parallel/comm_nccl.h"
 
 static int g_fail = 0;
-static const mt_ops *g_ops;
+static mt_backend *g_ops;
 
 #define CHECK(cond, ...)                                              \
     do {                                                              \
@@ -61,11 +62,11 @@ static const mt_ops *g_ops;
 /* Backend buffer of n floats holding host[n] * 0.5, then doubled by a kernel on the
  * compute stream (so the collective that follows must wait for that kernel). */
 static float *upload(const float *host, int64_t n) {
-    float *d = g_ops->alloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    float *d = tool_alloc(g_ops, (size_t)(n > 0 ? n : 1) * sizeof(float));
     float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
     for (int64_t i = 0; i < n; i++) h[i] = 0.5f * host[i];
-    if (n) g_ops->copy_to_device(d, h, (size_t)n * sizeof(float));
-    if (n) g_ops->scale(d, 2.0f, n);
+    if (n) TOOL_OK(g_ops->ops->copy_to_device(g_ops, d, h, (size_t)n * sizeof(float)));
+    if (n) TOOL_OK(g_ops->ops->scale(g_ops, d, 2.0f, n));
     free(h);
     return d;
 }
@@ -73,8 +74,8 @@ static float *upload(const float *host, int64_t n) {
 /* host[n] = d[n] / 2 after a doubling kernel queued right after the collective. */
 static void download(float *host, float *d, int64_t n) {
     if (!n) return;
-    g_ops->scale(d, 2.0f, n);
-    g_ops->copy_to_host(host, d, (size_t)n * sizeof(float));
+    TOOL_OK(g_ops->ops->scale(g_ops, d, 2.0f, n));
+    TOOL_OK(g_ops->ops->copy_to_host(g_ops, host, d, (size_t)n * sizeof(float)));
     for (int64_t i = 0; i < n; i++) host[i] *= 0.5f;
 }
 
@@ -113,8 +114,8 @@ static void check_gather_scatter(mt_comm *c, const int64_t *counts, const char *
             for (int64_t j = 0; j < counts[i]; j++)
                 CHECK(got[displ[i] + j] == (float)(100 * i + j), "%s all_gather%s: element %lld of chunk %d is %g, "
                       "want %d", label, async ? "_start" : "", (long long)j, i, got[displ[i] + j], (int)(100 * i + j));
-        g_ops->release(send);
-        g_ops->release(recv);
+        g_ops->ops->release(g_ops, send);
+        g_ops->ops->release(g_ops, recv);
     }
     /* in place: send points at this rank's chunk of recv */
     {
@@ -129,7 +130,7 @@ static void check_gather_scatter(mt_comm *c, const int64_t *counts, const char *
             for (int64_t j = 0; j < counts[i]; j++)
                 CHECK(got[displ[i] + j] == (float)(100 * i + j), "%s in-place all_gather_start: chunk %d element "
                       "%lld is %g", label, i, (long long)j, got[displ[i] + j]);
-        g_ops->release(recv);
+        g_ops->ops->release(g_ops, recv);
     }
 
     /* reduce_scatter: rank q sends (q + 1)(k + 1) at flat index k; rank r receives
@@ -154,8 +155,8 @@ static void check_gather_scatter(mt_comm *c, const int64_t *counts, const char *
             CHECK(got[j] == want_v, "%s reduce_scatter%s: element %lld is %g, want %g", label, async ? "_start" : "",
                   (long long)j, got[j], want_v);
         }
-        g_ops->release(send);
-        g_ops->release(recv);
+        g_ops->ops->release(g_ops, send);
+        g_ops->ops->release(g_ops, recv);
     }
     free(h);
     free(got);
@@ -186,14 +187,14 @@ static void check_rest(mt_comm *c, const char *label) {
             const float w = (float)(n * (n - 1) / 2) + (float)n * 0.5f * (float)j;
             CHECK(got[j] == w, "%s all_reduce%s: element %d is %g, want %g", label, async ? "_start" : "", j, got[j], w);
         }
-        g_ops->release(buf);
+        g_ops->ops->release(g_ops, buf);
     }
     for (int j = 0; j < K; j++) h[j] = (float)(r * j);
     float *buf = upload(h, K);
     OK(mt_comm_all_reduce_max(c, buf, K, MT_COMM_F32));
     download(got, buf, K);
     for (int j = 0; j < K; j++) CHECK(got[j] == (float)((n - 1) * j), "%s all_reduce_max: element %d is %g", label, j, got[j]);
-    g_ops->release(buf);
+    g_ops->ops->release(g_ops, buf);
 
     const int root = n - 1;
     for (int j = 0; j < K; j++) h[j] = r == root ? (float)(7 * j + 1) : -3.0f;
@@ -204,7 +205,7 @@ static void check_rest(mt_comm *c, const char *label) {
           "%s broadcast bytes", label);
     download(got, buf, K);
     for (int j = 0; j < K; j++) CHECK(got[j] == (float)(7 * j + 1), "%s broadcast: element %d is %g", label, j, got[j]);
-    g_ops->release(buf);
+    g_ops->ops->release(g_ops, buf);
 
     for (int j = 0; j < K; j++) h[j] = (float)(1000 * r + j);
     float *sb = upload(h, K), *rb = upload(h, K);
@@ -212,8 +213,8 @@ static void check_rest(mt_comm *c, const char *label) {
     download(got, rb, K);
     for (int j = 0; j < K; j++)
         CHECK(got[j] == (float)(1000 * ((r + n - 1) % n) + j), "%s sendrecv: element %d is %g", label, j, got[j]);
-    g_ops->release(sb);
-    g_ops->release(rb);
+    g_ops->ops->release(g_ops, sb);
+    g_ops->ops->release(g_ops, rb);
 
     /* three outstanding: gather (uneven), reduce_scatter (equal), all_reduce */
     int64_t cg[64], ce[64];
@@ -247,11 +248,11 @@ static void check_rest(mt_comm *c, const char *label) {
               (long long)j, og[j]);
     download(og, ab, K);
     for (int j = 0; j < K; j++) CHECK(og[j] == (float)n, "%s outstanding all_reduce: element %d is %g", label, j, og[j]);
-    g_ops->release(gs);
-    g_ops->release(gr);
-    g_ops->release(ss);
-    g_ops->release(sr);
-    g_ops->release(ab);
+    g_ops->ops->release(g_ops, gs);
+    g_ops->ops->release(g_ops, gr);
+    g_ops->ops->release(g_ops, ss);
+    g_ops->ops->release(g_ops, sr);
+    g_ops->ops->release(g_ops, ab);
     free(hg);
     free(og);
     CHECK(mt_comm_wait(NULL) == MT_OK, "mt_comm_wait(NULL)");
@@ -356,8 +357,8 @@ static void check_nccl1(void) {
     char msg[256];
     CHECK(mt_nccl_poll(30.0, msg, sizeof msg) == 0, "nccl1: the watchdog poll reports a fault");
     OK(mt_nccl_sync());
-    g_ops->release(a);
-    g_ops->release(b);
+    g_ops->ops->release(g_ops, a);
+    g_ops->ops->release(g_ops, b);
     mt_nccl_free(n);
 }
 
@@ -369,7 +370,7 @@ static int check_nccl1_hang(void) {
     OK(mt_nccl_get_id(id));
     OK(mt_nccl_create(&n, id, 1, 0, "one", 0));
     if (!n) return 1;
-    float *b = g_ops->alloc(16 * sizeof(float));
+    float *b = tool_alloc(g_ops, 16 * sizeof(float));
     void *done = NULL;
     if (mt_nccl_sendrecv(n, NULL, -1, b, 0, 16, MT_COMM_F32, &done) != MT_OK) {
         printf("comm_check: nccl1-hang: NCCL refused a receive with no matching send (%s): skipped\n",
@@ -396,13 +397,13 @@ int main(int argc, char **argv) {
     const int device = !strcmp(mode, "device") || !strcmp(mode, "nccl1") || !strcmp(mode, "device-hang") ||
                        !strcmp(mode, "nccl1-hang");
     if (device) {
-        g_ops = mt_cuda_ops();
+        if (mt_backend_create(MT_BACKEND_CUDA, &g_ops) != MT_OK) g_ops = NULL;
         if (!g_ops || !mt_comm_have_nccl()) {
             printf("comm_check: %s: no GPU or no NCCL in this build: skipped\n", mode);
             return 77;
         }
     } else {
-        g_ops = mt_cpu_ops();
+        g_ops = mt_cpu_backend();
     }
     if (!strcmp(mode, "hang") || !strcmp(mode, "device-hang")) {
         mt_comm_set_process_control(1);

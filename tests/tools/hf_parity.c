@@ -22,7 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/ops.h"
+#include "tests/tools/tool_backend.h"
+#include "kernels/backend.h"
 #include "models/checkpoint.h"
 #include "models/config.h"
 #include "models/model.h"
@@ -45,14 +46,14 @@ typedef struct hp_model {
 
 /* Create, plan, allocate and bind a model for cfg on the CPU backend. */
 static int hp_model_open(hp_model *h, const mt_model_config *cfg, int64_t b, int64_t t, int64_t tiles) {
-    const mt_ops *ops = mt_cpu_ops();
+    mt_backend *be = mt_cpu_backend();
     memset(h, 0, sizeof *h);
     CHECK(mt_model_config_validate(cfg));
-    CHECK(mt_model_create(&h->m, cfg, ops, b, t, tiles));
+    CHECK(mt_model_create(&h->m, cfg, be, b, t, tiles));
     CHECK(mt_plan_new(&h->plan));
     CHECK(mt_model_add_to_plan(h->m, h->plan));
     CHECK(mt_plan_finalize(h->plan));
-    CHECK(mt_arena_create(&h->arena, h->plan, ops->alloc, ops->release));
+    CHECK(mt_backend_arena_create(be, &h->arena, h->plan));
     CHECK(mt_model_bind(h->m, &h->arena, h->plan));
     return 0;
 }
@@ -136,9 +137,9 @@ static int cmd_run(const char *hfdir, const char *outdir, int64_t b, int64_t t, 
         fprintf(stderr, "hf_parity: no labelled tokens\n");
         return 1;
     }
-    const mt_ops *ops = mt_cpu_ops();
+    mt_backend *be = mt_cpu_backend();
     float *grads = mt_model_grads(h.m);
-    ops->zero(grads, (size_t)mt_model_numel(h.m) * sizeof(float));
+    TOOL_OK(be->ops->zero(be, grads, (size_t)mt_model_numel(h.m) * sizeof(float)));
     double ls = 0.0;
     int64_t cnt = 0;
     CHECK(mt_model_forward_backward(h.m, tokens, labels, (float)(1.0 / (double)count), &ls, &cnt));

@@ -19,7 +19,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "kernels/ops.h"
+#include "tests/tools/tool_backend.h"
+#include "kernels/backend.h"
 #include "models/config.h"
 #include "models/model.h"
 #include "runtime/plan.h"
@@ -182,16 +183,16 @@ int main(int argc, char **argv) {
         fprintf(stderr, "model_dump: cannot create %s: %s\n", dir, strerror(errno));
         return 1;
     }
-    const mt_ops *ops = mt_cpu_ops();
+    mt_backend *be = mt_cpu_backend();
     const uint64_t seed = 1234;
     mt_model *m = NULL;
-    CHECK(mt_model_create(&m, &cfg, ops, B, T, TILES));
+    CHECK(mt_model_create(&m, &cfg, be, B, T, TILES));
     mt_plan *plan = NULL;
     CHECK(mt_plan_new(&plan));
     CHECK(mt_model_add_to_plan(m, plan));
     CHECK(mt_plan_finalize(plan));
     mt_arena arena;
-    CHECK(mt_arena_create(&arena, plan, ops->alloc, ops->release));
+    CHECK(mt_backend_arena_create(be, &arena, plan));
     CHECK(mt_model_bind(m, &arena, plan));
     CHECK(mt_model_init_params(m, seed));
 
@@ -255,16 +256,16 @@ int main(int argc, char **argv) {
     }
     const float dscale = (float)(1.0 / (double)count);
 
-    /* 5 AdamW steps (torch.optim.AdamW semantics, ops->adamw); decay on matrices only */
-    float *mom1 = ops->alloc((size_t)numel * sizeof(float));
-    float *mom2 = ops->alloc((size_t)numel * sizeof(float));
-    ops->zero(mom1, (size_t)numel * sizeof(float));
-    ops->zero(mom2, (size_t)numel * sizeof(float));
+    /* 5 AdamW steps (torch.optim.AdamW semantics, be->ops->adamw); decay on matrices only */
+    float *mom1 = tool_alloc(be, (size_t)numel * sizeof(float));
+    float *mom2 = tool_alloc(be, (size_t)numel * sizeof(float));
+    TOOL_OK(be->ops->zero(be, mom1, (size_t)numel * sizeof(float)));
+    TOOL_OK(be->ops->zero(be, mom2, (size_t)numel * sizeof(float)));
     float losses[STEPS];
     double losses_d[STEPS];
     double loss0 = 0.0;
     for (int step = 1; step <= STEPS; step++) {
-        ops->zero(grads, (size_t)numel * sizeof(float));
+        TOOL_OK(be->ops->zero(be, grads, (size_t)numel * sizeof(float)));
         double ls = 0.0;
         int64_t cnt = 0;
         CHECK(mt_model_forward_backward(m, tokens, labels, dscale, &ls, &cnt));
@@ -281,8 +282,8 @@ int main(int argc, char **argv) {
         }
         for (int i = 0; i < np; i++) {
             const mt_param_info *p = mt_model_param(m, i);
-            ops->adamw(params + p->offset, grads + p->offset, mom1 + p->offset, mom2 + p->offset, p->numel,
-                       k_lr, k_b1, k_b2, k_eps, p->weight_decay ? k_wd : 0.0f, 1.0f, step);
+            TOOL_OK(be->ops->adamw(be, params + p->offset, grads + p->offset, mom1 + p->offset, mom2 + p->offset, p->numel,
+                       k_lr, k_b1, k_b2, k_eps, p->weight_decay ? k_wd : 0.0f, 1.0f, step));
         }
     }
     rc |= write_bin(dir, "losses.bin", losses, sizeof(losses));
@@ -320,8 +321,8 @@ int main(int argc, char **argv) {
     free(text);
     cJSON_Delete(man);
 
-    ops->release(mom1);
-    ops->release(mom2);
+    be->ops->release(be, mom1);
+    be->ops->release(be, mom2);
     mt_arena_destroy(&arena);
     mt_plan_free(plan);
     mt_model_free(m);

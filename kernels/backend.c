@@ -1,0 +1,77 @@
+/* kernels/backend.c: the backend registry (kernels/backend.h).
+ *
+ * Lookup by the config's backend=auto|cpu|cuda. A build with CUDA (CMake's
+ * MT_HAVE_CUDA) links kernels/cuda/cuda_backend.cu, which defines the CUDA backend's
+ * constructor; without it the stub below answers "not built with CUDA". */
+#include <string.h>
+
+#include "kernels/backend.h"
+
+mt_status mt_backend_kind_parse(const char *s, mt_backend_kind *out) {
+    static const char *names[] = {"auto", "cpu", "cuda"};
+    for (int i = 0; i < 3; i++)
+        if (s && strcmp(s, names[i]) == 0) return *out = (mt_backend_kind)i, MT_OK;
+    return mt_set_error(MT_ERR_INVALID, "backend '%s': expected one of auto, cpu, cuda", s ? s : "(null)");
+}
+
+mt_status mt_backend_create(mt_backend_kind kind, mt_backend **out) {
+    *out = NULL;
+    switch (kind) {
+    case MT_BACKEND_CPU: return mt_cpu_backend_create(out);
+    case MT_BACKEND_CUDA: return mt_cuda_backend_create(out);
+    case MT_BACKEND_AUTO:
+    default: return mt_cuda_backend_available() ? mt_cuda_backend_create(out) : mt_cpu_backend_create(out);
+    }
+}
+
+mt_backend_caps mt_backend_kind_caps(mt_backend_kind kind) {
+    switch (kind) {
+    case MT_BACKEND_CPU: return mt_cpu_backend_caps();
+    case MT_BACKEND_CUDA: return mt_cuda_backend_caps();
+    case MT_BACKEND_AUTO:
+    default: return mt_cuda_backend_available() ? mt_cuda_backend_caps() : mt_cpu_backend_caps();
+    }
+}
+
+static mt_status arena_alloc(void *ctx, size_t bytes, void **out) {
+    mt_backend *be = ctx;
+    return be->ops->alloc(be, bytes, out);
+}
+
+static void arena_release(void *ctx, void *p) {
+    mt_backend *be = ctx;
+    (void)be->ops->release(be, p); /* a destroy path: nothing to report to */
+}
+
+mt_status mt_backend_arena_create(mt_backend *be, mt_arena *a, const mt_plan *p) {
+    return mt_arena_create(a, p, arena_alloc, arena_release, be);
+}
+
+void mt_backend_free(mt_backend *be) {
+    if (be) be->ops->free(be);
+}
+
+/* The CUDA backend's capabilities, kept here (not in the .cu) so that start-up checks
+ * made from the config give the same answer in every build, with or without CUDA.
+ * multi_rank 0: the trainer's optimizer and checkpoint collectives still use host
+ * buffers and parallel/comm.h's NCCL communicators are not wired into it; host_offload
+ * 0: the host pool's parameter/optimizer offload paths are CPU-only for now. */
+mt_backend_caps mt_cuda_backend_caps(void) {
+    mt_backend_caps c = {.device_memory = 1,
+                         .compute_dtypes = 1u << MT_F32,
+                         .grad_dtypes = (1u << MT_F32) | (1u << MT_BF16),
+                         .peak_flops = 989e12,
+                         .multi_rank = 0,
+                         .host_offload = 0};
+    return c;
+}
+
+#ifndef MT_HAVE_CUDA
+/* This build has no CUDA backend (CMake found no nvcc, or MESHTRAIN_CUDA=OFF). */
+int mt_cuda_backend_available(void) { return 0; }
+
+mt_status mt_cuda_backend_create(mt_backend **out) {
+    *out = NULL;
+    return mt_set_error(MT_ERR_UNSUPPORTED, "backend=cuda: meshtrain was not built with CUDA");
+}
+#endif

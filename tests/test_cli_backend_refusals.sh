@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# tests/test_cli_backend_refusals.sh BUILD_DIR: what the CUDA backend cannot run yet is
+# refused at start-up with exit 2 and a message naming the key (issue 12). The
+# refusals are made from the backend's capabilities (kernels/backend.h
+# mt_backend_kind_caps) before any device is probed, so they hold on a machine without
+# a GPU and in a build without CUDA alike: parameter_memory_host_offload,
+# optimizer_memory_host_offload, dtype=bfloat16, and (under mpirun) more than one rank.
+# Keys that now run entirely through ops (shard_optimizer_over_data, grad_dtype=bfloat16
+# with accumulation) are not refused for that reason: the run then fails only for want
+# of a device (exit 2, "backend=cuda"), or trains where one is visible.
+set -u
+. "$(dirname "$0")/lib.sh"
+build="${1:?usage: test_cli_backend_refusals.sh BUILD_DIR}"
+bin="$build/meshtrain"
+[ -x "$bin" ] || { echo "no $bin"; exit 1; }
+command -v python3 >/dev/null || { echo "python3 not found: skipped"; exit 77; }
+
+mt_tmp
+mt_tiny_model "$tmp/cfg/models/tiny.yml" llama 1
+mt_shards "$tmp/data" 1 train_000000.bin=3000 val_000000.bin=600
+cat > "$tmp/cfg/run.yml" <<YML
+model_name: tiny
+run_name: r
+base_output_directory: $tmp/out
+dataset_path: $tmp/data
+per_device_batch_size: 2
+max_target_length: 8
+steps: 1
+eval_interval: 0
+YML
+
+# refused KEY=VALUE...: exit 2, stderr names the first key
+refused() {
+    local key=${1%%=*}
+    "$bin" train "$tmp/cfg/run.yml" backend=cuda "$@" > "$tmp/out.log" 2> "$tmp/err.log"
+    local rc=$?
+    [ "$rc" -eq 2 ] || fail "backend=cuda $*: exit $rc, want 2 ($(tail -2 "$tmp/err.log"))"
+    grep -q "$key" "$tmp/err.log" || fail "backend=cuda $*: message does not name $key: $(cat "$tmp/err.log")"
+    [ ! -e "$tmp/out/r/metrics.jsonl" ] || fail "backend=cuda $*: a run started"
+}
+refused parameter_memory_host_offload=true
+refused optimizer_memory_host_offload=true
+refused dtype=bfloat16
+
+# allowed through ops: without a device the only complaint is the device itself
+"$bin" train "$tmp/cfg/run.yml" backend=cuda shard_optimizer_over_data=true grad_dtype=bfloat16 \
+    gradient_accumulation_steps=2 > "$tmp/out.log" 2> "$tmp/err.log"
+rc=$?
+if [ "$rc" -ne 0 ]; then
+    grep -q "shard_optimizer_over_data\|grad_dtype" "$tmp/err.log" &&
+        fail "ZeRO-1 / bf16 accumulation refused on cuda: $(cat "$tmp/err.log")"
+    grep -q "backend=cuda" "$tmp/err.log" || fail "no-device message: $(cat "$tmp/err.log")"
+    [ "$rc" -eq 2 ] || fail "no device: exit $rc, want 2"
+fi
+
+# more than one rank on cuda: refused from the capability before the device probe
+if command -v mpirun >/dev/null; then
+    mt_mpi_env
+    mpi 2 "$bin" train "$tmp/cfg/run.yml" backend=cuda ici_data_parallelism=2 per_device_batch_size=1 \
+        > "$tmp/out.log" 2> "$tmp/err.log"
+    rc=$?
+    [ "$rc" -eq 2 ] || fail "backend=cuda with 2 ranks: exit $rc, want 2 ($(tail -2 "$tmp/err.log"))"
+    grep -q "with 2 ranks" "$tmp/err.log" || fail "2 ranks: message: $(tail -3 "$tmp/err.log")"
+fi
+mt_finish "test_cli_backend_refusals: ok"
