@@ -667,8 +667,28 @@ int set_orders(const char *thread_order, const char *block_order) {
 }
 
 /* ---- launch ---- */
+/* CUDAEMU_FAIL_KERNEL=name[:n]: the n-th launch (1-based, default 1) of kernel `name`
+ * faults as an illegal address would on a device (sticky), so tests can check that a
+ * kernel failure reaches the caller's status and the trainer's exit code. */
+int injected_fault(const launch_site &s) {
+    static const char *spec = getenv("CUDAEMU_FAIL_KERNEL");
+    static long long seen = 0;
+    if (!spec || !*spec) return 0;
+    const char *colon = strchr(spec, ':');
+    const size_t len = colon ? (size_t)(colon - spec) : strlen(spec);
+    if (strlen(s.name) != len || strncmp(s.name, spec, len) != 0) return 0;
+    const long long nth = colon ? atoll(colon + 1) : 1;
+    if (++seen != nth) return 0;
+    cudaemu_record_error(cudaErrorIllegalAddress, 1,
+                         "kernel %s launched at %s:%d: an illegal memory access was encountered (fault injected by "
+                         "CUDAEMU_FAIL_KERNEL=%s)",
+                         s.name, s.file, s.line, spec);
+    return 1;
+}
+
 int launch_check(const launch_site &s, const launch_cfg &c) {
     if (cudaemu_sticky_error() != cudaSuccess) return 0;
+    if (injected_fault(s)) return 0;
     if (t_blk) {
         cudaemu_record_error(cudaErrorLaunchFailure, 1,
                              "kernel %s launched at %s:%d from device code: dynamic parallelism is not emulated",

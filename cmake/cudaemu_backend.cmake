@@ -1,0 +1,73 @@
+# cmake/cudaemu_backend.cmake: the CUDA backend run on the CPU under tests/cudaemu (the
+# emulator of the CUDA kernels), so every change to kernels/cuda runs in `make test`.
+#
+# meshtrain_emu is libmeshtrain built once more with MT_HAVE_CUDA=1, its kernels/cuda/*.cu
+# rewritten and compiled as host C++ against the emulator (no nvcc, no CUDA toolkit, no
+# NCCL: multi-rank runs use the MPI backend). Built from it:
+#   meshtrain-emu           the CLI (backend=cuda runs the emulated kernels)
+#   test_gpu_ops_emu        tests/test_gpu_ops.c (every op against the CPU backend,
+#                           whole-model gradients, determinism) on the emulator
+#   test_gpu_ops_emu_asan   the same under AddressSanitizer (kernels, emulator and test
+#                           instrumented; fibers on ucontext)
+# ctest label emu: test_gpu_ops_emu under three thread orders (forward; reverse with
+# blocks reversed; seeded random), the ASan run, and tests/test_emu_*.sh (the CLI).
+file(GLOB MT_CUDA_EMU_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/kernels/cuda/*.cu)
+
+add_library(meshtrain_emu_obj OBJECT ${MT_SOURCES})
+target_include_directories(meshtrain_emu_obj PUBLIC ${CMAKE_SOURCE_DIR} ${CMAKE_SOURCE_DIR}/include ${CBLAS_INCLUDE_DIR})
+target_link_libraries(meshtrain_emu_obj PUBLIC OpenMP::OpenMP_C PkgConfig::YAML PkgConfig::CJSON)
+target_compile_definitions(meshtrain_emu_obj PUBLIC _POSIX_C_SOURCE=200809L MT_HAVE_CUDA=1)
+if(MPI_C_FOUND)
+  target_link_libraries(meshtrain_emu_obj PUBLIC MPI::MPI_C)
+  target_compile_definitions(meshtrain_emu_obj PUBLIC MT_HAVE_MPI=1)
+endif()
+
+# mt_emu_library(NAME EMULATOR): libmeshtrain's objects + the emulated kernels, linked to
+# the emulator build EMULATOR (cudaemu or cudaemu_asan).
+function(mt_emu_library name emulator)
+  add_library(${name} STATIC $<TARGET_OBJECTS:meshtrain_emu_obj>)
+  cudaemu_add_cu(${name} LIB ${emulator} ${MT_CUDA_EMU_SOURCES})
+  target_link_libraries(${name} PUBLIC meshtrain_emu_obj ${MATH_LIBRARY} ${CMAKE_DL_LIBS}) # OpenBLAS is dlopen'ed (kernels/cpu/gemm.c)
+  set_target_properties(${name} PROPERTIES LINKER_LANGUAGE CXX)
+endfunction()
+mt_emu_library(meshtrain_emu cudaemu)
+mt_emu_library(meshtrain_emu_asan cudaemu_asan)
+
+add_executable(meshtrain-emu ${CMAKE_SOURCE_DIR}/train/main.c)
+target_link_libraries(meshtrain-emu PRIVATE meshtrain_emu)
+set_target_properties(meshtrain-emu PROPERTIES LINKER_LANGUAGE CXX)
+
+foreach(variant emu emu_asan)
+  set(t test_gpu_ops_${variant})
+  add_executable(${t} ${CMAKE_SOURCE_DIR}/tests/test_gpu_ops.c)
+  if(variant STREQUAL emu_asan)
+    target_link_libraries(${t} PRIVATE meshtrain_emu_asan ${CRITERION_LIBRARY})
+    target_compile_options(${t} PRIVATE -fsanitize=address -fno-omit-frame-pointer)
+  else()
+    target_link_libraries(${t} PRIVATE meshtrain_emu ${CRITERION_LIBRARY})
+  endif()
+  target_compile_definitions(${t} PRIVATE MT_SOURCE_DIR="${CMAKE_SOURCE_DIR}" MT_BINARY_DIR="${CMAKE_BINARY_DIR}")
+  set_target_properties(${t} PROPERTIES LINKER_LANGUAGE CXX RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+endforeach()
+
+# Thread orders: CUDAEMU_ORDER / CUDAEMU_BLOCK_ORDER (tests/cudaemu/README.md). A kernel
+# whose result depends on the order in which a block's threads run between barriers
+# (a missing __syncthreads, a read of another lane's shared slot before it is written)
+# gives different results, or NaN from the 0xFF fill, under one of them.
+set(MT_EMU_ORDERS "forward" "reverse:reverse" "random:20240520")
+foreach(spec ${MT_EMU_ORDERS})
+  string(REPLACE ":" ";" parts ${spec})
+  list(GET parts 0 order)
+  set(env "CUDAEMU_ORDER=${order};CUDAEMU_QUIET=1;OMP_NUM_THREADS=1")
+  set(name test_gpu_ops_emu_${order})
+  if(order STREQUAL "random")
+    set(env "CUDAEMU_ORDER=random:20240520;CUDAEMU_QUIET=1;OMP_NUM_THREADS=1")
+  elseif(order STREQUAL "reverse")
+    set(env "${env};CUDAEMU_BLOCK_ORDER=reverse")
+  endif()
+  add_test(NAME ${name} COMMAND test_gpu_ops_emu --jobs 1)
+  set_tests_properties(${name} PROPERTIES LABELS emu TIMEOUT 600 ENVIRONMENT "${env}")
+endforeach()
+add_test(NAME test_gpu_ops_emu_asan COMMAND test_gpu_ops_emu_asan --jobs 1)
+set_tests_properties(test_gpu_ops_emu_asan PROPERTIES LABELS emu TIMEOUT 900
+  ENVIRONMENT "CUDAEMU_ORDER=random:7;CUDAEMU_QUIET=1;OMP_NUM_THREADS=1;ASAN_OPTIONS=detect_leaks=0")
