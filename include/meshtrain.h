@@ -106,7 +106,7 @@ typedef struct mt_session mt_session;
  * configs/models/<model_name>.yml < config_path (may be NULL: key=value pairs
  * alone) < the n_overrides strings "key=value" (MaxText keys; README.md; every
  * string non-NULL).
- * If dataset_path is non-empty the session owns the library's trainer: its train
+ * If dataset_path (or train_files) is non-empty the session owns the library's trainer: its train
  * shards are opened and checked (and the val shards when eval_interval > 0), and
  * mt_session_step / mt_session_next_batch / mt_session_evaluate work. With
  * dataset_path= (empty) no data is opened; forward, loss, backward and tensor access
@@ -189,7 +189,8 @@ mt_status mt_session_train(mt_session *s);
 /* --------------------------------------------- pieces of a custom step ---- */
 
 /* The next micro-batch of the train shards: tokens[rows] and next-token labels[rows]
- * (int32). This is the session's own reader (llm.c order, train/data.h), starting at
+ * (int32). This is the session's own reader (llm.c order, shuffled as the config says,
+ * train/data.h), starting at
  * the beginning of the split, independent of the position mt_session_step reads.
  * Errors: MT_ERR_INVALID (no data, NULL), MT_ERR_FORMAT (bad shard). */
 mt_status mt_session_next_batch(mt_session *s, int32_t *tokens, int32_t *labels);

@@ -60,6 +60,13 @@ typedef enum mt_activation {
  * 0 <= q_pos[i] - k_pos[j] and (window <= 0 or q_pos[i] - k_pos[j] < window)
  * (HF sliding-window semantics). q_pos / k_pos are [Tq] / [Tk] original positions
  * (context parallelism passes its chunks' positions); NULL means 0, 1, 2, ...
+ * Document masking (packed sequences): q_seg [B, Tq] and k_seg [B, Tk] are int32
+ * segment ids per row, in backend memory; when both are set, query i of sequence b
+ * may attend key j only if in addition q_seg[b, i] == k_seg[b, j] (MaxText's
+ * AttentionOp.generate_attention_mask in MaxText/layers/attentions.py: the mask
+ * decoder_segment_ids[:, :, None] == decoder_segment_ids[:, None, :], and'ed with the
+ * causal mask). Ids are compared for equality only (any int32 values, any order).
+ * NULL (both) = no segment masking; setting only one of them is a caller error.
  * lse[b, h, i] = log sum_j exp(s_ij) over allowed j (natural log, after softcap);
  * a row with no allowed key gets lse = -INFINITY and out = 0. */
 typedef struct mt_attn_args {
@@ -69,6 +76,8 @@ typedef struct mt_attn_args {
     int64_t window;
     const int32_t *q_pos;
     const int32_t *k_pos;
+    const int32_t *q_seg; /* [B, Tq] or NULL */
+    const int32_t *k_seg; /* [B, Tk] or NULL */
 } mt_attn_args;
 
 /* The interface of a backend (ggml's ggml_backend_i): one function per op, each

@@ -64,6 +64,7 @@ enum {
     GB_FWD_NORM, GB_FWD_RESID, GB_FWD_TMP, GB_FWD_GLU,
     GB_BWD_NORM, GB_BWD_RESID, GB_BWD_D1, GB_BWD_D2, GB_BWD_W0, GB_BWD_W1, GB_BWD_W2,
     GB_BWD_W3, GB_BWD_W4,
+    GB_SEGMENTS, GB_DOC_POS, /* packing only: [N] int32 segment ids, per-document RoPE positions */
     GB_COUNT
 };
 
@@ -153,8 +154,16 @@ struct mt_model {
     int32_t *cp_tok, *cp_lab;   /* host [N]: this rank's rows of the caller's [B, Tg] */
     int32_t *cp_kpos_host;      /* [Tg] original positions of the gathered keys */
     int cp_ring;                /* context_parallel_strategy=ring */
-    int cp_id[16];              /* plan ids of the CP_* buffers */
-    void *cp_buf[16];
+    int cp_id[17];              /* plan ids of the CP_* buffers */
+    void *cp_buf[17];
+
+    /* document masking (mt_model_set_packing): host scratch for the ids and positions
+     * derived from the caller's tokens, allocated by mt_model_bind */
+    int packing;
+    int32_t pack_sep;
+    int32_t *pack_seg, *pack_pos;  /* [B, Tg]: the whole window's ids / document positions */
+    int32_t *pack_lseg, *pack_lpos; /* [N]: this rank's rows (context parallelism), else NULL */
+    int32_t *pack_kseg;            /* [B * Tg]: key ids in the gathered (or ring block) order */
 
     /* incremental decoding (mt_model_set_decode): the plan holds the parameters, the
      * KV caches and one token's scratch (DEC_* below) instead of the step's buffers */
@@ -261,7 +270,7 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, mt_backend
     m->fsdp = 1;
     m->cp = 1;
     m->Tg = m->T;
-    for (int i = 0; i < 16; i++) m->cp_id[i] = -1;
+    for (int i = 0; i < 17; i++) m->cp_id[i] = -1;
     for (int i = 0; i < 20; i++) m->dec_id[i] = -1;
     m->Vl = m->V;
     m->QDg = m->QD;
@@ -323,6 +332,11 @@ void mt_model_free(mt_model *m) {
     free(m->cp_tok);
     free(m->cp_lab);
     free(m->cp_kpos_host);
+    free(m->pack_seg);
+    free(m->pack_pos);
+    free(m->pack_lseg);
+    free(m->pack_lpos);
+    free(m->pack_kseg);
     free(m);
 }
 
@@ -552,6 +566,10 @@ mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan) {
     MT_TRY(plan_add(m, plan, GB_LABELS, "labels", MT_MEM_ACTIVATIONS, (size_t)N * i4, loss, loss));
     MT_TRY(plan_add(m, plan, GB_POSITIONS, "positions", MT_MEM_ACTIVATIONS, (size_t)N * i4, 0, bwd1));
     MT_TRY(plan_add(m, plan, GB_INV_FREQ, "rope_inv_freq", MT_MEM_ACTIVATIONS, (size_t)m->Dh * f4, 0, bwd1));
+    if (m->packing) { /* document masking: written with the positions, read by every layer */
+        MT_TRY(plan_add(m, plan, GB_SEGMENTS, "segment_ids", MT_MEM_ACTIVATIONS, (size_t)N * i4, 0, bwd1));
+        MT_TRY(plan_add(m, plan, GB_DOC_POS, "document_positions", MT_MEM_ACTIVATIONS, (size_t)N * i4, 0, bwd1));
+    }
 
     /* Saved activations of layer l: written in phase l (decoder_layer_input: by the
      * embedding or the previous layer) or 1 + l, read last by the layer's backward. */
@@ -628,6 +646,18 @@ mt_status mt_model_bind(mt_model *m, const mt_arena *arena, const mt_plan *plan)
         m->cp_lab = malloc(sizeof(int32_t) * (size_t)m->N);
         if (!m->cp_tok || !m->cp_lab) return mt_set_error(MT_ERR_OOM, "mt_model_bind: out of memory");
     }
+    if (m->packing && !m->pack_seg) { /* host ids and positions of the whole window */
+        const size_t full = sizeof(int32_t) * (size_t)(m->B * m->Tg);
+        m->pack_seg = malloc(full);
+        m->pack_pos = malloc(full);
+        if (m->cp > 1) {
+            m->pack_lseg = malloc(sizeof(int32_t) * (size_t)m->N);
+            m->pack_lpos = malloc(sizeof(int32_t) * (size_t)m->N);
+            m->pack_kseg = malloc(full);
+        }
+        if (!m->pack_seg || !m->pack_pos || (m->cp > 1 && (!m->pack_lseg || !m->pack_lpos || !m->pack_kseg)))
+            return mt_set_error(MT_ERR_OOM, "mt_model_bind: out of memory");
+    }
     m->fwd_kept = 0;
     for (int g = 0; g < GB_COUNT; g++) MT_TRY(bind_one(arena, plan, m->gid[g], &m->gptr[g]));
     for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++)
@@ -653,7 +683,7 @@ mt_status mt_model_bind(mt_model *m, const mt_arena *arena, const mt_plan *plan)
         MT_TRY(bind_one(arena, plan, m->rs_bwd_id[j], &p));
         m->rs_bwd[j] = p;
     }
-    for (int i = 0; i < 16; i++) MT_TRY(bind_one(arena, plan, m->cp_id[i], &m->cp_buf[i]));
+    for (int i = 0; i < 17; i++) MT_TRY(bind_one(arena, plan, m->cp_id[i], &m->cp_buf[i]));
     for (int i = 0; i < 20; i++) MT_TRY(bind_one(arena, plan, m->dec_id[i], &m->dec_buf[i]));
     m->dec_len = 0; /* a new arena: the caches are empty */
     m->bound = 1;
@@ -938,6 +968,11 @@ static mt_attn_args attn_args(const mt_model *m, int64_t l) {
     return a;
 }
 
+/* RoPE positions of the local rows: per document with packing, else the original ones. */
+static const int32_t *rope_positions(const mt_model *m) {
+    return m->gptr[m->packing ? GB_DOC_POS : GB_POSITIONS];
+}
+
 static const float *layer_inv_freq(const mt_model *m, int64_t l) {
     const float *t = m->gptr[GB_INV_FREQ];
     return mt_model_layer_is_local(&m->cfg, l) ? t + m->Dh / 2 : t;
@@ -958,7 +993,9 @@ enum {
     CP_KPOS,                                /* [Tg] int32 (both strategies) */
     CP_RK0, CP_RV0, CP_RK1, CP_RV1,         /* ring: K/V blocks in flight, [B, 2Tc, KVD] */
     CP_RDK0, CP_RDV0, CP_RDK1, CP_RDV1,     /* ring: their travelling gradients */
-    CP_ROUT, CP_RLSE                        /* ring: one block's output [N, QD] / lse [B, H, 2Tc] */
+    CP_ROUT, CP_RLSE,                       /* ring: one block's output [N, QD] / lse [B, H, 2Tc] */
+    CP_KSEG                                 /* packing: key segment ids [B, Tg] gathered order, ring:
+                                             * [C][B, 2Tc] (block of rank src at src * N) */
 };
 
 static mt_status cp_add_to_plan(mt_model *m, mt_plan *plan, int first, int last) {
@@ -966,6 +1003,9 @@ static mt_status cp_add_to_plan(mt_model *m, mt_plan *plan, int first, int last)
     const size_t f4 = sizeof(float);
     MT_TRY(mt_plan_add(plan, "cp.k_positions", MT_MEM_COMM, (size_t)m->Tg * sizeof(int32_t), first, last,
                        &m->cp_id[CP_KPOS]));
+    if (m->packing)
+        MT_TRY(mt_plan_add(plan, "cp.k_segment_ids", MT_MEM_COMM, (size_t)(m->B * m->Tg) * sizeof(int32_t), first,
+                           last, &m->cp_id[CP_KSEG]));
     if (!m->cp_ring) {
         const size_t full = (size_t)(m->B * m->Tg * m->KVD) * f4;
         static const char *const names[5] = {"cp.gather_stage", "cp.k_full", "cp.v_full", "cp.dk_full",
@@ -1012,6 +1052,7 @@ static mt_status MT_MUST_CHECK cp_ring_fwd(mt_model *m, mt_attn_args *args, floa
     for (int s = 0; s < C; s++) {
         const int cur = s & 1, src = (r - s + C) % C;
         args->k_pos = (const int32_t *)m->cp_buf[CP_KPOS] + (int64_t)src * m->T;
+        if (m->packing) args->k_seg = (const int32_t *)m->cp_buf[CP_KSEG] + (int64_t)src * m->N;
         if (s == 0) {
             MT_TRY(m->be->ops->attention_fwd(m->be, args, out, lse, q, kb[cur], vb[cur]));
         } else {
@@ -1043,6 +1084,7 @@ static mt_status MT_MUST_CHECK cp_ring_bwd(mt_model *m, mt_attn_args *args, floa
         cur = s & 1;
         const int src = (r - s + C) % C;
         args->k_pos = (const int32_t *)m->cp_buf[CP_KPOS] + (int64_t)src * m->T;
+        if (m->packing) args->k_seg = (const int32_t *)m->cp_buf[CP_KSEG] + (int64_t)src * m->N;
         /* dk, dv (the caller's outputs) serve as this block's scratch */
         MT_TRY(m->be->ops->attention_bwd(m->be, args, s == 0 ? dq : dqs, dk, dv, dout, q, kb[cur], vb[cur], out, lse));
         if (s > 0) MT_TRY(m->be->ops->axpy(m->be, dq, dqs, 1.0f, nq));
@@ -1091,6 +1133,7 @@ static mt_status MT_MUST_CHECK cp_scatter(mt_model *m, float *x, const float *fu
 static mt_status MT_MUST_CHECK cp_attention_fwd(mt_model *m, int64_t l, float *out, float *lse, const float *q, const float *k,
                              const float *v) {
     mt_attn_args args = attn_args(m, l);
+    if (m->packing) args.q_seg = args.k_seg = m->gptr[GB_SEGMENTS]; /* k_seg: see the CP cases */
     if (m->cp == 1) {
         MT_TRY(m->be->ops->attention_fwd(m->be, &args, out, lse, q, k, v));
         return MT_OK;
@@ -1104,6 +1147,7 @@ static mt_status MT_MUST_CHECK cp_attention_fwd(mt_model *m, int64_t l, float *o
     MT_TRY(cp_gather(m, m->cp_buf[CP_V], v));
     args.Tk = m->Tg;
     args.k_pos = m->cp_buf[CP_KPOS];
+    if (m->packing) args.k_seg = m->cp_buf[CP_KSEG];
     MT_TRY(m->be->ops->attention_fwd(m->be, &args, out, lse, q, m->cp_buf[CP_K], m->cp_buf[CP_V]));
     return MT_OK;
 }
@@ -1111,6 +1155,7 @@ static mt_status MT_MUST_CHECK cp_attention_fwd(mt_model *m, int64_t l, float *o
 static mt_status MT_MUST_CHECK cp_attention_bwd(mt_model *m, int64_t l, float *dq, float *dk, float *dv, const float *dout,
                              const float *q, const float *k, const float *v, const float *out, const float *lse) {
     mt_attn_args args = attn_args(m, l);
+    if (m->packing) args.q_seg = args.k_seg = m->gptr[GB_SEGMENTS];
     if (m->cp == 1) {
         MT_TRY(m->be->ops->attention_bwd(m->be, &args, dq, dk, dv, dout, q, k, v, out, lse));
         return MT_OK;
@@ -1124,6 +1169,7 @@ static mt_status MT_MUST_CHECK cp_attention_bwd(mt_model *m, int64_t l, float *d
     MT_TRY(cp_gather(m, m->cp_buf[CP_V], v));
     args.Tk = m->Tg;
     args.k_pos = m->cp_buf[CP_KPOS];
+    if (m->packing) args.k_seg = m->cp_buf[CP_KSEG];
     MT_TRY(m->be->ops->attention_bwd(m->be, &args, dq, m->cp_buf[CP_DK], m->cp_buf[CP_DV], dout, q, m->cp_buf[CP_K],
                           m->cp_buf[CP_V], out, lse));
     MT_TRY(cp_scatter(m, dk, m->cp_buf[CP_DK]));
@@ -1198,7 +1244,7 @@ static mt_status MT_MUST_CHECK layer_forward(mt_model *m, int64_t l) {
     const size_t ND = (size_t)(Ns * D) * sizeof(float);
     float *nrm = m->gptr[GB_FWD_NORM], *res = m->gptr[GB_FWD_RESID];
     float *tmp = m->gptr[GB_FWD_TMP], *glu = m->gptr[GB_FWD_GLU];
-    const int32_t *pos = m->gptr[GB_POSITIONS];
+    const int32_t *pos = rope_positions(m);
     const float *inv_freq = layer_inv_freq(m, l);
     const float *x = a[LA_INPUT];
     float *y = l + 1 < m->cfg.num_decoder_layers ? m->lptr[l + 1][LA_INPUT] : m->gptr[GB_FINAL_INPUT];
@@ -1252,7 +1298,7 @@ static mt_status MT_MUST_CHECK layer_recompute_attn(mt_model *m, int64_t l, floa
     const layer_params *lp = &m->lp[l];
     const int64_t N = m->N, D = m->D, H = m->H, Hkv = m->Hkv, Dh = m->Dh, QD = m->QD, KVD = m->KVD;
     const int rq = la_is_remat(m, LA_Q), rk = la_is_remat(m, LA_K), rv = la_is_remat(m, LA_V);
-    const int32_t *pos = m->gptr[GB_POSITIONS];
+    const int32_t *pos = rope_positions(m);
     const float *inv_freq = layer_inv_freq(m, l);
     float *nrm = m->gptr[GB_BWD_NORM], *tmp = m->gptr[GB_BWD_W0];
     if (rq || rk || rv) MT_TRY(norm_gather(m, nrm, a[LA_RSTD_IN], a[LA_INPUT], lp->in_norm));
@@ -1317,7 +1363,7 @@ static mt_status MT_MUST_CHECK layer_backward(mt_model *m, int64_t l) {
     float *d1 = m->gptr[GB_BWD_D1], *d2 = m->gptr[GB_BWD_D2];
     float *w0 = m->gptr[GB_BWD_W0], *w1 = m->gptr[GB_BWD_W1], *w2 = m->gptr[GB_BWD_W2];
     float *w3 = m->gptr[GB_BWD_W3], *w4 = m->gptr[GB_BWD_W4];
-    const int32_t *pos = m->gptr[GB_POSITIONS];
+    const int32_t *pos = rope_positions(m);
     const float *inv_freq = layer_inv_freq(m, l);
     const float *x = a[LA_INPUT];
 
@@ -1395,6 +1441,44 @@ static mt_status MT_MUST_CHECK layer_backward(mt_model *m, int64_t l) {
     MT_TRY(linear_bwd_x(be, d2, dv, PW(m, lp->v), N, D, KVD, 1.0f));
     const float *dn1 = tp_sum_input_grad(m, d2, d1); /* column-parallel q/k/v: partial input gradient */
     MT_TRY(be->ops->rmsnorm_bwd(be, G, GW(m, lp->in_norm), dn1, x, PW(m, lp->in_norm), a[LA_RSTD_IN], Ns, D, off));
+    return MT_OK;
+}
+
+/* Document masking (mt_model_set_packing): the segment ids and per-document positions
+ * of the whole window, computed from the caller's tokens [B, Tg] (every context rank
+ * has them all), then this rank's rows and, under context parallelism, the key ids in
+ * the order its attention sees the keys: [B, Tg] with rank r's rows at r * 2Tc as
+ * cp_gather lays them out, or (ring) the block of rank r at r * N. Uploaded to the
+ * buffers the layers read. No-op without packing, or without tokens (checked later). */
+static mt_status MT_MUST_CHECK packing_upload(mt_model *m, const int32_t *tokens) {
+    if (!m->packing || !tokens) return MT_OK;
+    const int64_t B = m->B, Tg = m->Tg, T = m->T;
+    for (int64_t b = 0; b < B; b++) {
+        int32_t id = 0;
+        int64_t start = 0; /* rows before the first separator: a document from an earlier window */
+        for (int64_t t = 0; t < Tg; t++) {
+            const int64_t n = b * Tg + t;
+            if (tokens[n] == m->pack_sep) {
+                id++;
+                start = t;
+            }
+            m->pack_seg[n] = id;
+            m->pack_pos[n] = (int32_t)(t - start);
+        }
+    }
+    mt_backend *be = m->be;
+    const int32_t *seg = cp_select(m, m->pack_seg, m->pack_lseg), *pos = cp_select(m, m->pack_pos, m->pack_lpos);
+    if (m->cp > 1) {
+        for (int r = 0; r < m->cp; r++)
+            for (int64_t b = 0; b < B; b++)
+                for (int64_t j = 0; j < T; j++) {
+                    const int32_t id = m->pack_seg[b * Tg + cp_position(m, r, j)];
+                    m->pack_kseg[m->cp_ring ? ((int64_t)r * B + b) * T + j : b * Tg + (int64_t)r * T + j] = id;
+                }
+        MT_TRY(be->ops->copy_to_device(be, m->cp_buf[CP_KSEG], m->pack_kseg, (size_t)(B * Tg) * sizeof(int32_t)));
+    }
+    MT_TRY(be->ops->copy_to_device(be, m->gptr[GB_SEGMENTS], seg, (size_t)m->N * sizeof(int32_t)));
+    MT_TRY(be->ops->copy_to_device(be, m->gptr[GB_DOC_POS], pos, (size_t)m->N * sizeof(int32_t)));
     return MT_OK;
 }
 
@@ -1487,6 +1571,7 @@ static mt_status backward_from_final_hidden(mt_model *m) {
 static mt_status forward_loss(mt_model *m, const int32_t *tokens, const int32_t *labels, float dscale,
                               int backward, double *loss_sum, int64_t *count) {
     MT_TRY(check_ready(m, backward ? "mt_model_forward_backward" : "mt_model_loss"));
+    MT_TRY(packing_upload(m, tokens)); /* from the whole window, before the rank's rows are taken */
     tokens = cp_select(m, tokens, m->cp_tok);
     labels = cp_select(m, labels, m->cp_lab);
     MT_TRY(check_ids(m, tokens, "tokens", 0));
@@ -1547,6 +1632,7 @@ mt_status mt_model_hidden(mt_model *m, const int32_t *tokens, float *hidden) {
                             "its chunks");
     MT_TRY(check_ids(m, tokens, "tokens", 0));
     if (!hidden) return mt_set_error(MT_ERR_INVALID, "mt_model_hidden: hidden is NULL");
+    MT_TRY(packing_upload(m, tokens));
     m->tp_status = MT_OK;
     m->fwd_kept = 0;
     MT_TRY(model_forward(m, tokens));
@@ -1578,6 +1664,7 @@ mt_status mt_model_logits(mt_model *m, const int32_t *tokens, float *logits) {
                             "gathered (use mt_model_loss)");
     MT_TRY(check_ids(m, tokens, "tokens", 0));
     if (!logits) return mt_set_error(MT_ERR_INVALID, "mt_model_logits: logits is NULL");
+    MT_TRY(packing_upload(m, tokens));
     m->fwd_kept = 0; /* mt_model_backward_hidden follows mt_model_hidden / mt_model_loss only */
     mt_backend *be = m->be;
     const int64_t N = m->N, D = m->D, V = m->V;
@@ -1834,6 +1921,19 @@ mt_status mt_model_set_context_parallel(mt_model *m, mt_comm *comm, int size, in
     for (int r = 0; r < size; r++)
         for (int64_t j = 0; j < m->T; j++) m->cp_kpos_host[r * m->T + j] = cp_position(m, r, j);
     if (m->tiles > m->N) m->tiles = m->N;
+    return MT_OK;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* document masking: set-up (the ids are computed per step by packing_upload)      */
+
+mt_status mt_model_set_packing(mt_model *m, int on, int32_t separator) {
+    if (!m) return mt_set_error(MT_ERR_INVALID, "mt_model_set_packing: model is NULL");
+    if (m->planned) return mt_set_error(MT_ERR_INVALID, "mt_model_set_packing: call it before mt_model_add_to_plan");
+    if (separator < 0)
+        return mt_set_error(MT_ERR_INVALID, "packing_separator_id=%d: a token id is >= 0", (int)separator);
+    m->packing = on != 0;
+    m->pack_sep = separator;
     return MT_OK;
 }
 

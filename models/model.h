@@ -165,6 +165,27 @@ mt_status mt_model_set_tensor_parallel(mt_model *m, mt_comm *comm, int size, int
  * seq not divisible by 2 x size), MT_ERR_OOM. */
 mt_status mt_model_set_context_parallel(mt_model *m, mt_comm *comm, int size, int rank, int ring);
 
+/* Document masking for packed sequences (config keys packing, packing_separator_id).
+ * With on != 0 every sequence of the caller's tokens is read as documents that each
+ * start with the token `separator` (BOS): row t of sequence b belongs to segment
+ * id = number of separators in tokens[b, 0..t] (rows before the first separator
+ * continue a document of an earlier window, id 0). Attention then stays inside a
+ * segment (ops.h mt_attn_args q_seg / k_seg; MaxText's packing: segment ids and
+ * AttentionOp.generate_attention_mask in MaxText/layers/attentions.py) and RoPE takes
+ * per-document positions (t minus the row of the document's separator, or t in
+ * segment 0; MaxText's inputs_position; RoPE scores depend on position differences
+ * only, so this changes rounding, not the math, and keeps the angles those of a
+ * document trained alone). The loss is unchanged: every label counts,
+ * including the separator that ends a document's last row (the end-of-document
+ * prediction; MaxText masks only padding, targets_segmentation == 0, in
+ * MaxText/train.py loss_fn). Under context parallelism every rank derives the ids of
+ * all rows from the whole tokens it is given, so the key ids that go with gathered or
+ * ringed K/V need no communication. on = 0 (the default) changes nothing, bitwise.
+ * Call before mt_model_add_to_plan (it adds the int32 buffers segment_ids and
+ * document_positions [batch * seq], and cp.k_segment_ids under context parallelism).
+ * Errors: MT_ERR_INVALID (after planning, separator < 0). A decode model ignores it. */
+mt_status mt_model_set_packing(mt_model *m, int on, int32_t separator);
+
 /* Sequence parallelism (Korthikanti et al. 2022, section 4.2.2) on the tensor group of
  * mt_model_set_tensor_parallel; on = 0, or a group of one, leaves the model as it is.
  * Call once, after mt_model_set_tensor_parallel and mt_model_set_context_parallel,

@@ -268,3 +268,291 @@ Test(data, missing_directory_or_shards) {
     cr_assert(strstr(mt_last_error(), g_dir) && strstr(mt_last_error(), "train_*.bin"), "%s", mt_last_error());
     cr_assert_eq(mt_data_open(&d, g_dir, "val", 0, 4, 0, 1), MT_ERR_INVALID);
 }
+
+/* ---------------------------------------------- naming, globs and lists ---- */
+
+static mt_data_options files_opt(const char *files) {
+    return (mt_data_options){files, "train_files", 0, 0, 1};
+}
+
+/* The base names of d's shards, joined by spaces. */
+static const char *shard_names(const mt_data_loader *d) {
+    static char buf[1024];
+    buf[0] = '\0';
+    for (int64_t i = 0; i < mt_data_shard_count(d); i++) {
+        const char *p = strrchr(mt_data_shard_path(d, i), '/');
+        snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "%s%s", i ? " " : "", p ? p + 1 : "");
+    }
+    return buf;
+}
+
+Test(data, llm_c_names_in_natural_order) {
+    /* llm.c's dev/data scripts: <name>_val_000000.bin, <name>_train_000001.bin ..., and
+     * tinyshakespeare.py's <name>_train.bin. Natural order puts 2 before 10 (strcmp
+     * would not). */
+    make_shard("fw_train_10.bin", 3, 20, 0, 0);
+    make_shard("fw_train_2.bin", 2, 20, 0, 0);
+    make_shard("fw_train_000001.bin", 1, 20, 0, 0);
+    make_shard("fw_val_000000.bin", 0, 20, 0, 0);
+    make_shard("notes_training.bin", 5, 20, 0, 0); /* "_training" is not "_train_" */
+    make_shard("_train_1.bin", 6, 20, 0, 0);       /* no <name> before _train_ */
+    mt_data_loader *d;
+    cr_assert_eq(mt_data_open(&d, g_dir, "train", 1, 8, 0, 1), MT_OK, "%s", mt_last_error());
+    cr_assert_str_eq(shard_names(d), "fw_train_000001.bin fw_train_2.bin fw_train_10.bin");
+    int32_t x[8], y[8];
+    for (int s = 1; s <= 3; s++)
+        for (int64_t o = 0; o < 16; o += 8) {
+            cr_assert_eq(mt_data_next(d, x, y), MT_OK);
+            expect_window(x, y, 8, s, o, 0);
+        }
+    mt_data_close(d);
+    cr_assert_eq(mt_data_open(&d, g_dir, "val", 1, 8, 0, 1), MT_OK, "%s", mt_last_error());
+    cr_assert_str_eq(shard_names(d), "fw_val_000000.bin");
+    mt_data_close(d);
+    make_shard("tiny_shakespeare_val.bin", 7, 20, 0, 0);
+    cr_assert_eq(mt_data_open(&d, g_dir, "val", 1, 8, 0, 1), MT_OK, "%s", mt_last_error());
+    cr_assert_str_eq(shard_names(d), "fw_val_000000.bin tiny_shakespeare_val.bin");
+    mt_data_close(d);
+}
+
+Test(data, two_namings_in_one_directory_are_an_error) {
+    make_shard("train_000.bin", 0, 20, 0, 0);
+    make_shard("x_train_000000.bin", 1, 20, 0, 0);
+    make_shard("val_000.bin", 2, 20, 0, 0);
+    mt_data_loader *d = (mt_data_loader *)0x1;
+    cr_assert_eq(mt_data_open(&d, g_dir, "train", 1, 8, 0, 1), MT_ERR_INVALID, "%s", mt_last_error());
+    cr_assert_null(d);
+    const char *m = mt_last_error();
+    cr_assert(strstr(m, "train_000.bin") && strstr(m, "x_train_000000.bin") && strstr(m, "dataset_path"), "%s", m);
+    /* the val split has one naming: fine */
+    cr_assert_eq(mt_data_open(&d, g_dir, "val", 1, 8, 0, 1), MT_OK, "%s", mt_last_error());
+    mt_data_close(d);
+    /* a glob that selects one naming is not ambiguous */
+    char glob[300];
+    snprintf(glob, sizeof glob, "%s/x_*", g_dir);
+    cr_assert_eq(mt_data_open(&d, glob, "train", 1, 8, 0, 1), MT_OK, "%s", mt_last_error());
+    cr_assert_str_eq(shard_names(d), "x_train_000000.bin");
+    mt_data_close(d);
+}
+
+Test(data, dataset_path_glob_and_file_lists) {
+    make_shard("a_train_1.bin", 1, 20, 0, 0);
+    make_shard("a_train_3.bin", 3, 20, 0, 0);
+    make_shard("b_train_2.bin", 2, 20, 0, 0);
+    make_shard("a_val_1.bin", 4, 20, 0, 0);
+    mt_data_loader *d;
+    char p[1024];
+    /* dataset_path as a glob: the split is still chosen by naming */
+    snprintf(p, sizeof p, "%s/a_*.bin", g_dir);
+    cr_assert_eq(mt_data_open(&d, p, "train", 1, 8, 0, 1), MT_OK, "%s", mt_last_error());
+    cr_assert_str_eq(shard_names(d), "a_train_1.bin a_train_3.bin");
+    mt_data_close(d);
+    cr_assert_eq(mt_data_open(&d, p, "val", 1, 8, 0, 1), MT_OK, "%s", mt_last_error());
+    cr_assert_str_eq(shard_names(d), "a_val_1.bin");
+    mt_data_close(d);
+    snprintf(p, sizeof p, "%s/b_*.bin", g_dir);
+    cr_assert_eq(mt_data_open(&d, p, "val", 1, 8, 0, 1), MT_ERR_IO);
+    cr_assert(strstr(mt_last_error(), "b_*.bin") && strstr(mt_last_error(), "val"), "%s", mt_last_error());
+
+    /* a list: entries in list order, a glob's matches in natural order; dataset_path unused */
+    snprintf(p, sizeof p, "[%s/b_train_2.bin, '%s/a_train_*.bin']", g_dir, g_dir);
+    mt_data_options o = files_opt(p);
+    cr_assert_eq(mt_data_open_ex(&d, "/no/such/dir", "train", &o, 1, 8, 0, 1), MT_OK, "%s", mt_last_error());
+    cr_assert_str_eq(shard_names(d), "b_train_2.bin a_train_1.bin a_train_3.bin");
+    int32_t x[8], y[8];
+    cr_assert_eq(mt_data_next(d, x, y), MT_OK);
+    expect_window(x, y, 8, 2, 0, 0);
+    mt_data_close(d);
+    snprintf(p, sizeof p, "%s/a_val_1.bin,%s/a_train_3.bin", g_dir, g_dir); /* command-line form */
+    o = files_opt(p);
+    cr_assert_eq(mt_data_open_ex(&d, NULL, "val", &o, 1, 8, 0, 1), MT_OK, "%s", mt_last_error());
+    cr_assert_str_eq(shard_names(d), "a_val_1.bin a_train_3.bin");
+    mt_data_close(d);
+
+    /* errors name the key and the entry */
+    struct { const char *fmt; mt_status want; const char *says; } bad[] = {
+        {"%s/a_train_1.bin, %s/missing.bin", MT_ERR_IO, "missing.bin"},
+        {"%s/a_train_1.bin, %s/z_*.bin", MT_ERR_IO, "z_*.bin"},
+        {"%s/a_train_*.bin, %s/a_train_3.bin", MT_ERR_INVALID, "a_train_3.bin"},
+        {"%s/a_train_1.bin,, %s", MT_ERR_INVALID, "empty"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(p, sizeof p, bad[i].fmt, g_dir, g_dir);
+        o = files_opt(p);
+        d = (mt_data_loader *)0x1;
+        cr_assert_eq(mt_data_open_ex(&d, g_dir, "train", &o, 1, 8, 0, 1), bad[i].want, "case %zu: %s", i,
+                     mt_last_error());
+        cr_assert_null(d);
+        cr_assert(strstr(mt_last_error(), "train_files") && strstr(mt_last_error(), bad[i].says), "case %zu: %s", i,
+                  mt_last_error());
+    }
+    o = files_opt(g_dir); /* a directory is not a shard */
+    cr_assert_eq(mt_data_open_ex(&d, g_dir, "train", &o, 1, 8, 0, 1), MT_ERR_INVALID);
+    cr_assert(strstr(mt_last_error(), "train_files"), "%s", mt_last_error());
+}
+
+/* ---------------------------------------------------------------- shuffle ---- */
+
+static mt_data_options shuffle_opt(uint64_t seed, int64_t micro_batches) {
+    return (mt_data_options){NULL, NULL, 1, seed, micro_batches};
+}
+
+/* Three shards of 2, 4 and 3 windows (B=2, T=4: window 8, units of 8 tokens). */
+static const int64_t k_counts[3] = {20, 40, 30};
+static const int64_t k_windows = 2 + 4 + 3;
+
+/* Read one epoch's windows as shard*100 + offset/8, checking each window's tokens
+ * and that the position's epoch is e until the last window is read. */
+static void read_epoch(mt_data_loader *d, int64_t e, int out[]) {
+    int32_t x[8], y[8];
+    for (int64_t k = 0; k < k_windows; k++) {
+        cr_assert_eq(mt_data_tell(d).epoch, e, "window %lld of epoch %lld", (long long)k, (long long)e);
+        cr_assert_eq(mt_data_next(d, x, y), MT_OK, "%s", mt_last_error());
+        const int s = x[0] / 1000;
+        const int64_t o = x[0] % 1000;
+        cr_assert(s >= 0 && s < 3 && o % 8 == 0 && o + 9 <= k_counts[s], "window at shard %d offset %lld", s,
+                  (long long)o);
+        expect_window(x, y, 8, s, o, 0);
+        out[k] = s * 100 + (int)(o / 8);
+    }
+    cr_assert_eq(mt_data_tell(d).epoch, e + 1);
+    cr_assert_eq(mt_data_tell(d).shard, 0);
+    cr_assert_eq(mt_data_tell(d).offset, 0);
+}
+
+static void make_three(void) {
+    for (int s = 0; s < 3; s++) {
+        char n[32];
+        snprintf(n, sizeof n, "train_%06d.bin", s);
+        make_shard(n, s, k_counts[s], 0, 0);
+    }
+}
+
+Test(data, shuffle_permutes_every_window_once_per_epoch) {
+    make_three();
+    mt_data_loader *d, *other;
+    mt_data_options o = shuffle_opt(7, 1);
+    cr_assert_eq(mt_data_open_ex(&d, g_dir, "train", &o, 2, 4, 0, 1), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_data_windows_per_epoch(d), k_windows);
+    o.shuffle_seed = 8;
+    cr_assert_eq(mt_data_open_ex(&other, g_dir, "train", &o, 2, 4, 0, 1), MT_OK);
+    enum { EPOCHS = 12 };
+    int seen[EPOCHS][9], alt[9];
+    int file_order = 0, first_shards = 0;
+    for (int e = 0; e < EPOCHS; e++) {
+        read_epoch(d, e, seen[e]);
+        /* every window exactly once */
+        int hits[3][4] = {{0}};
+        for (int k = 0; k < k_windows; k++) hits[seen[e][k] / 100][seen[e][k] % 100]++;
+        for (int s = 0; s < 3; s++)
+            for (int w = 0; w < 4; w++)
+                cr_assert_eq(hits[s][w], w < (k_counts[s] - 1) / 8 ? 1 : 0, "epoch %d: shard %d window %d read %d times",
+                             e, s, w, hits[s][w]);
+        /* a shard's windows are read together (llm.c shuffles shards, then within one) */
+        for (int k = 1; k < k_windows; k++)
+            if (seen[e][k] / 100 != seen[e][k - 1] / 100)
+                for (int j = k + 1; j < k_windows; j++)
+                    cr_assert_neq(seen[e][j] / 100, seen[e][k - 1] / 100, "epoch %d: shard %d read in two parts", e,
+                                  seen[e][k - 1] / 100);
+        static const int identity[9] = {0, 1, 100, 101, 102, 103, 200, 201, 202};
+        file_order += memcmp(seen[e], identity, sizeof identity) == 0;
+        first_shards |= 1 << (seen[e][0] / 100);
+        if (e > 0) cr_assert_neq(memcmp(seen[e], seen[e - 1], sizeof seen[e]), 0, "epochs %d and %d read the same order",
+                                 e - 1, e);
+        read_epoch(other, e, alt);
+        cr_assert_neq(memcmp(seen[e], alt, sizeof alt), 0, "seeds 7 and 8 give the same order in epoch %d", e);
+    }
+    cr_assert_eq(file_order, 0, "a shuffled epoch came out in file order");
+    cr_assert_eq(first_shards, 7, "over %d epochs not every shard came first (mask %d)", EPOCHS, first_shards);
+    mt_data_close(d);
+    mt_data_close(other);
+    /* the same seed gives the same order */
+    o.shuffle_seed = 7;
+    cr_assert_eq(mt_data_open_ex(&d, g_dir, "train", &o, 2, 4, 0, 1), MT_OK);
+    for (int e = 0; e < 2; e++) {
+        read_epoch(d, e, alt);
+        cr_assert_eq(memcmp(alt, seen[e], sizeof alt), 0, "epoch %d differs for the same seed", e);
+    }
+    mt_data_close(d);
+}
+
+Test(data, shuffle_seek_resumes_mid_epoch_and_across_epochs) {
+    make_three();
+    mt_data_options o = shuffle_opt(3, 1);
+    mt_data_loader *a, *b;
+    cr_assert_eq(mt_data_open_ex(&a, g_dir, "train", &o, 2, 4, 0, 1), MT_OK, "%s", mt_last_error());
+    enum { N = 12 * 9 }; /* twelve epochs: some end on the shard the next one starts with */
+    int32_t xs[N][8], ys[N][8];
+    mt_data_position at[N];
+    for (int k = 0; k < N; k++) {
+        at[k] = mt_data_tell(a);
+        cr_assert_eq(mt_data_next(a, xs[k], ys[k]), MT_OK);
+    }
+    mt_data_close(a);
+    /* from every position of twelve epochs: mid-shard, at a shard start, just before
+     * and at an epoch boundary; a fresh loader each time (nothing cached carries over) */
+    for (int k = 0; k < N - 1; k++) {
+        cr_assert_eq(mt_data_open_ex(&b, g_dir, "train", &o, 2, 4, 0, 1), MT_OK);
+        cr_assert_eq(mt_data_seek(b, at[k]), MT_OK, "%s", mt_last_error());
+        for (int j = k; j < N && j < k + 12; j++) {
+            int32_t x[8], y[8];
+            cr_assert_eq(mt_data_next(b, x, y), MT_OK);
+            cr_assert(memcmp(x, xs[j], sizeof x) == 0 && memcmp(y, ys[j], sizeof y) == 0,
+                      "resumed at window %d (shard slot %lld, offset %lld, epoch %lld): window %d differs", k,
+                      (long long)at[k].shard, (long long)at[k].offset, (long long)at[k].epoch, j);
+        }
+        mt_data_close(b);
+    }
+    cr_assert_eq(at[k_windows].epoch, 1);
+    cr_assert_eq(at[3 * k_windows + 1].epoch, 3);
+    /* an offset past the units of the shard at that slot */
+    cr_assert_eq(mt_data_open_ex(&b, g_dir, "train", &o, 2, 4, 0, 1), MT_OK);
+    int bad = 0;
+    for (int64_t slot = 0; slot < 3; slot++)
+        bad += mt_data_seek(b, (mt_data_position){slot, 24, 0}) == MT_ERR_INVALID; /* 24 fits shard 1 only */
+    cr_assert_eq(bad, 2);
+    mt_data_close(b);
+}
+
+Test(data, shuffle_same_global_batch_for_any_layout) {
+    make_three();
+    /* world 2 x B=1 and world 1 x B=2 read the same windows (each rank its slice) */
+    mt_data_options o = shuffle_opt(11, 1);
+    mt_data_loader *r0, *r1, *one;
+    cr_assert_eq(mt_data_open_ex(&r0, g_dir, "train", &o, 1, 4, 0, 2), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_data_open_ex(&r1, g_dir, "train", &o, 1, 4, 1, 2), MT_OK);
+    cr_assert_eq(mt_data_open_ex(&one, g_dir, "train", &o, 2, 4, 0, 1), MT_OK);
+    for (int k = 0; k < 3 * k_windows; k++) {
+        int32_t x0[4], y0[4], x1[4], y1[4], x[8], y[8];
+        cr_assert_eq(mt_data_next(r0, x0, y0), MT_OK);
+        cr_assert_eq(mt_data_next(r1, x1, y1), MT_OK);
+        cr_assert_eq(mt_data_next(one, x, y), MT_OK);
+        cr_assert(memcmp(x, x0, 16) == 0 && memcmp(x + 4, x1, 16) == 0, "window %d: ranks differ from one process", k);
+        cr_assert(memcmp(y, y0, 16) == 0 && memcmp(y + 4, y1, 16) == 0);
+    }
+    mt_data_close(r0);
+    mt_data_close(r1);
+    mt_data_close(one);
+    /* B=1 x 2 micro-batches reads what B=2 x 1 reads: a shuffled unit is one step */
+    mt_data_loader *ga, *big;
+    o = shuffle_opt(11, 2);
+    cr_assert_eq(mt_data_open_ex(&ga, g_dir, "train", &o, 1, 4, 0, 1), MT_OK, "%s", mt_last_error());
+    o = shuffle_opt(11, 1);
+    cr_assert_eq(mt_data_open_ex(&big, g_dir, "train", &o, 2, 4, 0, 1), MT_OK);
+    cr_assert_eq(mt_data_windows_per_epoch(ga), 2 * k_windows);
+    for (int k = 0; k < 3 * k_windows; k++) {
+        int32_t a[8], al[8], x[8], y[8];
+        cr_assert_eq(mt_data_next(ga, a, al), MT_OK);
+        cr_assert_eq(mt_data_next(ga, a + 4, al + 4), MT_OK);
+        cr_assert_eq(mt_data_next(big, x, y), MT_OK);
+        cr_assert(memcmp(a, x, sizeof x) == 0 && memcmp(al, y, sizeof y) == 0, "step %d: micro-batches differ", k);
+    }
+    mt_data_close(ga);
+    mt_data_close(big);
+    /* shards shorter than a step's unit are refused when shuffling (named) */
+    o = shuffle_opt(11, 3); /* unit 24 + 1 > 20 tokens of shard 0 */
+    mt_data_loader *d = (mt_data_loader *)0x1;
+    cr_assert_eq(mt_data_open_ex(&d, g_dir, "train", &o, 2, 4, 0, 1), MT_ERR_FORMAT);
+    cr_assert(strstr(mt_last_error(), "train_000000.bin") && strstr(mt_last_error(), "gradient_accumulation_steps"),
+              "%s", mt_last_error());
+}

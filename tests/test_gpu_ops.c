@@ -401,7 +401,7 @@ Test(gpu_ops, grad_accumulate_to_f32, .init = setup) {
  * use a shape the attention kernels refuse (not sticky), then check the backend still
  * works, and that sync reports no error. */
 Test(gpu_ops, errors_reach_the_caller, .init = setup) {
-    mt_attn_args a = {1, 1, 1, 1, 1, 512, 1.0f, 0.0f, 0, NULL, NULL};
+    mt_attn_args a = {1, 1, 1, 1, 1, 512, 1.0f, 0.0f, 0, NULL, NULL, NULL, NULL};
     float *d = tu_balloc(G, 4096);
     cr_expect_eq(G->ops->attention_fwd(G, &a, d, d, d, d, d), MT_ERR_INVALID);
     cr_expect(strstr(mt_last_error(), "attention") != NULL, "%s", mt_last_error());
@@ -453,7 +453,17 @@ typedef struct att_case {
     float softcap;
     int64_t window;
     int pos_mode; /* 0: NULL positions; 1: a context-parallel chunk pair; 2: some rows see no key */
+    int seg_mode; /* 0: no segment ids; 1: packed documents (att_doc_id) */
 } att_case;
+
+/* Document id of position p in sequence b of the seg_mode = 1 cases: even rows have
+ * documents of 11 tokens plus a one-token document at position 20 (boundaries inside
+ * every tile); odd rows two documents split at 40, so whole (query tile, key tile)
+ * pairs hold only different documents and the block vote must skip them. */
+static int32_t att_doc_id(int64_t b, int64_t p) {
+    if (b % 2) return p >= 40;
+    return p == 20 ? 1000 : (int32_t)(p / 11);
+}
 
 static void run_attention(const att_case *c) {
     tu_rng r = {9};
@@ -472,6 +482,17 @@ static void run_attention(const att_case *c) {
     float *oc = tu_falloc(nq), *lc = tu_falloc(nl), *dqc = tu_falloc(nq), *dkc = tu_falloc(nk), *dvc = tu_falloc(nk);
     a.q_pos = qp;
     a.k_pos = kp;
+    int32_t *qs = NULL, *ks = NULL;
+    if (c->seg_mode) { /* ids from each row's position, as the model derives them from the tokens */
+        qs = malloc((size_t)(c->B * c->Tq) * sizeof(int32_t));
+        ks = malloc((size_t)(c->B * c->Tk) * sizeof(int32_t));
+        for (int64_t b = 0; b < c->B; b++) {
+            for (int64_t i = 0; i < c->Tq; i++) qs[b * c->Tq + i] = att_doc_id(b, qp ? qp[i] : i);
+            for (int64_t j = 0; j < c->Tk; j++) ks[b * c->Tk + j] = att_doc_id(b, kp ? kp[j] : j);
+        }
+        a.q_seg = qs;
+        a.k_seg = ks;
+    }
     TU_OK(C->ops->attention_fwd(C, &a, oc, lc, q, k, v));
     TU_OK(C->ops->attention_bwd(C, &a, dqc, dkc, dvc, dout, q, k, v, oc, lc));
     float *dq_ = up(q, nq, 4), *dk_ = up(k, nk, 4), *dv_ = up(v, nk, 4), *ddo = up(dout, nq, 4);
@@ -480,6 +501,8 @@ static void run_attention(const att_case *c) {
     mt_attn_args ga = a;
     ga.q_pos = qp ? up(qp, c->Tq, 4) : NULL;
     ga.k_pos = kp ? up(kp, c->Tk, 4) : NULL;
+    ga.q_seg = qs ? up(qs, c->B * c->Tq, 4) : NULL;
+    ga.k_seg = ks ? up(ks, c->B * c->Tk, 4) : NULL;
     TU_OK(G->ops->attention_fwd(G, &ga, go, gl, dq_, dk_, dv_));
     /* the backward gets the CPU's out and lse, so its bound does not carry the forward's */
     float *co = up(oc, nq, 4), *cl = up(lc, nl, 4);
@@ -512,28 +535,42 @@ static void run_attention(const att_case *c) {
     G->ops->release(G, dq_), G->ops->release(G, dk_), G->ops->release(G, dv_), G->ops->release(G, ddo), G->ops->release(G, go), G->ops->release(G, gl),
         G->ops->release(G, gdq), G->ops->release(G, gdk), G->ops->release(G, gdv), G->ops->release(G, co), G->ops->release(G, cl);
     if (qp) G->ops->release(G, (void *)ga.q_pos), G->ops->release(G, (void *)ga.k_pos);
-    free(qp), free(kp), free(q), free(k), free(v), free(dout), free(oc), free(lc), free(dqc), free(dkc), free(dvc),
+    if (qs) G->ops->release(G, (void *)ga.q_seg), G->ops->release(G, (void *)ga.k_seg);
+    free(qs), free(ks), free(qp), free(kp), free(q), free(k), free(v), free(dout), free(oc), free(lc), free(dqc), free(dkc), free(dvc),
         free(og), free(lg), free(dqg), free(dkg), free(dvg), free(t);
 }
 
 Test(gpu_ops, attention_gqa_causal, .init = setup) {
-    const att_case c = {"gqa", 2, 77, 77, 4, 2, 64, 0.0f, 0, 0};
+    const att_case c = {"gqa", 2, 77, 77, 4, 2, 64, 0.0f, 0, 0, 0};
     run_attention(&c);
 }
 
 Test(gpu_ops, attention_hd256_window_softcap_mqa, .init = setup) {
-    const att_case c = {"hd256", 1, 70, 70, 2, 1, 256, 20.0f, 16, 0};
+    const att_case c = {"hd256", 1, 70, 70, 2, 1, 256, 20.0f, 16, 0, 0};
     run_attention(&c);
 }
 
 Test(gpu_ops, attention_positions_hd40, .init = setup) {
-    const att_case c = {"cp", 2, 24, 50, 3, 3, 40, 0.0f, 0, 1};
+    const att_case c = {"cp", 2, 24, 50, 3, 3, 40, 0.0f, 0, 1, 0};
     run_attention(&c);
 }
 
 Test(gpu_ops, attention_empty_rows_hd128, .init = setup) {
     /* k positions start at 10: query rows at positions < 10 see no key (lse -inf, out 0) */
-    const att_case c = {"empty", 1, 30, 33, 2, 1, 128, 0.0f, 5, 2};
+    const att_case c = {"empty", 1, 30, 33, 2, 1, 128, 0.0f, 5, 2, 0};
+    run_attention(&c);
+}
+
+Test(gpu_ops, attention_documents_gqa, .init = setup) {
+    /* packed documents (ops.h q_seg / k_seg): B = 2 covers both att_doc_id patterns */
+    const att_case c = {"documents", 2, 77, 77, 4, 2, 64, 0.0f, 0, 0, 1};
+    run_attention(&c);
+}
+
+Test(gpu_ops, attention_documents_cp_window_softcap, .init = setup) {
+    /* documents on a context-parallel chunk pair (unsorted query positions), a window
+     * and a soft-cap on top */
+    const att_case c = {"documents cp", 2, 24, 50, 3, 3, 40, 20.0f, 30, 1, 1};
     run_attention(&c);
 }
 

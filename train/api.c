@@ -129,7 +129,7 @@ static mt_status finish_create(mt_session **out, mt_session *s) {
     mt_status st = mt_distributed_init(NULL, NULL, NULL);
     if (st == MT_OK) st = mt_train_config_validate(&s->cfg);
     if (st == MT_OK) {
-        if (s->cfg.dataset_path[0]) {
+        if (s->cfg.dataset_path[0] || s->cfg.train_files[0]) {
             st = mt_trainer_create_ex(&s->trainer, &s->cfg, 1); /* named gradients live in the full buffer */
             if (st == MT_OK) {
                 s->model = mt_trainer_model(s->trainer);
@@ -301,9 +301,12 @@ mt_status mt_session_train(mt_session *s) {
 mt_status mt_session_next_batch(mt_session *s, int32_t *tokens, int32_t *labels) {
     MT_TRY(need_data(s, "mt_session_next_batch"));
     NEED(tokens && labels, "mt_session_next_batch");
-    if (!s->reader)
-        MT_TRY(mt_data_open(&s->reader, s->cfg.dataset_path, "train", s->cfg.per_device_batch_size,
-                            s->cfg.max_target_length, 0, 1));
+    if (!s->reader) {
+        mt_data_options opt;
+        mt_trainer_data_options(&s->cfg, "train", &opt);
+        MT_TRY(mt_data_open_ex(&s->reader, s->cfg.dataset_path, "train", &opt, s->cfg.per_device_batch_size,
+                               s->cfg.max_target_length, 0, 1));
+    }
     return mt_data_next(s->reader, tokens, labels);
 }
 

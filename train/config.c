@@ -73,9 +73,19 @@ static const mt_config_key mt_keys[] = {
      0, 0, 0, 0, "model file configs/models/<model_name>.yml"},
     RKEY_STR(run_name, "run", "outputs go to <base_output_directory>/<run_name>/"),
     RKEY_STR(base_output_directory, "outputs", "root directory of run outputs"),
-    RKEY_STR(dataset_path, "data/kjv", "directory holding train_*.bin and val_*.bin llm.c shards"),
+    RKEY_STR(dataset_path, "data/kjv", "directory (or glob) of llm.c shards: train_*.bin / val_*.bin or llm.c's "
+             "<name>_train_*.bin / <name>_val_*.bin (one naming per split)"),
+    /* data: splits and shuffling (train/data.h) */
+    RKEY_STR(train_files, "", "train shards: a file, a glob or a list ([a, b] or a,b); \"\" = dataset_path's "
+             "train split"),
+    RKEY_STR(eval_files, "", "validation shards: a file, a glob or a list; \"\" = dataset_path's val split"),
+    {"enable_data_shuffling", MT_KEY_BOOL, OFF(enable_data_shuffling), 0, NULL, NULL, 0, "true", 0, 0, 0, 0,
+     "shuffle the train split: shard order and step order within each shard permuted every epoch (the val "
+     "split never is); false = file order"},
+    RKEY_INT(data_shuffle_seed, "-1", -1, "seed of the data shuffle (Philox); -1 = seed"),
     RKEY_STR(tokenizer_path, "data/kjv/tokenizer.vocab",
-             "SentencePiece .vocab file (piece<TAB>score per id), used by `sample`"),
+             "`sample`'s tokenizer: a Hugging Face tokenizer.json (or a model directory holding one) or a "
+             "SentencePiece .vocab (piece<TAB>score per id; its .model beside it encodes a text prompt)"),
     RKEY_INT(per_device_batch_size, "8", 1, "sequences per micro-batch on each device"),
     RKEY_INT(max_target_length, "256", 1, "tokens per sequence"),
     RKEY_INT(steps, "1000", 1, "optimizer steps; the LR schedule ends here"),
@@ -107,6 +117,16 @@ static const mt_config_key mt_keys[] = {
     RKEY_INT(sample_length, "64", 1, "`sample`: tokens to generate after <s>"),
     RKEY_DBL(temperature, "1", 1, 0, 0, 0, "`sample`: softmax temperature; 0 = greedy"),
     RKEY_INT(top_k, "0", 0, "`sample`: keep the k most likely tokens; 0 = all"),
+    /* `sample`'s prompt (train/tokenizer.h, scripts/prepare_data.py) */
+    RKEY_STR(prompt, "", "`sample`: text to continue, encoded by the tokenizer (MaxText's key); \"\" = start from BOS"),
+    RKEY_STR(prompt_ids, "", "`sample`: token ids to continue (\"2,651,3\" or \"2 651 3\"), used as given (BOS "
+             "included); instead of prompt"),
+    /* packed documents: document masking (models/model.h mt_model_set_packing) */
+    {"packing", MT_KEY_BOOL, OFF(packing), 0, NULL, NULL, 0, "false", 0, 0, 0, 0,
+     "document masking (MaxText's packing): each packing_separator_id token starts a document; attention "
+     "stays inside documents and RoPE positions restart at each; every label still counts"},
+    {"packing_separator_id", MT_KEY_INT, OFF(packing_separator_id), 0, NULL, NULL, 0, "1", 1, 1, 0, 2147483647.0, "with packing: the token that starts each document, the tokenizer's "
+             "BOS (1: the demo corpus, Llama 2; 2: Gemma; 128000: Llama 3)"},
     /* parallelism (parallel/mesh.h, parallel/zero1.h) */
     RKEY_INT(ici_data_parallelism, "1", -1, "data-parallel axis size; -1 = fill the world"),
     RKEY_INT(ici_fsdp_parallelism, "1", -1,
@@ -610,7 +630,7 @@ static mt_status layer_parse_file(cfg_layer *l, const char *path) {
     int docs = 0;
     char *key = NULL;     /* pending key */
     size_t key_line = 0;
-    char seq[512];        /* sequence being collected */
+    char seq[MT_CONFIG_FILES_MAX + 16]; /* sequence being collected (train_files may be a long list) */
     int in_seq = 0;
     char src[MT_CONFIG_PATH_MAX + 32];
     for (;;) {
@@ -661,7 +681,10 @@ static mt_status layer_parse_file(cfg_layer *l, const char *path) {
                                   path, line);
             } else if (in_seq) {
                 size_t len = strlen(seq);
-                snprintf(seq + len, sizeof seq - len, "%s%s", len > 1 ? ", " : "", scalar_text(&ev));
+                const int w = snprintf(seq + len, sizeof seq - len, "%s%s", len > 1 ? ", " : "", scalar_text(&ev));
+                if (w < 0 || (size_t)w + 2 > sizeof seq - len) /* room for "]" too */
+                    st = mt_set_error(MT_ERR_INVALID, "%s:%zu: the list of key '%s' is longer than %zu bytes", path,
+                                      line, key, sizeof seq - 16);
             } else if (!key) {
                 key = strdup((const char *)ev.data.scalar.value);
                 key_line = line;

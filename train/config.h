@@ -27,13 +27,20 @@ extern "C" {
 
 #define MT_CONFIG_PATH_MAX 1024
 #define MT_CONFIG_NAME_MAX 128
+#define MT_CONFIG_PROMPT_MAX 4096 /* `sample`'s prompt and prompt_ids, bytes with the NUL */
+#define MT_CONFIG_FILES_MAX 4096 /* train_files / eval_files: a list of paths */
 
 
 typedef struct mt_train_config {
     mt_model_config model;                          /* model keys; model.model_name = model_name */
     char run_name[MT_CONFIG_NAME_MAX];              /* output subdirectory name */
     char base_output_directory[MT_CONFIG_PATH_MAX]; /* outputs go to <this>/<run_name>/ */
-    char dataset_path[MT_CONFIG_PATH_MAX];          /* directory of train_*.bin / val_*.bin */
+    char dataset_path[MT_CONFIG_PATH_MAX];          /* directory (or glob) of train_*.bin / val_*.bin */
+    /* ---- data: splits and shuffling (train/data.h) ---- */
+    char train_files[MT_CONFIG_FILES_MAX];          /* train shards: files/globs, "" = from dataset_path */
+    char eval_files[MT_CONFIG_FILES_MAX];           /* val shards: files/globs, "" = from dataset_path */
+    int enable_data_shuffling;                      /* permute shards and units of the train split per epoch */
+    int64_t data_shuffle_seed;                      /* Philox key of the shuffle, -1 = seed */
     char tokenizer_path[MT_CONFIG_PATH_MAX];        /* SentencePiece .vocab ("piece\tscore") */
     int64_t per_device_batch_size;                  /* sequences per micro-batch */
     int64_t max_target_length;                      /* tokens per sequence */
@@ -59,6 +66,12 @@ typedef struct mt_train_config {
     int64_t sample_length;                          /* `meshtrain sample`: tokens to generate */
     double temperature;                             /* sampling temperature, 0 = greedy */
     int64_t top_k;                                  /* sample among the k most likely, 0 = all */
+    /* ---- `sample` prompt and `prepare` (train/tokenizer.h, scripts/prepare_data.py) ---- */
+    char prompt[MT_CONFIG_PROMPT_MAX];              /* text to continue, encoded by the tokenizer */
+    char prompt_ids[MT_CONFIG_PROMPT_MAX];          /* or token ids to continue, "1,2,3" (used as given) */
+    /* ---- packed documents: document masking (models/model.h mt_model_set_packing) ---- */
+    int packing;                                    /* attention within documents, positions per document */
+    int64_t packing_separator_id;                   /* the token that starts each document (BOS) */
     /* ---- parallelism (parallel/mesh.h, parallel/zero1.h) ---- */
     int64_t ici_data_parallelism;                   /* data axis size, -1 = fill */
     int64_t ici_fsdp_parallelism;                   /* fsdp axis size, -1 = fill */

@@ -21,6 +21,7 @@ mt_status mt_memory_apply_remat(const mt_train_config *cfg, mt_model *model) {
     mt_remat_policy p;
     MT_TRY(mt_memory_remat_policy(cfg, &p));
     MT_TRY(mt_model_set_remat(model, &p));
+    MT_TRY(mt_model_set_packing(model, cfg->packing, (int32_t)cfg->packing_separator_id)); /* adds plan entries */
     return mt_model_set_param_offload(model, cfg->parameter_memory_host_offload);
 }
 

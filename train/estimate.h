@@ -30,8 +30,10 @@ extern "C" {
  * Errors: MT_ERR_INVALID (decoder_layer_input not device). */
 mt_status mt_memory_remat_policy(const mt_train_config *cfg, mt_remat_policy *out);
 
-/* mt_model_set_remat(model, mt_memory_remat_policy(cfg)) and
- * mt_model_set_param_offload(model, cfg->parameter_memory_host_offload). */
+/* mt_model_set_remat(model, mt_memory_remat_policy(cfg)),
+ * mt_model_set_packing(model, cfg->packing, cfg->packing_separator_id) and
+ * mt_model_set_param_offload(model, cfg->parameter_memory_host_offload): the config's
+ * settings that shape the model's plan. */
 mt_status mt_memory_apply_remat(const mt_train_config *cfg, mt_model *model);
 
 /* Device bytes of one rank per row of `meshtrain plan`'s table. Each plan entry

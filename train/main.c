@@ -4,11 +4,13 @@
  *   meshtrain sample CONFIG.yml load_checkpoint=DIR [key=value ...]
  *   meshtrain plan   CONFIG.yml [--json] [key=value ...]
  *   meshtrain estimate CONFIG.yml hbm_gib=N [--json] [per_device_batch_size=B] [NAME=ACTION ...] [key=value ...]
+ *   meshtrain prepare --tokenizer TOK --output DIR [options] INPUT...   (scripts/prepare_data.py)
  *   meshtrain --help | meshtrain <command> --help
  *
  * A thin client of the library: it parses arguments, prints, and is the only place
  * that maps a status to an exit code (0 done, 1 runtime failure, 2 bad input), with
  * the message on stderr as "meshtrain: error: <mt_last_error()>". */
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
@@ -16,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "models/checkpoint.h"
@@ -28,6 +31,7 @@
 #include "train/estimate.h"
 #include "train/metrics.h"
 #include "train/sample.h"
+#include "train/tokenizer.h"
 #include "train/trainer.h"
 
 static int fail(mt_status st) {
@@ -71,7 +75,9 @@ static void print_help(const char *cmd) {
                 "  train   train a model; outputs under <base_output_directory>/<run_name>/\n"
                 "  sample  generate text from a checkpoint (load_checkpoint=DIR)\n"
                 "  plan    print the per-device memory plan (--json for JSON)\n"
-                "  estimate  batch size and remat policy for a memory budget (hbm_gib=N)\n\n"
+                "  estimate  batch size and remat policy for a memory budget (hbm_gib=N)\n"
+                "  prepare text / JSONL / Parquet into llm.c token shards with a tokenizer.json or\n"
+                "          SentencePiece model (meshtrain prepare --help; no CONFIG.yml)\n\n"
                 "Precedence: built-in defaults < configs/models/<model_name>.yml < CONFIG.yml <\n"
                 "key=value. The model file is looked up in <CONFIG dir>/models/,\n"
                 "$MESHTRAIN_CONFIG_DIR/models/, <CONFIG dir>/configs/models/, ./configs/models/.\n"
@@ -88,9 +94,13 @@ static void print_help(const char *cmd) {
                 "for plan/estimate; train refuses one that differs from N).\n");
     } else if (strcmp(cmd, "sample") == 0) {
         fprintf(o,
-                "usage: meshtrain sample CONFIG.yml load_checkpoint=DIR [key=value ...]\n\n"
-                "Generates sample_length tokens after <s> from the checkpoint DIR with temperature\n"
-                "and top_k, decoding with tokenizer_path, and prints the text. The model is the\n"
+                "usage: meshtrain sample CONFIG.yml load_checkpoint=DIR [prompt=TEXT | prompt_ids=ID,...]\n"
+                "                        [key=value ...]\n\n"
+                "Generates sample_length tokens from the checkpoint DIR with temperature and top_k\n"
+                "after the prompt (prompt=TEXT, encoded by the tokenizer with its BOS, through\n"
+                "scripts/prepare_data.py; or prompt_ids used as given; neither: the tokenizer's BOS),\n"
+                "decoding with tokenizer_path (a tokenizer.json, a directory holding one, or a\n"
+                "SentencePiece .vocab), and prints the prompt and its continuation. The model is the\n"
                 "checkpoint's (its config.json); model_name or a model key given on the command line\n"
                 "must describe that same model (exit 2 otherwise).\n");
     } else if (strcmp(cmd, "plan") == 0) {
@@ -351,6 +361,121 @@ static int cmd_train(int argc, char **argv) {
     return 0;
 }
 
+/* ---- scripts/prepare_data.py: `meshtrain prepare` and sample's text prompt ----
+ * The script is found beside this binary: <bin>/../scripts (a build directory in the
+ * source tree), <bin>/../../scripts, or <bin>/../share/meshtrain/scripts (installed).
+ * Its Python: $MESHTRAIN_PYTHON, else <source tree>/.venv-hf/bin/python (made by
+ * scripts/setup-hf-venv.sh, with tokenizers, sentencepiece and pyarrow), else python3. */
+static mt_status find_helper(char *script, size_t ns, char *python, size_t np) {
+    char exe[MT_CONFIG_PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len <= 0) return mt_set_error(MT_ERR_RUNTIME, "cannot find this binary's directory (/proc/self/exe)");
+    exe[len] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = '\0';
+    static const char *const rel[] = {"/../scripts", "/../../scripts", "/../share/meshtrain/scripts"};
+    script[0] = '\0';
+    for (size_t i = 0; i < sizeof rel / sizeof rel[0] && !script[0]; i++) {
+        snprintf(script, ns, "%s%s/prepare_data.py", exe, rel[i]);
+        if (access(script, R_OK) != 0) script[0] = '\0';
+    }
+    if (!script[0])
+        return mt_set_error(MT_ERR_RUNTIME, "scripts/prepare_data.py not found beside %s (looked in ../scripts, "
+                            "../../scripts, ../share/meshtrain/scripts)", exe);
+    const char *env = getenv("MESHTRAIN_PYTHON");
+    if (env && env[0]) {
+        snprintf(python, np, "%s", env);
+        return MT_OK;
+    }
+    snprintf(python, np, "%s", script);
+    char *s = strrchr(python, '/');
+    if (s) *s = '\0'; /* .../scripts */
+    s = strrchr(python, '/');
+    if (s) *s = '\0'; /* the source tree */
+    const size_t used = strlen(python);
+    snprintf(python + used, np - used, "/.venv-hf/bin/python");
+    if (access(python, X_OK) != 0) snprintf(python, np, "python3");
+    return MT_OK;
+}
+
+/* `meshtrain prepare ARGS`: runs scripts/prepare_data.py prepare ARGS in place of this
+ * process, so its exit code (0, 1, 2: bad input, named) is the command's. */
+static int cmd_prepare(int argc, char **argv) {
+    char script[MT_CONFIG_PATH_MAX + 64], python[MT_CONFIG_PATH_MAX + 64];
+    mt_status st = find_helper(script, sizeof script, python, sizeof python);
+    if (st != MT_OK) return fail(st);
+    char **av = calloc((size_t)argc + 4, sizeof(char *));
+    if (!av) return fail(mt_set_error(MT_ERR_OOM, "out of memory"));
+    av[0] = python, av[1] = script, av[2] = "prepare";
+    for (int i = 0; i < argc; i++) av[3 + i] = argv[i];
+    fflush(stdout);
+    execvp(python, av);
+    const int e = errno;
+    free(av);
+    return fail(mt_set_error(MT_ERR_RUNTIME, "cannot run %s (%s): run scripts/setup-hf-venv.sh, or set "
+                             "MESHTRAIN_PYTHON", python, strerror(e)));
+}
+
+/* sample's prompt=TEXT: the ids scripts/prepare_data.py encode prints for it (the
+ * tokenizer's BOS, the text, no trailing special token). A text prompt with a .vocab
+ * needs the SentencePiece .model beside it. */
+static mt_status encode_prompt(const mt_train_config *cfg, int32_t **ids, int64_t *n) {
+    mt_tokenizer *tok;
+    MT_TRY(mt_tokenizer_load(&tok, cfg->tokenizer_path));
+    char enc[MT_CONFIG_PATH_MAX + 64];
+    snprintf(enc, sizeof enc, "%s", mt_tokenizer_encoder_path(tok));
+    const int spm = strcmp(mt_tokenizer_kind(tok), "sentencepiece") == 0;
+    mt_tokenizer_free(tok);
+    if (spm && access(enc, R_OK) != 0)
+        return mt_set_error(MT_ERR_IO, "key 'prompt': encoding text needs the SentencePiece model '%s' beside key "
+                            "'tokenizer_path' = '%s' (or give prompt_ids=ID,...)", enc, cfg->tokenizer_path);
+    char script[MT_CONFIG_PATH_MAX + 64], python[MT_CONFIG_PATH_MAX + 64];
+    MT_TRY(find_helper(script, sizeof script, python, sizeof python));
+    int fd[2];
+    if (pipe(fd) != 0) return mt_set_error(MT_ERR_RUNTIME, "key 'prompt': pipe: %s", strerror(errno));
+    fflush(stdout);
+    const pid_t pid = fork();
+    if (pid < 0) {
+        close(fd[0]), close(fd[1]);
+        return mt_set_error(MT_ERR_RUNTIME, "key 'prompt': fork: %s", strerror(errno));
+    }
+    if (pid == 0) {
+        dup2(fd[1], 1);
+        close(fd[0]), close(fd[1]);
+        char *av[] = {python, script, "encode", "--tokenizer", enc, "--text", (char *)cfg->prompt, NULL};
+        execvp(python, av);
+        fprintf(stderr, "meshtrain: error: cannot run %s: %s\n", python, strerror(errno));
+        _exit(127);
+    }
+    close(fd[1]);
+    size_t cap = 4096, used = 0;
+    char *buf = malloc(cap);
+    ssize_t got = 0;
+    while (buf && (got = read(fd[0], buf + used, cap - used - 1)) > 0) {
+        used += (size_t)got;
+        if (used + 1 == cap) {
+            char *b = realloc(buf, cap * 2);
+            if (!b) free(buf);
+            buf = b, cap *= 2;
+        }
+    }
+    close(fd[0]);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    if (!buf) return mt_set_error(MT_ERR_OOM, "key 'prompt': out of memory");
+    buf[used] = '\0';
+    mt_status st = MT_OK;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        st = mt_set_error(WIFEXITED(status) && WEXITSTATUS(status) == 2 ? MT_ERR_INVALID : MT_ERR_RUNTIME,
+                          "key 'prompt': encoding it with %s (%s encode) failed%s", enc, script,
+                          WIFEXITED(status) && WEXITSTATUS(status) == 127 ? " (no Python: run scripts/setup-hf-venv.sh "
+                          "or set MESHTRAIN_PYTHON)" : " (its message is above)");
+    else
+        st = mt_sample_parse_ids("prompt", buf, ids, n);
+    free(buf);
+    return st;
+}
+
 /* `sample` builds the checkpoint's model (its config.json): a model key given on the
  * command line must agree with it, or it would be silently ignored. */
 static mt_status check_sample_overrides(int argc, char **argv, const mt_train_config *cfg) {
@@ -400,8 +525,16 @@ static int cmd_sample(int argc, char **argv) {
     if (!cfg.load_checkpoint[0]) return usage_error("sample needs load_checkpoint=DIR");
     st = check_sample_overrides(argc, argv, &cfg);
     if (st != MT_OK) return fail(st);
+    int32_t *prompt = NULL;
+    int64_t nprompt = 0;
+    if (cfg.prompt[0] && cfg.prompt_ids[0])
+        return fail(mt_set_error(MT_ERR_INVALID, "keys 'prompt' and 'prompt_ids' are both set: give one"));
+    if (cfg.prompt_ids[0]) st = mt_sample_parse_ids("prompt_ids", cfg.prompt_ids, &prompt, &nprompt);
+    else if (cfg.prompt[0]) st = encode_prompt(&cfg, &prompt, &nprompt);
+    if (st != MT_OK) return fail(st);
     mt_sample_result r;
-    st = mt_sample_generate(&cfg, cfg.load_checkpoint, &r);
+    st = mt_sample_generate(&cfg, cfg.load_checkpoint, prompt, nprompt, &r);
+    free(prompt);
     if (st != MT_OK) return fail(st);
     printf("%s\n", r.text);
     mt_sample_result_free(&r);
@@ -820,7 +953,7 @@ static int cmd_estimate(int argc, char **argv) {
 int main(int argc, char **argv) {
     mt_log_set_level(MT_LOG_INFO);
     mt_comm_set_process_control(1); /* the CLI owns the process: watchdog + SIGTERM report */
-    if (argc < 2) return usage_error("missing command (train, sample, plan, estimate)");
+    if (argc < 2) return usage_error("missing command (train, sample, plan, estimate, prepare)");
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "help") == 0) {
         print_help(NULL);
         return 0;
@@ -828,13 +961,14 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     int (*run)(int, char **) = NULL;
     g_prog = argv[0]; /* estimate's command lines start with it */
+    if (strcmp(cmd, "prepare") == 0) return cmd_prepare(argc - 2, argv + 2); /* its own options and --help */
     if (strcmp(cmd, "train") == 0) run = cmd_train;
     else if (strcmp(cmd, "sample") == 0) run = cmd_sample;
     else if (strcmp(cmd, "plan") == 0) run = cmd_plan;
     else if (strcmp(cmd, "estimate") == 0) run = cmd_estimate;
     else {
         char msg[256];
-        snprintf(msg, sizeof msg, "unknown command '%s' (train, sample, plan, estimate)", cmd);
+        snprintf(msg, sizeof msg, "unknown command '%s' (train, sample, plan, estimate, prepare)", cmd);
         return usage_error(msg);
     }
     for (int i = 2; i < argc; i++)

@@ -13,6 +13,7 @@
 #include "models/model.h"
 #include "runtime/plan.h"
 #include "runtime/rng.h"
+#include "train/tokenizer.h"
 #include "train/trainer.h"
 
 #define MT_SAMPLE_STREAM 0x53414d50u /* "SAMP" */
@@ -171,7 +172,46 @@ void mt_sample_result_free(mt_sample_result *r) {
     memset(r, 0, sizeof *r);
 }
 
-mt_status mt_sample_generate(const mt_train_config *cfg, const char *checkpoint_dir, mt_sample_result *out) {
+mt_status mt_sample_parse_ids(const char *key, const char *s, int32_t **ids, int64_t *n) {
+    *ids = NULL;
+    *n = 0;
+    int64_t cap = 0;
+    const char *p = s;
+    for (;;) {
+        while (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+        if (!*p) break;
+        const char *w = p;
+        long long v = 0;
+        int digits = 0;
+        while (*p >= '0' && *p <= '9' && digits < 12) v = v * 10 + (*p++ - '0'), digits++;
+        if (!digits || (*p && *p != ',' && *p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') || v > INT32_MAX) {
+            int len = 0;
+            while (w[len] && w[len] != ',' && w[len] != ' ' && len < 40) len++;
+            free(*ids);
+            *ids = NULL;
+            *n = 0;
+            return mt_set_error(MT_ERR_INVALID, "key '%s': '%.*s' is not a token id (decimal integers in [0, 2^31) "
+                                "separated by commas or spaces)", key, len, w);
+        }
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 64;
+            int32_t *q = realloc(*ids, sizeof(int32_t) * (size_t)cap);
+            if (!q) {
+                free(*ids);
+                *ids = NULL;
+                *n = 0;
+                return mt_set_error(MT_ERR_OOM, "key '%s': out of memory", key);
+            }
+            *ids = q;
+        }
+        (*ids)[(*n)++] = (int32_t)v;
+    }
+    if (*n == 0) return mt_set_error(MT_ERR_INVALID, "key '%s' = '%s' holds no token id", key, s);
+    return MT_OK;
+}
+
+mt_status mt_sample_generate(const mt_train_config *cfg, const char *checkpoint_dir, const int32_t *prompt,
+                             int64_t nprompt, mt_sample_result *out) {
     memset(out, 0, sizeof *out);
     if (!checkpoint_dir || !checkpoint_dir[0])
         return mt_set_error(MT_ERR_INVALID, "sample: no checkpoint (set load_checkpoint=DIR)");
@@ -180,33 +220,47 @@ mt_status mt_sample_generate(const mt_train_config *cfg, const char *checkpoint_
         return mt_set_error(MT_ERR_INVALID, "key 'sample_length' = %lld: out of range; sample generates 1 to %lld "
                             "tokens (a KV cache of sample_length + 1 positions, fewer than 2^31)",
                             (long long)cfg->sample_length, (long long)MT_SAMPLE_LENGTH_MAX);
+    if (!prompt) nprompt = 0;
+    if (nprompt > MT_SAMPLE_LENGTH_MAX + 1 - cfg->sample_length)
+        return mt_set_error(MT_ERR_INVALID, "key 'sample_length' = %lld after a prompt of %lld tokens: the KV cache "
+                            "of prompt + sample_length positions must stay below 2^31", (long long)cfg->sample_length,
+                            (long long)nprompt);
     mt_backend *be;
     MT_TRY(mt_trainer_select_backend(cfg, &be));
-    struct stat sb;
     /* exists, is a directory, not an unfinished step_<N>.tmp (the model is checked below,
      * from the checkpoint's own config.json) */
     MT_TRY(mt_trainer_check_checkpoint_dir(cfg, "load_checkpoint", checkpoint_dir, 0));
     if (!cfg->tokenizer_path[0])
-        return mt_set_error(MT_ERR_INVALID, "key 'tokenizer_path' is empty: sample decodes with a SentencePiece "
-                            ".vocab file");
-    if (stat(cfg->tokenizer_path, &sb) == 0 && S_ISDIR(sb.st_mode))
-        return mt_set_error(MT_ERR_IO, "key 'tokenizer_path' = '%s' is a directory, not a .vocab file",
-                            cfg->tokenizer_path);
-    mt_vocab *vocab = NULL;
-    MT_TRY(mt_vocab_load(&vocab, cfg->tokenizer_path));
-    const int64_t bos = mt_vocab_find(vocab, "<s>"), eos = mt_vocab_find(vocab, "</s>");
+        return mt_set_error(MT_ERR_INVALID, "key 'tokenizer_path' is empty: sample decodes with a tokenizer.json "
+                            "or a SentencePiece .vocab file");
+    struct stat sb;
+    char inside[MT_CONFIG_PATH_MAX + 32];
+    snprintf(inside, sizeof inside, "%s/tokenizer.json", cfg->tokenizer_path);
+    if (stat(cfg->tokenizer_path, &sb) == 0 && S_ISDIR(sb.st_mode) && stat(inside, &sb) != 0)
+        return mt_set_error(MT_ERR_IO, "key 'tokenizer_path' = '%s' is a directory without a tokenizer.json (give a "
+                            "tokenizer.json, a directory holding one, or a SentencePiece .vocab)", cfg->tokenizer_path);
+    mt_tokenizer *vocab = NULL;
+    MT_TRY(mt_tokenizer_load(&vocab, cfg->tokenizer_path));
+    const int64_t bos = mt_tokenizer_bos(vocab);
     mt_status st = MT_OK;
-    if (bos < 0) st = mt_set_error(MT_ERR_INVALID, "%s: no '<s>' piece for BOS", cfg->tokenizer_path);
-
+    if (nprompt == 0 && bos < 0)
+        st = mt_set_error(MT_ERR_INVALID, "%s: the tokenizer defines no BOS to start from: give a prompt "
+                          "(prompt=TEXT or prompt_ids=ID,...)", cfg->tokenizer_path);
     mt_model_config mc;
     char path[MT_CONFIG_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/config.json", checkpoint_dir);
     if (st == MT_OK) st = mt_hf_config_read(path, &mc);
     if (st == MT_OK) st = mt_model_config_validate(&mc);
-    if (st == MT_OK && bos >= mc.vocab_size)
+    if (st == MT_OK && nprompt == 0 && bos >= mc.vocab_size)
         st = mt_set_error(MT_ERR_INVALID, "BOS id %lld is outside the model's vocabulary %lld", (long long)bos,
                           (long long)mc.vocab_size);
-    const int64_t seq = cfg->sample_length + 1;
+    for (int64_t i = 0; st == MT_OK && i < nprompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= mc.vocab_size)
+            st = mt_set_error(MT_ERR_INVALID, "prompt token %lld (id %d, key 'prompt_ids' or the encoded 'prompt') is "
+                              "outside the model's vocabulary of %lld", (long long)i, (int)prompt[i],
+                              (long long)mc.vocab_size);
+    const int64_t start = nprompt ? nprompt : 1;   /* ids before the first generated one */
+    const int64_t seq = cfg->sample_length + start;
     mt_model *model = NULL;
     mt_plan *plan = NULL;
     mt_arena arena;
@@ -240,28 +294,30 @@ mt_status mt_sample_generate(const mt_train_config *cfg, const char *checkpoint_
                               (long long)seq, (long long)cfg->sample_length);
     }
     if (st == MT_OK) {
-        out->ids[0] = (int32_t)bos;
-        out->n = 1;
-        const int64_t V = mc.vocab_size < mt_vocab_size(vocab) ? mc.vocab_size : mt_vocab_size(vocab);
+        if (nprompt) memcpy(out->ids, prompt, sizeof(int32_t) * (size_t)nprompt);
+        else out->ids[0] = (int32_t)bos;
+        out->n = start;
+        const int64_t V = mc.vocab_size < mt_tokenizer_size(vocab) ? mc.vocab_size : mt_tokenizer_size(vocab);
         for (int64_t pos = 0; pos + 1 < seq; pos++) {
             /* feed the token at pos (cached keys / values hold 0 .. pos - 1): its row's logits */
             st = mt_model_decode_step(model, out->ids[pos], logits);
             if (st != MT_OK) break;
+            if (pos + 1 < start) continue; /* inside the prompt: its next token is given */
             uint32_t w[4];
             mt_rng_u32x4((uint64_t)cfg->seed, MT_SAMPLE_STREAM, (uint64_t)pos, w);
             const double u = mt_rng_u01(w[0]);
             const int64_t next = mt_sample_pick(logits, V, cfg->temperature, cfg->top_k, u);
-            if (next == eos) break;
+            if (mt_tokenizer_is_stop(vocab, next)) break;
             out->ids[pos + 1] = (int32_t)next;
             out->n = pos + 2;
         }
     }
-    if (st == MT_OK) st = mt_vocab_decode(vocab, out->ids, out->n, &out->text);
+    if (st == MT_OK) st = mt_tokenizer_decode(vocab, out->ids, out->n, &out->text);
     free(logits);
     mt_model_free(model);
     if (have_arena) mt_arena_destroy(&arena);
     mt_plan_free(plan);
-    mt_vocab_free(vocab);
+    mt_tokenizer_free(vocab);
     if (st != MT_OK) mt_sample_result_free(out);
     return st;
 }

@@ -7,7 +7,10 @@
  * single leading space SentencePiece's dummy prefix adds, and skips the control
  * pieces <s>, </s>, <unk> and <pad>.
  *
- * Generation: start from BOS (the id whose piece is "<s>"); at each position feed the
+ * `sample` decodes with train/tokenizer.h (a Hugging Face tokenizer.json or this .vocab).
+ *
+ * Generation: start from the prompt (token ids; none = the tokenizer's BOS, for a
+ * .vocab the id whose piece is "<s>"); at each position feed the
  * last token to a decode model with a KV cache of sample_length + 1 positions
  * (mt_model_decode_step, models/model.h: only the new row runs through the layers,
  * attending over the cached keys and values; its logits equal that row of
@@ -15,8 +18,9 @@
  * token: argmax when temperature == 0, else sample from
  * softmax(logits / temperature) restricted to the top_k largest logits (top_k 0 = all)
  * by inverse CDF with a uniform from Philox(seed, stream "SAMP", position). Stops after
- * sample_length tokens or at EOS ("</s>"). Ids at or above the vocabulary file's size
- * are never sampled. */
+ * sample_length tokens after the prompt or at a stop token (mt_tokenizer_is_stop: EOS
+ * "</s>" of a .vocab, any added special token of a tokenizer.json). Ids at or above the
+ * tokenizer's size are never sampled. */
 #ifndef MT_TRAIN_SAMPLE_H
 #define MT_TRAIN_SAMPLE_H
 
@@ -50,7 +54,7 @@ mt_status mt_vocab_decode(const mt_vocab *v, const int32_t *ids, int64_t n, char
 int64_t mt_sample_pick(const float *logits, int64_t V, double temperature, int64_t top_k, double u);
 
 typedef struct mt_sample_result {
-    int32_t *ids;  /* generated ids, BOS first (n of them) */
+    int32_t *ids;  /* the prompt (or BOS), then the generated ids (n in all) */
     int64_t n;
     char *text;    /* decoded text of ids */
 } mt_sample_result;
@@ -59,14 +63,23 @@ typedef struct mt_sample_result {
  * 2^31 (mt_model_create's sequence limit). */
 #define MT_SAMPLE_LENGTH_MAX 2147483646LL
 
+/* Parse the token ids of key `key` from s: decimal integers separated by commas and/or
+ * white space ("2,651,3", "2 651 3"), each in [0, 2^31). *ids (n of them, at least
+ * one) is the caller's to free. Errors: MT_ERR_INVALID naming the key and the word
+ * (not an integer, out of range, no ids), MT_ERR_OOM. */
+mt_status mt_sample_parse_ids(const char *key, const char *s, int32_t **ids, int64_t *n);
+
 /* Load checkpoint_dir (config.json + model.safetensors) and cfg->tokenizer_path,
- * then generate (header comment) with cfg->sample_length, temperature, top_k, seed
- * on cfg->backend. Errors: MT_ERR_IO / MT_ERR_FORMAT (checkpoint or vocab files),
- * MT_ERR_INVALID (the vocab has no "<s>"; sample_length outside
- * [1, MT_SAMPLE_LENGTH_MAX], naming the key), MT_ERR_UNSUPPORTED (backend), MT_ERR_OOM
- * (the decode model's memory, whose KV cache grows with sample_length: the message
- * names the key and the bytes). */
-mt_status mt_sample_generate(const mt_train_config *cfg, const char *checkpoint_dir, mt_sample_result *out);
+ * then generate (header comment) after prompt[nprompt] (NULL / 0: the tokenizer's
+ * BOS) with cfg->sample_length, temperature, top_k, seed on cfg->backend. Errors:
+ * MT_ERR_IO / MT_ERR_FORMAT (checkpoint or tokenizer files), MT_ERR_INVALID (no prompt
+ * and a tokenizer without BOS; a prompt id outside the model's vocabulary, naming
+ * prompt_ids; sample_length outside [1, MT_SAMPLE_LENGTH_MAX] or, with the prompt,
+ * past the limit, naming the key), MT_ERR_UNSUPPORTED (backend, a tokenizer.json
+ * decoder), MT_ERR_OOM (the decode model's memory, whose KV cache grows with
+ * sample_length: the message names the key and the bytes). */
+mt_status mt_sample_generate(const mt_train_config *cfg, const char *checkpoint_dir, const int32_t *prompt,
+                             int64_t nprompt, mt_sample_result *out);
 void mt_sample_result_free(mt_sample_result *r);
 
 #ifdef __cplusplus

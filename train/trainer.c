@@ -696,6 +696,38 @@ static mt_status load_train_state(mt_trainer *t, const char *dir) {
             }
         }
     }
+    {
+        /* The order the position counts in: shuffled or not, its seed, and (shuffled)
+         * the micro-batches of a unit. A train state without data_shuffle was written
+         * in file order. */
+        mt_data_options dopt;
+        mt_trainer_data_options(&t->cfg, "train", &dopt);
+        const char *sv_sh = mt_safetensors_metadata(f, "data_shuffle");
+        const char *sv_seed = mt_safetensors_metadata(f, "data_shuffle_seed");
+        const char *sv_ga = mt_safetensors_metadata(f, "gradient_accumulation_steps");
+        const int was = sv_sh ? (int)strtol(sv_sh, NULL, 10) : 0;
+        if (was != dopt.shuffle)
+            st = mt_set_error(MT_ERR_INVALID, "%s: key 'enable_data_shuffling': the checkpoint's data position was "
+                              "made with enable_data_shuffling = %s, this run has %s; resume with the same value",
+                              path, was ? "true" : "false", dopt.shuffle ? "true" : "false");
+        else if (was && sv_seed && strtoull(sv_seed, NULL, 10) != dopt.shuffle_seed) {
+            /* data_shuffle_seed = -1 follows seed, which a resume may change (the
+             * parameters come from the checkpoint): the run keeps its saved order. A
+             * data_shuffle_seed set explicitly must match. */
+            if (t->cfg.data_shuffle_seed >= 0)
+                st = mt_set_error(MT_ERR_INVALID, "%s: key 'data_shuffle_seed': the checkpoint's data was shuffled "
+                                  "with seed %s, this run has data_shuffle_seed = %" PRId64 "; resume with the same "
+                                  "value (or -1 to keep the checkpoint's)", path, sv_seed, t->cfg.data_shuffle_seed);
+            else
+                mt_data_set_shuffle_seed(t->train, (uint64_t)strtoull(sv_seed, NULL, 10));
+        }
+        else if (was && sv_ga && strtoll(sv_ga, NULL, 10) != t->cfg.gradient_accumulation_steps)
+            st = mt_set_error(MT_ERR_INVALID, "%s: key 'gradient_accumulation_steps': the checkpoint's shuffled data "
+                              "position was made with gradient_accumulation_steps = %s, this run has %" PRId64
+                              "; resume with the same batch shape", path, sv_ga,
+                              t->cfg.gradient_accumulation_steps);
+        if (st != MT_OK) goto done;
+    }
     mt_data_position pos = {vals[1], vals[2], vals[3]};
     {
         /* The train split the position was made in (written since the keys were added). */
@@ -725,18 +757,31 @@ done:
     return st;
 }
 
+void mt_trainer_data_options(const mt_train_config *cfg, const char *split, mt_data_options *opt) {
+    const int train = strcmp(split, "train") == 0;
+    opt->files = train ? cfg->train_files : cfg->eval_files;
+    opt->files_key = train ? "train_files" : "eval_files";
+    /* The val split is never shuffled: each evaluation reads the same first eval_steps
+     * windows, so val_loss compares across steps and across runs of any seed. */
+    opt->shuffle = train && cfg->enable_data_shuffling;
+    opt->shuffle_seed = (uint64_t)(cfg->data_shuffle_seed >= 0 ? cfg->data_shuffle_seed : cfg->seed);
+    opt->micro_batches = cfg->gradient_accumulation_steps;
+}
+
 static mt_status open_loader(mt_data_loader **out, const mt_train_config *cfg, const char *split, int rank,
                              int world) {
-    if (!cfg->dataset_path[0])
+    mt_data_options opt;
+    mt_trainer_data_options(cfg, split, &opt);
+    if (!cfg->dataset_path[0] && !opt.files[0])
         return mt_set_error(MT_ERR_INVALID, "key 'dataset_path' is empty: training needs a directory of "
-                            "train_*.bin (and val_*.bin) shards");
-    MT_TRY(mt_data_open(out, cfg->dataset_path, split, cfg->per_device_batch_size, cfg->max_target_length, rank,
-                        world));
+                            "train_*.bin (and val_*.bin) shards, or %s", opt.files_key);
+    MT_TRY(mt_data_open_ex(out, cfg->dataset_path, split, &opt, cfg->per_device_batch_size, cfg->max_target_length,
+                           rank, world));
     int64_t mx = mt_data_max_token(*out);
     if (mx >= cfg->model.vocab_size)
         return mt_set_error(MT_ERR_INVALID, "dataset '%s' (%s split) holds token id %" PRId64
                             " but the model's vocab_size is %" PRId64,
-                            cfg->dataset_path, split, mx, cfg->model.vocab_size);
+                            opt.files[0] ? opt.files : cfg->dataset_path, split, mx, cfg->model.vocab_size);
     return MT_OK;
 }
 
@@ -1204,6 +1249,12 @@ static mt_status write_train_state(mt_trainer *t, const char *dir, const char *c
     }
     const mt_data_position pos = mt_data_tell(t->train);
     char step[32], shard[32], off[32], epoch[32], seed[32], bsz[32], seq[32], dpw[32], nsh[32], shtok[32];
+    char shuf[32], shseed[32], gas[32];
+    mt_data_options dopt;
+    mt_trainer_data_options(&t->cfg, "train", &dopt);
+    snprintf(shuf, sizeof shuf, "%d", dopt.shuffle);
+    snprintf(shseed, sizeof shseed, "%" PRIu64, mt_data_shuffle_seed(t->train)); /* the saved run's on resume */
+    snprintf(gas, sizeof gas, "%" PRId64, t->cfg.gradient_accumulation_steps);
     snprintf(nsh, sizeof nsh, "%" PRId64, mt_data_shard_count(t->train));
     snprintf(shtok, sizeof shtok, "%" PRId64, mt_data_shard_tokens(t->train, pos.shard));
     snprintf(bsz, sizeof bsz, "%" PRId64, t->cfg.per_device_batch_size);
@@ -1221,6 +1272,8 @@ static mt_status write_train_state(mt_trainer *t, const char *dir, const char *c
                           "per_device_batch_size", bsz, "max_target_length", seq, "data_parallel_ranks", dpw,
                           /* the train split's shape (a different dataset is named on resume) */
                           "data_shards", nsh, "data_shard_tokens", shtok,
+                          /* the order the position counts in (train/data.h; checked on resume) */
+                          "data_shuffle", shuf, "data_shuffle_seed", shseed, "gradient_accumulation_steps", gas,
                           /* which history and which save (see "checkpoint identity") */
                           "run_id", t->run_id, "checkpoint_id", ckid, NULL};
     char path[MT_PATH];

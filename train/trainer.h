@@ -42,6 +42,7 @@
 #include "runtime/plan.h"
 #include "runtime/status.h"
 #include "train/config.h"
+#include "train/data.h"
 #include "train/metrics.h"
 
 #ifdef __cplusplus
@@ -99,6 +100,11 @@ mt_status mt_trainer_create(mt_trainer **out, const mt_train_config *cfg);
  * because they read and write named gradients there. The plan then differs from
  * mt_trainer_plan's where windows apply. full_grads = 0 is mt_trainer_create. */
 mt_status mt_trainer_create_ex(mt_trainer **out, const mt_train_config *cfg, int full_grads);
+
+/* The data loader options of split "train" or "val" under cfg (train/data.h): the
+ * split's file list key, shuffling (train only; seed data_shuffle_seed, or seed when it
+ * is -1) and micro-batches per step. opt->files points into cfg. */
+void mt_trainer_data_options(const mt_train_config *cfg, const char *split, mt_data_options *opt);
 void mt_trainer_free(mt_trainer *t);
 
 /* Steps done so far (the step a resumed run starts from), the model, the config. */

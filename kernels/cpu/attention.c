@@ -20,7 +20,10 @@
  *   the CPU has AVX2 and FMA, else in AVX2 or baseline clones (MT_CPU_SIMD_CLONES).
  * - The scale is folded into the query copy, so the kernels see s = (scale q) . k.
  * - A (query block, key block) pair whose position ranges make every entry masked is
- *   skipped; one where every entry is allowed skips the per-element mask test.
+ *   skipped; one where every entry is allowed skips the per-element mask test. With
+ *   document masking (q_seg / k_seg) a pair is also skipped when the blocks' segment id
+ *   ranges do not meet, and is "all allowed" only when every row of both blocks has one
+ *   and the same id; otherwise the per-element test checks the ids as well.
  * Forward: one task per (batch, head, query block), each writing disjoint rows of out
  * and lse, so it is deterministic under any schedule.
  * Backward: dq sums over key blocks and dk/dv sum over query blocks and over the G = H /
@@ -55,6 +58,7 @@ typedef struct att_geom {
     float scale, softcap;
     int64_t window;
     const int32_t *q_pos, *k_pos;
+    const int32_t *q_seg, *k_seg; /* [B, Tq] / [B, Tk] or NULL (no document masking) */
 } att_geom;
 
 static att_geom att_geom_make(const mt_attn_args *a) {
@@ -76,6 +80,8 @@ static att_geom att_geom_make(const mt_attn_args *a) {
     g.window = a->window;
     g.q_pos = a->q_pos;
     g.k_pos = a->k_pos;
+    g.q_seg = a->q_seg && a->k_seg ? a->q_seg : NULL;
+    g.k_seg = a->q_seg && a->k_seg ? a->k_seg : NULL;
     return g;
 }
 
@@ -90,12 +96,18 @@ static inline int att_allowed(const att_geom *g, int64_t qp, int64_t kp) {
     return d >= 0 && (g->window <= 0 || d < g->window);
 }
 
+/* Same document: always true without segment ids. */
+static inline int att_same_seg(const att_geom *g, int64_t b, int64_t i, int64_t j) {
+    return !g->q_seg || g->q_seg[b * g->Tq + i] == g->k_seg[b * g->Tk + j];
+}
+
 enum { ATT_SKIP = 0, ATT_PARTIAL = 1, ATT_FULL = 2 };
 
-/* Whether the pair (query rows [i0, i0+nq), key rows [j0, j0+nk)) is entirely masked,
- * entirely allowed, or mixed, judged from the position ranges (positions need not be
- * sorted: context parallelism passes two chunks). */
-static int att_pair_kind(const att_geom *g, int64_t i0, int64_t nq, int64_t j0, int64_t nk) {
+/* Whether the pair (query rows [i0, i0+nq), key rows [j0, j0+nk)) of sequence b is
+ * entirely masked, entirely allowed, or mixed, judged from the position ranges
+ * (positions need not be sorted: context parallelism passes two chunks) and, with
+ * document masking, the segment id ranges (ids need not be sorted either). */
+static int att_pair_kind(const att_geom *g, int64_t b, int64_t i0, int64_t nq, int64_t j0, int64_t nk) {
     int64_t qmin = INT64_MAX, qmax = INT64_MIN, kmin = INT64_MAX, kmax = INT64_MIN;
     for (int64_t i = i0; i < i0 + nq; i++) {
         const int64_t p = att_qpos(g, i);
@@ -108,8 +120,22 @@ static int att_pair_kind(const att_geom *g, int64_t i0, int64_t nq, int64_t j0, 
         kmax = p > kmax ? p : kmax;
     }
     if (qmax < kmin || (g->window > 0 && qmin - kmax >= g->window)) return ATT_SKIP;
-    if (qmin >= kmax && (g->window <= 0 || qmax - kmin < g->window)) return ATT_FULL;
-    return ATT_PARTIAL;
+    int kind = qmin >= kmax && (g->window <= 0 || qmax - kmin < g->window) ? ATT_FULL : ATT_PARTIAL;
+    if (g->q_seg) {
+        const int32_t *qs = g->q_seg + b * g->Tq + i0, *ks = g->k_seg + b * g->Tk + j0;
+        int32_t qsmin = INT32_MAX, qsmax = INT32_MIN, ksmin = INT32_MAX, ksmax = INT32_MIN;
+        for (int64_t i = 0; i < nq; i++) {
+            qsmin = qs[i] < qsmin ? qs[i] : qsmin;
+            qsmax = qs[i] > qsmax ? qs[i] : qsmax;
+        }
+        for (int64_t j = 0; j < nk; j++) {
+            ksmin = ks[j] < ksmin ? ks[j] : ksmin;
+            ksmax = ks[j] > ksmax ? ks[j] : ksmax;
+        }
+        if (qsmax < ksmin || ksmax < qsmin) return ATT_SKIP; /* no id in common */
+        if (!(qsmin == qsmax && ksmin == ksmax && qsmin == ksmin)) kind = ATT_PARTIAL;
+    }
+    return kind;
 }
 
 /* ---- block kernels (rows of S and P have MT_ATT_BK entries) ---- */
@@ -323,8 +349,9 @@ static void att_scores(float *restrict S, const float *restrict A, const float *
     att_mm(S, MT_ATT_BK, A, Dh, 1, Bt, MT_ATT_BK, nq, MT_ATT_BK, Dh);
 }
 
-/* Soft-cap and mask the scores in place: columns >= nk and disallowed pairs get -inf. */
-static void att_cap_mask(const att_geom *g, float *restrict S, int64_t i0, int64_t nq,
+/* Soft-cap and mask the scores in place: columns >= nk and disallowed pairs (positions,
+ * or different documents) of sequence b get -inf. */
+static void att_cap_mask(const att_geom *g, float *restrict S, int64_t b, int64_t i0, int64_t nq,
                          int64_t j0, int64_t nk, int kind) {
     const float cap = g->softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
     for (int64_t i = 0; i < nq; i++) {
@@ -336,7 +363,8 @@ static void att_cap_mask(const att_geom *g, float *restrict S, int64_t i0, int64
         if (kind == ATT_PARTIAL) {
             const int64_t qp = att_qpos(g, i0 + i);
             for (int64_t j = 0; j < nk; j++)
-                if (!att_allowed(g, qp, att_kpos(g, j0 + j))) s[j] = -INFINITY;
+                if (!att_allowed(g, qp, att_kpos(g, j0 + j)) || !att_same_seg(g, b, i0 + i, j0 + j))
+                    s[j] = -INFINITY;
         }
         for (int64_t j = nk; j < MT_ATT_BK; j++) s[j] = -INFINITY;
     }
@@ -521,7 +549,7 @@ static void att_fwd_task(const att_geom *g, att_fwd_scratch *sc, int64_t b, int6
     for (int64_t kb = 0; kb < g->nkb; kb++) {
         const int64_t j0 = kb * MT_ATT_BK;
         const int64_t nk = g->Tk - j0 < MT_ATT_BK ? g->Tk - j0 : MT_ATT_BK;
-        const int kind = att_pair_kind(g, i0, nq, j0, nk);
+        const int kind = att_pair_kind(g, b, i0, nq, j0, nk);
         if (kind == ATT_SKIP) continue;
         float *Kt = sc->Kt;
         if (sc->kcache) {
@@ -537,7 +565,7 @@ static void att_fwd_task(const att_geom *g, att_fwd_scratch *sc, int64_t b, int6
             att_load_keys(g, Kt, NULL, k, b, hk, j0, nk);
         }
         att_scores(S, Qs, Kt, nq, Dh);
-        att_cap_mask(g, S, i0, nq, j0, nk, kind);
+        att_cap_mask(g, S, b, i0, nq, j0, nk, kind);
         att_online_softmax(S, m, l, O, nq, Dh);
         att_acc_rows(O, Dh, S, v + ((b * g->Tk + j0) * g->Hkv + hk) * Dh, g->k_rs, nq, nk, Dh);
     }
@@ -675,12 +703,12 @@ static void att_bwd_load_kv(const att_geom *g, const att_bwd_scratch *sc, int64_
  * and dq[i, :] += dS K (unscaled; rows strided by dq_rs) when dq is non-NULL, where
  * dS = P (dP - D_i) times the soft-cap derivative 1 - (s_capped / cap)^2. */
 MT_CPU_SIMD_CLONES /* the exp and dS loops: 8-wide where the CPU has AVX2 */
-static void att_bwd_pair(const att_geom *g, const att_bwd_scratch *sc, int64_t i0, int64_t nq,
+static void att_bwd_pair(const att_geom *g, const att_bwd_scratch *sc, int64_t b, int64_t i0, int64_t nq,
                          int64_t j0, int64_t nk, int kind, int dkv, float *dq, int64_t dq_rs) {
     const int64_t Dh = g->Dh;
     float *restrict S = sc->S, *restrict P = sc->P, *restrict dS = sc->dS;
     att_scores(S, sc->Qs, sc->Kt, nq, Dh);
-    att_cap_mask(g, S, i0, nq, j0, nk, kind);
+    att_cap_mask(g, S, b, i0, nq, j0, nk, kind);
     att_probs(P, S, sc->lse, nq);
     if (dkv) att_acc_cols(sc->dV, P, sc->dO, nq, nk, Dh);
     att_scores(dS, sc->dO, sc->Vt, nq, Dh); /* dP */
@@ -736,7 +764,7 @@ static void att_bwd_key_block(const att_geom *g, const att_bwd_scratch *sc,
         for (int64_t qb = 0; qb < g->nqb; qb++) {
             const int64_t i0 = qb * g->bq;
             const int64_t nq = g->Tq - i0 < g->bq ? g->Tq - i0 : g->bq;
-            const int kind = att_pair_kind(g, i0, nq, j0, nk);
+            const int kind = att_pair_kind(g, b, i0, nq, j0, nk);
             if (kind == ATT_SKIP) continue;
             att_bwd_scratch qs = *sc; /* with the query block's arrays in its cache slot */
             if (dq_direct && sc->Qc) {
@@ -751,7 +779,7 @@ static void att_bwd_key_block(const att_geom *g, const att_bwd_scratch *sc,
                 att_bwd_load_q(g, &qs, b, h, i0, nq, io->q, io->dout, io->out, io->lse);
             }
             float *dq = dq_direct ? io->dq + (b * g->Tq + i0) * g->q_rs + h * g->Dh : NULL;
-            att_bwd_pair(g, &qs, i0, nq, j0, nk, kind, 1, dq, g->q_rs);
+            att_bwd_pair(g, &qs, b, i0, nq, j0, nk, kind, 1, dq, g->q_rs);
         }
     }
     att_bwd_store_kv(g, sc, io->dk, io->dv, b, hk, j0, nk);
@@ -782,10 +810,10 @@ static void att_bwd_query_block(const att_geom *g, const att_bwd_scratch *sc,
     for (int64_t kb = 0; kb < g->nkb; kb++) {
         const int64_t j0 = kb * MT_ATT_BK;
         const int64_t nk = g->Tk - j0 < MT_ATT_BK ? g->Tk - j0 : MT_ATT_BK;
-        const int kind = att_pair_kind(g, i0, nq, j0, nk);
+        const int kind = att_pair_kind(g, b, i0, nq, j0, nk);
         if (kind == ATT_SKIP) continue;
         att_bwd_load_kv(g, sc, b, hk, j0, nk, io->k, io->v);
-        att_bwd_pair(g, sc, i0, nq, j0, nk, kind, 0, sc->dQ, Dh);
+        att_bwd_pair(g, sc, b, i0, nq, j0, nk, kind, 0, sc->dQ, Dh);
     }
     for (int64_t i = 0; i < nq; i++) {
         float *restrict r = io->dq + (b * g->Tq + i0 + i) * g->q_rs + h * Dh;

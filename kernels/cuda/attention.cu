@@ -13,7 +13,10 @@
  *   accumulates output columns d = lane + 32 c (c < 8, so Dh <= 256) with p_j broadcast
  *   by shuffle. The scale is folded into the staged queries, as on the CPU.
  * - A (query tile, key tile) pair with no allowed entry is skipped (a block vote), which
- *   gives the causal and windowed savings for any positions.
+ *   gives the causal and windowed savings for any positions. Document masking
+ *   (q_seg / k_seg, packed sequences) stages each tile's segment ids beside its
+ *   positions (0 for every row when the op has none) and every per-entry test, the
+ *   vote's included, also requires equal ids, so the vote stays exact.
  * - Backward: D_i = <dout_i, out_i> first (one warp per row). Then two kernels, each
  *   output owned by one thread that adds in a fixed order: dq per (query tile, head,
  *   batch) looping over key tiles (as the forward, recomputing P from lse), and dk/dv
@@ -41,6 +44,7 @@ typedef struct att_p {
     float scale, softcap;
     int64_t window;
     const int32_t *q_pos, *k_pos;
+    const int32_t *q_seg, *k_seg; /* [B, Tq] / [B, Tk] or both NULL */
 } att_p;
 
 __device__ __forceinline__ int att_allowed(const att_p &p, int64_t qp, int64_t kp) {
@@ -78,14 +82,27 @@ __device__ __forceinline__ void att_stage_pos(long long *dst, const int32_t *pos
     }
 }
 
-/* 1 if any (query, key) pair of the staged tiles is allowed (block-wide vote). */
-__device__ __forceinline__ int att_tile_any(const att_p &p, const long long *qp, int nq, const long long *kp,
-                                            int nk) {
+/* Segment ids of rows [r0, r0 + n) of sequence b (seg is [B, T]); 0 for every row when
+ * seg is NULL (no document masking) and for rows past T (their positions already
+ * exclude them). */
+__device__ __forceinline__ void att_stage_seg(int *dst, const int32_t *seg, int64_t b, int64_t T, int64_t r0,
+                                              int n) {
+    for (int r = threadIdx.x; r < n; r += blockDim.x) {
+        const int64_t t = r0 + r;
+        dst[r] = seg && t < T ? (int)seg[b * T + t] : 0;
+    }
+}
+
+/* 1 if any (query, key) pair of the staged tiles is allowed (block-wide vote): the same
+ * test as each entry's, positions and segment ids. */
+__device__ __forceinline__ int att_tile_any(const att_p &p, const long long *qp, const int *qs, int nq,
+                                            const long long *kp, const int *ks, int nk) {
     int any = 0;
     const long long bad = (long long)INT64_MIN / 2;
     for (int idx = threadIdx.x; idx < nq * nk && !any; idx += blockDim.x) {
-        const long long a = qp[idx / nk], c = kp[idx % nk];
-        any = a != bad && c != bad && att_allowed(p, a, c);
+        const int i = idx / nk, j = idx % nk;
+        const long long a = qp[i], c = kp[j];
+        any = a != bad && c != bad && att_allowed(p, a, c) && qs[i] == ks[j];
     }
     return __syncthreads_or(any);
 }
@@ -109,11 +126,14 @@ __global__ void __launch_bounds__(AT_THREADS) att_fwd_kernel(att_p p, float *out
     float *sV = sK + AT_BK * ldk;     /* [BK][Dh] */
     long long *sQp = (long long *)(sV + AT_BK * Dh);
     long long *sKp = sQp + AT_BQ;
+    int *sQs = (int *)(sKp + AT_BK); /* segment ids */
+    int *sKs = sQs + AT_BQ;
     const int64_t b = blockIdx.z, h = blockIdx.y, i0 = (int64_t)blockIdx.x * AT_BQ, hk = h / p.G;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
 
     att_stage(sQ, Dh, q, p, b, p.Tq, p.H, h, i0, AT_BQ, p.scale);
     att_stage_pos(sQp, p.q_pos, p.Tq, i0, AT_BQ);
+    att_stage_seg(sQs, p.q_seg, b, p.Tq, i0, AT_BQ);
     float m[AT_RW], l[AT_RW], acc[AT_RW][AT_NC];
     for (int rr = 0; rr < AT_RW; rr++) {
         m[rr] = -INFINITY;
@@ -125,13 +145,14 @@ __global__ void __launch_bounds__(AT_THREADS) att_fwd_kernel(att_p p, float *out
         att_stage(sK, ldk, k, p, b, p.Tk, p.Hkv, hk, j0, AT_BK, 1.0f);
         att_stage(sV, Dh, v, p, b, p.Tk, p.Hkv, hk, j0, AT_BK, 1.0f);
         att_stage_pos(sKp, p.k_pos, p.Tk, j0, AT_BK);
+        att_stage_seg(sKs, p.k_seg, b, p.Tk, j0, AT_BK);
         __syncthreads();
-        if (!att_tile_any(p, sQp, AT_BQ, sKp, AT_BK)) continue;
+        if (!att_tile_any(p, sQp, sQs, AT_BQ, sKp, sKs, AT_BK)) continue;
         for (int rr = 0; rr < AT_RW; rr++) {
             const int r = w * AT_RW + rr;
             if (i0 + r >= p.Tq) break; /* warp-uniform */
             const long long kp = sKp[lane];
-            const int ok = kp != (long long)INT64_MIN / 2 && att_allowed(p, sQp[r], kp);
+            const int ok = kp != (long long)INT64_MIN / 2 && att_allowed(p, sQp[r], kp) && sQs[r] == sKs[lane];
             float s = -INFINITY;
             if (ok) {
                 float dot = 0.0f;
@@ -194,12 +215,15 @@ __global__ void __launch_bounds__(AT_THREADS) att_bwd_dq_kernel(att_p p, float *
     float *sV = sK + AT_BK * ldk;   /* [BK][Dh + 1] */
     long long *sQp = (long long *)(sV + AT_BK * ldk);
     long long *sKp = sQp + AT_BQ;
+    int *sQs = (int *)(sKp + AT_BK); /* segment ids */
+    int *sKs = sQs + AT_BQ;
     const int64_t b = blockIdx.z, h = blockIdx.y, i0 = (int64_t)blockIdx.x * AT_BQ, hk = h / p.G;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
 
     att_stage(sQ, Dh, q, p, b, p.Tq, p.H, h, i0, AT_BQ, p.scale);
     att_stage(sO, Dh, dout, p, b, p.Tq, p.H, h, i0, AT_BQ, 1.0f);
     att_stage_pos(sQp, p.q_pos, p.Tq, i0, AT_BQ);
+    att_stage_seg(sQs, p.q_seg, b, p.Tq, i0, AT_BQ);
     float L[AT_RW], Di[AT_RW], acc[AT_RW][AT_NC];
     for (int rr = 0; rr < AT_RW; rr++) {
         const int64_t i = i0 + w * AT_RW + rr;
@@ -212,13 +236,14 @@ __global__ void __launch_bounds__(AT_THREADS) att_bwd_dq_kernel(att_p p, float *
         att_stage(sK, ldk, k, p, b, p.Tk, p.Hkv, hk, j0, AT_BK, 1.0f);
         att_stage(sV, ldk, v, p, b, p.Tk, p.Hkv, hk, j0, AT_BK, 1.0f);
         att_stage_pos(sKp, p.k_pos, p.Tk, j0, AT_BK);
+        att_stage_seg(sKs, p.k_seg, b, p.Tk, j0, AT_BK);
         __syncthreads();
-        if (!att_tile_any(p, sQp, AT_BQ, sKp, AT_BK)) continue;
+        if (!att_tile_any(p, sQp, sQs, AT_BQ, sKp, sKs, AT_BK)) continue;
         for (int rr = 0; rr < AT_RW; rr++) {
             const int r = w * AT_RW + rr;
             if (i0 + r >= p.Tq) break;
             const long long kp = sKp[lane];
-            const int ok = kp != (long long)INT64_MIN / 2 && att_allowed(p, sQp[r], kp);
+            const int ok = kp != (long long)INT64_MIN / 2 && att_allowed(p, sQp[r], kp) && sQs[r] == sKs[lane];
             float ds = 0.0f;
             if (ok) {
                 float dot = 0.0f, dp = 0.0f;
@@ -266,12 +291,15 @@ __global__ void __launch_bounds__(AT_THREADS) att_bwd_dkdv_kernel(att_p p, float
     float *sD = sL + AT_BQ2;         /* [BQ2] D_i */
     long long *sQp = (long long *)(sD + AT_BQ2);
     long long *sKp = sQp + AT_BQ2;
+    int *sQs = (int *)(sKp + AT_BKV); /* segment ids */
+    int *sKs = sQs + AT_BQ2;
     const int64_t b = blockIdx.z, hk = blockIdx.y, j0 = (int64_t)blockIdx.x * AT_BKV;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
 
     att_stage(sK, Dh, k, p, b, p.Tk, p.Hkv, hk, j0, AT_BKV, 1.0f);
     att_stage(sV, Dh, v, p, b, p.Tk, p.Hkv, hk, j0, AT_BKV, 1.0f);
     att_stage_pos(sKp, p.k_pos, p.Tk, j0, AT_BKV);
+    att_stage_seg(sKs, p.k_seg, b, p.Tk, j0, AT_BKV);
     float adk[AT_RW][AT_NC], adv[AT_RW][AT_NC];
     for (int rr = 0; rr < AT_RW; rr++)
         for (int c = 0; c < AT_NC; c++) adk[rr][c] = adv[rr][c] = 0.0f;
@@ -282,18 +310,19 @@ __global__ void __launch_bounds__(AT_THREADS) att_bwd_dkdv_kernel(att_p p, float
             att_stage(sQ, ldq, q, p, b, p.Tq, p.H, h, i0, AT_BQ2, p.scale);
             att_stage(sO, ldq, dout, p, b, p.Tq, p.H, h, i0, AT_BQ2, 1.0f);
             att_stage_pos(sQp, p.q_pos, p.Tq, i0, AT_BQ2);
+            att_stage_seg(sQs, p.q_seg, b, p.Tq, i0, AT_BQ2);
             for (int r = threadIdx.x; r < AT_BQ2; r += blockDim.x) {
                 const int64_t i = i0 + r;
                 sL[r] = i < p.Tq ? lse[(b * p.H + h) * p.Tq + i] : 0.0f;
                 sD[r] = i < p.Tq ? Dv[(b * p.H + h) * p.Tq + i] : 0.0f;
             }
             __syncthreads();
-            if (!att_tile_any(p, sQp, AT_BQ2, sKp, AT_BKV)) continue;
+            if (!att_tile_any(p, sQp, sQs, AT_BQ2, sKp, sKs, AT_BKV)) continue;
             for (int rr = 0; rr < AT_RW; rr++) {
                 const int jr = w * AT_RW + rr;
                 if (j0 + jr >= p.Tk) break;
                 const long long qp = sQp[lane];
-                const int ok = qp != (long long)INT64_MIN / 2 && att_allowed(p, qp, sKp[jr]);
+                const int ok = qp != (long long)INT64_MIN / 2 && att_allowed(p, qp, sKp[jr]) && sQs[lane] == sKs[jr];
                 float pr = 0.0f, ds = 0.0f;
                 if (ok) {
                     float dot = 0.0f, dp = 0.0f;
@@ -350,6 +379,8 @@ static att_p att_params(const mt_attn_args *a) {
     p.window = a->window;
     p.q_pos = a->q_pos;
     p.k_pos = a->k_pos;
+    p.q_seg = a->q_seg && a->k_seg ? a->q_seg : NULL;
+    p.k_seg = a->q_seg && a->k_seg ? a->k_seg : NULL;
     return p;
 }
 
@@ -378,7 +409,7 @@ mt_status mt_cuda_attention_fwd(mt_backend *be, const mt_attn_args *a, float *ou
     const att_p p = att_params(a);
     const size_t Dh = (size_t)p.Dh;
     const size_t smem = (AT_BQ * Dh + AT_BK * (Dh + 1) + AT_BK * Dh) * sizeof(float) +
-                        (AT_BQ + AT_BK) * sizeof(long long);
+                        (AT_BQ + AT_BK) * (sizeof(long long) + sizeof(int));
     MT_TRY(att_smem(be, att_fwd_kernel, smem));
     dim3 grid((unsigned)((p.Tq + AT_BQ - 1) / AT_BQ), (unsigned)p.H, (unsigned)p.B);
     att_fwd_kernel<<<grid, AT_THREADS, smem>>>(p, out, lse, q, k, v);
@@ -406,13 +437,13 @@ mt_status mt_cuda_attention_bwd(mt_backend *be, const mt_attn_args *a, float *dq
     att_bwd_dot_kernel<<<mt_cuda_blocks(p.B * p.Tq * p.H * 32, 256), 256>>>(p, Dv, dout, out);
     MT_CUDA_LAUNCHED(be, "att_bwd_dot_kernel");
     const size_t smem_dq = (2 * AT_BQ * Dh + 2 * AT_BK * (Dh + 1)) * sizeof(float) +
-                           (AT_BQ + AT_BK) * sizeof(long long);
+                           (AT_BQ + AT_BK) * (sizeof(long long) + sizeof(int));
     MT_TRY(att_smem(be, att_bwd_dq_kernel, smem_dq));
     dim3 gq((unsigned)((p.Tq + AT_BQ - 1) / AT_BQ), (unsigned)p.H, (unsigned)p.B);
     att_bwd_dq_kernel<<<gq, AT_THREADS, smem_dq>>>(p, dq, dout, q, k, v, lse, Dv);
     MT_CUDA_LAUNCHED(be, "att_bwd_dq_kernel");
     const size_t smem_kv = (2 * AT_BKV * Dh + 2 * AT_BQ2 * (Dh + 1) + 2 * AT_BQ2) * sizeof(float) +
-                           (AT_BQ2 + AT_BKV) * sizeof(long long);
+                           (AT_BQ2 + AT_BKV) * (sizeof(long long) + sizeof(int));
     MT_TRY(att_smem(be, att_bwd_dkdv_kernel, smem_kv));
     dim3 gk((unsigned)((p.Tk + AT_BKV - 1) / AT_BKV), (unsigned)p.Hkv, (unsigned)p.B);
     att_bwd_dkdv_kernel<<<gk, AT_THREADS, smem_kv>>>(p, dk, dv, dout, q, k, v, lse, Dv);
