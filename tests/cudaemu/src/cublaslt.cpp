@@ -51,6 +51,7 @@ struct cudaemu_lt_pref {
 namespace {
 
 bool quiet() {
+    cudaemu_env_check();
     const char *v = getenv("CUDAEMU_QUIET");
     return v && strcmp(v, "1") == 0;
 }

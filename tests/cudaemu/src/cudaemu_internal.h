@@ -40,6 +40,11 @@ cudaError_t cudaemu_sticky_error(void);
  * cudaFuncAttributeMaxDynamicSharedMemorySize, v); 0 when never set. */
 size_t cudaemu_func_max_dynamic_smem(const void *func);
 
+/* Check every CUDAEMU_* environment variable once (src/env.cpp): a value out of its
+ * range or an unknown CUDAEMU_ name prints what is expected and exits the process with
+ * code 2. Each reader of a variable calls it first. */
+void cudaemu_env_check(void);
+
 /* Byte value fresh device and shared memory is filled with (0xFF: every float is a
  * NaN, every double too), unless CUDAEMU_FILL=0 (zero fill). */
 unsigned char cudaemu_fill_byte(void);

@@ -143,6 +143,7 @@ int parse_block_order(const char *s) {
 void load_orders() {
     if (g_ord.parsed) return;
     g_ord.parsed = 1;
+    cudaemu_env_check();
     const char *t = getenv("CUDAEMU_ORDER"), *b = getenv("CUDAEMU_BLOCK_ORDER");
     if (!parse_thread_order(t)) {
         fprintf(stderr, "cudaemu: CUDAEMU_ORDER=%s unknown (forward|reverse|random[:seed]); using forward\n", t);
@@ -163,6 +164,7 @@ unsigned long long next_rand() { /* splitmix64: seeded, reproducible */
 /* ---- stacks: mmap'd with a PROT_NONE guard page below, pooled per OS thread ---- */
 size_t stack_bytes() {
     static size_t bytes = [] {
+        cudaemu_env_check();
         const char *e = getenv("CUDAEMU_STACK_KIB");
 #ifdef CUDAEMU_ASAN
         size_t kib = 256; /* ASan's redzones need more */
@@ -670,14 +672,25 @@ int set_orders(const char *thread_order, const char *block_order) {
 /* CUDAEMU_FAIL_KERNEL=name[:n]: the n-th launch (1-based, default 1) of kernel `name`
  * faults as an illegal address would on a device (sticky), so tests can check that a
  * kernel failure reaches the caller's status and the trainer's exit code. */
+long long g_fail_seen = 0, g_fail_nth = 1; /* launches of the named kernel; the one to fault */
+void fail_kernel_unused() {
+    const char *spec = getenv("CUDAEMU_FAIL_KERNEL");
+    if (g_fail_seen < g_fail_nth)
+        fprintf(stderr, "cudaemu: CUDAEMU_FAIL_KERNEL=%s injected nothing: the kernel was launched %lld time(s)\n",
+                spec, g_fail_seen);
+}
 int injected_fault(const launch_site &s) {
+    cudaemu_env_check();
     static const char *spec = getenv("CUDAEMU_FAIL_KERNEL");
-    static long long seen = 0;
+    static long long &seen = g_fail_seen;
+    static int armed = spec && *spec && (atexit(fail_kernel_unused), 1);
+    (void)armed;
     if (!spec || !*spec) return 0;
     const char *colon = strchr(spec, ':');
     const size_t len = colon ? (size_t)(colon - spec) : strlen(spec);
     if (strlen(s.name) != len || strncmp(s.name, spec, len) != 0) return 0;
     const long long nth = colon ? atoll(colon + 1) : 1;
+    g_fail_nth = nth;
     if (++seen != nth) return 0;
     cudaemu_record_error(cudaErrorIllegalAddress, 1,
                          "kernel %s launched at %s:%d: an illegal memory access was encountered (fault injected by "

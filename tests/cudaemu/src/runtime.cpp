@@ -58,6 +58,7 @@ thread_local std::string t_msg;
 thread_local int t_device = 0;
 
 long env_long(const char *name, long dflt) {
+    cudaemu_env_check();
     const char *v = getenv(name);
     return v && *v ? strtol(v, nullptr, 10) : dflt;
 }
@@ -276,6 +277,7 @@ extern "C" size_t cudaemu_func_max_dynamic_smem(const void *func) {
 }
 
 extern "C" unsigned char cudaemu_fill_byte(void) {
+    cudaemu_env_check();
     const char *v = getenv("CUDAEMU_FILL");
     return v && strcmp(v, "0") == 0 ? 0x00 : 0xFF;
 }
