@@ -81,7 +81,7 @@ mt_status mt_set_verbosity(int level);
 
 /* ------------------------------------------------------------ processes ---- */
 
-/* Join the processes of a multi-process run (DESIGN.md section 5: the mesh axes are
+/* Join the processes of a multi-process run (the mesh axes are
  * then taken from the ici_*_parallelism keys of each session's config). mpi_comm is
  * a pointer to the caller's MPI_Comm (e.g. &MPI_COMM_WORLD or a sub-communicator),
  * passed as void * so this header does not need mpi.h; NULL means MPI_COMM_WORLD, or
@@ -156,7 +156,7 @@ mt_status mt_session_config_get(const mt_session *s, const char *key, char *buf,
 
 /* ---------------------------------------------------- the library's step ---- */
 
-/* One optimizer step's numbers (the metrics.jsonl row, DESIGN.md section 6). */
+/* One optimizer step's numbers (the metrics.jsonl row, docs/resume.md). */
 typedef struct mt_step_result {
     int64_t step;         /* steps done after this one (1-based) */
     double loss;          /* token-mean cross-entropy of the step (nats) */
@@ -305,7 +305,7 @@ mt_status mt_session_activation(mt_session *s, const char *name, float *out, int
 
 #define MT_MEMORY_CATEGORIES 8
 
-/* The memory plan of a training step (DESIGN.md section 3), bytes of backend memory.
+/* The memory plan of a training step (docs/memory.md), bytes of backend memory.
  * Categories, in order: params, grads, optimizer, activations, scratch, loss_tile,
  * comm, workspace (mt_memory_category_name). */
 typedef struct mt_memory_info {

@@ -1,4 +1,5 @@
-/* kernels/backend.h: the backend object and its registry (DESIGN.md section 1).
+/* kernels/backend.h: the backend object and its registry (op table + context +
+ * capabilities; chosen at start-up by backend=auto|cpu|cuda).
  *
  * A backend is an object in ggml's shape (ggml-backend-impl.h: an `iface` table of
  * functions plus a `context`): mt_backend holds its op table (kernels/ops.h), a
@@ -34,7 +35,8 @@ typedef struct mt_backend_caps {
      * (grad_accumulate / to_f32: float32 and bfloat16 on both). */
     uint32_t grad_dtypes;
     /* Nominal dense peak FLOP/s of one device, for MFU (metrics.jsonl "mfu"): 989e12
-     * for CUDA (H100/H200 SXM bf16 dense, REFERENCE.md); 0 when none is stated (the
+     * for CUDA (H100/H200 SXM bf16 dense, NVIDIA H100 Tensor
+     * Core GPU datasheet); 0 when none is stated (the
      * CPU: a nominal CPU peak would make the number meaningless), which makes MFU NaN. */
     double peak_flops;
     /* 1: the trainer may run it with more than one rank (its optimizer, checkpoint and

@@ -1,4 +1,5 @@
-/* kernels/ops.h: the op table every backend implements (DESIGN.md section 1).
+/* kernels/ops.h: the op table every backend implements (the only code that reads
+ * or writes backend memory).
  *
  * models/ and train/ call only these entries, never a backend directly: a backend is
  * an object (mt_backend, kernels/backend.h: this table as its interface, a context
@@ -212,7 +213,8 @@ typedef struct mt_ops {
      *   first == 0:  acc[i] = round(float(acc[i]) + x[i])   (the add in fp32, "+=")
      * round() is the identity for MT_F32 and round-to-nearest-even for MT_BF16
      * (runtime/dtype.h mt_f32_to_bf16: NaN stays a quiet NaN), so a bf16 accumulator
-     * adds in fp32 and rounds once per add, never bf16 + bf16 (DESIGN.md section 2).
+     * adds in fp32 and rounds once per add, never bf16 + bf16 (which would lose the
+     * addend's low bits once the sum grows).
      * Elementwise, hence deterministic. acc and x must not overlap. */
     mt_status (*grad_accumulate)(mt_backend *be, void *acc, mt_dtype dtype, const float *x, int64_t n,
                                  int first) MT_MUST_CHECK;

@@ -7,16 +7,14 @@
 #include "models/checkpoint.h"
 
 #include <cjson/cJSON.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "models/safetensors.h"
+#include "runtime/fileio.h"
 
 /* ---------------------------------------------------------------- small helpers */
 
@@ -31,91 +29,15 @@ static char *ck_join(const char *dir, const char *name) {
     return p;
 }
 
-/* mkdir -p */
-static mt_status ck_mkdirs(const char *dir) {
-    char *p = strdup(dir);
-    if (!p) return mt_set_error(MT_ERR_OOM, "%s: out of memory", dir);
-    for (char *q = p + 1;; q++) {
-        if (*q == '/' || *q == '\0') {
-            char c = *q;
-            *q = '\0';
-            if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-                mt_status s = mt_set_error(MT_ERR_IO, "%s: cannot create directory: %s", p, strerror(errno));
-                free(p);
-                return s;
-            }
-            *q = c;
-            if (c == '\0') break;
-        }
-    }
-    free(p);
-    struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-        return mt_set_error(MT_ERR_IO, "%s: not a directory", dir);
-    return MT_OK;
-}
-
-/* Write text to path atomically: path.tmp, fsync, rename. */
-static mt_status ck_write_text(const char *path, const char *text) {
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 5);
-    if (!tmp) return mt_set_error(MT_ERR_OOM, "%s: out of memory", path);
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp", 5);
-    mt_status s = MT_OK;
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        s = mt_set_error(MT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-        free(tmp);
-        return s;
-    }
-    size_t n = strlen(text);
-    if (fwrite(text, 1, n, f) != n || fflush(f) != 0 || fsync(fileno(f)) != 0)
-        s = mt_set_error(MT_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
-    if (fclose(f) != 0 && s == MT_OK) s = mt_set_error(MT_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
-    if (s == MT_OK && rename(tmp, path) != 0)
-        s = mt_set_error(MT_ERR_IO, "%s: cannot rename %s over it: %s", path, tmp, strerror(errno));
-    if (s != MT_OK) unlink(tmp);
-    free(tmp);
-    return s;
-}
-
-/* Read a whole (small) text file. */
+/* Read a whole (small) text file: a config or index, at most 256 MiB, no NUL byte. */
 static mt_status ck_read_text(const char *path, char **out) {
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return mt_set_error(MT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (!buf) {
-            fclose(f);
-            return mt_set_error(MT_ERR_OOM, "%s: out of memory", path);
-        }
-        len += fread(buf + len, 1, cap - len - 1, f);
-        if (len < cap - 1) break;
-        if (cap > ((size_t)256 << 20)) {
-            free(buf);
-            fclose(f);
-            return mt_set_error(MT_ERR_FORMAT, "%s: larger than 256 MiB, not a config file", path);
-        }
-        cap *= 2;
-        char *p = realloc(buf, cap);
-        if (!p) free(buf);
-        buf = p;
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (err) {
-        free(buf);
-        return mt_set_error(MT_ERR_IO, "%s: read error", path);
-    }
-    buf[len] = '\0';
-    if (strlen(buf) != len) {
-        free(buf);
+    size_t len = 0;
+    MT_TRY(mt_file_read_all(path, (size_t)256 << 20, out, &len));
+    if (strlen(*out) != len) {
+        free(*out);
+        *out = NULL;
         return mt_set_error(MT_ERR_FORMAT, "%s: contains a NUL byte", path);
     }
-    *out = buf;
     return MT_OK;
 }
 
@@ -247,7 +169,7 @@ static mt_status ck_config_write(const char *path, const mt_model_config *c, con
     }
     t2[n] = '\n';
     t2[n + 1] = '\0';
-    mt_status s = ck_write_text(path, t2);
+    mt_status s = mt_file_write_atomic(path, t2, strlen(t2));
     free(t2);
     return s;
 }
@@ -572,7 +494,7 @@ mt_status mt_checkpoint_save_model_meta(const char *dir, mt_model *m, mt_dtype d
     mt_backend *be = mt_model_backend(m);
     float *params = mt_model_params(m);
     if (!be || !params) return mt_set_error(MT_ERR_INVALID, "%s: model parameters are not bound to memory", dir);
-    MT_TRY(ck_mkdirs(dir));
+    MT_TRY(mt_file_mkdir_p(dir));
     int n = mt_model_param_count(m);
     mt_st_write_tensor *t = calloc(n > 0 ? (size_t)n : 1, sizeof *t);
     if (!t) return mt_set_error(MT_ERR_OOM, "%s: out of memory", dir);

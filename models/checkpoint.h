@@ -4,7 +4,8 @@
  * (models/model.h mt_model_param; linear weights [out, in]) and a config.json that
  * transformers' AutoConfig reads (llama / gemma / gemma2 / gemma3_text). Loading also
  * accepts sharded checkpoints (model.safetensors.index.json with a "weight_map" from
- * tensor name to shard file). Field names: REFERENCE.md "Hugging Face files" and the
+ * tensor name to shard file). Field names: transformers' configuration_llama.py /
+ * configuration_gemma.py / configuration_gemma2.py / configuration_gemma3.py and the
  * published config.json of each model. */
 #ifndef MT_MODELS_CHECKPOINT_H
 #define MT_MODELS_CHECKPOINT_H

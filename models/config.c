@@ -1,6 +1,6 @@
 /* models/config.c: decoder-block defaults, validation and the derived quantities of a
  * model config (norm offset, embedding scale, local/global layers, RoPE frequencies,
- * attention scale, parameter count). Facts: ../shared/REFERENCE.md, Hugging Face
+ * attention scale, parameter count). Facts: Hugging Face transformers'
  * modeling_llama.py / modeling_gemma*.py / modeling_rope_utils.py. */
 #include "models/config.h"
 

@@ -2,7 +2,7 @@
  *
  * A model is data: one decoder, configured by these fields (STYLE.md: no copy-paste
  * variants per model). configs/models/<model_name>.yml sets them with the same key
- * names (train/config.c parses them). Dimensions follow ../shared/REFERENCE.md and
+ * names (train/config.c parses them). Dimensions follow transformers' configuration_*.py and
  * the published Hugging Face config.json of each model. */
 #ifndef MT_MODELS_CONFIG_H
 #define MT_MODELS_CONFIG_H
@@ -26,7 +26,8 @@ typedef enum mt_decoder_block {
 
 typedef enum mt_rope_type {
     MT_ROPE_DEFAULT = 0, /* inv_freq[i] = base^(-2i/Dh) */
-    MT_ROPE_LLAMA3 = 1,  /* Llama 3.1 frequency scaling (REFERENCE.md) */
+    MT_ROPE_LLAMA3 = 1,  /* Llama 3.1 frequency scaling (transformers
+                          * modeling_rope_utils.py _compute_llama3_parameters) */
     MT_ROPE_LINEAR = 2   /* positions divided by rope_factor (HF "linear") */
 } mt_rope_type;
 

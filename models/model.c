@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "kernels/tiled_loss.h"
+#include "parallel/mesh.h"
 #include "parallel/vocab_loss.h"
 #include "runtime/rng.h"
 
@@ -978,7 +979,7 @@ static const float *layer_inv_freq(const mt_model *m, int64_t l) {
     return mt_model_layer_is_local(&m->cfg, l) ? t + m->Dh / 2 : t;
 }
 
-/* ---- context parallelism (DESIGN.md section 5; Liu et al., Ring Attention, 2023;
+/* ---- context parallelism (Liu et al., Ring Attention, 2023, arXiv:2310.01889;
  * Megatron-LM's causal load balancing): the sequence is cut into 2C chunks of Tc rows,
  * rank i holds chunks i and 2C-1-i of every sequence (rows [B, 2Tc]). RoPE and the
  * causal mask use the original positions. Forward: K and V (after RoPE) are
@@ -1855,10 +1856,9 @@ mt_status mt_model_set_tensor_parallel(mt_model *m, mt_comm *comm, int size, int
         return mt_set_error(MT_ERR_INVALID, "tensor parallelism: rank %d outside a group of %d", rank, size);
     if (size == 1) return MT_OK;
     const int64_t T = size;
-    if (m->H % T || m->Hkv % T || m->F % T || m->V % T)
-        return mt_set_error(MT_ERR_INVALID, "ici_tensor_parallelism=%d must divide base_num_query_heads=%lld, "
-                            "base_num_kv_heads=%lld, base_mlp_dim=%lld and vocab_size=%lld", size,
-                            (long long)m->H, (long long)m->Hkv, (long long)m->F, (long long)m->V);
+    const mt_layout_sizes split = {.num_query_heads = m->H, .num_kv_heads = m->Hkv, .mlp_dim = m->F,
+                                   .vocab_size = m->V};
+    MT_TRY(mt_mesh_check_tensor_split(T, &split)); /* the rules shared with mesh and estimator */
     m->tp_off = calloc((size_t)m->nparams, sizeof(int64_t));
     if (!m->tp_off) return mt_set_error(MT_ERR_OOM, "mt_model_set_tensor_parallel: out of memory");
     m->tp = size;

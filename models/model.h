@@ -148,7 +148,8 @@ mt_status mt_model_bind_host(mt_model *m, const mt_arena *host_arena, const mt_p
  * the group's gradients with the replicated ones taken from one rank gives the full
  * gradient. Activation buffers shrink to the local heads / mlp columns / vocab slice.
  * Errors: MT_ERR_INVALID (called twice or after planning, rank outside [0, size),
- * heads, kv heads, mlp_dim or vocab_size not divisible by size), MT_ERR_OOM. */
+ * heads, kv heads, mlp_dim or vocab_size not divisible by size: the rules and message
+ * of parallel/mesh.h mt_mesh_check_tensor_split), MT_ERR_OOM. */
 mt_status mt_model_set_tensor_parallel(mt_model *m, mt_comm *comm, int size, int rank);
 
 /* Context parallelism over `size` ranks (this one `rank`, comm the context group; NULL

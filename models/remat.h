@@ -1,4 +1,5 @@
-/* models/remat.h: rematerialisation policies, MaxText's names (DESIGN.md section 4).
+/* models/remat.h: rematerialisation policies, MaxText's names (MaxText
+ * src/MaxText/layers/decoders.py, Decoder.get_remat_policy).
  *
  * A policy gives every named tensor of a decoder layer an action: keep it on the
  * device from the forward to the backward, recompute it in the backward (remat), or

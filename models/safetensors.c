@@ -17,6 +17,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "runtime/fileio.h"
+
 #define ST_CHUNK_BYTES ((size_t)1 << 20)          /* conversion buffer for read_f32 */
 #define ST_MAX_HEADER ((uint64_t)100000000)        /* safetensors' own MAX_HEADER_SIZE */
 #define ST_MAX_EXACT ((uint64_t)1 << 53)          /* largest integer a JSON double holds */
@@ -55,18 +57,6 @@ static int st_pread_all(int fd, void *buf, size_t n, uint64_t off) {
         p += r;
         n -= (size_t)r;
         off += (uint64_t)r;
-    }
-    return 0;
-}
-
-static int st_write_all(int fd, const void *buf, size_t n) {
-    const char *p = buf;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
-        p += w;
-        n -= (size_t)w;
     }
     return 0;
 }
@@ -552,20 +542,9 @@ mt_status mt_safetensors_write_fetch(const char *path, const mt_st_write_tensor 
         return mt_set_error(MT_ERR_OOM, "%s: out of memory for the header", path);
     }
 
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 5);
-    if (!tmp) {
-        free(h.p);
-        free(bytes);
-        return mt_set_error(MT_ERR_OOM, "%s: out of memory", path);
-    }
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp", 5);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        s = mt_set_error(MT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-        goto out;
-    }
+    mt_atomic_file af;
+    s = mt_atomic_open(&af, path);
+    if (s != MT_OK) goto out;
     unsigned char lenb[8];
     for (int k = 0; k < 8; k++) lenb[k] = (unsigned char)((uint64_t)h.len >> (8 * k));
     void *scratch = NULL;
@@ -576,25 +555,20 @@ mt_status mt_safetensors_write_fetch(const char *path, const mt_st_write_tensor 
         if (!scratch)
             s = mt_set_error(MT_ERR_OOM, "%s: out of memory for a %llu-byte tensor", path, (unsigned long long)most);
     }
-    if (s == MT_OK && (st_write_all(fd, lenb, 8) || st_write_all(fd, h.p, h.len)))
-        s = mt_set_error(MT_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
+    if (s == MT_OK) s = mt_atomic_write(&af, lenb, 8);
+    if (s == MT_OK) s = mt_atomic_write(&af, h.p, h.len);
     for (int i = 0; i < n && s == MT_OK; i++) {
         const void *src = t[i].data;
         if (fetch && bytes[i]) {
             s = fetch(ctx, i, scratch, (size_t)bytes[i]);
             src = scratch;
         }
-        if (s == MT_OK && st_write_all(fd, src, (size_t)bytes[i]))
-            s = mt_set_error(MT_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
+        if (s == MT_OK) s = mt_atomic_write(&af, src, (size_t)bytes[i]);
     }
     free(scratch);
-    if (s == MT_OK && fsync(fd) != 0) s = mt_set_error(MT_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
-    if (close(fd) != 0 && s == MT_OK) s = mt_set_error(MT_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
-    if (s == MT_OK && rename(tmp, path) != 0)
-        s = mt_set_error(MT_ERR_IO, "%s: cannot rename %s over it: %s", path, tmp, strerror(errno));
-    if (s != MT_OK) unlink(tmp);
+    if (s == MT_OK) s = mt_atomic_commit(&af);
+    else mt_atomic_abort(&af);
 out:
-    free(tmp);
     free(h.p);
     free(bytes);
     return s;

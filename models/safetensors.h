@@ -1,6 +1,6 @@
 /* models/safetensors.h: strict reader and atomic writer of safetensors files.
  *
- * Format (huggingface/safetensors, docs "The format"; REFERENCE.md): an 8-byte
+ * Format (huggingface/safetensors, docs "The format"): an 8-byte
  * little-endian header length N, N bytes of a JSON object mapping tensor name ->
  * {"dtype", "shape", "data_offsets": [begin, end)} (offsets in bytes relative to the
  * data start, i.e. file offset 8 + N) plus an optional "__metadata__" object of

@@ -1,4 +1,5 @@
-/* parallel/comm.h: communicators and collectives (DESIGN.md section 5).
+/* parallel/comm.h: communicators and collectives (one communicator per mesh
+ * axis; NCCL on device buffers, MPI on host buffers).
  *
  * models/ and train/ call only this header, never mpi.h (or nccl.h). A communicator
  * is a group of ranks (one mesh axis, data x fsdp, or the world). Two backends:

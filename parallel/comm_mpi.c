@@ -237,22 +237,6 @@ void mt_comm_set_timeout(double seconds) {
 
 /* ------------------------------------------------------------------- world ---- */
 
-size_t mt_comm_dtype_size(mt_comm_dtype dt) {
-    switch (dt) {
-    case MT_COMM_F32: return 4;
-    case MT_COMM_F64: return 8;
-    case MT_COMM_I64: return 8;
-    case MT_COMM_U16: return 2;
-    }
-    return 0;
-}
-
-const char *mt_coll_kind_name(mt_coll_kind k) {
-    static const char *const n[MT_COLL_KINDS] = {"all_reduce", "reduce_scatter", "all_gather",
-                                                 "broadcast", "send", "barrier"};
-    return k >= 0 && k < MT_COLL_KINDS ? n[k] : "?";
-}
-
 #ifdef MT_HAVE_MPI
 /* Exit handler: finalise MPI if every rank reaches here within a few seconds, else
  * abort (a rank leaving on an error must not wait forever in MPI_Finalize). */

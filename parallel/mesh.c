@@ -51,13 +51,19 @@ static mt_status need_div(int64_t value, const char *vkey, int64_t by, const cha
     return MT_OK;
 }
 
+mt_status mt_mesh_check_tensor_split(int64_t tp, const mt_layout_sizes *s) {
+    const char *tk = k_keys[MT_AXIS_TENSOR];
+    if (tp <= 1) return MT_OK;
+    MT_TRY(need_div(s->num_query_heads, "base_num_query_heads", tp, tk));
+    MT_TRY(need_div(s->num_kv_heads, "base_num_kv_heads", tp, tk)); /* no kv-head replication */
+    MT_TRY(need_div(s->mlp_dim, "base_mlp_dim", tp, tk));
+    return need_div(s->vocab_size, "vocab_size", tp, tk);
+}
+
 mt_status mt_mesh_check_layout(const int dims[MT_MESH_AXES], const mt_layout_sizes *s) {
-    const int64_t T = dims[MT_AXIS_TENSOR], C = dims[MT_AXIS_CONTEXT];
-    const char *tk = k_keys[MT_AXIS_TENSOR], *ck = k_keys[MT_AXIS_CONTEXT];
-    MT_TRY(need_div(s->num_query_heads, "base_num_query_heads", T, tk));
-    MT_TRY(need_div(s->num_kv_heads, "base_num_kv_heads", T, tk));
-    MT_TRY(need_div(s->mlp_dim, "base_mlp_dim", T, tk));
-    MT_TRY(need_div(s->vocab_size, "vocab_size", T, tk));
+    const int64_t C = dims[MT_AXIS_CONTEXT];
+    const char *ck = k_keys[MT_AXIS_CONTEXT];
+    MT_TRY(mt_mesh_check_tensor_split(dims[MT_AXIS_TENSOR], s));
     if (C > 1 && s->seq % (2 * C) != 0)
         return mt_set_error(MT_ERR_INVALID, "max_target_length=%lld is not divisible by 2 x %s=%lld (2C chunks)",
                             (long long)s->seq, ck, (long long)C);

@@ -1,4 +1,5 @@
-/* parallel/mesh.h: the device mesh data x fsdp x context x tensor (DESIGN.md section 5).
+/* parallel/mesh.h: the device mesh data x fsdp x context x tensor (MaxText's
+ * ici_*_parallelism axes).
  *
  * Keys ici_data_parallelism, ici_fsdp_parallelism, ici_context_parallelism,
  * ici_tensor_parallelism; at most one may be -1 ("fill": world / product of the
@@ -49,9 +50,29 @@ typedef struct mt_layout_sizes {
     int64_t batch; /* per_device_batch_size (sequences per data x fsdp rank) */
 } mt_layout_sizes;
 
-/* Divisibility checks of dims against s: query heads, kv heads, mlp_dim and
- * vocab_size by tensor; seq by 2 x context (2C chunks). Errors: MT_ERR_INVALID
- * naming the key of the axis, the model key and both numbers. */
+/* The tensor-parallel split rules: the one place that says which tensor axis sizes
+ * tp the model divides into (used by mt_mesh_check_layout, the model's
+ * mt_model_set_tensor_parallel and the estimator, so that no layout is estimated
+ * that the trainer refuses). Megatron-LM's split (Shoeybi et al. 2019, "Megatron-LM",
+ * arXiv:1909.08053, section 3), each rank holding equal whole slices:
+ *   base_num_query_heads % tp == 0  attention: q_proj column-parallel by heads, o_proj
+ *                                   row-parallel over the same heads (each rank
+ *                                   attends with whole heads);
+ *   base_num_kv_heads % tp == 0     k_proj / v_proj column-parallel by kv head: each
+ *                                   rank keeps the kv heads its query heads use.
+ *                                   Replicating kv heads when tp > kv heads is not
+ *                                   supported and is refused;
+ *   base_mlp_dim % tp == 0          MLP: gate/up column-parallel, down row-parallel;
+ *   vocab_size % tp == 0            vocab-parallel embedding and loss (no padding).
+ * Only the four model fields of s are read; tp <= 1 always passes.
+ * Errors: MT_ERR_INVALID for the first rule broken, in the order above:
+ * "<model key>=<value> is not divisible by ici_tensor_parallelism=<tp>". */
+mt_status mt_mesh_check_tensor_split(int64_t tp, const mt_layout_sizes *s);
+
+/* Divisibility checks of dims against s: the tensor split rules
+ * (mt_mesh_check_tensor_split) on the tensor axis; seq by 2 x context (2C chunks);
+ * batch >= 1. Errors: MT_ERR_INVALID naming the key of the axis, the model key and
+ * both numbers. */
 mt_status mt_mesh_check_layout(const int dims[MT_MESH_AXES], const mt_layout_sizes *s);
 
 typedef struct mt_mesh {

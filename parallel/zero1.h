@@ -1,6 +1,7 @@
 /* parallel/zero1.h: gradient reduction over data x fsdp x context, ZeRO-1 sharding of the
- * optimizer, and the gradient-accumulation buffers in grad_dtype (DESIGN.md sections
- * 2, 4 and 5; REFERENCE.md "ZeRO-1", "Gradient accumulation").
+ * optimizer, and the gradient-accumulation buffers in grad_dtype (ZeRO stage 1:
+ * Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+ * Models", SC 2020, arXiv:1910.02054; a bf16 accumulator adds in fp32 and rounds once).
  *
  * The flat gradient (numel fp32, the model's layout) of each micro-batch holds the
  * gradient of the SUMMED token loss. With n ranks in the data x fsdp x context group:

@@ -1,4 +1,5 @@
-/* runtime/plan.h: the memory plan and the arena it sizes (DESIGN.md section 3).
+/* runtime/plan.h: the memory plan and the arena it sizes (every device buffer is an entry sized
+ * before anything is allocated, so `meshtrain plan` and the estimator are exact).
  *
  * Every buffer of a training step is an entry with a name, a category, a size in
  * bytes and a lifetime [first, last] measured in step phases (integers chosen by the

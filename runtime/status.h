@@ -41,7 +41,7 @@ mt_status mt_set_error(mt_status s, const char *fmt, ...)
 void mt_clear_error(void);
 
 /* Process exit code for a status: 0 for MT_OK; 2 for bad input (INVALID, IO, FORMAT,
- * UNSUPPORTED); 1 for runtime failures (OOM, RUNTIME). DESIGN.md section 6. */
+ * UNSUPPORTED); 1 for runtime failures (OOM, RUNTIME): the CLI's exit codes (docs/exit_codes.md). */
 int mt_status_exit_code(mt_status s);
 
 /* Propagate a failing status: `MT_TRY(mt_foo(...));` */

@@ -29,14 +29,15 @@ split of a document depends on its text and the seed only, not on file order.
 --val-every 0 writes no val split. Documents stay in input order within each split.
 
 Output: DIR/<name>_train_NNNNNN.bin and DIR/<name>_val_NNNNNN.bin (llm.c's names and
-format, DESIGN.md section 6): a 256 x int32 little-endian header [magic, version,
-token count, 0...] then the tokens: magic 20240520 version 1 with uint16 tokens
-when the vocabulary fits (<= 65536 ids), else magic 20240801 version 7 with uint32
-tokens (llm.c's Llama 3 shards). Each shard holds --shard-size tokens (default 10^8,
-at most 2^31 - 1, the header's int32 count) except the last of a split; documents
-run on across shard boundaries as in llm.c. Files are written under a temporary name
-and renamed, then DIR/<name>_prepare.json records the inputs, tokenizer, options and
-counts. A progress bar goes to stderr when stderr is a terminal.
+format, as llm.c's dev/data/data_common.py write_datafile writes it): a 256 x int32
+little-endian header [magic, version, token count, 0...] then the tokens: magic
+20240520 version 1 with uint16 tokens when the vocabulary fits (<= 65536 ids), else
+magic 20240801 version 7 with uint32 tokens (llm.c's Llama 3 shards). Each shard
+holds --shard-size tokens (default 10^8, at most 2^31 - 1, the header's int32 count)
+except the last of a split; documents run on across shard boundaries as in llm.c.
+Files are written under a temporary name and renamed, then DIR/<name>_prepare.json
+records the inputs, tokenizer, options and counts. A progress bar goes to stderr
+when stderr is a terminal.
 
 Exit codes: 0 done; 2 bad input, naming it (an unreadable or unknown-format file, a
 JSONL line that is not JSON or lacks the field, an empty document set, a vocabulary

@@ -2,7 +2,20 @@
 # tests/CMakeLists.txt registers only test_*.sh, so this file is not a test.
 # Use: . "$(dirname "$0")/lib.sh"
 #
-#   mt_tmp                  $tmp: a fresh directory removed on exit; failures=0
+#   mt_build SCRIPT BUILD_DIR [BIN]
+#                           build=BUILD_DIR (usage error naming SCRIPT when absent),
+#                           src=the source tree, bin=BUILD_DIR/BIN (default meshtrain);
+#                           exit 1 when bin is not executable
+#   mt_need_python3         exit 77 (skipped) when python3 is not on PATH
+#   mt_need_hf_venv         venv=$MT_HF_VENV (default $src/.venv-hf), py=its python; exit 77
+#                           (skipped) when it cannot import tokenizers
+#   mt_need_mpirun          exit 77 (skipped) when mpirun is not on PATH
+#   mt_need_tools NAME...   tools=paths of BUILD_DIR/tests/tools/NAME (in order); exit 1
+#                           naming the first that is not executable
+#   mt_sys_python           py=/usr/bin/python3 (Debian's, with its python3-* packages),
+#                           else python3 from PATH
+#   mt_tmp                  $tmp: a fresh directory removed on exit (kept when KEEP is
+#                           set, for debugging); failures=0
 #   fail MSG...             print "FAIL: MSG" and count it in $failures
 #   mt_finish MSG           exit 1 printing "N failure(s)" if any failed, else print MSG
 #   mt_mpi_env              export the Open MPI settings the MPI tests need: run as root,
@@ -18,14 +31,52 @@
 #                           $tool must be set) and $tmp/cfg/run.yml (MODEL, length 16,
 #                           3 steps, lr 3e-4, adam_eps 1e-5, no warm-up, no eval, cpu,
 #                           seed 3); sets cfg to it; exits 1 if the shards cannot be written
+#   mt_train RUN ARGS...    $bin train $tmp/cfg/run.yml run_name=RUN ARGS..., output in
+#                           $tmp/RUN.out and .err; on failure fail (with that output), return 1
+#   mt_column RUN FIELD FIRST LAST
+#                           "STEP VALUE" for every row of $tmp/out/RUN/metrics.jsonl with
+#                           FIRST <= step <= LAST that has FIELD, the value exactly as
+#                           printed (so that comparing two columns is bitwise)
 #   mt_shards DIR SEED NAME=NTOKENS...
 #                           llm.c token shards (header magic 20240520, version 1, uint16
 #                           tokens) of a noisy repeating pattern (learnable) drawn from
 #                           Python's random.Random(SEED), one shard per NAME in order
 
+mt_build() {
+    build="${2:-}"
+    [ -n "$build" ] || { echo "usage: $1 BUILD_DIR" >&2; exit 1; }
+    src="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+    bin="$build/${3:-meshtrain}"
+    [ -x "$bin" ] || { echo "no $bin"; exit 1; }
+}
+
+mt_need_python3() { command -v python3 >/dev/null || { echo "python3 not found: skipped"; exit 77; }; }
+
+mt_need_hf_venv() {
+    venv="${MT_HF_VENV:-$src/.venv-hf}"
+    py="$venv/bin/python"
+    if ! "$py" -c "import tokenizers" 2>/dev/null; then
+        echo "skip: no tokenizers in $venv (run scripts/setup-hf-venv.sh)"
+        exit 77
+    fi
+}
+
+mt_need_mpirun() { command -v mpirun >/dev/null || { echo "mpirun not found: skipped"; exit 77; }; }
+
+mt_need_tools() {
+    local t
+    tools=()
+    for t in "$@"; do
+        tools+=("$build/tests/tools/$t")
+        [ -x "$build/tests/tools/$t" ] || { echo "no $build/tests/tools/$t"; exit 1; }
+    done
+}
+
+mt_sys_python() { py=/usr/bin/python3; [ -x "$py" ] || py=python3; }
+
 mt_tmp() {
     tmp="$(mktemp -d)"
-    trap 'rm -rf "$tmp"' EXIT
+    trap '[ -n "${KEEP:-}" ] || rm -rf "$tmp"' EXIT
     failures=0
 }
 
@@ -110,5 +161,24 @@ def shard(path, toks):
 for spec in sys.argv[3:]:
     name, n = spec.split("=")
     shard(d + "/" + name, tokens(int(n)))
+PY
+}
+
+mt_train() {
+    local name="$1"; shift
+    if ! "$bin" train "$tmp/cfg/run.yml" run_name="$name" "$@" > "$tmp/$name.out" 2> "$tmp/$name.err"; then
+        fail "run $name failed: $(cat "$tmp/$name.out" "$tmp/$name.err")"
+        return 1
+    fi
+}
+
+mt_column() {
+    python3 - "$tmp/out/$1/metrics.jsonl" "$2" "$3" "$4" <<'PY'
+import json, re, sys
+path, field, first, last = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+for line in open(path):
+    row = json.loads(line)
+    if first <= row["step"] <= last and field in row:
+        print(row["step"], re.search(r'"%s": ([^,}]*)' % field, line).group(1))
 PY
 }

@@ -15,6 +15,7 @@
 
 /* internal headers first (they define mt_status; meshtrain.h then skips its copy) */
 #include "train/data.h"
+#include "tests/test_fixtures.h"
 #include "meshtrain.h"
 
 #define V 64
@@ -23,7 +24,7 @@
 #define T 16
 #define N (B * T)
 
-static char g_dir[64];
+static char g_dir[TU_TMPDIR_LEN];
 static char g_cfg[256];
 
 static void write_file(const char *path, const char *text) {
@@ -36,8 +37,7 @@ static void write_file(const char *path, const char *text) {
 /* A tiny llama (models/tiny.yml next to run.yml) and two shards of a noisy repeating
  * pattern (learnable: the loss must fall). */
 static void setup(void) {
-    strcpy(g_dir, "/tmp/mt_api_XXXXXX");
-    cr_assert_not_null(mkdtemp(g_dir));
+    tu_tmpdir_create(g_dir, "mt_api");
     char p[512];
     snprintf(p, sizeof p, "%s/models", g_dir);
     cr_assert_eq(mkdir(p, 0755), 0);
@@ -69,11 +69,7 @@ static void setup(void) {
     free(tok);
 }
 
-static void teardown(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-    cr_assert_eq(system(cmd), 0);
-}
+static void teardown(void) { tu_tmpdir_remove(g_dir); }
 
 TestSuite(api, .init = setup, .fini = teardown);
 
@@ -407,7 +403,7 @@ Test(api, train_checkpoint_resume_and_hf) {
     mt_step_result r1, r2;
     cr_assert_eq(mt_session_step(s, &r1), MT_OK);
     cr_assert_eq(mt_session_step(s2, &r2), MT_OK);
-    cr_assert_eq(r1.loss, r2.loss); /* DESIGN.md: resume is bitwise */
+    cr_assert_eq(r1.loss, r2.loss); /* resume is bitwise (docs/resume.md) */
     mt_session_free(s2);
 
     /* weights as a Hugging Face directory, reopened with mt_session_create_hf */

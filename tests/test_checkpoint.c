@@ -13,6 +13,7 @@
 #include <criterion/criterion.h>
 
 #include "tests/test_backend_util.h"
+#include "tests/test_fixtures.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,30 +28,16 @@
 #include "models/safetensors.h"
 #include "runtime/plan.h"
 
-static char g_dir[64];
+static char g_dir[TU_TMPDIR_LEN];
 
-static void setup(void) {
-    strcpy(g_dir, "/tmp/mt_ckpt_XXXXXX");
-    cr_assert_not_null(mkdtemp(g_dir));
-}
-
-static void teardown(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-    cr_assert_eq(system(cmd), 0);
-}
+static void setup(void) { tu_tmpdir_create(g_dir, "mt_ckpt"); }
+static void teardown(void) { tu_tmpdir_remove(g_dir); }
 
 TestSuite(checkpoint, .init = setup, .fini = teardown);
 TestSuite(hf_config, .init = setup, .fini = teardown);
 
 /* Paths live in a ring of 32 buffers: copy one that must outlive 31 more calls. */
-static char *path_in(const char *name) {
-    static char buf[32][256];
-    static int k;
-    char *p = buf[k++ % 32];
-    snprintf(p, 256, "%s/%s", g_dir, name);
-    return p;
-}
+static char *path_in(const char *name) { return tu_path_in(g_dir, name); }
 
 static void write_text(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
@@ -61,29 +48,10 @@ static void write_text(const char *path, const char *text) {
 
 /* ---------------------------------------------------------------- tiny models */
 
-static mt_model_config tiny_llama(void) {
-    mt_model_config c;
-    mt_model_config_defaults(&c, MT_DECODER_LLAMA2);
-    c.vocab_size = 64;
-    c.emb_dim = 16;
-    c.num_query_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 4;
-    c.mlp_dim = 24;
-    c.num_decoder_layers = 2;
-    return c;
-}
+static mt_model_config tiny_llama(void) { return tu_model_shape(MT_DECODER_LLAMA2, 64, 16, 4, 2, 4, 24, 2); }
 
 static mt_model_config tiny_gemma3(void) {
-    mt_model_config c;
-    mt_model_config_defaults(&c, MT_DECODER_GEMMA3);
-    c.vocab_size = 48;
-    c.emb_dim = 16;
-    c.num_query_heads = 2;
-    c.num_kv_heads = 1;
-    c.head_dim = 8;
-    c.mlp_dim = 32;
-    c.num_decoder_layers = 2;
+    mt_model_config c = tu_model_shape(MT_DECODER_GEMMA3, 48, 16, 2, 1, 8, 32, 2);
     c.sliding_window_size = 4;
     c.sliding_window_pattern = 2;
     c.local_rope_max_timescale = 20000.0f; /* not the default: the round trip must carry it */
@@ -473,7 +441,7 @@ Test(hf_config, llama3_round_trip) {
 }
 
 Test(hf_config, gemma_family_round_trips) {
-    /* gemma-2b, gemma2-2b, gemma3-4b dimensions (REFERENCE.md), with their families'
+    /* gemma-2b, gemma2-2b, gemma3-4b dimensions (their published config.json), with their families'
      * defaults from mt_model_config_defaults. */
     mt_model_config c[3];
     mt_model_config_defaults(&c[0], MT_DECODER_GEMMA);

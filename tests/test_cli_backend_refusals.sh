@@ -10,10 +10,8 @@
 # of a device (exit 2, "backend=cuda"), or trains where one is visible.
 set -u
 . "$(dirname "$0")/lib.sh"
-build="${1:?usage: test_cli_backend_refusals.sh BUILD_DIR}"
-bin="$build/meshtrain"
-[ -x "$bin" ] || { echo "no $bin"; exit 1; }
-command -v python3 >/dev/null || { echo "python3 not found: skipped"; exit 77; }
+mt_build test_cli_backend_refusals.sh "${1:-}"
+mt_need_python3
 
 mt_tmp
 mt_tiny_model "$tmp/cfg/models/tiny.yml" llama 1

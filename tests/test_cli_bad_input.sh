@@ -5,25 +5,13 @@
 # Tiny shards are generated here (python3 standard library only).
 set -u
 . "$(dirname "$0")/lib.sh"
-build="${1:?usage: test_cli_bad_input.sh BUILD_DIR}"
-bin="$build/meshtrain"
-[ -x "$bin" ] || { echo "no $bin"; exit 1; }
-command -v python3 >/dev/null || { echo "python3 not found: skipped"; exit 77; }
+mt_build test_cli_bad_input.sh "${1:-}"
+mt_need_python3
 
 mt_tmp
 
 mkdir -p "$tmp/cfg/models" "$tmp/data" "$tmp/bad_magic" "$tmp/truncated" "$tmp/big_token"
-cat > "$tmp/cfg/models/tiny.yml" <<'YML'
-decoder_block: llama2
-vocab_size: 64
-base_emb_dim: 32
-base_num_query_heads: 4
-base_num_kv_heads: 2
-head_dim: 8
-base_mlp_dim: 64
-base_num_decoder_layers: 1
-mlp_activations: ["silu", "linear"]
-YML
+mt_tiny_model "$tmp/cfg/models/tiny.yml" llama 1
 cat > "$tmp/cfg/run.yml" <<YML
 model_name: tiny
 run_name: keep
@@ -124,6 +112,36 @@ expect_bad "both starting points" "load_checkpoint" "load_parameters_path" -- \
     train "$run" load_checkpoint="$tmp/out/keep/checkpoints/step_2" load_parameters_path="$tmp/out/keep/checkpoints/step_2"
 expect_bad "tokenizer_path is a directory" "tokenizer_path" "is a directory" -- \
     sample "$run" load_checkpoint="$tmp/out/keep/checkpoints/step_2" tokenizer_path="$tmp/data"
+# A tokenizer far smaller than the model's vocabulary (more than padding): another
+# model's tokenizer, refused before sampling (config.json says vocab_size 8192).
+sed 's/^vocab_size: 64$/vocab_size: 8192/' "$tmp/cfg/models/tiny.yml" > "$tmp/cfg/models/tiny8k.yml"
+"$bin" train "$run" model_name=tiny8k base_output_directory="$tmp/o8k" steps=1 eval_interval=0 \
+    > "$tmp/o8k.log" 2>&1 || fail "the 8192-id model did not train: $(cat "$tmp/o8k.log")"
+python3 - "$tmp" <<'PY'
+import sys
+t = sys.argv[1]
+with open(t + "/small.vocab", "w") as f:
+    f.write("<unk>\t0\n<s>\t0\n</s>\t0\n" + "".join("p%d\t0\n" % i for i in range(597)))
+PY
+expect_bad "tokenizer smaller than the model" "tokenizer_path" "600" "8192" -- \
+    sample "$run" load_checkpoint="$tmp/o8k/keep/checkpoints/step_1" tokenizer_path="$tmp/small.vocab" prompt_ids=1
+expect_bad "packing separator beyond the vocabulary" "packing_separator_id" "99999" "vocab_size" -- \
+    train "$run" packing=true packing_separator_id=99999 base_output_directory="$tmp/out2"
+# An empty entry inside a list is an error naming the key (as train_files=a.bin, is).
+expect_bad "empty prompt_ids entry" "prompt_ids" "1,,2" "empty entry" -- \
+    sample "$run" load_checkpoint="$tmp/out/keep/checkpoints/step_2" prompt_ids=1,,2
+expect_bad "trailing prompt_ids comma" "prompt_ids" "empty entry" -- \
+    sample "$run" load_checkpoint="$tmp/out/keep/checkpoints/step_2" prompt_ids=1,2,
+# MESHTRAIN_PYTHON set to something that cannot run: the user's input, named (exit 2).
+MESHTRAIN_PYTHON=/nonexistent/python expect_bad "MESHTRAIN_PYTHON missing" "MESHTRAIN_PYTHON" "/nonexistent/python" -- \
+    prepare --help
+MESHTRAIN_PYTHON="$tmp/cfg" expect_bad "MESHTRAIN_PYTHON a directory" "MESHTRAIN_PYTHON" -- prepare --help
+MESHTRAIN_PYTHON=no-such-python-here expect_bad "MESHTRAIN_PYTHON not on PATH" "MESHTRAIN_PYTHON" "PATH" -- \
+    prepare --help
+# prepare --help cites what a user has (llm.c's writer), not a design file they lack.
+"$bin" prepare --help > "$tmp/prep_help.out" 2>&1 || fail "prepare --help failed: $(cat "$tmp/prep_help.out")"
+grep -q "DESIGN.md" "$tmp/prep_help.out" && fail "prepare --help cites DESIGN.md"
+grep -q "data_common.py" "$tmp/prep_help.out" || fail "prepare --help does not cite llm.c's data_common.py"
 expect_bad "override first" "steps=20" "CONFIG.yml must come first" -- train steps=20 "$run"
 # A missing model file: each directory tried once, by its real path.
 # From the config's own directory ./configs/models and <CONFIG dir>/configs/models are one.

@@ -16,10 +16,8 @@
 #    another `seed` (data_shuffle_seed -1 follows it) keeps the checkpoint's order.
 set -u
 . "$(dirname "$0")/lib.sh"
-build="${1:?usage: test_cli_data.sh BUILD_DIR}"
-bin="$build/meshtrain"
-[ -x "$bin" ] || { echo "no $bin"; exit 1; }
-command -v python3 >/dev/null || { echo "python3 not found: skipped"; exit 77; }
+mt_build test_cli_data.sh "${1:-}"
+mt_need_python3
 
 mt_tmp
 mkdir -p "$tmp/cfg/models"
@@ -43,13 +41,6 @@ backend: cpu
 seed: 7
 YML
 
-train() { # RUN_NAME ARGS...
-    local name="$1"; shift
-    if ! "$bin" train "$tmp/cfg/run.yml" run_name="$name" "$@" > "$tmp/$name.out" 2> "$tmp/$name.err"; then
-        fail "run $name failed: $(cat "$tmp/$name.out" "$tmp/$name.err")"
-        return 1
-    fi
-}
 # expect2 WHAT TEXT... -- ARGS: `meshtrain train` exits 2 and stderr holds every TEXT
 expect2() {
     local what=$1; shift
@@ -60,17 +51,6 @@ expect2() {
     local rc=$?
     [ $rc -eq 2 ] || { fail "$what: exit $rc, want 2: $(cat "$tmp/e.err")"; return; }
     for t in "${texts[@]}"; do grep -qF -- "$t" "$tmp/e.err" || fail "$what: message lacks '$t': $(cat "$tmp/e.err")"; done
-}
-# column RUN FIELD FIRST LAST: FIELD of steps FIRST..LAST exactly as printed
-column() {
-    python3 - "$tmp/out/$1/metrics.jsonl" "$2" "$3" "$4" <<'PY'
-import json, re, sys
-path, field, first, last = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-for line in open(path):
-    row = json.loads(line)
-    if first <= row["step"] <= last and field in row:
-        print(row["step"], re.search(r'"%s": ([^,}]*)' % field, line).group(1))
-PY
 }
 # epoch RUN STEP: data_epoch of the checkpoint's train_state.safetensors
 epoch() {
@@ -83,49 +63,49 @@ PY
 }
 
 # llm.c's names, shuffled (default), twice with one seed.
-train a || exit 1
-train a2 || exit 1
-[ "$(column a loss 1 12 | wc -l)" -eq 12 ] || fail "run a has no 12 loss rows"
+mt_train a || exit 1
+mt_train a2 || exit 1
+[ "$(mt_column a loss 1 12 | wc -l)" -eq 12 ] || fail "run a has no 12 loss rows"
 for f in loss grad_norm val_loss; do
-    [ "$(column a $f 0 12)" = "$(column a2 $f 0 12)" ] || fail "two runs with one seed differ in $f"
+    [ "$(mt_column a $f 0 12)" = "$(mt_column a2 $f 0 12)" ] || fail "two runs with one seed differ in $f"
 done
 # File order, and another shuffle seed: other batches, so other losses.
-train plain enable_data_shuffling=false || exit 1
-train seed5 data_shuffle_seed=5 || exit 1
-[ "$(column a loss 1 12)" != "$(column plain loss 1 12)" ] || fail "shuffling did not change the batches"
-[ "$(column a loss 1 12)" != "$(column seed5 loss 1 12)" ] || fail "data_shuffle_seed did not change the batches"
-[ "$(column a loss 1 1)" = "$(column plain loss 1 1)" ] && fail "the first batch is the file's first with shuffling"
+mt_train plain enable_data_shuffling=false || exit 1
+mt_train seed5 data_shuffle_seed=5 || exit 1
+[ "$(mt_column a loss 1 12)" != "$(mt_column plain loss 1 12)" ] || fail "shuffling did not change the batches"
+[ "$(mt_column a loss 1 12)" != "$(mt_column seed5 loss 1 12)" ] || fail "data_shuffle_seed did not change the batches"
+[ "$(mt_column a loss 1 1)" = "$(mt_column plain loss 1 1)" ] && fail "the first batch is the file's first with shuffling"
 # data_shuffle_seed=-1 means seed: seed=7 is data_shuffle_seed=7 (init is seed 7 in both).
-train seed7 data_shuffle_seed=7 || exit 1
-[ "$(column a loss 1 12)" = "$(column seed7 loss 1 12)" ] || fail "data_shuffle_seed=-1 is not seed"
+mt_train seed7 data_shuffle_seed=7 || exit 1
+[ "$(mt_column a loss 1 12)" = "$(mt_column seed7 loss 1 12)" ] || fail "data_shuffle_seed=-1 is not seed"
 # The val split is read in file order either way.
-[ "$(column a val_loss 0 0)" = "$(column plain val_loss 0 0)" ] || fail "the val split was shuffled"
-[ -n "$(column a val_loss 0 0)" ] || fail "no step-0 val_loss"
+[ "$(mt_column a val_loss 0 0)" = "$(mt_column plain val_loss 0 0)" ] || fail "the val split was shuffled"
+[ -n "$(mt_column a val_loss 0 0)" ] || fail "no step-0 val_loss"
 
 # Resume: from step 3 (epoch 0; the rest crosses epochs 1 and 2) and step 6 (epoch 1).
 [ "$(epoch a 3)" = 0 ] && [ "$(epoch a 6)" = 1 ] && [ "$(epoch a 12)" = 2 ] ||
     fail "epochs at steps 3, 6, 12 are $(epoch a 3), $(epoch a 6), $(epoch a 12); want 0, 1, 2"
 for s in 3 6; do
-    train r$s load_checkpoint="$tmp/out/a/checkpoints/step_$s" || continue
+    mt_train r$s load_checkpoint="$tmp/out/a/checkpoints/step_$s" || continue
     for f in loss grad_norm val_loss; do
-        [ "$(column a $f $((s + 1)) 12)" = "$(column r$s $f $((s + 1)) 12)" ] || {
-            fail "resumed from step $s: $f differs"; paste <(column a $f $((s + 1)) 12) <(column r$s $f $((s + 1)) 12); }
+        [ "$(mt_column a $f $((s + 1)) 12)" = "$(mt_column r$s $f $((s + 1)) 12)" ] || {
+            fail "resumed from step $s: $f differs"; paste <(mt_column a $f $((s + 1)) 12) <(mt_column r$s $f $((s + 1)) 12); }
     done
 done
-train pr3 enable_data_shuffling=false load_checkpoint="$tmp/out/plain/checkpoints/step_3" || true
-[ "$(column plain loss 4 12)" = "$(column pr3 loss 4 12)" ] || fail "resume without shuffling differs"
+mt_train pr3 enable_data_shuffling=false load_checkpoint="$tmp/out/plain/checkpoints/step_3" || true
+[ "$(mt_column plain loss 4 12)" = "$(mt_column pr3 loss 4 12)" ] || fail "resume without shuffling differs"
 # seed may change on resume (the parameters come from the checkpoint): with
 # data_shuffle_seed = -1 the run keeps the checkpoint's order.
-train r3s seed=99 load_checkpoint="$tmp/out/a/checkpoints/step_3" || true
-[ "$(column a loss 4 12)" = "$(column r3s loss 4 12)" ] || fail "resume with another seed changed the data order"
+mt_train r3s seed=99 load_checkpoint="$tmp/out/a/checkpoints/step_3" || true
+[ "$(mt_column a loss 4 12)" = "$(mt_column r3s loss 4 12)" ] || fail "resume with another seed changed the data order"
 expect2 "resume, shuffling turned off" "enable_data_shuffling" -- \
     run_name=x1 enable_data_shuffling=false load_checkpoint="$tmp/out/a/checkpoints/step_3"
 expect2 "resume, another shuffle seed" "data_shuffle_seed" -- \
     run_name=x2 data_shuffle_seed=9 load_checkpoint="$tmp/out/a/checkpoints/step_3"
 
 # dataset_path as a glob; train_files / eval_files as a YAML list and as a,b.
-train glob dataset_path="$tmp/data/fw_*.bin" || true
-[ "$(column a loss 1 12)" = "$(column glob loss 1 12)" ] || fail "dataset_path glob reads other batches"
+mt_train glob dataset_path="$tmp/data/fw_*.bin" || true
+[ "$(mt_column a loss 1 12)" = "$(mt_column glob loss 1 12)" ] || fail "dataset_path glob reads other batches"
 cp "$tmp/cfg/run.yml" "$tmp/cfg/list.yml"
 cat >> "$tmp/cfg/list.yml" <<YML
 train_files:
@@ -135,12 +115,22 @@ eval_files: [$tmp/data/fw_val_000000.bin]
 YML
 sed -i "s|^dataset_path:.*|dataset_path: \"\"|" "$tmp/cfg/list.yml"
 "$bin" train "$tmp/cfg/list.yml" run_name=list > "$tmp/list.out" 2>&1 || fail "train_files list: $(cat "$tmp/list.out")"
-[ "$(column a loss 1 12)" = "$(column list loss 1 12)" ] || fail "train_files list reads other batches"
-train cli dataset_path= train_files="$tmp/data/fw_train_000001.bin,$tmp/data/fw_train_000002.bin" \
+[ "$(mt_column a loss 1 12)" = "$(mt_column list loss 1 12)" ] || fail "train_files list reads other batches"
+mt_train cli dataset_path= train_files="$tmp/data/fw_train_000001.bin,$tmp/data/fw_train_000002.bin" \
     eval_files="$tmp/data/fw_val_000000.bin" || true
-[ "$(column a loss 1 12)" = "$(column cli loss 1 12)" ] || fail "train_files a,b reads other batches"
+[ "$(mt_column a loss 1 12)" = "$(mt_column cli loss 1 12)" ] || fail "train_files a,b reads other batches"
 expect2 "missing listed file" "train_files" "nope_train_1.bin" -- \
     run_name=x3 train_files="$tmp/data/fw_train_000001.bin,$tmp/data/nope_train_1.bin"
+# An empty list is unset, in YAML as on the command line (train_files=): the dataset
+# split, the same batches as run a.
+{ grep -v '^train_files:\|^eval_files:' "$tmp/cfg/run.yml"; printf 'train_files: []\neval_files: [ ]\n'; } > "$tmp/cfg/emptylist.yml"
+"$bin" train "$tmp/cfg/emptylist.yml" run_name=emptylist > "$tmp/emptylist.out" 2>&1 ||
+    fail "train_files: [] (unset): $(cat "$tmp/emptylist.out")"
+[ "$(mt_column a loss 1 12)" = "$(mt_column emptylist loss 1 12)" ] || fail "train_files: [] reads other batches than unset"
+# eval_files is checked whenever it is set, even with evaluation off
+expect2 "empty eval_files glob, eval off" "eval_files" "zz*.bin" "matches no file" -- \
+    run_name=x5 eval_interval=0 eval_files="$tmp/zz*.bin"
+[ ! -e "$tmp/out/x5" ] || fail "empty eval_files glob, eval off: wrote $tmp/out/x5"
 
 # Both namings in one directory: exit 2 naming both files.
 cp "$tmp/data/fw_train_000001.bin" "$tmp/data/train_000.bin"

@@ -13,8 +13,7 @@ bin="$build/meshtrain"
 src="$(pwd)"
 base="$src/configs/base.yml"
 [ -x "$bin" ] || { echo "no $bin"; exit 1; }
-py=/usr/bin/python3
-[ -x "$py" ] || py=python3
+mt_sys_python
 mt_tmp
 cd "$tmp"
 nodata="dataset_path=$tmp/no/such/dir"

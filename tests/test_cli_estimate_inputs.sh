@@ -18,11 +18,8 @@
 #  7. one process (no mpirun) ended by SIGINT / SIGTERM: status 130 / 143 (128 + signal).
 set -u
 . "$(dirname "$0")/lib.sh"
-build="${1:?usage: test_cli_estimate_inputs.sh BUILD_DIR}"
-bin="$build/meshtrain"
-[ -x "$bin" ] || { echo "no $bin"; exit 1; }
-py=/usr/bin/python3
-[ -x "$py" ] || py=python3
+mt_build test_cli_estimate_inputs.sh "${1:-}"
+mt_sys_python
 export OMP_NUM_THREADS=1
 
 mt_tmp

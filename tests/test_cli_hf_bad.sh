@@ -6,15 +6,14 @@
 # truncated file, a header length beyond the file, overlapping data offsets, offsets
 # beyond the file, an unknown dtype, a NaN and an Inf in one weight; plus a missing
 # shard named by the index, a tensor missing, and a shape mismatch (named with both
-# shapes). Standard-library python3 only.
+# shapes); a config.json describing another model (window, soft-cap, eps, RoPE base,
+# attention scale; a command-line model key; another family without model_name).
+# Standard-library python3 only.
 set -u
 . "$(dirname "$0")/lib.sh"
-build="${1:?usage: test_cli_hf_bad.sh BUILD_DIR}"
-bin="$build/meshtrain"
-src="$(cd "$(dirname "$0")/.." && pwd)"
+mt_build test_cli_hf_bad.sh "${1:-}"
 tiny="$src/tests/reference/hf_tiny_dir.py"
-[ -x "$bin" ] || { echo "no $bin"; exit 1; }
-command -v python3 >/dev/null || { echo "python3 not found: skipped"; exit 77; }
+mt_need_python3
 
 mt_tmp
 
@@ -106,5 +105,41 @@ for kind in ("missing", "shape"):
 PY
 expect_bad "missing tensor" "$tmp/missing" "model.norm.weight" "missing"
 expect_bad "shape mismatch" "$tmp/shape" "model.norm.weight" "[2, 16]" "[32]"
+
+# The directory's config.json describes another model than the run's (same shapes):
+# every model-defining field is compared, naming the MaxText key, the HF field and both
+# values; without model_name, a config.json of another family names model_name.
+python3 - "$tmp" <<'PY'
+import json, shutil, sys
+tmp = sys.argv[1]
+for kind, key, value in (("window", "sliding_window", 32), ("softcap", "final_logit_softcapping", 20.0),
+                         ("eps", "rms_norm_eps", 1e-5), ("theta", "rope_theta", 500000.0),
+                         ("scalar", "query_pre_attn_scalar", 16)):
+    d = f"{tmp}/cfg_{kind}"
+    shutil.copytree(f"{tmp}/good", d)
+    c = json.load(open(f"{d}/config.json"))
+    c[key] = value
+    json.dump(c, open(f"{d}/config.json", "w"))
+PY
+expect_bad "config.json sliding_window" "$tmp/cfg_window" "sliding_window_size = 32" "'sliding_window'" \
+    "sliding_window_size = 4" "load_parameters_path"
+expect_bad "config.json final_logit_softcapping" "$tmp/cfg_softcap" "final_logits_soft_cap = 2e+01" "final_logit_softcapping"
+expect_bad "config.json rms_norm_eps" "$tmp/cfg_eps" "normalization_layer_epsilon" "rms_norm_eps"
+expect_bad "config.json rope_theta" "$tmp/cfg_theta" "rope_max_timescale = 5e+05" "rope_theta"
+expect_bad "config.json query_pre_attn_scalar" "$tmp/cfg_scalar" "query_pre_attn_scalar = 16" "query_pre_attn_scalar = 8"
+# the run's side differing (a command-line model key) is refused the same way
+"$bin" train "$tmp/cfg/run.yml" run_name=bad load_parameters_path="$tmp/good" sliding_window_size=4096 \
+    > "$tmp/bad.out" 2> "$tmp/bad.err"
+rc=$?
+[ "$rc" -eq 2 ] && grep -qF "sliding_window_size = 4096" "$tmp/bad.err" ||
+    fail "sliding_window_size=4096 against the directory's 4: exit $rc: $(cat "$tmp/bad.err")"
+[ ! -e "$tmp/out/bad" ] || fail "sliding_window_size=4096: wrote $tmp/out/bad"
+rm -rf "$tmp/out/bad"
+grep -v '^model_name:' "$tmp/cfg/run.yml" > "$tmp/cfg/noname.yml"
+"$bin" train "$tmp/cfg/noname.yml" run_name=bad load_parameters_path="$tmp/good" > "$tmp/bad.out" 2> "$tmp/bad.err"
+rc=$?
+[ "$rc" -eq 2 ] && grep -qF "model_name" "$tmp/bad.err" && grep -qF "gemma2" "$tmp/bad.err" ||
+    fail "a gemma2 directory without model_name: exit $rc: $(cat "$tmp/bad.err")"
+rm -rf "$tmp/out/bad"
 
 mt_finish "ok: damaged Hugging Face directories are refused with exit 2, naming file and tensor"

@@ -14,14 +14,12 @@
 # all-entries and the live-at-peak figures for the optimizer).
 set -u
 . "$(dirname "$0")/lib.sh"
-build="${1:?usage: test_cli_plan_offload.sh BUILD_DIR}"
-tool="$build/tests/tools/mpi_layout"
-bin="$build/meshtrain"
-[ -x "$tool" ] && [ -x "$bin" ] || { echo "no $tool or $bin"; exit 1; }
-command -v mpirun >/dev/null || { echo "mpirun not found: skipped"; exit 77; }
+mt_build test_cli_plan_offload.sh "${1:-}"
+mt_need_tools mpi_layout
+tool=${tools[0]}
+mt_need_mpirun
 mt_mpi_env
-py=/usr/bin/python3
-[ -x "$py" ] || py=python3
+mt_sys_python
 
 mt_tmp
 

@@ -14,27 +14,13 @@
 #    exits 1 and leaves no step_N.tmp/; `make demo` samples only complete checkpoints.
 set -u
 . "$(dirname "$0")/lib.sh"
-build="${1:?usage: test_cli_rundir.sh BUILD_DIR}"
-bin="$build/meshtrain"
-[ -x "$bin" ] || { echo "no $bin"; exit 1; }
-command -v python3 >/dev/null || { echo "python3 not found: skipped"; exit 77; }
+mt_build test_cli_rundir.sh "${1:-}"
+mt_need_python3
 
-tmp="$(mktemp -d)"
-trap '[ -n "${KEEP:-}" ] || rm -rf "$tmp"' EXIT
-failures=0
+mt_tmp
 
 mkdir -p "$tmp/cfg/models" "$tmp/data"
-cat > "$tmp/cfg/models/tiny.yml" <<'YML'
-decoder_block: llama2
-vocab_size: 64
-base_emb_dim: 32
-base_num_query_heads: 4
-base_num_kv_heads: 2
-head_dim: 8
-base_mlp_dim: 64
-base_num_decoder_layers: 1
-mlp_activations: ["silu", "linear"]
-YML
+mt_tiny_model "$tmp/cfg/models/tiny.yml" llama 1
 cat > "$tmp/cfg/run.yml" <<YML
 model_name: tiny
 run_name: r
@@ -162,6 +148,28 @@ rc=$?
 [ "$rc" -eq 1 ] || fail "failed checkpoint write: exit code $rc, expected 1 ($(cat "$tmp/full.err"))"
 grep -q "checkpoint" "$tmp/full.err" || fail "failed checkpoint write: message: $(cat "$tmp/full.err")"
 ls "$tmp/out/full/checkpoints" 2>/dev/null | grep -q tmp && fail "a step_N.tmp directory was left behind"
+
+# A run directory that cannot be created is bad input found at start-up (exit 2),
+# naming the key; directories made while finding out are removed again.
+expect 2 "base_output_directory under /proc" "base_output_directory" "/proc/meshtrain_nope" -- \
+    train "$run" base_output_directory=/proc/meshtrain_nope
+[ ! -e /proc/meshtrain_nope ] || fail "/proc/meshtrain_nope exists"
+: > "$tmp/afile"
+expect 2 "a file in base_output_directory's path" "base_output_directory" "$tmp/afile" -- \
+    train "$run" base_output_directory="$tmp/afile/sub"
+long="$(printf 'n%.0s' $(seq 300))"
+expect 2 "run_name too long for the file system" "run_name" -- \
+    train "$run" base_output_directory="$tmp/mk/sub" run_name="$long"
+[ ! -e "$tmp/mk" ] || fail "a refused run directory left $tmp/mk behind"
+
+# A run that died in start-up left an empty metrics.jsonl and no checkpoint: not a
+# run, so the same run_name starts afresh.
+mkdir -p "$tmp/out3/dead"
+: > "$tmp/out3/dead/metrics.jsonl"
+"$bin" train "$run" base_output_directory="$tmp/out3" run_name=dead > "$tmp/dead.out" 2>&1 ||
+    fail "rerun over an empty metrics.jsonl: $(cat "$tmp/dead.out")"
+[ "$(python3 -c 'import json,sys; print(" ".join(str(json.loads(l)["step"]) for l in open(sys.argv[1])))' \
+    "$tmp/out3/dead/metrics.jsonl")" = "0 1 2 3 4" ] || fail "rerun over an empty metrics.jsonl: rows $(cat "$tmp/out3/dead/metrics.jsonl")"
 
 # Bug 5: `make demo` samples the newest complete checkpoint (step_<digits>), never a
 # step_N.tmp left by a crash. The Makefile's recipe runs with a stand-in meshtrain

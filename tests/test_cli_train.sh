@@ -12,10 +12,8 @@
 #  - sample prints text, deterministically for a seed; plan prints the memory table.
 set -u
 . "$(dirname "$0")/lib.sh"
-build="${1:?usage: test_cli_train.sh BUILD_DIR}"
-bin="$build/meshtrain"
-[ -x "$bin" ] || { echo "no $bin"; exit 1; }
-command -v python3 >/dev/null || { echo "python3 not found: skipped"; exit 77; }
+mt_build test_cli_train.sh "${1:-}"
+mt_need_python3
 
 mt_tmp
 
@@ -50,36 +48,16 @@ with open(d + "/tokenizer.vocab", "w", encoding="utf-8") as f:
         f.write("\u2581%s\t-%d\n" % (chr(ord('a') + i % 26) * (1 + i // 26), i))
 PY
 
-train() { # RUN_NAME ARGS...
-    local name="$1"; shift
-    if ! "$bin" train "$tmp/cfg/run.yml" run_name="$name" "$@" > "$tmp/$name.out" 2> "$tmp/$name.err"; then
-        fail "run $name failed: $(cat "$tmp/$name.out" "$tmp/$name.err")"
-        return 1
-    fi
-}
-# column RUN FIELD FIRST LAST: the printed values of FIELD for steps FIRST..LAST.
-column() {
-    python3 - "$tmp/out/$1/metrics.jsonl" "$2" "$3" "$4" <<'PY'
-import json, re, sys
-path, field, first, last = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-for line in open(path):
-    row = json.loads(line)
-    if first <= row["step"] <= last and field in row:
-        # the number exactly as printed, so the comparison is bitwise
-        m = re.search(r'"%s": ([^,}]*)' % field, line)
-        print(row["step"], m.group(1))
-PY
-}
 
-train a || exit 1
-train a2 || exit 1
+mt_train a || exit 1
+mt_train a2 || exit 1
 # Determinism.
 for f in loss grad_norm lr val_loss; do
-    [ "$(column a $f 0 10)" = "$(column a2 $f 0 10)" ] || fail "two runs with the same seed differ in $f"
+    [ "$(mt_column a $f 0 10)" = "$(mt_column a2 $f 0 10)" ] || fail "two runs with the same seed differ in $f"
 done
-[ "$(column a loss 1 10 | wc -l)" -eq 10 ] || fail "metrics.jsonl of run a does not have 10 loss rows"
-[ "$(column a val_loss 0 0 | wc -l)" -eq 1 ] || fail "no evaluation before training (step 0 val_loss)"
-[ "$(column a val_loss 5 5 | wc -l)" -eq 1 ] || fail "no evaluation at step 5"
+[ "$(mt_column a loss 1 10 | wc -l)" -eq 10 ] || fail "metrics.jsonl of run a does not have 10 loss rows"
+[ "$(mt_column a val_loss 0 0 | wc -l)" -eq 1 ] || fail "no evaluation before training (step 0 val_loss)"
+[ "$(mt_column a val_loss 5 5 | wc -l)" -eq 1 ] || fail "no evaluation at step 5"
 python3 - "$tmp/out/a/metrics.jsonl" <<'PY' || fail "metrics.jsonl rows lack fields or loss did not decrease"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
@@ -102,28 +80,28 @@ done
 ls "$tmp/out/a/checkpoints" | grep -q tmp && fail "a temporary checkpoint directory was left behind"
 
 # Resume from the 10-step run's step 5: steps 6..10 bitwise equal.
-train c load_checkpoint="$tmp/out/a/checkpoints/step_5" || exit 1
+mt_train c load_checkpoint="$tmp/out/a/checkpoints/step_5" || exit 1
 for f in loss grad_norm lr val_loss; do
-    [ "$(column a $f 6 10)" = "$(column c $f 6 10)" ] || {
-        fail "resumed run differs in $f"; paste <(column a $f 6 10) <(column c $f 6 10); }
+    [ "$(mt_column a $f 6 10)" = "$(mt_column c $f 6 10)" ] || {
+        fail "resumed run differs in $f"; paste <(mt_column a $f 6 10) <(mt_column c $f 6 10); }
 done
-[ "$(column c loss 1 5 | wc -l)" -eq 0 ] || fail "the resumed run re-ran steps 1..5"
+[ "$(mt_column c loss 1 5 | wc -l)" -eq 0 ] || fail "the resumed run re-ran steps 1..5"
 
 # A run interrupted at step 5 (steps=5), resumed to 10. The schedule must not depend
 # on `steps` for this to be the same run: constant learning rate.
 const=(warmup_steps_fraction=0 cosine_learning_rate_final_fraction=1)
-train full "${const[@]}" || exit 1
-train half "${const[@]}" steps=5 || exit 1
-train rest "${const[@]}" load_checkpoint="$tmp/out/half/checkpoints/step_5" || exit 1
-[ "$(column full loss 1 5)" = "$(column half loss 1 5)" ] || fail "steps=5 run differs from the first half"
-[ "$(column full loss 6 10)" = "$(column rest loss 6 10)" ] || {
-    fail "run resumed after an interruption differs"; paste <(column full loss 6 10) <(column rest loss 6 10); }
+mt_train full "${const[@]}" || exit 1
+mt_train half "${const[@]}" steps=5 || exit 1
+mt_train rest "${const[@]}" load_checkpoint="$tmp/out/half/checkpoints/step_5" || exit 1
+[ "$(mt_column full loss 1 5)" = "$(mt_column half loss 1 5)" ] || fail "steps=5 run differs from the first half"
+[ "$(mt_column full loss 6 10)" = "$(mt_column rest loss 6 10)" ] || {
+    fail "run resumed after an interruption differs"; paste <(mt_column full loss 6 10) <(mt_column rest loss 6 10); }
 
 # Gradient accumulation: batch 1 x 2 micro-batches reads the same tokens as batch 2
 # (the loader's windows are consecutive), and the loss is the token-weighted mean.
 # Equal up to fp32 rounding of the summation order: 1e-5 relative.
-train ga1 eval_interval=0 steps=4 || exit 1
-train ga2 eval_interval=0 steps=4 per_device_batch_size=1 gradient_accumulation_steps=2 || exit 1
+mt_train ga1 eval_interval=0 steps=4 || exit 1
+mt_train ga2 eval_interval=0 steps=4 per_device_batch_size=1 gradient_accumulation_steps=2 || exit 1
 python3 - "$tmp/out/ga1/metrics.jsonl" "$tmp/out/ga2/metrics.jsonl" <<'PY' || fail "gradient accumulation differs from the large batch"
 import json, sys
 a = [json.loads(l) for l in open(sys.argv[1])]
@@ -137,7 +115,7 @@ PY
 
 # bfloat16 gradient accumulators: runs, and the losses stay close to fp32 (bf16 has
 # 8 significant bits; after 4 steps the loss moves by well under 1%).
-train gab eval_interval=0 steps=4 per_device_batch_size=1 gradient_accumulation_steps=2 grad_dtype=bfloat16 || exit 1
+mt_train gab eval_interval=0 steps=4 per_device_batch_size=1 gradient_accumulation_steps=2 grad_dtype=bfloat16 || exit 1
 python3 - "$tmp/out/ga2/metrics.jsonl" "$tmp/out/gab/metrics.jsonl" <<'PY' || fail "bfloat16 accumulation is far from fp32"
 import json, sys
 a = [json.loads(l) for l in open(sys.argv[1])]

@@ -33,15 +33,10 @@
 #     from (which resumes), exit 143 / 130.
 set -u
 . "$(dirname "$0")/lib.sh"
-build="${1:?usage: test_cli_user_trial.sh BUILD_DIR}"
-bin="$build/meshtrain"
-[ -x "$bin" ] || { echo "no $bin"; exit 1; }
-py=/usr/bin/python3
-[ -x "$py" ] || py=python3
+mt_build test_cli_user_trial.sh "${1:-}"
+mt_sys_python
 
-tmp="$(mktemp -d)"
-trap '[ -n "${KEEP:-}" ] || rm -rf "$tmp"' EXIT
-failures=0
+mt_tmp
 
 mkdir -p "$tmp/cfg/models" "$tmp/data" "$tmp/data2"
 mt_tiny_model "$tmp/cfg/models/tiny.yml" llama

@@ -9,29 +9,16 @@
 #include <unistd.h>
 
 #include "train/data.h"
+#include "tests/test_fixtures.h"
 
-static char g_dir[64];
+static char g_dir[TU_TMPDIR_LEN];
 
-static void setup(void) {
-    strcpy(g_dir, "/tmp/mt_data_XXXXXX");
-    cr_assert_not_null(mkdtemp(g_dir));
-}
-
-static void teardown(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-    cr_assert_eq(system(cmd), 0);
-}
+static void setup(void) { tu_tmpdir_create(g_dir, "mt_data"); }
+static void teardown(void) { tu_tmpdir_remove(g_dir); }
 
 TestSuite(data, .init = setup, .fini = teardown);
 
-static char *path_in(const char *name) {
-    static char buf[32][256];
-    static int k;
-    char *p = buf[k++ % 32];
-    snprintf(p, 256, "%s/%s", g_dir, name);
-    return p;
-}
+static char *path_in(const char *name) { return tu_path_in(g_dir, name); }
 
 /* Token i of shard s: distinct everywhere, so a token says where it came from. */
 static uint32_t tok(int s, int64_t i, uint32_t base) { return base + (uint32_t)(s * 1000 + i); }

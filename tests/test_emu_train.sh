@@ -33,7 +33,7 @@ set -u
 build="${1:?usage: test_emu_train.sh BUILD_DIR}"
 bin="$build/meshtrain-emu"
 [ -x "$bin" ] || { echo "no $bin (MESHTRAIN_CUDAEMU=OFF?): skipped"; exit 77; }
-command -v python3 >/dev/null || { echo "python3 not found: skipped"; exit 77; }
+mt_need_python3
 export CUDAEMU_QUIET=1 OMP_NUM_THREADS=1
 
 mt_tmp
@@ -57,25 +57,6 @@ log_period: 1
 seed: 7
 YML
 
-train() { # RUN_NAME ARGS...
-    local name="$1"; shift
-    if ! "$bin" train "$tmp/cfg/run.yml" run_name="$name" "$@" > "$tmp/$name.out" 2> "$tmp/$name.err"; then
-        fail "run $name failed: $(tail -5 "$tmp/$name.out" "$tmp/$name.err")"
-        return 1
-    fi
-}
-# column RUN FIELD FIRST LAST: the printed values of FIELD for steps FIRST..LAST.
-column() {
-    python3 - "$tmp/out/$1/metrics.jsonl" "$2" "$3" "$4" <<'PY'
-import json, re, sys
-path, field, first, last = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-for line in open(path):
-    row = json.loads(line)
-    if first <= row["step"] <= last and field in row:
-        m = re.search(r'"%s": ([^,}]*)' % field, line)  # as printed: compared bitwise
-        print(row["step"], m.group(1))
-PY
-}
 # compare CPU_RUN CUDA_RUN STEPS LAYERS KMAX: every step's loss within the bound above.
 compare() {
     python3 - "$tmp/out/$1/metrics.jsonl" "$tmp/out/$2/metrics.jsonl" "$3" "$4" "$5" <<'PY' || fail "$2 (cuda) vs $1 (cpu): losses differ beyond the bound"
@@ -101,8 +82,8 @@ PY
 
 # 1. cuda against cpu, 20 steps of the two small models.
 for m in tiny-llama tiny-gemma2; do
-    train "$m-cpu" model_name=$m backend=cpu || continue
-    train "$m-cuda" model_name=$m backend=cuda || continue
+    mt_train "$m-cpu" model_name=$m backend=cpu || continue
+    mt_train "$m-cuda" model_name=$m backend=cuda || continue
     compare "$m-cpu" "$m-cuda" 20 2 64
     python3 - "$tmp/out/$m-cuda/metrics.jsonl" <<'PY' || fail "$m on cuda: the loss did not fall over 20 steps"
 import json, sys
@@ -113,22 +94,22 @@ done
 # The repository's tiny configs (4 layers, vocabulary 8192), 3 steps of 1 x 32 tokens.
 for m in llama3-tiny gemma-tiny; do
     args=(model_name=$m steps=3 per_device_batch_size=1 max_target_length=32)
-    train "$m-cpu" "${args[@]}" backend=cpu || continue
-    train "$m-cuda" "${args[@]}" backend=cuda || continue
+    mt_train "$m-cpu" "${args[@]}" backend=cpu || continue
+    mt_train "$m-cuda" "${args[@]}" backend=cuda || continue
     compare "$m-cpu" "$m-cuda" 3 4 8192
 done
 
 # 2. Save and resume on cuda: steps 6..10 of a resumed run bitwise those of the whole run.
-train whole backend=cuda steps=10 checkpoint_period=5 || exit 1
-train resumed backend=cuda steps=10 checkpoint_period=5 load_checkpoint="$tmp/out/whole/checkpoints/step_5" || exit 1
+mt_train whole backend=cuda steps=10 checkpoint_period=5 || exit 1
+mt_train resumed backend=cuda steps=10 checkpoint_period=5 load_checkpoint="$tmp/out/whole/checkpoints/step_5" || exit 1
 for f in loss grad_norm lr; do
-    [ "$(column whole $f 6 10)" = "$(column resumed $f 6 10)" ] || {
-        fail "cuda run resumed from step 5 differs in $f"; paste <(column whole $f 6 10) <(column resumed $f 6 10); }
+    [ "$(mt_column whole $f 6 10)" = "$(mt_column resumed $f 6 10)" ] || {
+        fail "cuda run resumed from step 5 differs in $f"; paste <(mt_column whole $f 6 10) <(mt_column resumed $f 6 10); }
 done
-[ "$(column whole loss 6 10 | wc -l)" -eq 5 ] || fail "the whole cuda run lacks steps 6..10"
+[ "$(mt_column whole loss 6 10 | wc -l)" -eq 5 ] || fail "the whole cuda run lacks steps 6..10"
 # A cuda checkpoint is an ordinary one: the CPU backend resumes from it too.
-train on-cpu backend=cpu steps=6 checkpoint_period=5 load_checkpoint="$tmp/out/whole/checkpoints/step_5" || exit 1
-[ "$(column on-cpu loss 6 6 | wc -l)" -eq 1 ] || fail "backend=cpu did not resume from a cuda checkpoint"
+mt_train on-cpu backend=cpu steps=6 checkpoint_period=5 load_checkpoint="$tmp/out/whole/checkpoints/step_5" || exit 1
+[ "$(mt_column on-cpu loss 6 6 | wc -l)" -eq 1 ] || fail "backend=cpu did not resume from a cuda checkpoint"
 
 # 3. A faulting kernel reaches the trainer: exit 1, the kernel's name, no step_N.tmp left.
 CUDAEMU_FAIL_KERNEL=att_bwd_dkdv_kernel:3 "$bin" train "$tmp/cfg/run.yml" run_name=fault backend=cuda \
@@ -139,6 +120,6 @@ grep -q "att_bwd_dkdv_kernel" "$tmp/fault.err" || fail "the error does not name 
 grep -qi "illegal" "$tmp/fault.err" || fail "the error does not carry CUDA's text: $(tail -3 "$tmp/fault.err")"
 ls "$tmp/out/fault/checkpoints" 2>/dev/null | grep -q tmp && fail "a half-written checkpoint was left after the fault"
 # the fault is in step 2's backward (3rd dk/dv launch, 2 layers): step 1 completed, step 2 never logged
-[ "$(column fault loss 2 4 | wc -l)" -eq 0 ] || fail "steps after the fault were logged"
+[ "$(mt_column fault loss 2 4 | wc -l)" -eq 0 ] || fail "steps after the fault were logged"
 
 mt_finish "cuda (emulated) matches cpu; resume bitwise; kernel fault -> exit 1"

@@ -14,11 +14,11 @@
 #    it naming the rank, the collective and the group.
 # Every value is exact in fp32 and compared for equality (comm_check.c).
 set -u
+. "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_gpu_nccl.sh BUILD_DIR}"
-tool="$build/tests/tools/comm_check"
-[ -x "$tool" ] || { echo "no $tool"; exit 1; }
+mt_need_tools comm_check
+tool=${tools[0]}
 failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 out="$("$tool" nccl1 2>&1)"; rc=$?
 echo "$out"
@@ -45,5 +45,4 @@ else
         fail "device-hang: no watchdog message naming rank 0, the collective and the group: $out"
     grep -q "NCCL communicator aborted" <<< "$out" || fail "device-hang: the communicator was not aborted: $out"
 fi
-[ $failures -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
-echo "ok"
+mt_finish "ok"

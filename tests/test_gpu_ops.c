@@ -13,6 +13,7 @@
 #include <criterion/criterion.h>
 
 #include "tests/test_backend_util.h"
+#include "tests/test_fixtures.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -601,15 +602,7 @@ static void gfix_free(gfix *f) {
 
 /* Gemma 3 block with both soft-caps, sliding window and GQA: every optional path. */
 static mt_model_config tiny_model(void) {
-    mt_model_config c;
-    mt_model_config_defaults(&c, MT_DECODER_GEMMA3);
-    c.vocab_size = 61;
-    c.emb_dim = 64;
-    c.num_query_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 32;
-    c.mlp_dim = 96;
-    c.num_decoder_layers = 2;
+    mt_model_config c = tu_model_shape(MT_DECODER_GEMMA3, 61, 64, 4, 2, 32, 96, 2);
     c.sliding_window_size = 5;
     c.sliding_window_pattern = 2;
     c.attn_logits_soft_cap = 20.0f;

@@ -16,6 +16,7 @@
 #include <criterion/criterion.h>
 
 #include "tests/test_backend_util.h"
+#include "tests/test_fixtures.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -207,15 +208,7 @@ static void check_model(const mt_model_config *c, int remat_full, const char *wh
 }
 
 static mt_model_config tiny(mt_decoder_block blk) {
-    mt_model_config c;
-    mt_model_config_defaults(&c, blk);
-    c.vocab_size = 37;
-    c.emb_dim = 16;
-    c.num_query_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 8;
-    c.mlp_dim = 24;
-    c.num_decoder_layers = 3;
+    mt_model_config c = tu_tiny_gqa(blk, 37, 3);
     if (blk == MT_DECODER_GEMMA3) {
         c.sliding_window_size = 3;
         c.sliding_window_pattern = 2;

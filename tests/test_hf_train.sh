@@ -11,12 +11,9 @@
 #    checkpoint with no missing or unexpected keys.
 set -u
 . "$(dirname "$0")/lib.sh"
-build="${1:?usage: test_hf_train.sh BUILD_DIR}"
-bin="$build/meshtrain"
-src="$(cd "$(dirname "$0")/.." && pwd)"
+mt_build test_hf_train.sh "${1:-}"
 tiny="$src/tests/reference/hf_tiny_dir.py"
-[ -x "$bin" ] || { echo "no $bin"; exit 1; }
-command -v python3 >/dev/null || { echo "python3 not found: skipped"; exit 77; }
+mt_need_python3
 
 mt_tmp
 
@@ -58,29 +55,22 @@ shard(d + "/train_000.bin", tokens(600))
 shard(d + "/val_000.bin", tokens(200))
 PY
 
-train() { # RUN_NAME ARGS...
-    local name="$1"; shift
-    if ! "$bin" train "$tmp/cfg/run.yml" run_name="$name" "$@" > "$tmp/$name.out" 2> "$tmp/$name.err"; then
-        fail "run $name failed: $(cat "$tmp/$name.out" "$tmp/$name.err")"
-        return 1
-    fi
-}
 losses() { python3 -c 'import json,sys; print(" ".join(repr(json.loads(l)["loss"]) for l in open(sys.argv[1]) if "\"loss\"" in l))' "$tmp/out/$1/metrics.jsonl"; }
 
 # lr 0: the weights stay those loaded (AdamW's decay is scaled by the lr too).
-train frozen1 load_parameters_path="$tmp/hf1" || exit 1
-train frozen3 load_parameters_path="$tmp/hf3" || exit 1
+mt_train frozen1 load_parameters_path="$tmp/hf1" || exit 1
+mt_train frozen3 load_parameters_path="$tmp/hf3" || exit 1
 python3 "$tiny" same "$tmp/out/frozen1/checkpoints/step_2" "$tmp/hf1" ||
     fail "the checkpoint of an lr-0 run from hf1 does not hold hf1's weights"
 python3 "$tiny" same "$tmp/out/frozen3/checkpoints/step_2" "$tmp/hf3" ||
     fail "the checkpoint of an lr-0 run from the sharded hf3 does not hold its weights"
 [ "$(losses frozen1)" = "$(losses frozen3)" ] || fail "single-file and sharded loads differ: $(losses frozen1) vs $(losses frozen3)"
 # A run that does not load starts from its own initialisation: different losses.
-train scratch || exit 1
+mt_train scratch || exit 1
 [ "$(losses scratch)" != "$(losses frozen1)" ] || fail "load_parameters_path had no effect on the loss"
 
 # Fine-tuning: the loss decreases and the weights move.
-train tune load_parameters_path="$tmp/hf3" steps=12 learning_rate=0.01 checkpoint_period=12 || exit 1
+mt_train tune load_parameters_path="$tmp/hf3" steps=12 learning_rate=0.01 checkpoint_period=12 || exit 1
 python3 - "$tmp/out/tune/metrics.jsonl" "$(losses frozen1)" <<'PY' || fail "fine-tuning did not start from the loaded loss or did not lower it"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]

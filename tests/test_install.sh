@@ -13,7 +13,7 @@ set -u
 . "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_install.sh BUILD_DIR}"
 src="$(cd "$(dirname "$0")/.." && pwd)"
-command -v python3 >/dev/null || { echo "python3 not found: skipped"; exit 77; }
+mt_need_python3
 
 mt_tmp
 prefix="$tmp/prefix"

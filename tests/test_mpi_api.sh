@@ -8,13 +8,11 @@
 set -u
 . "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_mpi_api.sh BUILD_DIR}"
-tool="$build/tests/tools/api_mpi"
-layout="$build/tests/tools/mpi_layout"
-[ -x "$tool" ] && [ -x "$layout" ] || { echo "no $tool or $layout"; exit 1; }
-command -v mpirun >/dev/null || { echo "mpirun not found: skipped"; exit 77; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none
-tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
+mt_need_tools api_mpi mpi_layout
+tool=${tools[0]} layout=${tools[1]}
+mt_need_mpirun
+mt_mpi_env
+mt_tmp
 mkdir -p "$tmp/cfg/models"
 mt_tiny_model "$tmp/cfg/models/tinyl.yml" llama
 "$layout" data "$tmp/data" || exit 1

@@ -10,11 +10,10 @@
 set -u
 . "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_mpi_comm_async.sh BUILD_DIR}"
-tool="$build/tests/tools/comm_check"
-[ -x "$tool" ] || { echo "no $tool"; exit 1; }
-command -v mpirun >/dev/null || { echo "mpirun not found: skipped"; exit 77; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none
+mt_need_tools comm_check
+tool=${tools[0]}
+mt_need_mpirun
+mt_mpi_env
 failures=0
 
 out="$("$tool" host 2>&1)" || fail "one process: $out"

@@ -11,11 +11,9 @@
 #  - the dp2 run resumed from its step-6 checkpoint (epoch 1) repeats steps 7..12 bitwise.
 set -u
 . "$(dirname "$0")/lib.sh"
-build="${1:?usage: test_mpi_data_shuffle.sh BUILD_DIR}"
-bin="$build/meshtrain"
-[ -x "$bin" ] || { echo "no $bin"; exit 1; }
-command -v mpirun >/dev/null || { echo "mpirun not found: skipped"; exit 77; }
-command -v python3 >/dev/null || { echo "python3 not found: skipped"; exit 77; }
+mt_build test_mpi_data_shuffle.sh "${1:-}"
+mt_need_mpirun
+mt_need_python3
 mt_mpi_env
 mt_tmp
 

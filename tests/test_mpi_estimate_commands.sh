@@ -10,14 +10,10 @@
 #  - under mpirun -np 2, num_devices=8 is refused (exit 2) naming num_devices.
 set -u
 . "$(dirname "$0")/lib.sh"
-build="${1:?usage: test_mpi_estimate_commands.sh BUILD_DIR}"
-bin="$build/meshtrain"
-[ -x "$bin" ] || { echo "no $bin"; exit 1; }
-command -v mpirun >/dev/null || { echo "mpirun not found: skipped"; exit 77; }
-py=/usr/bin/python3
-[ -x "$py" ] || py=python3
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none
+mt_build test_mpi_estimate_commands.sh "${1:-}"
+mt_need_mpirun
+mt_sys_python
+mt_mpi_env
 
 mt_tmp
 

@@ -10,13 +10,11 @@
 #    "rank R: <collective> on the '<group>' communicator did not complete".
 set -u
 . "$(dirname "$0")/lib.sh"
-build="${1:?usage: test_mpi_failure.sh BUILD_DIR}"
-bin="$build/meshtrain"
-tool="$build/tests/tools/mpi_layout"
-[ -x "$bin" ] && [ -x "$tool" ] || { echo "no $bin or $tool"; exit 1; }
-command -v mpirun >/dev/null || { echo "mpirun not found: skipped"; exit 77; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none
+mt_build test_mpi_failure.sh "${1:-}"
+mt_need_tools mpi_layout
+tool=${tools[0]}
+mt_need_mpirun
+mt_mpi_env
 
 mt_tmp
 

@@ -16,9 +16,9 @@
 set -u
 . "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_mpi_packing.sh BUILD_DIR}"
-tool="$build/tests/tools/mpi_layout"
-[ -x "$tool" ] || { echo "no $tool"; exit 1; }
-command -v mpirun >/dev/null || { echo "mpirun not found: skipped"; exit 77; }
+mt_need_tools mpi_layout
+tool=${tools[0]}
+mt_need_mpirun
 mt_mpi_env
 
 mt_tmp

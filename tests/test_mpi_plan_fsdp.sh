@@ -9,12 +9,9 @@
 # pool: the banner's arena is the device part).
 set -u
 . "$(dirname "$0")/lib.sh"
-build="${1:?usage: test_mpi_plan_fsdp.sh BUILD_DIR}"
-bin="$build/meshtrain"
-[ -x "$bin" ] || { echo "no $bin"; exit 1; }
-command -v mpirun >/dev/null || { echo "mpirun not found: skipped"; exit 77; }
-py=/usr/bin/python3
-[ -x "$py" ] || py=python3
+mt_build test_mpi_plan_fsdp.sh "${1:-}"
+mt_need_mpirun
+mt_sys_python
 mt_mpi_env
 
 mt_tmp

@@ -17,19 +17,16 @@
 # adam_eps = 1e-5 for the reason given in tests/test_mpi_layouts.sh.
 set -u
 . "$(dirname "$0")/lib.sh"
-build="${1:?usage: test_mpi_resume.sh BUILD_DIR}"
-bin="$build/meshtrain"
-tool="$build/tests/tools/mpi_layout"
-[ -x "$bin" ] && [ -x "$tool" ] || { echo "no $bin or $tool"; exit 1; }
-command -v mpirun >/dev/null || { echo "mpirun not found: skipped"; exit 77; }
+mt_build test_mpi_resume.sh "${1:-}"
+mt_need_tools mpi_layout
+tool=${tools[0]}
+mt_need_mpirun
 py=/usr/bin/python3
 $py -c "import numpy" 2>/dev/null || { echo "no numpy for $py: skipped"; exit 77; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-export OMPI_MCA_btl_vader_single_copy_mechanism=none
+mt_mpi_env
 
-tmp="$(mktemp -d)"
-[ -n "${KEEP:-}" ] || trap "rm -rf \"$tmp\"" EXIT; echo "tmp=$tmp" >&2
-failures=0
+mt_tmp
+echo "tmp=$tmp" >&2
 
 mkdir -p "$tmp/cfg/models"
 mt_tiny_model "$tmp/cfg/models/tinyl.yml" llama

@@ -93,13 +93,14 @@ static double att_loss(void *p) {
  * - score s = (scale q) . k: gamma_(Dh+1) scale sum_e |q k|; with the soft-cap also
  *   11u |z| (xent_bounds in tests/test_ops.c; the cap contracts the rest): es_j, E = max.
  * - the online softmax: every weight exp(s_j - m) is a product of at most nb + 1 exps
- *   (nb key blocks of 64, the rescalings), each 4u (vmath.h's 2 ulp) plus its fp32
- *   argument's rounding (u |arg| <= u W, W the row's score range), and O and l are
- *   rescaled by rounded products: ew = (nb + 1)(5u + u W). Score errors move p_j by
+ *   (nb key blocks of 64, the rescalings), each 5u (vmath.h's exp: 2 ulp of the rounded
+ *   value, Test vmath in test_ops.c) plus its fp32 argument's rounding (u |arg| <= u W,
+ *   W the row's score range), and O and l are rescaled by rounded products:
+ *   ew = (nb + 1)(6u + u W). Score errors move p_j by
  *   p_j (es_j + sum p es) <= 2 E p_j. O and l are fp32 sums over Tk keys (gamma_Tk), the
  *   division by l 2u: out within (2E + 2ew + 2 gamma_Tk + 2u) sum_j p_j |v_j|.
  * - lse = m + logf(l): E, ew, gamma_Tk, logf's 1 ulp (2u |log l|), the add (u |lse|).
- * - backward: P = exp(s - lse) with the fp32 lse: rho = es + e_lse + u |s - lse| + 4u
+ * - backward: P = exp(s - lse) with the fp32 lse: rho = es + e_lse + u |s - lse| + 5u
  *   relative; dP = dout . v (gamma_Dh sum |dout v|), D_i = dout . out with the kernel's
  *   out (gamma_Dh sum |dout out| + sum |dout| e_out); dS = P (dP - D_i) (2u), times the
  *   soft-cap's dz = 1 - (z / cap)^2 (which moves by 2 |z/cap| es / cap + 6u); then
@@ -141,7 +142,7 @@ static void att_bounds(const att_ctx *c, const double *lref, double *bo, double 
                 }
                 for (int64_t j = 0; j < Tk; j++)
                     if (s[j] > -INFINITY) W = fmax(W, m - s[j]);
-                const double ew = (double)(nb + 1) * (5 * u + u * W);
+                const double ew = (double)(nb + 1) * (6 * u + u * W);
                 const double eo = 2 * E + 2 * ew + 2 * ATT_G(Tk) + 2 * u;
                 for (int64_t e = 0; e < Dh; e++) boi[e] = 0.0;
                 for (int64_t j = 0; j < Tk; j++) {
@@ -163,7 +164,7 @@ static void att_bounds(const att_ctx *c, const double *lref, double *bo, double 
                     const int64_t kr = ((b * Tk + j) * a->Hkv + h / G) * Dh;
                     double dP = 0.0, aP = 0.0;
                     for (int64_t e = 0; e < Dh; e++) dP += di[e] * c->v[kr + e], aP += fabs(di[e] * c->v[kr + e]);
-                    const double rho = es[j] + bl[lrow] + u * fabs(s[j] - L) + 4 * u;
+                    const double rho = es[j] + bl[lrow] + u * fabs(s[j] - L) + 5 * u;
                     const double th = cap > 0 ? s[j] / cap : 0.0, dz = 1.0 - th * th;
                     const double edz = cap > 0 ? 2 * fabs(th) * es[j] / cap + 6 * u : 0.0;
                     const double dSr = P[j] * (dP - Di), dS = dSr * dz;

@@ -24,6 +24,7 @@
 #include "runtime/plan.h"
 #include "runtime/rng.h"
 #include "tests/test_backend_util.h"
+#include "tests/test_fixtures.h"
 
 #define U32 (1.0 / 16777216.0) /* fp32 unit roundoff, 2^-24 */
 #define SEP 1                  /* the separator (BOS) */
@@ -62,40 +63,6 @@ static double step(fixture *f, const float *params, const int32_t *tok, const in
     cr_assert_eq(mt_model_forward_backward(f->m, tok, lab, 1.0f, &ls, &cnt), MT_OK, "%s", mt_last_error());
     memcpy(grads, mt_model_grads(f->m), (size_t)numel * sizeof(float));
     return ls;
-}
-
-static mt_model_config tiny_llama(void) {
-    mt_model_config c;
-    mt_model_config_defaults(&c, MT_DECODER_LLAMA2);
-    c.vocab_size = 37;
-    c.emb_dim = 16;
-    c.num_query_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 8;
-    c.mlp_dim = 24;
-    c.num_decoder_layers = 2;
-    c.rope_type = MT_ROPE_LLAMA3;
-    c.rope_original_max_position = 64;
-    return c;
-}
-
-/* Gemma 3: local (window 3) and global layers, QK-norm, soft-caps. */
-static mt_model_config tiny_gemma3(void) {
-    mt_model_config c;
-    mt_model_config_defaults(&c, MT_DECODER_GEMMA3);
-    c.vocab_size = 31;
-    c.emb_dim = 16;
-    c.num_query_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 8;
-    c.mlp_dim = 24;
-    c.num_decoder_layers = 2;
-    c.sliding_window_size = 3;
-    c.sliding_window_pattern = 2;
-    c.attn_logits_soft_cap = 2.0f;
-    c.final_logits_soft_cap = 3.0f;
-    c.query_pre_attn_scalar = 12.0f;
-    return c;
 }
 
 #define B_ 2
@@ -203,19 +170,20 @@ static void check_packed_equals_documents_alone(const mt_model_config *c) {
 }
 
 Test(packing, llama_documents_alone) {
-    mt_model_config c = tiny_llama();
+    mt_model_config c = tu_tiny_llama3();
     check_packed_equals_documents_alone(&c);
 }
 
 Test(packing, gemma3_documents_alone) {
-    mt_model_config c = tiny_gemma3();
+    /* Gemma 3: local (window 3) and global layers, QK-norm, soft-caps. */
+    mt_model_config c = tu_tiny_gemma3_capped(2);
     check_packed_equals_documents_alone(&c);
 }
 
 Test(packing, off_is_bitwise_unchanged) {
     /* packing off (the default) takes exactly the old path: same bits as a model that
      * never heard of it */
-    mt_model_config c = tiny_llama();
+    mt_model_config c = tu_tiny_llama3();
     int32_t tok[B_ * T_], lab[B_ * T_];
     make_window(c.vocab_size, tok, lab);
     fixture a;

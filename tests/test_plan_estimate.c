@@ -15,28 +15,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend.h"
+#include "models/model.h"
 #include "models/remat.h"
+#include "parallel/mesh.h"
 #include "train/config.h"
 #include "train/estimate.h"
+#include "train/trainer.h"
+#include "tests/test_fixtures.h"
 
 static void one_thread(void) { setenv("OMP_NUM_THREADS", "1", 1); }
 TestSuite(plan_estimate, .init = one_thread);
 
 static void base_cfg(mt_train_config *c, mt_decoder_block blk, int64_t devices) {
     mt_train_config_defaults(c);
-    mt_model_config_defaults(&c->model, blk);
+    c->model = tu_plan_model(blk, 6);
     snprintf(c->model.model_name, sizeof c->model.model_name, "test");
-    c->model.vocab_size = 96;
-    c->model.emb_dim = 64;
-    c->model.num_query_heads = 4;
-    c->model.num_kv_heads = 2;
-    c->model.head_dim = 32;
-    c->model.mlp_dim = 128;
-    c->model.num_decoder_layers = 6;
-    if (blk == MT_DECODER_GEMMA2) {
-        c->model.sliding_window_size = 4;
-        c->model.sliding_window_pattern = 2;
-    }
     c->per_device_batch_size = 1;
     c->max_target_length = 32;
     c->num_vocab_tiling = 1;
@@ -122,4 +116,51 @@ Test(plan_estimate, free_host_link_prefers_offload) {
     check_mode1(&c, &sm, counts);
     cr_expect_eq(counts[MT_RA_REMAT], 0, "a free host link: every tensor not kept is offloaded");
     cr_expect_gt(counts[MT_RA_OFFLOAD], 0);
+}
+
+/* The tensor-parallel split rules are parallel/mesh.h mt_mesh_check_tensor_split,
+ * shared by the trainer, the model and the estimator. 4 query / 2 kv heads on a
+ * tensor axis of 4: the estimator's step model used to replicate the kv heads (one
+ * per rank) and model a layout the trainer refuses; now the trainer's plan, the
+ * model, the step model and the estimator refuse it with one message. */
+Test(plan_estimate, tensor_axis_beyond_kv_heads_refused_as_by_the_trainer) {
+    mt_train_config c;
+    base_cfg(&c, MT_DECODER_LLAMA2, 4);
+    c.ici_tensor_parallelism = 4;
+    c.hbm_gib = 80;
+    cr_assert_eq(c.model.num_query_heads, 4);
+    cr_assert_eq(c.model.num_kv_heads, 2);
+    const mt_layout_sizes s = {.num_query_heads = 4, .num_kv_heads = 2, .mlp_dim = c.model.mlp_dim,
+                               .vocab_size = c.model.vocab_size};
+    cr_assert_eq(mt_mesh_check_tensor_split(4, &s), MT_ERR_INVALID);
+    char want[512];
+    snprintf(want, sizeof want, "%s", mt_last_error());
+    cr_assert_str_eq(want, "base_num_kv_heads=2 is not divisible by ici_tensor_parallelism=4");
+
+    mt_plan *p = NULL, *h = NULL;
+    cr_assert_eq(mt_trainer_plan(&c, &p, &h, NULL), MT_ERR_INVALID, "the trainer refuses tp > kv heads");
+    cr_expect_str_eq(mt_last_error(), want);
+    cr_assert_null(p);
+
+    mt_model *m = NULL;
+    cr_assert_eq(mt_model_create(&m, &c.model, mt_cpu_backend(), 1, 32, 1), MT_OK, "%s", mt_last_error());
+    cr_expect_eq(mt_model_set_tensor_parallel(m, NULL, 4, 0), MT_ERR_INVALID);
+    cr_expect_str_eq(mt_last_error(), want);
+    mt_model_free(m);
+
+    const mt_step_model sm = mt_step_model_default();
+    cr_expect(isinf(mt_step_model_seconds(&c, &sm, NULL, NULL, NULL)), "no step time for a refused layout");
+    cr_expect_str_eq(mt_last_error(), want);
+    mt_memory_report r;
+    cr_expect_eq(mt_memory_plan_rank(&c, &r, NULL, NULL), MT_ERR_INVALID);
+    cr_expect_str_eq(mt_last_error(), want);
+    mt_estimate_result res;
+    cr_expect_eq(mt_estimate(&c, 0, NULL, &sm, &res), MT_ERR_INVALID, "the estimator proposes no row");
+    cr_expect_str_eq(mt_last_error(), want);
+
+    /* a tensor axis of 2 divides every size: modelled and planned */
+    c.ici_tensor_parallelism = 2;
+    c.num_devices = 2;
+    cr_expect(isfinite(mt_step_model_seconds(&c, &sm, NULL, NULL, NULL)), "%s", mt_last_error());
+    cr_expect_eq(mt_memory_plan_rank(&c, &r, NULL, NULL), MT_OK, "%s", mt_last_error());
 }

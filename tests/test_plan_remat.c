@@ -20,29 +20,19 @@
 #include "train/config.h"
 #include "train/estimate.h"
 #include "train/trainer.h"
+#include "tests/test_fixtures.h"
 
 static void one_thread(void) { setenv("OMP_NUM_THREADS", "1", 1); }
 TestSuite(plan_remat, .init = one_thread);
 
 static size_t al(size_t b) { return (b + MT_PLAN_ALIGN - 1) / MT_PLAN_ALIGN * MT_PLAN_ALIGN; }
 
-/* d_model 64: every per-layer parameter block is a multiple of 256 bytes, so the
- * parameter state grows by whole alignment units. */
+/* d_model 64 (tu_plan_model): every per-layer parameter block is a multiple of 256
+ * bytes, so the parameter state grows by whole alignment units. */
 static void base_cfg(mt_train_config *c, mt_decoder_block blk) {
     mt_train_config_defaults(c);
-    mt_model_config_defaults(&c->model, blk);
+    c->model = tu_plan_model(blk, 2);
     snprintf(c->model.model_name, sizeof c->model.model_name, "test");
-    c->model.vocab_size = 96;
-    c->model.emb_dim = 64;
-    c->model.num_query_heads = 4;
-    c->model.num_kv_heads = 2;
-    c->model.head_dim = 32; /* QK-norm scales: 2 x 32 floats = 256 bytes */
-    c->model.mlp_dim = 128;
-    c->model.num_decoder_layers = 2;
-    if (blk == MT_DECODER_GEMMA2) {
-        c->model.sliding_window_size = 4;
-        c->model.sliding_window_pattern = 2;
-    }
     c->per_device_batch_size = 2;
     c->max_target_length = 16;
     c->num_vocab_tiling = 2;

@@ -10,16 +10,8 @@
 # environment of scripts/setup-hf-venv.sh (MT_HF_VENV).
 set -u
 . "$(dirname "$0")/lib.sh"
-build="${1:?usage: test_prepare_bad.sh BUILD_DIR}"
-bin="$build/meshtrain"
-src="$(cd "$(dirname "$0")/.." && pwd)"
-venv="${MT_HF_VENV:-$src/.venv-hf}"
-py="$venv/bin/python"
-[ -x "$bin" ] || { echo "no $bin"; exit 1; }
-if ! "$py" -c "import tokenizers" 2>/dev/null; then
-    echo "skip: no tokenizers in $venv (run scripts/setup-hf-venv.sh)"
-    exit 77
-fi
+mt_build test_prepare_bad.sh "${1:-}"
+mt_need_hf_venv
 export MESHTRAIN_PYTHON="$py"
 mt_tmp
 "$py" "$src/tests/reference/tokenizer_kinds.py" tiny "$tmp/tok.json" 64 > /dev/null 2>&1 || fail "no tokenizer"

@@ -11,6 +11,7 @@
 #include <criterion/criterion.h>
 
 #include "tests/test_backend_util.h"
+#include "tests/test_fixtures.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,26 +23,18 @@
 #include "runtime/rng.h"
 #include "train/optimizer.h"
 
-static mt_model_config cfg_llama(void) {
-    mt_model_config c;
-    mt_model_config_defaults(&c, MT_DECODER_LLAMA2);
-    c.vocab_size = 37; c.emb_dim = 16; c.num_query_heads = 4; c.num_kv_heads = 2; c.head_dim = 8;
-    c.mlp_dim = 24; c.num_decoder_layers = 3;
-    return c;
-}
 static mt_model_config cfg_gemma2(void) {
-    mt_model_config c;
-    mt_model_config_defaults(&c, MT_DECODER_GEMMA2);
-    c.vocab_size = 29; c.emb_dim = 16; c.num_query_heads = 2; c.num_kv_heads = 1; c.head_dim = 16;
-    c.mlp_dim = 32; c.num_decoder_layers = 3; c.sliding_window_size = 3; c.sliding_window_pattern = 2;
-    c.attn_logits_soft_cap = 2.0f; c.final_logits_soft_cap = 3.0f;
+    mt_model_config c = tu_tiny_mqa(MT_DECODER_GEMMA2, 29, 3);
+    c.sliding_window_size = 3;
+    c.sliding_window_pattern = 2;
+    c.attn_logits_soft_cap = 2.0f;
+    c.final_logits_soft_cap = 3.0f;
     return c;
 }
 static mt_model_config cfg_gemma3(void) {
-    mt_model_config c;
-    mt_model_config_defaults(&c, MT_DECODER_GEMMA3);
-    c.vocab_size = 31; c.emb_dim = 16; c.num_query_heads = 4; c.num_kv_heads = 2; c.head_dim = 8;
-    c.mlp_dim = 24; c.num_decoder_layers = 3; c.sliding_window_size = 3; c.sliding_window_pattern = 2;
+    mt_model_config c = tu_tiny_gqa(MT_DECODER_GEMMA3, 31, 3);
+    c.sliding_window_size = 3;
+    c.sliding_window_pattern = 2;
     return c;
 }
 
@@ -250,7 +243,7 @@ static void all_policies(const mt_model_config *c, const char *cname) {
 }
 
 Test(remat, llama_every_policy_bitwise) {
-    mt_model_config c = cfg_llama();
+    mt_model_config c = tu_tiny_gqa(MT_DECODER_LLAMA2, 37, 3);
     all_policies(&c, "llama");
 }
 
@@ -264,7 +257,7 @@ Test(remat, gemma3_every_policy_bitwise) {
     all_policies(&c, "gemma3");
 }
 
-/* MaxText's policy table (REFERENCE.md), spelled out here independently. */
+/* MaxText's policy table (src/MaxText/layers/decoders.py get_remat_policy), spelled out here independently. */
 Test(remat, policy_table) {
     struct { const char *name; const char *kept; } t[] = {
         {"full", ""},

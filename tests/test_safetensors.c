@@ -10,29 +10,16 @@
 #include <unistd.h>
 
 #include "models/safetensors.h"
+#include "tests/test_fixtures.h"
 
-static char g_dir[64];
+static char g_dir[TU_TMPDIR_LEN];
 
-static void setup(void) {
-    strcpy(g_dir, "/tmp/mt_st_XXXXXX");
-    cr_assert_not_null(mkdtemp(g_dir));
-}
-
-static void teardown(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-    cr_assert_eq(system(cmd), 0);
-}
+static void setup(void) { tu_tmpdir_create(g_dir, "mt_st"); }
+static void teardown(void) { tu_tmpdir_remove(g_dir); }
 
 TestSuite(safetensors, .init = setup, .fini = teardown);
 
-static char *path_in(const char *name) {
-    static char buf[32][256];
-    static int k;
-    char *p = buf[k++ % 32];
-    snprintf(p, 256, "%s/%s", g_dir, name);
-    return p;
-}
+static char *path_in(const char *name) { return tu_path_in(g_dir, name); }
 
 /* A file with the given header text (length prefix = strlen + extra_len) and data. */
 static void write_raw(const char *path, const char *header, long long len_delta, const void *data, size_t n) {

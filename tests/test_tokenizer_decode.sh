@@ -11,15 +11,9 @@
 # Exit 77 (skipped) without scripts/setup-hf-venv.sh's environment (MT_HF_VENV).
 set -u
 . "$(dirname "$0")/lib.sh"
-build="${1:?usage: test_tokenizer_decode.sh BUILD_DIR}"
-src="$(cd "$(dirname "$0")/.." && pwd)"
-tool="$build/tests/tools/tokenizer_decode"
-py="${MT_HF_VENV:-$src/.venv-hf}/bin/python"
-[ -x "$tool" ] || { echo "no $tool"; exit 1; }
-if ! "$py" -c "import tokenizers" 2>/dev/null; then
-    echo "skip: no tokenizers in ${MT_HF_VENV:-$src/.venv-hf} (run scripts/setup-hf-venv.sh)"
-    exit 77
-fi
+mt_build test_tokenizer_decode.sh "${1:-}" tests/tools/tokenizer_decode
+tool="$bin"
+mt_need_hf_venv
 mt_tmp
 
 "$py" "$src/tests/reference/tokenizer_kinds.py" make "$tmp/k" > "$tmp/make.log" 2>&1 ||

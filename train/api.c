@@ -25,6 +25,7 @@
 #include "train/config.h"
 #include "train/data.h"
 #include "train/estimate.h"
+#include "train/remat.h"
 #include "train/trainer.h"
 
 _Static_assert(MT_MEMORY_CATEGORIES == MT_MEM_CATEGORY_COUNT, "memory categories differ from runtime/plan.h");
@@ -551,7 +552,7 @@ mt_status mt_memory_from_config(const char *config_path, int n_overrides, const 
     mt_plan *plan = NULL;
     int64_t np = 0;
     mt_status st = mt_train_config_load(cfg, config_path, n_overrides, overrides);
-    if (st == MT_OK) st = mt_trainer_plan(cfg, &plan, &np);
+    if (st == MT_OK) st = mt_trainer_plan(cfg, &plan, NULL, &np);
     if (st == MT_OK) fill_memory(plan, np, out);
     mt_plan_free(plan);
     free(cfg);

@@ -76,16 +76,18 @@ static const mt_config_key mt_keys[] = {
     RKEY_STR(dataset_path, "data/kjv", "directory (or glob) of llm.c shards: train_*.bin / val_*.bin or llm.c's "
              "<name>_train_*.bin / <name>_val_*.bin (one naming per split)"),
     /* data: splits and shuffling (train/data.h) */
-    RKEY_STR(train_files, "", "train shards: a file, a glob or a list ([a, b] or a,b); \"\" = dataset_path's "
-             "train split"),
-    RKEY_STR(eval_files, "", "validation shards: a file, a glob or a list; \"\" = dataset_path's val split"),
+    RKEY_STR(train_files, "", "train shards: a file, a glob or a list ([a, b] or a,b); \"\" or [] = unset: "
+             "dataset_path's train split; an empty entry or a glob matching nothing is an error"),
+    RKEY_STR(eval_files, "", "validation shards: a file, a glob or a list; \"\" or [] = dataset_path's val split; "
+             "checked whenever set, even with eval_interval <= 0"),
     {"enable_data_shuffling", MT_KEY_BOOL, OFF(enable_data_shuffling), 0, NULL, NULL, 0, "true", 0, 0, 0, 0,
      "shuffle the train split: shard order and step order within each shard permuted every epoch (the val "
      "split never is); false = file order"},
     RKEY_INT(data_shuffle_seed, "-1", -1, "seed of the data shuffle (Philox); -1 = seed"),
     RKEY_STR(tokenizer_path, "data/kjv/tokenizer.vocab",
              "`sample`'s tokenizer: a Hugging Face tokenizer.json (or a model directory holding one) or a "
-             "SentencePiece .vocab (piece<TAB>score per id; its .model beside it encodes a text prompt)"),
+             "SentencePiece .vocab (piece<TAB>score per id; its .model beside it encodes a text prompt); the model's "
+             "vocab_size may exceed its size only by padding to a multiple of 1024"),
     RKEY_INT(per_device_batch_size, "8", 1, "sequences per micro-batch on each device"),
     RKEY_INT(max_target_length, "256", 1, "tokens per sequence"),
     RKEY_INT(steps, "1000", 1, "optimizer steps; the LR schedule ends here"),
@@ -119,8 +121,8 @@ static const mt_config_key mt_keys[] = {
     RKEY_INT(top_k, "0", 0, "`sample`: keep the k most likely tokens; 0 = all"),
     /* `sample`'s prompt (train/tokenizer.h, scripts/prepare_data.py) */
     RKEY_STR(prompt, "", "`sample`: text to continue, encoded by the tokenizer (MaxText's key); \"\" = start from BOS"),
-    RKEY_STR(prompt_ids, "", "`sample`: token ids to continue (\"2,651,3\" or \"2 651 3\"), used as given (BOS "
-             "included); instead of prompt"),
+    RKEY_STR(prompt_ids, "", "`sample`: token ids to continue (\"2,651,3\", \"2 651 3\" or [2, 651, 3]), used as given "
+             "(BOS included); instead of prompt; \"\" or [] = unset; an empty entry (1,,2) is an error"),
     /* packed documents: document masking (models/model.h mt_model_set_packing) */
     {"packing", MT_KEY_BOOL, OFF(packing), 0, NULL, NULL, 0, "false", 0, 0, 0, 0,
      "document masking (MaxText's packing): each packing_separator_id token starts a document; attention "
@@ -412,6 +414,23 @@ mt_status mt_train_config_set(mt_train_config *cfg, const char *name, const char
         return MT_OK;
     }
     case MT_KEY_STRING: {
+        /* The list keys: an empty list ([] in YAML or on the command line) is the same as
+         * an empty value, i.e. unset (the default); an empty entry inside a list is an
+         * error, found where the list is read (train/data.c, mt_sample_parse_ids). */
+        if (strcmp(k->name, "train_files") == 0 || strcmp(k->name, "eval_files") == 0 ||
+            strcmp(k->name, "prompt_ids") == 0) {
+            const char *b = value;
+            while (isspace((unsigned char)*b)) b++;
+            if (*b == '[') {
+                b++;
+                while (isspace((unsigned char)*b)) b++;
+                if (*b == ']') {
+                    b++;
+                    while (isspace((unsigned char)*b)) b++;
+                    if (!*b) value = "";
+                }
+            }
+        }
         size_t len = strlen(value);
         if (len >= k->size)
             return mt_set_error(MT_ERR_INVALID, "%s: key '%s': value of %zu bytes is too long (max %zu)",
@@ -519,23 +538,61 @@ void mt_train_config_defaults(mt_train_config *cfg) {
     }
 }
 
-/* Model keys that a checkpoint's config.json pins: the parameter shapes and the math
- * of a step (a resumed or sampled model must agree on them). */
-static const char *const checkpoint_model_keys[] = {
-    "decoder_block", "vocab_size", "base_emb_dim", "base_num_query_heads", "base_num_kv_heads", "head_dim",
-    "base_mlp_dim", "base_num_decoder_layers", "mlp_activations", "logits_via_embedding",
-    "normalization_layer_epsilon", "rope_max_timescale", "rope_type", NULL};
+/* Model keys that a checkpoint's config.json pins (every field that changes the
+ * parameter shapes or the math of a step; a resumed, sampled or fine-tuned model must
+ * agree on them), each with its Hugging Face config.json field. */
+static const char *const checkpoint_model_keys[][2] = {
+    {"decoder_block", "model_type"}, {"vocab_size", "vocab_size"}, {"base_emb_dim", "hidden_size"},
+    {"base_num_query_heads", "num_attention_heads"}, {"base_num_kv_heads", "num_key_value_heads"},
+    {"head_dim", "head_dim"}, {"base_mlp_dim", "intermediate_size"},
+    {"base_num_decoder_layers", "num_hidden_layers"}, {"mlp_activations", "hidden_act/hidden_activation"},
+    {"logits_via_embedding", "tie_word_embeddings"}, {"normalization_layer_epsilon", "rms_norm_eps"},
+    {"final_logits_soft_cap", "final_logit_softcapping"}, {"attn_logits_soft_cap", "attn_logit_softcapping"},
+    {"sliding_window_size", "sliding_window"}, {"sliding_window_pattern", "sliding_window_pattern/layer_types"},
+    {"query_pre_attn_scalar", "query_pre_attn_scalar"}, {"rope_max_timescale", "rope_theta"},
+    {"rope_type", "rope_scaling.rope_type"}, {"rope_factor", "rope_scaling.factor"},
+    {"rope_low_freq_factor", "rope_scaling.low_freq_factor"},
+    {"rope_high_freq_factor", "rope_scaling.high_freq_factor"},
+    {"rope_original_max_position", "rope_scaling.original_max_position_embeddings"},
+    {"local_rope_max_timescale", "rope_local_base_freq"}, {"use_qk_norm", "model_type"},
+    {"use_post_attn_norm", "model_type"}, {"use_post_ffw_norm", "model_type"}, {NULL, NULL}};
+
+const char *mt_model_config_hf_field(const char *key) {
+    for (int i = 0; key && checkpoint_model_keys[i][0]; i++)
+        if (strcmp(checkpoint_model_keys[i][0], key) == 0) return checkpoint_model_keys[i][1];
+    return key;
+}
+
+/* The model c computes, with the fields that have no effect cleared and the "0 =
+ * derived" ones resolved (models/config.h), so that two descriptions of one model
+ * compare equal: query_pre_attn_scalar 0 is head_dim; without local layers the window,
+ * its pattern and the local RoPE base mean nothing; a local RoPE base equal to the
+ * global default one is the same as none; the rope_* factors only count for the
+ * scaling that reads them (models/config.c mt_rope_inv_freq). */
+static mt_model_config model_effective(const mt_model_config *c) {
+    mt_model_config e = *c;
+    if (e.query_pre_attn_scalar <= 0.0f) e.query_pre_attn_scalar = (float)e.head_dim;
+    int any_local = 0;
+    for (int64_t l = 0; !any_local && l < e.num_decoder_layers; l++) any_local = mt_model_layer_is_local(&e, l);
+    if (!any_local) e.sliding_window_size = 0, e.sliding_window_pattern = 0, e.local_rope_max_timescale = 0;
+    if (e.local_rope_max_timescale == e.rope_max_timescale && e.rope_type == MT_ROPE_DEFAULT)
+        e.local_rope_max_timescale = 0;
+    if (e.rope_type == MT_ROPE_DEFAULT) e.rope_factor = 0;
+    if (e.rope_type != MT_ROPE_LLAMA3)
+        e.rope_low_freq_factor = e.rope_high_freq_factor = 0, e.rope_original_max_position = 0;
+    return e;
+}
 
 const mt_config_key *mt_model_config_diff(const mt_model_config *a, const mt_model_config *b, const char *only_key,
                                           char *va, char *vb, size_t n) {
     mt_train_config *ta = calloc(2, sizeof *ta);
     if (!ta) return NULL;
-    ta[0].model = *a;
-    ta[1].model = *b;
+    ta[0].model = model_effective(a);
+    ta[1].model = model_effective(b);
     const mt_config_key *found = NULL;
-    for (int i = 0; !found && checkpoint_model_keys[i]; i++) {
-        if (only_key && strcmp(only_key, checkpoint_model_keys[i]) != 0) continue;
-        const mt_config_key *k = mt_config_key_find(checkpoint_model_keys[i]);
+    for (int i = 0; !found && checkpoint_model_keys[i][0]; i++) {
+        if (only_key && strcmp(only_key, checkpoint_model_keys[i][0]) != 0) continue;
+        const mt_config_key *k = mt_config_key_find(checkpoint_model_keys[i][0]);
         mt_train_config_format(&ta[0], k, va, n);
         mt_train_config_format(&ta[1], k, vb, n);
         if (strcmp(va, vb) != 0) found = k;
@@ -760,6 +817,10 @@ mt_status mt_train_config_validate(const mt_train_config *c) {
     if (!(c->adam_eps > 0)) return mt_set_error(MT_ERR_INVALID, "key 'adam_eps' = %g: must be > 0", c->adam_eps);
     if (!(c->collective_timeout_s > 0))
         return mt_set_error(MT_ERR_INVALID, "key 'collective_timeout_s' = %g: must be > 0", c->collective_timeout_s);
+    if (c->packing && c->packing_separator_id >= c->model.vocab_size)
+        return mt_set_error(MT_ERR_INVALID, "key 'packing_separator_id' = %lld is outside the model's vocabulary "
+                            "(vocab_size %lld): no token would start a document, so packing would do nothing",
+                            (long long)c->packing_separator_id, (long long)c->model.vocab_size);
     if (c->gradient_accumulation_reduce == 1 && !c->shard_optimizer_over_data)
         return mt_set_error(MT_ERR_INVALID, "key 'gradient_accumulation_reduce' = every reduce-scatters into the "
                             "ZeRO-1 shard accumulator: it needs shard_optimizer_over_data=true");

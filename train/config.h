@@ -172,11 +172,19 @@ mt_status mt_train_config_load(mt_train_config *cfg, const char *config_path, in
 mt_status mt_train_config_validate(const mt_train_config *cfg);
 
 /* The first model key on which a and b differ, among those a checkpoint's config.json
- * pins (decoder_block, vocab_size, base_emb_dim, base_num_query_heads,
- * base_num_kv_heads, head_dim, base_mlp_dim, base_num_decoder_layers, mlp_activations,
- * logits_via_embedding, normalization_layer_epsilon, rope_max_timescale, rope_type);
- * only_key (may be NULL) compares that key alone. va and vb (n bytes each) receive the
- * two values as config text. Returns NULL when they agree (or on OOM). */
+ * pins: every field that changes the parameter shapes or the math of a step
+ * (decoder_block, the dimensions, mlp_activations, logits_via_embedding,
+ * normalization_layer_epsilon, the soft-caps, the sliding window and its pattern,
+ * query_pre_attn_scalar, the RoPE base, scaling and local base, the QK / post norms).
+ * Fields without effect are ignored and "0 = derived" ones resolved first (e.g.
+ * query_pre_attn_scalar 0 equals head_dim; rope_factor counts only with a rope_type
+ * that reads it). only_key (may be NULL) compares that key alone. va and vb (n bytes
+ * each) receive the two values as config text. Returns NULL when they agree (or on
+ * OOM). Used by resume, `sample` and load_parameters_path (one rule). */
+/* The Hugging Face config.json field that holds model key `key` (for messages), or
+ * `key` itself when there is none. */
+const char *mt_model_config_hf_field(const char *key);
+
 const mt_config_key *mt_model_config_diff(const mt_model_config *a, const mt_model_config *b, const char *only_key,
                                           char *va, char *vb, size_t n);
 

@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "runtime/fileio.h"
 #include "runtime/rng.h"
 
 /* Philox streams of the shuffle (tag in the top 16 bits, epoch below): the shard
@@ -566,18 +567,6 @@ void mt_data_close(mt_data_loader *d) {
     free(d);
 }
 
-static int data_write_all(int fd, const void *buf, size_t n) {
-    const char *p = buf;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 mt_status mt_data_write_shard(const char *path, const uint32_t *tokens, int64_t count, int wide) {
     if (count < 0 || count > INT32_MAX || (count > 0 && !tokens))
         return mt_set_error(MT_ERR_INVALID, "%s: token count %lld outside [0, %d]", path, (long long)count, INT32_MAX);
@@ -591,35 +580,20 @@ mt_status mt_data_write_shard(const char *path, const uint32_t *tokens, int64_t 
     hdr[1] = wide ? MT_DATA_VERSION_U32 : MT_DATA_VERSION_U16;
     hdr[2] = (int32_t)count;
 
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 5);
-    if (!tmp) return mt_set_error(MT_ERR_OOM, "%s: out of memory", path);
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp", 5);
-    mt_status s = MT_OK;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        s = mt_set_error(MT_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
-        free(tmp);
-        return s;
-    }
-    int bad = data_write_all(fd, hdr, sizeof hdr);
+    mt_atomic_file af;
+    MT_TRY(mt_atomic_open(&af, path));
+    mt_status s = mt_atomic_write(&af, hdr, sizeof hdr);
     if (wide) {
-        bad = bad || data_write_all(fd, tokens, (size_t)count * 4);
+        if (s == MT_OK) s = mt_atomic_write(&af, tokens, (size_t)count * 4);
     } else {
         uint16_t buf[4096];
-        for (int64_t i = 0; i < count && !bad; i += 4096) {
+        for (int64_t i = 0; i < count && s == MT_OK; i += 4096) {
             int64_t m = count - i < 4096 ? count - i : 4096;
             for (int64_t k = 0; k < m; k++) buf[k] = (uint16_t)tokens[i + k];
-            bad = data_write_all(fd, buf, (size_t)m * 2);
+            s = mt_atomic_write(&af, buf, (size_t)m * 2);
         }
     }
-    if (bad) s = mt_set_error(MT_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
-    else if (fsync(fd) != 0) s = mt_set_error(MT_ERR_IO, "%s: fsync failed: %s", tmp, strerror(errno));
-    if (close(fd) != 0 && s == MT_OK) s = mt_set_error(MT_ERR_IO, "%s: close failed: %s", tmp, strerror(errno));
-    if (s == MT_OK && rename(tmp, path) != 0)
-        s = mt_set_error(MT_ERR_IO, "%s: cannot rename %s over it: %s", path, tmp, strerror(errno));
-    if (s != MT_OK) unlink(tmp);
-    free(tmp);
+    if (s == MT_OK) return mt_atomic_commit(&af);
+    mt_atomic_abort(&af);
     return s;
 }

@@ -11,20 +11,6 @@
 #include "runtime/timer.h"
 #include "train/trainer.h"
 
-mt_status mt_memory_remat_policy(const mt_train_config *cfg, mt_remat_policy *out) {
-    mt_remat_action acts[MT_RT_COUNT];
-    for (int i = 0; i < MT_RT_COUNT; i++) acts[i] = (mt_remat_action)cfg->remat_custom[i];
-    return mt_remat_policy_resolve((mt_remat_policy_kind)cfg->remat_policy, acts, out);
-}
-
-mt_status mt_memory_apply_remat(const mt_train_config *cfg, mt_model *model) {
-    mt_remat_policy p;
-    MT_TRY(mt_memory_remat_policy(cfg, &p));
-    MT_TRY(mt_model_set_remat(model, &p));
-    MT_TRY(mt_model_set_packing(model, cfg->packing, (int32_t)cfg->packing_separator_id)); /* adds plan entries */
-    return mt_model_set_param_offload(model, cfg->parameter_memory_host_offload);
-}
-
 /* ------------------------------------------------------------------ mesh ---- */
 
 static mt_status job_dims(const mt_train_config *cfg, int dims[4]) {
@@ -46,29 +32,21 @@ static mt_status job_dims(const mt_train_config *cfg, int dims[4]) {
 }
 
 /* The config of one rank's local model: heads, kv heads and mlp split by tensor,
- * vocabulary split by tensor (vocab-parallel), sequence by context; one device. */
+ * vocabulary split by tensor (vocab-parallel), sequence by context; one device. The
+ * layout must pass the trainer's own checks (parallel/mesh.h mt_mesh_check_layout,
+ * whose tensor rules refuse kv-head replication), with the trainer's message. */
 static mt_status local_config(const mt_train_config *cfg, const int dims[4], mt_train_config *lc) {
     *lc = *cfg;
     const int64_t Tn = dims[MT_AXIS_TENSOR], Cn = dims[MT_AXIS_CONTEXT];
     mt_model_config *m = &lc->model;
-    if (Tn > 1) {
-        if (m->num_query_heads % Tn || m->mlp_dim % Tn)
-            return mt_set_error(MT_ERR_INVALID, "tensor axis %lld must divide base_num_query_heads=%lld and "
-                                "base_mlp_dim=%lld", (long long)Tn, (long long)m->num_query_heads,
-                                (long long)m->mlp_dim);
-        m->num_query_heads /= Tn;
-        if (m->num_kv_heads % Tn == 0) m->num_kv_heads /= Tn;
-        else if (Tn % m->num_kv_heads == 0) m->num_kv_heads = 1; /* kv heads replicated */
-        else
-            return mt_set_error(MT_ERR_INVALID, "tensor axis %lld and base_num_kv_heads=%lld: neither divides "
-                                "the other", (long long)Tn, (long long)m->num_kv_heads);
-        m->mlp_dim /= Tn;
-        m->vocab_size = (m->vocab_size + Tn - 1) / Tn;
-    }
+    const mt_layout_sizes ls = {m->num_query_heads, m->num_kv_heads, m->mlp_dim, m->vocab_size,
+                                cfg->max_target_length, cfg->per_device_batch_size};
+    MT_TRY(mt_mesh_check_layout(dims, &ls));
+    m->num_query_heads /= Tn;
+    m->num_kv_heads /= Tn;
+    m->mlp_dim /= Tn;
+    m->vocab_size /= Tn;
     if (Cn > 1) {
-        if (cfg->max_target_length % (2 * Cn))
-            return mt_set_error(MT_ERR_INVALID, "context axis %lld: max_target_length=%lld must divide into "
-                                "2 x %lld chunks", (long long)Cn, (long long)cfg->max_target_length, (long long)Cn);
         lc->max_target_length /= Cn;
         if (lc->num_vocab_tiling > lc->per_device_batch_size * lc->max_target_length)
             lc->num_vocab_tiling = lc->per_device_batch_size * lc->max_target_length;
@@ -147,7 +125,7 @@ static void fill_report(mt_memory_report *r, const mt_plan *p, const mt_plan *h)
 }
 
 /* The trainer's own plan of rank 0 of the full data x fsdp x context x tensor mesh,
- * each axis given explicitly (mt_trainer_plan_with_host resolves a -1 axis to 1). */
+ * each axis given explicitly (mt_trainer_plan resolves a -1 axis to 1). */
 static mt_status trainer_plan(const mt_train_config *cfg, const int dims[4], mt_plan **p, mt_plan **h,
                               int64_t *local) {
     mt_train_config lc = *cfg;
@@ -156,7 +134,7 @@ static mt_status trainer_plan(const mt_train_config *cfg, const int dims[4], mt_
     lc.ici_context_parallelism = dims[MT_AXIS_CONTEXT];
     lc.ici_tensor_parallelism = dims[MT_AXIS_TENSOR];
     lc.num_devices = cfg->num_devices;
-    return mt_trainer_plan_with_host(&lc, p, h, local);
+    return mt_trainer_plan(&lc, p, h, local);
 }
 
 mt_status mt_memory_plan_rank(const mt_train_config *cfg, mt_memory_report *rep, mt_plan **plan, mt_plan **host_plan) {
@@ -490,6 +468,167 @@ static mt_status add_row(mt_estimate_result *r, int cap, int64_t batch, const mt
     return MT_OK;
 }
 
+/* Room for the rows: the walk (at most 2n + 1 rows) and a variant of each. */
+enum { ROWS_CAP = 4 * (MT_RT_COUNT + 1) };
+
+/* The tensors searched and the policies at both ends of the search. */
+typedef struct searched {
+    int order[MT_RT_COUNT];      /* searchable tensors, largest first (ties: MaxText's name order) */
+    int n;
+    mt_remat_policy lightest;    /* every searched tensor remat, the fixed ones as cfg says */
+    mt_remat_policy heaviest;    /* every searched tensor on the device */
+} searched;
+
+/* The starting policy: fixed tensors from cfg's custom keys, the rest searched
+ * (tensors of zero size left remat), ordered by size. */
+static mt_status searched_tensors(const mt_train_config *cfg, const int fixed[MT_RT_COUNT], searched *q) {
+    mt_remat_policy user;
+    mt_remat_action acts[MT_RT_COUNT];
+    for (int t = 0; t < MT_RT_COUNT; t++) acts[t] = (mt_remat_action)cfg->remat_custom[t];
+    MT_TRY(mt_remat_policy_resolve(MT_REMAT_CUSTOM, acts, &user));
+    int *order = q->order, n = 0;
+    double sz[MT_RT_COUNT];
+    for (int t = 1; t < MT_RT_COUNT; t++) {
+        sz[t] = tensor_bytes(&cfg->model, 1, cfg->max_target_length, t);
+        if (fixed && fixed[t]) continue;
+        if (sz[t] <= 0) {
+            user.action[t] = MT_RA_REMAT;
+            continue;
+        }
+        order[n++] = t;
+    }
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && sz[order[j]] > sz[order[j - 1]]; j--) {
+            int x = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = x;
+        }
+    q->n = n;
+    q->lightest = q->heaviest = user;
+    for (int i = 0; i < n; i++) {
+        q->lightest.action[order[i]] = MT_RA_REMAT;
+        q->heaviest.action[order[i]] = MT_RA_DEVICE;
+    }
+    return MT_OK;
+}
+
+/* Mode 1's walk: the largest batch under the lightest policy, then remat -> offload
+ * and offload -> device one tensor at a time, smallest first, each step the largest
+ * batch not above the previous one; every (batch, policy) step is a row. */
+static mt_status walk_batch_and_policy(search *s, const searched *q, mt_estimate_result *out) {
+    int64_t b = 0;
+    mt_status st = max_batch(s, &q->lightest, 0, &b);
+    if (st == MT_OK && b == 0) {
+        mt_memory_report r;
+        st = exact_peak(s, 1, &q->lightest, &r);
+        if (st == MT_OK)
+            st = mt_set_error(MT_ERR_INVALID, "does not fit: even per_device_batch_size=1 with every searchable "
+                              "tensor rematerialised needs %zu bytes (%.2f GiB) per device, the budget is "
+                              "hbm_gib=%g (%zu bytes)", r.peak, (double)r.peak / 1073741824.0, s->base->hbm_gib,
+                              s->budget);
+    }
+    mt_remat_policy p = q->lightest;
+    if (st == MT_OK) st = add_row(out, ROWS_CAP, b, &p);
+    /* remat -> offload, smallest first; then offload -> device, smallest first */
+    for (int phase = 0; st == MT_OK && phase < 2 && b > 0; phase++) {
+        for (int i = q->n - 1; st == MT_OK && i >= 0 && b > 0; i--) {
+            p.action[q->order[i]] = phase == 0 ? MT_RA_OFFLOAD : MT_RA_DEVICE;
+            int64_t nb = 0;
+            st = max_batch(s, &p, b, &nb);
+            if (st != MT_OK || nb == 0) {
+                b = 0;
+                break;
+            }
+            st = add_row(out, ROWS_CAP, nb, &p); /* every (batch, policy) step is a candidate */
+            b = nb;
+        }
+    }
+    return st;
+}
+
+/* Mode 2: an error if the lightest policy does not fit batch, else from all-device
+ * step back (device -> offload, largest first, then offload -> remat) until it fits;
+ * that policy is the one row. */
+static mt_status walk_fixed_batch(search *s, const searched *q, int64_t batch, mt_estimate_result *out) {
+    int ok = 0;
+    mt_status st = fits(s, batch, &q->lightest, &ok);
+    if (st == MT_OK && !ok) {
+        mt_memory_report r;
+        st = exact_peak(s, batch, &q->lightest, &r);
+        if (st == MT_OK)
+            st = mt_set_error(MT_ERR_INVALID, "does not fit: per_device_batch_size=%lld with every searchable "
+                              "tensor rematerialised needs %zu bytes (%.2f GiB) per device, the budget is "
+                              "hbm_gib=%g (%zu bytes)", (long long)batch, r.peak,
+                              (double)r.peak / 1073741824.0, s->base->hbm_gib, s->budget);
+    }
+    mt_remat_policy p = q->heaviest;
+    /* device -> offload largest first, then offload -> remat largest first */
+    for (int phase = 0; st == MT_OK && phase < 3; phase++) {
+        if (phase == 2) break;
+        if (st == MT_OK) st = fits(s, batch, &p, &ok);
+        if (st == MT_OK && ok) break;
+        for (int i = 0; st == MT_OK && i < q->n; i++) {
+            p.action[q->order[i]] = phase == 0 ? MT_RA_OFFLOAD : MT_RA_REMAT;
+            st = fits(s, batch, &p, &ok);
+            if (ok) break;
+        }
+        if (ok) break;
+    }
+    if (st == MT_OK) st = add_row(out, ROWS_CAP, batch, &p);
+    return st;
+}
+
+/* Mode 1: each (batch, policy) of the walk also with every searched tensor that is
+ * not kept on the device given the cheaper of remat and offload under the step
+ * model (the walk's order may leave a tensor offloaded where recomputing it is
+ * faster): the same kept set, so the same device plan and the same fit. */
+static mt_status add_cheaper_variants(search *s, const searched *q, const mt_step_model *sm,
+                                      mt_estimate_result *out) {
+    int cheap[MT_RT_COUNT];
+    mt_status st = cheaper_non_kept(s, sm, &q->lightest, q->order, q->n, cheap);
+    const int walked = out->nrows;
+    for (int i = 0; st == MT_OK && i < walked; i++) {
+        mt_remat_policy v = out->rows[i].policy;
+        for (int k = 0; k < q->n; k++)
+            if (v.action[q->order[k]] != MT_RA_DEVICE) v.action[q->order[k]] = (mt_remat_action)cheap[q->order[k]];
+        if (!has_row(out, out->rows[i].batch, &v)) st = add_row(out, ROWS_CAP, out->rows[i].batch, &v);
+    }
+    return st;
+}
+
+/* Confirm each row with the exact full-depth plan (stepping the batch down in the
+ * unlikely case extrapolation was optimistic) and model its step time and tokens/s. */
+static mt_status confirm_and_model(search *s, const mt_step_model *sm, mt_estimate_result *out) {
+    const mt_train_config *cfg = s->base;
+    confirm_cache cache;
+    memset(&cache, 0, sizeof cache);
+    mt_status st = MT_OK;
+    for (int i = 0; st == MT_OK && i < out->nrows; i++) {
+        mt_estimate_row *row = &out->rows[i];
+        size_t peak = 0, host = 0;
+        for (;;) {
+            st = confirm(s, &cache, row->batch, &row->policy, &peak, &host);
+            if (st != MT_OK || peak <= s->budget || row->batch <= 1 || out->mode == 2) break;
+            row->batch--;
+        }
+        if (st != MT_OK) break;
+        row->peak = peak;
+        row->host = host;
+        s->cfg = *s->base;
+        s->cfg.per_device_batch_size = row->batch;
+        set_policy(&s->cfg, &row->policy);
+        row->step_s = mt_step_model_seconds(&s->cfg, sm, NULL, NULL, NULL);
+        int dims[4];
+        st = job_dims(cfg, dims);
+        if (st != MT_OK) break;
+        /* a tensor (or context) group shares its sequences: tokens per device */
+        const double tokens = (double)(row->batch * cfg->max_target_length * cfg->gradient_accumulation_steps) /
+                              (double)(dims[MT_AXIS_TENSOR] * dims[MT_AXIS_CONTEXT]);
+        row->tokens_per_s = row->step_s > 0 ? tokens / row->step_s : 0;
+    }
+    return st;
+}
+
 mt_status mt_estimate(const mt_train_config *cfg, int64_t batch_fixed, const int fixed[MT_RT_COUNT],
                       const mt_step_model *sm, mt_estimate_result *out) {
     memset(out, 0, sizeof *out);
@@ -507,142 +646,15 @@ mt_status mt_estimate(const mt_train_config *cfg, int64_t batch_fixed, const int
     s.base = cfg;
     s.budget = (size_t)(cfg->hbm_gib * 1073741824.0);
     out->budget = s.budget;
-
-    /* The starting policy: fixed tensors from cfg's custom keys, the rest searched. */
-    mt_remat_policy user;
-    mt_remat_action acts[MT_RT_COUNT];
-    for (int t = 0; t < MT_RT_COUNT; t++) acts[t] = (mt_remat_action)cfg->remat_custom[t];
-    MT_TRY(mt_remat_policy_resolve(MT_REMAT_CUSTOM, acts, &user));
-    /* Searchable tensors ordered by size, largest first (ties: MaxText's name order). */
-    int order[MT_RT_COUNT], n = 0;
-    double sz[MT_RT_COUNT];
-    for (int t = 1; t < MT_RT_COUNT; t++) {
-        sz[t] = tensor_bytes(&cfg->model, 1, cfg->max_target_length, t);
-        if (fixed && fixed[t]) continue;
-        if (sz[t] <= 0) {
-            user.action[t] = MT_RA_REMAT;
-            continue;
-        }
-        order[n++] = t;
-    }
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && sz[order[j]] > sz[order[j - 1]]; j--) {
-            int x = order[j];
-            order[j] = order[j - 1];
-            order[j - 1] = x;
-        }
-    mt_remat_policy lightest = user, heaviest = user;
-    for (int i = 0; i < n; i++) {
-        lightest.action[order[i]] = MT_RA_REMAT;
-        heaviest.action[order[i]] = MT_RA_DEVICE;
-    }
-    const int cap = 4 * (MT_RT_COUNT + 1); /* the walk (at most 2n + 1 rows) and a variant of each */
-    out->rows = calloc((size_t)cap, sizeof *out->rows);
+    searched q;
+    MT_TRY(searched_tensors(cfg, fixed, &q));
+    out->rows = calloc((size_t)ROWS_CAP, sizeof *out->rows);
     if (!out->rows) return mt_set_error(MT_ERR_OOM, "estimator: out of memory");
-    mt_status st = MT_OK;
-
-    if (batch_fixed <= 0) {
-        out->mode = 1;
-        int64_t b = 0;
-        st = max_batch(&s, &lightest, 0, &b);
-        if (st == MT_OK && b == 0) {
-            mt_memory_report r;
-            st = exact_peak(&s, 1, &lightest, &r);
-            if (st == MT_OK)
-                st = mt_set_error(MT_ERR_INVALID, "does not fit: even per_device_batch_size=1 with every searchable "
-                                  "tensor rematerialised needs %zu bytes (%.2f GiB) per device, the budget is "
-                                  "hbm_gib=%g (%zu bytes)", r.peak, (double)r.peak / 1073741824.0, cfg->hbm_gib,
-                                  s.budget);
-        }
-        mt_remat_policy p = lightest;
-        if (st == MT_OK) st = add_row(out, cap, b, &p);
-        /* remat -> offload, smallest first; then offload -> device, smallest first */
-        for (int phase = 0; st == MT_OK && phase < 2 && b > 0; phase++) {
-            for (int i = n - 1; st == MT_OK && i >= 0 && b > 0; i--) {
-                p.action[order[i]] = phase == 0 ? MT_RA_OFFLOAD : MT_RA_DEVICE;
-                int64_t nb = 0;
-                st = max_batch(&s, &p, b, &nb);
-                if (st != MT_OK || nb == 0) {
-                    b = 0;
-                    break;
-                }
-                st = add_row(out, cap, nb, &p); /* every (batch, policy) step is a candidate */
-                b = nb;
-            }
-        }
-    } else {
-        out->mode = 2;
-        int ok = 0;
-        st = fits(&s, batch_fixed, &lightest, &ok);
-        if (st == MT_OK && !ok) {
-            mt_memory_report r;
-            st = exact_peak(&s, batch_fixed, &lightest, &r);
-            if (st == MT_OK)
-                st = mt_set_error(MT_ERR_INVALID, "does not fit: per_device_batch_size=%lld with every searchable "
-                                  "tensor rematerialised needs %zu bytes (%.2f GiB) per device, the budget is "
-                                  "hbm_gib=%g (%zu bytes)", (long long)batch_fixed, r.peak,
-                                  (double)r.peak / 1073741824.0, cfg->hbm_gib, s.budget);
-        }
-        mt_remat_policy p = heaviest;
-        /* device -> offload largest first, then offload -> remat largest first */
-        for (int phase = 0; st == MT_OK && phase < 3; phase++) {
-            if (phase == 2) break;
-            if (st == MT_OK) st = fits(&s, batch_fixed, &p, &ok);
-            if (st == MT_OK && ok) break;
-            for (int i = 0; st == MT_OK && i < n; i++) {
-                p.action[order[i]] = phase == 0 ? MT_RA_OFFLOAD : MT_RA_REMAT;
-                st = fits(&s, batch_fixed, &p, &ok);
-                if (ok) break;
-            }
-            if (ok) break;
-        }
-        if (st == MT_OK) st = add_row(out, cap, batch_fixed, &p);
-    }
-
-    /* Mode 1: each (batch, policy) of the walk also with every searched tensor that is
-     * not kept on the device given the cheaper of remat and offload under the step
-     * model (the walk's order may leave a tensor offloaded where recomputing it is
-     * faster): the same kept set, so the same device plan and the same fit. */
-    if (st == MT_OK && out->mode == 1) {
-        int cheap[MT_RT_COUNT];
-        st = cheaper_non_kept(&s, sm, &lightest, order, n, cheap);
-        const int walked = out->nrows;
-        for (int i = 0; st == MT_OK && i < walked; i++) {
-            mt_remat_policy v = out->rows[i].policy;
-            for (int k = 0; k < n; k++)
-                if (v.action[order[k]] != MT_RA_DEVICE) v.action[order[k]] = (mt_remat_action)cheap[order[k]];
-            if (!has_row(out, out->rows[i].batch, &v)) st = add_row(out, cap, out->rows[i].batch, &v);
-        }
-    }
-
-    /* Confirm each row with the exact full-depth plan (stepping the batch down in the
-     * unlikely case extrapolation was optimistic), then model, keep the Pareto list
-     * and rank. */
-    confirm_cache cache;
-    memset(&cache, 0, sizeof cache);
-    for (int i = 0; st == MT_OK && i < out->nrows; i++) {
-        mt_estimate_row *row = &out->rows[i];
-        size_t peak = 0, host = 0;
-        for (;;) {
-            st = confirm(&s, &cache, row->batch, &row->policy, &peak, &host);
-            if (st != MT_OK || peak <= s.budget || row->batch <= 1 || out->mode == 2) break;
-            row->batch--;
-        }
-        if (st != MT_OK) break;
-        row->peak = peak;
-        row->host = host;
-        s.cfg = *s.base;
-        s.cfg.per_device_batch_size = row->batch;
-        set_policy(&s.cfg, &row->policy);
-        row->step_s = mt_step_model_seconds(&s.cfg, sm, NULL, NULL, NULL);
-        int dims[4];
-        st = job_dims(cfg, dims);
-        if (st != MT_OK) break;
-        /* a tensor (or context) group shares its sequences: tokens per device */
-        const double tokens = (double)(row->batch * cfg->max_target_length * cfg->gradient_accumulation_steps) /
-                              (double)(dims[MT_AXIS_TENSOR] * dims[MT_AXIS_CONTEXT]);
-        row->tokens_per_s = row->step_s > 0 ? tokens / row->step_s : 0;
-    }
+    out->mode = batch_fixed <= 0 ? 1 : 2;
+    mt_status st = out->mode == 1 ? walk_batch_and_policy(&s, &q, out) : walk_fixed_batch(&s, &q, batch_fixed, out);
+    if (st == MT_OK && out->mode == 1) st = add_cheaper_variants(&s, &q, sm, out);
+    /* then keep the Pareto list and rank */
+    if (st == MT_OK) st = confirm_and_model(&s, sm, out);
     if (st == MT_OK) pareto_filter(out);
     if (st == MT_OK) qsort(out->rows, (size_t)out->nrows, sizeof *out->rows, cmp_rows);
     out->plans = s.plans;

@@ -2,7 +2,7 @@
  * batch-size / remat-policy estimator (MaxText's estimator, REFERENCE.md).
  *
  * Planning needs no device, no data and no mpirun. The plan of one rank is the
- * trainer's own plan (mt_trainer_plan_with_host) for rank 0 of the data x fsdp x
+ * trainer's own plan (mt_trainer_plan) for rank 0 of the data x fsdp x
  * context x tensor mesh the keys give, with fsdp, remat, activation offload and
  * parameter / optimizer host offload as the trainer runs them: exactly what that rank
  * allocates (every fsdp layout: fsdp alone or with the tensor, data and context axes,
@@ -21,20 +21,11 @@
 #include "runtime/plan.h"
 #include "runtime/status.h"
 #include "train/config.h"
+#include "train/remat.h" /* mt_memory_remat_policy, for the estimator's callers */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* The remat policy cfg asks for (remat_policy + the nine tensor keys).
- * Errors: MT_ERR_INVALID (decoder_layer_input not device). */
-mt_status mt_memory_remat_policy(const mt_train_config *cfg, mt_remat_policy *out);
-
-/* mt_model_set_remat(model, mt_memory_remat_policy(cfg)),
- * mt_model_set_packing(model, cfg->packing, cfg->packing_separator_id) and
- * mt_model_set_param_offload(model, cfg->parameter_memory_host_offload): the config's
- * settings that shape the model's plan. */
-mt_status mt_memory_apply_remat(const mt_train_config *cfg, mt_model *model);
 
 /* Device bytes of one rank per row of `meshtrain plan`'s table. Each plan entry
  * counts in exactly one row (by its category, and for activations and scratch by its
@@ -101,7 +92,10 @@ mt_step_model mt_step_model_default(void);
  * (out and back) / host_bw + collective bytes (fsdp all-gather forward and backward,
  * gradient reduce-scatter, data all-reduce; ring factors (n-1)/n) / link_bw. Each
  * term is returned too (may be NULL). Tokens per device per step:
- * per_device_batch_size x max_target_length / context x gradient_accumulation_steps. */
+ * per_device_batch_size x max_target_length / context x gradient_accumulation_steps.
+ * INFINITY for a config or layout the trainer refuses (the layout rules of
+ * parallel/mesh.h mt_mesh_check_layout: no kv-head replication), with its message in
+ * mt_last_error(). */
 double mt_step_model_seconds(const mt_train_config *cfg, const mt_step_model *sm, double *flops,
                              double *offload_bytes, double *comm_bytes);
 

@@ -18,108 +18,6 @@
 
 #define MT_SAMPLE_STREAM 0x53414d50u /* "SAMP" */
 
-struct mt_vocab {
-    char **pieces;
-    int64_t n;
-};
-
-void mt_vocab_free(mt_vocab *v) {
-    if (!v) return;
-    for (int64_t i = 0; i < v->n; i++) free(v->pieces[i]);
-    free(v->pieces);
-    free(v);
-}
-
-mt_status mt_vocab_load(mt_vocab **out, const char *path) {
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return mt_set_error(MT_ERR_IO, "cannot open tokenizer vocab '%s': %s", path, strerror(errno));
-    mt_vocab *v = calloc(1, sizeof *v);
-    if (!v) {
-        fclose(f);
-        return mt_set_error(MT_ERR_OOM, "vocab: out of memory");
-    }
-    int64_t cap = 0;
-    char *line = NULL;
-    size_t lcap = 0;
-    ssize_t len;
-    mt_status st = MT_OK;
-    while ((len = getline(&line, &lcap, f)) >= 0) {
-        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
-        char *tab = strchr(line, '\t');
-        if (!tab) {
-            st = mt_set_error(MT_ERR_FORMAT, "%s:%lld: expected 'piece<TAB>score'", path, (long long)v->n + 1);
-            break;
-        }
-        *tab = '\0';
-        if (v->n == cap) {
-            cap = cap ? cap * 2 : 1024;
-            char **p = realloc(v->pieces, sizeof(char *) * (size_t)cap);
-            if (!p) {
-                st = mt_set_error(MT_ERR_OOM, "vocab: out of memory");
-                break;
-            }
-            v->pieces = p;
-        }
-        if (!(v->pieces[v->n] = strdup(line))) {
-            st = mt_set_error(MT_ERR_OOM, "vocab: out of memory");
-            break;
-        }
-        v->n++;
-    }
-    free(line);
-    fclose(f);
-    if (st == MT_OK && v->n == 0) st = mt_set_error(MT_ERR_FORMAT, "%s: empty vocabulary", path);
-    if (st != MT_OK) {
-        mt_vocab_free(v);
-        return st;
-    }
-    *out = v;
-    return MT_OK;
-}
-
-int64_t mt_vocab_size(const mt_vocab *v) { return v->n; }
-
-const char *mt_vocab_piece(const mt_vocab *v, int64_t id) { return id >= 0 && id < v->n ? v->pieces[id] : NULL; }
-
-int64_t mt_vocab_find(const mt_vocab *v, const char *piece) {
-    for (int64_t i = 0; i < v->n; i++)
-        if (strcmp(v->pieces[i], piece) == 0) return i;
-    return -1;
-}
-
-static int is_control(const char *p) {
-    return strcmp(p, "<s>") == 0 || strcmp(p, "</s>") == 0 || strcmp(p, "<unk>") == 0 || strcmp(p, "<pad>") == 0;
-}
-
-mt_status mt_vocab_decode(const mt_vocab *v, const int32_t *ids, int64_t n, char **text) {
-    size_t total = 1;
-    for (int64_t i = 0; i < n; i++) {
-        const char *p = mt_vocab_piece(v, ids[i]);
-        if (p) total += strlen(p);
-    }
-    char *s = malloc(total);
-    if (!s) return mt_set_error(MT_ERR_OOM, "vocab: out of memory");
-    size_t k = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const char *p = mt_vocab_piece(v, ids[i]);
-        if (!p || is_control(p)) continue;
-        for (size_t j = 0; p[j];) {
-            /* U+2581 is E2 96 81 in UTF-8. */
-            if ((unsigned char)p[j] == 0xE2 && (unsigned char)p[j + 1] == 0x96 && (unsigned char)p[j + 2] == 0x81) {
-                s[k++] = ' ';
-                j += 3;
-            } else {
-                s[k++] = p[j++];
-            }
-        }
-    }
-    s[k] = '\0';
-    if (s[0] == ' ') memmove(s, s + 1, k); /* SentencePiece's dummy prefix */
-    *text = s;
-    return MT_OK;
-}
-
 /* (logit, id) pairs sorted by logit descending, ties by lower id (for top-k). */
 typedef struct scored { float v; int64_t id; } scored;
 static int by_logit_desc(const void *a, const void *b) {
@@ -176,15 +74,40 @@ mt_status mt_sample_parse_ids(const char *key, const char *s, int32_t **ids, int
     *ids = NULL;
     *n = 0;
     int64_t cap = 0;
-    const char *p = s;
+    const char *p = s, *end = s + strlen(s);
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+    while (end > p && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\n' || end[-1] == '\r')) end--;
+    if (*p == '[' && end > p + 1 && end[-1] == ']') p++, end--; /* a YAML list "[2, 651, 3]" */
+    int after_id = 0; /* an id was read since the last comma */
     for (;;) {
-        while (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
-        if (!*p) break;
+        while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+        if (p < end && *p == ',') {
+            if (!after_id) { /* "1,,2", ",1", "1," */
+                free(*ids);
+                *ids = NULL;
+                *n = 0;
+                return mt_set_error(MT_ERR_INVALID, "key '%s' = '%s': an empty entry (give token ids separated by "
+                                    "commas or spaces)", key, s);
+            }
+            after_id = 0;
+            p++;
+            continue;
+        }
+        if (p >= end) {
+            if (*n > 0 && !after_id) {
+                free(*ids);
+                *ids = NULL;
+                *n = 0;
+                return mt_set_error(MT_ERR_INVALID, "key '%s' = '%s': an empty entry after the last comma", key, s);
+            }
+            break;
+        }
+        after_id = 1;
         const char *w = p;
         long long v = 0;
         int digits = 0;
         while (*p >= '0' && *p <= '9' && digits < 12) v = v * 10 + (*p++ - '0'), digits++;
-        if (!digits || (*p && *p != ',' && *p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') || v > INT32_MAX) {
+        if (!digits || (p < end && *p != ',' && *p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') || v > INT32_MAX) {
             int len = 0;
             while (w[len] && w[len] != ',' && w[len] != ' ' && len < 40) len++;
             free(*ids);
@@ -251,6 +174,12 @@ mt_status mt_sample_generate(const mt_train_config *cfg, const char *checkpoint_
     snprintf(path, sizeof path, "%s/config.json", checkpoint_dir);
     if (st == MT_OK) st = mt_hf_config_read(path, &mc);
     if (st == MT_OK) st = mt_model_config_validate(&mc);
+    const int64_t ntok = mt_tokenizer_size(vocab);
+    if (st == MT_OK && (ntok + MT_SAMPLE_VOCAB_PAD - 1) / MT_SAMPLE_VOCAB_PAD * MT_SAMPLE_VOCAB_PAD < mc.vocab_size)
+        st = mt_set_error(MT_ERR_INVALID, "key 'tokenizer_path' = '%s' holds %lld ids, but the model (%s) has "
+                          "vocab_size %lld: more than padding to a multiple of %lld, so it is another model's "
+                          "tokenizer; give the one the model was trained with", cfg->tokenizer_path,
+                          (long long)ntok, path, (long long)mc.vocab_size, (long long)MT_SAMPLE_VOCAB_PAD);
     if (st == MT_OK && nprompt == 0 && bos >= mc.vocab_size)
         st = mt_set_error(MT_ERR_INVALID, "BOS id %lld is outside the model's vocabulary %lld", (long long)bos,
                           (long long)mc.vocab_size);

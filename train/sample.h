@@ -1,11 +1,4 @@
-/* train/sample.h: SentencePiece vocabulary decoding and text generation from a
- * checkpoint (`meshtrain sample`).
- *
- * Vocabulary: a SentencePiece .vocab file, one "piece<TAB>score" line per id (id =
- * 0-based line number), as written by spm_train. Decoding concatenates pieces, maps
- * U+2581 (LOWER ONE EIGHTH BLOCK, SentencePiece's space marker) to ' ', drops the
- * single leading space SentencePiece's dummy prefix adds, and skips the control
- * pieces <s>, </s>, <unk> and <pad>.
+/* train/sample.h: text generation from a checkpoint (`meshtrain sample`).
  *
  * `sample` decodes with train/tokenizer.h (a Hugging Face tokenizer.json or this .vocab).
  *
@@ -27,26 +20,11 @@
 #include <stdint.h>
 #include "runtime/status.h"
 #include "train/config.h"
+#include "train/vocab.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef struct mt_vocab mt_vocab;
-
-/* Load a .vocab file. Errors: MT_ERR_IO (cannot read, naming the path),
- * MT_ERR_FORMAT (a line without a TAB, naming the line; an empty file), MT_ERR_OOM. */
-mt_status mt_vocab_load(mt_vocab **out, const char *path);
-void mt_vocab_free(mt_vocab *v);
-
-/* Number of pieces; piece of id (NULL when out of range); id of a piece or -1. */
-int64_t mt_vocab_size(const mt_vocab *v);
-const char *mt_vocab_piece(const mt_vocab *v, int64_t id);
-int64_t mt_vocab_find(const mt_vocab *v, const char *piece);
-
-/* Decode ids[n] to a NUL-terminated UTF-8 string the caller frees (see the header
- * comment; ids outside the vocabulary are skipped). Errors: MT_ERR_OOM. */
-mt_status mt_vocab_decode(const mt_vocab *v, const int32_t *ids, int64_t n, char **text);
 
 /* Pick the next token from logits[V] (host): argmax when temperature == 0, else a
  * top_k-restricted softmax sample with uniform u in [0, 1). Only ids < V are
@@ -63,10 +41,19 @@ typedef struct mt_sample_result {
  * 2^31 (mt_model_create's sequence limit). */
 #define MT_SAMPLE_LENGTH_MAX 2147483646LL
 
+/* A model's vocabulary may exceed its tokenizer's by padding only: `sample` refuses a
+ * tokenizer of n ids for a model of vocab_size > n rounded up to a multiple of this
+ * (the padding of Megatron-LM's make_vocab_size_divisible_by 128 times tensor
+ * parallelism 8; the published pairs are within it: Llama 2 32000/32000, Phi-3
+ * 32011/32064, Qwen2 151665/151936, GPT-2 in llm.c 50257/50304). A larger gap means
+ * another model's tokenizer: its ids would decode to other text. */
+#define MT_SAMPLE_VOCAB_PAD 1024LL
+
 /* Parse the token ids of key `key` from s: decimal integers separated by commas and/or
- * white space ("2,651,3", "2 651 3"), each in [0, 2^31). *ids (n of them, at least
- * one) is the caller's to free. Errors: MT_ERR_INVALID naming the key and the word
- * (not an integer, out of range, no ids), MT_ERR_OOM. */
+ * white space ("2,651,3", "2 651 3"; a YAML list "[2, 651, 3]" too), each in [0, 2^31).
+ * *ids (n of them, at least one) is the caller's to free. Errors: MT_ERR_INVALID naming
+ * the key and the word (not an integer, out of range, no ids) or the value (an empty
+ * entry: "1,,2", ",1", "1,"), MT_ERR_OOM. */
 mt_status mt_sample_parse_ids(const char *key, const char *s, int32_t **ids, int64_t *n);
 
 /* Load checkpoint_dir (config.json + model.safetensors) and cfg->tokenizer_path,
@@ -74,7 +61,8 @@ mt_status mt_sample_parse_ids(const char *key, const char *s, int32_t **ids, int
  * BOS) with cfg->sample_length, temperature, top_k, seed on cfg->backend. Errors:
  * MT_ERR_IO / MT_ERR_FORMAT (checkpoint or tokenizer files), MT_ERR_INVALID (no prompt
  * and a tokenizer without BOS; a prompt id outside the model's vocabulary, naming
- * prompt_ids; sample_length outside [1, MT_SAMPLE_LENGTH_MAX] or, with the prompt,
+ * prompt_ids; a tokenizer of fewer ids than vocab_size beyond MT_SAMPLE_VOCAB_PAD
+ * padding, naming tokenizer_path; sample_length outside [1, MT_SAMPLE_LENGTH_MAX] or, with the prompt,
  * past the limit, naming the key), MT_ERR_UNSUPPORTED (backend, a tokenizer.json
  * decoder), MT_ERR_OOM (the decode model's memory, whose KV cache grows with
  * sample_length: the message names the key and the bytes). */

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "train/sample.h"
+#include "train/vocab.h"
 
 /* A byte string (may hold NUL bytes: <0x00> decodes to one). */
 typedef struct tbuf {

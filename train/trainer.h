@@ -66,18 +66,18 @@ mt_status mt_trainer_check_caps(const mt_train_config *cfg, const mt_backend_cap
 mt_status mt_trainer_select_backend(const mt_train_config *cfg, mt_backend **be);
 
 /* The finalised memory plan of a training step for cfg without allocating anything
- * or opening data: the model's buffers (mt_model_add_to_plan) plus the AdamW moments.
- * Used by `meshtrain plan`; the caller frees it with mt_plan_free. *num_params (may
- * be NULL) gets the parameter count. The plan is sized with the CPU op table when
- * backend=cuda has no device here (the plan does not depend on the backend).
- * Errors: MT_ERR_INVALID (config), MT_ERR_OOM. */
-mt_status mt_trainer_plan(const mt_train_config *cfg, mt_plan **plan, int64_t *num_params);
-
-/* mt_trainer_plan plus the host plan of offloaded activations (models/model.h
- * mt_model_add_to_host_plan; finalised, possibly empty). The caller frees both.
- * Errors: those of mt_trainer_plan. */
-mt_status mt_trainer_plan_with_host(const mt_train_config *cfg, mt_plan **plan, mt_plan **host_plan,
-                                     int64_t *num_params);
+ * or opening data: the model's buffers (mt_model_add_to_plan) plus the gradient sync's
+ * and the AdamW moments, for rank 0 of the layout the ici_* keys give (a -1 axis counts
+ * as 1). Used by `meshtrain plan` and the estimator; the caller frees it with
+ * mt_plan_free. *host_plan (host_plan may be NULL) gets the host plan of offloaded
+ * activations, parameters and optimizer moments (models/model.h
+ * mt_model_add_to_host_plan; finalised, possibly empty), which the caller frees too.
+ * *num_params (may be NULL) gets the parameter count. The plan is sized with the CPU
+ * op table when backend=cuda has no device here (the plan does not depend on the
+ * backend). On error *plan (and *host_plan) are NULL.
+ * Errors: MT_ERR_INVALID (config, layout), MT_ERR_UNSUPPORTED (a key the backend
+ * refuses), MT_ERR_OOM. */
+mt_status mt_trainer_plan(const mt_train_config *cfg, mt_plan **plan, mt_plan **host_plan, int64_t *num_params);
 
 typedef struct mt_trainer mt_trainer;
 
@@ -155,9 +155,11 @@ mt_status mt_trainer_save_checkpoint(mt_trainer *t, char *path, size_t path_size
 
 /* The checkpoint directory `dir`, given by config key `key` (named in messages), exists,
  * is a directory and is not a step_<N>.tmp (a save that did not finish; the message names
- * the newest complete checkpoint next to it); with `compare`, its config.json is read
- * (mt_hf_config_read) and must describe cfg's model (mt_model_config_diff). Used by
- * `train` (load_checkpoint, load_parameters_path) and `sample`.
+ * the newest complete checkpoint next to it). compare 0: nothing more; 1 (resume): its
+ * config.json must exist and describe cfg's model (mt_hf_config_read,
+ * mt_model_config_diff: every model-defining field); 2 (weights to start from, e.g. a
+ * Hugging Face directory): the same when it has a config.json. Used by `train`
+ * (load_checkpoint, load_parameters_path) and `sample`.
  * Errors: MT_ERR_IO (no such directory, not a directory, no config.json), MT_ERR_FORMAT
  * (config.json), MT_ERR_INVALID (a .tmp directory; a model mismatch, naming the file,
  * the field and both values). */

@@ -128,7 +128,7 @@ static int cmd_plan(const char *config, int n, const char *const *ov) {
     if (mt_train_config_load(&cfg, config, n, ov) != MT_OK) return die("config");
     mt_plan *plan = NULL;
     int64_t np = 0;
-    if (mt_trainer_plan(&cfg, &plan, &np) != MT_OK) return die("plan");
+    if (mt_trainer_plan(&cfg, &plan, NULL, &np) != MT_OK) return die("plan");
     size_t tot[MT_MEM_CATEGORY_COUNT], maxgrad = 0;
     mt_plan_total_by_category(plan, tot);
     for (int i = 0; i < mt_plan_count(plan); i++) {

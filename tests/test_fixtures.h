@@ -1,0 +1,111 @@
+/* tests/test_fixtures.h: set-up shared by the Criterion tests.
+ *
+ * - A temporary directory per test (create in the suite's .init, remove in .fini) and
+ *   paths inside it.
+ * - The tiny model shapes several tests build on: one function per shape, so that a
+ *   test names the shape it needs and sets only what differs.
+ *
+ * Header-only (static inline): each test executable gets its own copy. */
+#ifndef MT_TESTS_TEST_FIXTURES_H
+#define MT_TESTS_TEST_FIXTURES_H
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/config.h"
+
+/* ------------------------------------------------------------ temporary directory */
+
+/* Room for "/tmp/<prefix>_XXXXXX" with a short prefix. */
+#define TU_TMPDIR_LEN 64
+
+/* Create a fresh directory /tmp/<prefix>_XXXXXX (mkdtemp) and write its path into
+ * dir[TU_TMPDIR_LEN]; asserts success. */
+static inline void tu_tmpdir_create(char *dir, const char *prefix) {
+    int n = snprintf(dir, TU_TMPDIR_LEN, "/tmp/%s_XXXXXX", prefix);
+    cr_assert(n > 0 && n < TU_TMPDIR_LEN, "tmpdir prefix too long: %s", prefix);
+    cr_assert_not_null(mkdtemp(dir), "mkdtemp %s", dir);
+}
+
+/* Remove dir and everything under it (rm -rf); asserts success. */
+static inline void tu_tmpdir_remove(const char *dir) {
+    char cmd[TU_TMPDIR_LEN + 16];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+}
+
+/* "<dir>/<name>" in a ring of 32 buffers: copy a path that must outlive 31 more calls. */
+static inline char *tu_path_in(const char *dir, const char *name) {
+    static char buf[32][256];
+    static int k;
+    char *p = buf[k++ % 32];
+    snprintf(p, 256, "%s/%s", dir, name);
+    return p;
+}
+
+/* ----------------------------------------------------------------- model shapes */
+
+/* Block blk's defaults (mt_model_config_defaults) with the given shape: vocabulary,
+ * d_model, query heads, kv heads, head_dim, MLP width, layers. */
+static inline mt_model_config tu_model_shape(mt_decoder_block blk, int64_t vocab, int64_t emb, int64_t heads,
+                                             int64_t kv_heads, int64_t head_dim, int64_t mlp, int64_t layers) {
+    mt_model_config c;
+    mt_model_config_defaults(&c, blk);
+    c.vocab_size = vocab;
+    c.emb_dim = emb;
+    c.num_query_heads = heads;
+    c.num_kv_heads = kv_heads;
+    c.head_dim = head_dim;
+    c.mlp_dim = mlp;
+    c.num_decoder_layers = layers;
+    return c;
+}
+
+/* The tiny GQA shape: d_model 16, 4 query / 2 kv heads of 8, MLP 24. */
+static inline mt_model_config tu_tiny_gqa(mt_decoder_block blk, int64_t vocab, int64_t layers) {
+    return tu_model_shape(blk, vocab, 16, 4, 2, 8, 24, layers);
+}
+
+/* The tiny MQA shape (Gemma 2B's: one kv head): d_model 16, 2 query / 1 kv head of 16,
+ * MLP 32. */
+static inline mt_model_config tu_tiny_mqa(mt_decoder_block blk, int64_t vocab, int64_t layers) {
+    return tu_model_shape(blk, vocab, 16, 2, 1, 16, 32, layers);
+}
+
+/* Llama with Llama 3 RoPE scaling (original context 64): tu_tiny_gqa, vocabulary 37,
+ * 2 layers. */
+static inline mt_model_config tu_tiny_llama3(void) {
+    mt_model_config c = tu_tiny_gqa(MT_DECODER_LLAMA2, 37, 2);
+    c.rope_type = MT_ROPE_LLAMA3;
+    c.rope_original_max_position = 64;
+    return c;
+}
+
+/* Gemma 3 block with Gemma 2's soft-caps switched on too (2 on scores, 3 on logits),
+ * window 3 on every 2nd layer, query_pre_attn_scalar 12: every optional path.
+ * tu_tiny_gqa, vocabulary 31. */
+static inline mt_model_config tu_tiny_gemma3_capped(int64_t layers) {
+    mt_model_config c = tu_tiny_gqa(MT_DECODER_GEMMA3, 31, layers);
+    c.sliding_window_size = 3;
+    c.sliding_window_pattern = 2;
+    c.attn_logits_soft_cap = 2.0f;
+    c.final_logits_soft_cap = 3.0f;
+    c.query_pre_attn_scalar = 12.0f;
+    return c;
+}
+
+/* The plan tests' model: d_model 64 (every per-layer parameter block a multiple of 256
+ * bytes), 4 query / 2 kv heads of 32 (QK-norm scales: 2 x 32 floats = 256 bytes),
+ * MLP 128, vocabulary 96; Gemma 2 with window 4 on every 2nd layer. */
+static inline mt_model_config tu_plan_model(mt_decoder_block blk, int64_t layers) {
+    mt_model_config c = tu_model_shape(blk, 96, 64, 4, 2, 32, 128, layers);
+    if (blk == MT_DECODER_GEMMA2) {
+        c.sliding_window_size = 4;
+        c.sliding_window_pattern = 2;
+    }
+    return c;
+}
+
+#endif

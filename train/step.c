@@ -1,0 +1,254 @@
+/* train/step.c: one optimizer step (micro-batches, gradient reduction, clip, AdamW,
+ * parameter all-gather), evaluation, the gradient read-out, and the collective bytes
+ * of a step (see trainer.h). */
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "models/checkpoint.h"
+#include "models/safetensors.h"
+#include "runtime/dtype.h"
+#include "runtime/fileio.h"
+#include "runtime/log.h"
+#include "runtime/timer.h"
+#include "train/trainer_private.h"
+
+static mt_status chunked_pass(mt_trainer *t, float inv, double *norm, float lr, float clip, float *host);
+
+mt_status mt_trainer_gather_grad(mt_trainer *t, float *host) {
+    if (t->chunked_grad) return chunked_pass(t, t->last_inv_count, NULL, 0.0f, 0.0f, host);
+    if (!t->last_grad) return mt_set_error(MT_ERR_INVALID, "mt_trainer_gather_grad: no step has run");
+    if (t->gs.zero1) return mt_grad_sync_gather(&t->gs, t->last_grad, host);
+    MT_TRY(t->be->ops->copy_to_host(t->be, host, t->last_grad, (size_t)t->numel * sizeof(float)));
+    return MT_OK;
+}
+
+/* Bytes of one all-reduce of S bytes on T ranks (parallel/comm.h accounting). */
+static uint64_t ar_bytes(uint64_t S, uint64_t T) { return T > 1 ? 2 * (T - 1) * S / T : 0; }
+
+/* Tensor-axis bytes of one micro-batch's forward + backward (models/model.h, all
+ * tensors kept on the device; a remat policy that recomputes o_proj / mlpwo or the
+ * q/k/v projections adds collectives this formula does not count): per layer the
+ * o_proj and down_proj outputs and the two column-parallel input gradients (4
+ * all-reduces of N x D floats; with tensor_sequence_parallelism 10 all-gathers /
+ * reduce-scatters plus the final hidden state's all-gather); per loss tile the row
+ * maxima (R floats) and the sum-exp / label logits (2R doubles); dh (N x D floats). */
+static uint64_t tensor_model_bytes(const mt_trainer *t) {
+    const uint64_t T = (uint64_t)t->mesh->dims[MT_AXIS_TENSOR];
+    if (T <= 1) return 0;
+    const int64_t C = t->mesh->dims[MT_AXIS_CONTEXT];
+    const int64_t N = t->cfg.per_device_batch_size * t->cfg.max_target_length / C, D = t->cfg.model.emb_dim;
+    const int64_t L = t->cfg.model.num_decoder_layers;
+    int64_t K = t->cfg.num_vocab_tiling;
+    if (K > N) K = N;
+    const uint64_t ND4 = 4 * (uint64_t)(N * D);
+    /* sequence parallelism (models/model.h): per layer 4 all-gathers / reduce-scatters
+     * in the forward and 6 in the backward, (T - 1) / T of N x D floats each, plus the
+     * final hidden state all-gathered; dh is still all-reduced by the loss */
+    uint64_t b = t->cfg.tensor_sequence_parallelism ? 10 * (uint64_t)L * ((T - 1) * ND4 / T) + (T - 1) * ND4 / T
+                                                    : 4 * (uint64_t)L * ar_bytes(ND4, T);
+    b += ar_bytes(ND4, T);
+    for (int64_t k = 0; k < K; k++) {
+        const uint64_t R = (uint64_t)((k + 1) * N / K - k * N / K);
+        b += ar_bytes(4 * R, T) + ar_bytes(16 * R, T);
+    }
+    return b;
+}
+
+/* Context-axis bytes of one micro-batch (models/model.h, all tensors kept): per layer
+ * K and V all-gathered in the forward and again in the backward, dK and dV
+ * reduce-scattered: 6 collectives moving (C - 1) x this rank's B x 2Tc x KVD floats
+ * (blk); ring: (C - 1) x (2 + 4) blocks sent plus dK, dV sent home. */
+static uint64_t context_model_bytes(const mt_trainer *t) {
+    const int64_t C = t->mesh->dims[MT_AXIS_CONTEXT], T = t->mesh->dims[MT_AXIS_TENSOR];
+    if (C <= 1) return 0;
+    const int64_t rows = t->cfg.per_device_batch_size * t->cfg.max_target_length / C;
+    const int64_t kvd = t->cfg.model.num_kv_heads / T * t->cfg.model.head_dim;
+    const uint64_t blk = 4 * (uint64_t)(rows * kvd), L = (uint64_t)t->cfg.model.num_decoder_layers;
+    if (t->cfg.context_parallel_strategy == 1) /* ring: (C-1) steps of K,V forward, K,V,dK,dV backward, dK,dV home */
+        return L * ((uint64_t)(C - 1) * 6 * blk + 2 * blk);
+    return 6 * L * (uint64_t)(C - 1) * blk;
+}
+
+void mt_trainer_step_bytes(const mt_trainer *t, uint64_t *measured, uint64_t *formula) {
+    const uint64_t n = (uint64_t)t->gs.n;
+    const uint64_t scalar = ar_bytes(8, n); /* one 8-byte all-reduce on data x fsdp */
+    if (measured) *measured = t->last_step_bytes;
+    if (formula)
+        *formula = mt_grad_sync_step_bytes(&t->gs, t->cfg.gradient_accumulation_steps) +
+                   (t->gs.zero1 ? 3 : 2) * scalar +
+                   (uint64_t)t->cfg.gradient_accumulation_steps *
+                       (tensor_model_bytes(t) + context_model_bytes(t) +
+                        4 * (uint64_t)mt_model_fsdp_gather_floats(t->model)); /* fsdp parameter all-gathers */
+}
+
+/* ----------------------------------------------------------------- a step ---- */
+
+/* ------------------------------------------------------- the parallel step ----
+ * Micro-batch gradients of the summed token loss go through the gradient sync
+ * (parallel/zero1.h: grad_dtype accumulator, all-reduce or ZeRO-1 reduce-scatter);
+ * loss sums and token counts are all-reduced over data x fsdp x context, so the step's loss is
+ * the token-weighted mean over all micro-batches and ranks; the reduced gradient is
+ * divided by the global token count; the clip norm is the global one (the shards'
+ * squared norms all-reduced under ZeRO-1); AdamW updates this rank's shard and the
+ * updated parameters are all-gathered (under fsdp only over data x context, into this
+ * rank's fsdp shard). A world of one runs the same code with no
+ * communication. */
+
+/* The gradient read chunk by chunk (parallel/zero1.h MT_GRAD_WINDOW_ACC without
+ * ZeRO-1: no full fp32 gradient exists), each chunk a run of whole parameters scaled
+ * by inv: with norm, *norm = the global norm (the same sums in the same order as
+ * mt_grad_global_norm over the full buffer); with host, the gradient copied to
+ * host[numel]; else AdamW on each chunk's parameters (moments at the same offsets). */
+static mt_status chunked_pass(mt_trainer *t, float inv, double *norm, float lr, float clip, float *host) {
+    const mt_param_info *sp = t->sparams;
+    const int np = t->nsparams;
+    mt_param_info *rel = malloc(sizeof(mt_param_info) * (size_t)(np > 0 ? np : 1));
+    if (!rel) return mt_set_error(MT_ERR_OOM, "trainer: out of memory");
+    float *params = mt_model_params(t->model);
+    double ss = 0.0;
+    mt_status st = MT_OK;
+    for (int i0 = 0; st == MT_OK && i0 < np;) {
+        const int64_t a = sp[i0].offset;
+        int i1 = i0 + 1;
+        while (i1 < np && sp[i1].offset + sp[i1].numel - a <= t->gs.chunk) i1++;
+        const int64_t n = sp[i1 - 1].offset + sp[i1 - 1].numel - a;
+        float *buf = NULL;
+        st = mt_grad_sync_read(&t->gs, a, n, &buf);
+        if (st != MT_OK) break;
+        st = t->be->ops->scale(t->be, buf, inv, n);
+        if (st != MT_OK) break;
+        if (norm) {
+            for (int i = i0; st == MT_OK && i < i1; i++) {
+                double part = 0.0;
+                st = t->be->ops->sumsq(t->be, buf + (sp[i].offset - a), sp[i].numel, &part);
+                ss += part;
+            }
+        } else if (host) {
+            st = t->be->ops->copy_to_host(t->be, host + a, buf, (size_t)n * sizeof(float));
+        } else {
+            mt_adamw sub = t->opt; /* the moments of [a, a + n) */
+            sub.m += a;
+            sub.v += a;
+            sub.numel = n;
+            for (int i = i0; i < i1; i++) {
+                rel[i - i0] = sp[i];
+                rel[i - i0].offset -= a;
+            }
+            st = mt_adamw_step(&sub, rel, i1 - i0, params + a, buf, lr, clip, t->step + 1);
+        }
+        i0 = i1;
+    }
+    free(rel);
+    if (norm) *norm = sqrt(ss);
+    return st;
+}
+
+mt_status mt_trainer_step(mt_trainer *t, mt_step_metrics *m) {
+    const double t0 = mt_time_now();
+    mt_backend *be = t->be;
+    float *grads = mt_model_grads(t->model); /* NULL with gradient windows (parallel/zero1.h) */
+    const size_t gbytes = (size_t)t->numel * sizeof(float);
+    mt_comm *dp = t->mesh->grad;
+    const uint64_t bytes0 = mt_mesh_bytes_total(t->mesh);
+    double loss_sum = 0.0;
+    int64_t count = 0;
+    if (grads) MT_TRY(be->ops->zero(be, grads, gbytes));
+    for (int64_t mb = 0; mb < t->cfg.gradient_accumulation_steps; mb++) {
+        mt_grad_sync_set_microbatch(&t->gs, mb);
+        MT_TRY(mt_data_next(t->train, t->tokens, t->labels));
+        double ls = 0.0;
+        int64_t c = 0;
+        MT_TRY(mt_model_forward_backward(t->model, t->tokens, t->labels, 1.0f, &ls, &c));
+        loss_sum += ls;
+        count += c;
+        int zero = 0;
+        MT_TRY(mt_grad_sync_microbatch(&t->gs, grads, mb, &zero));
+        if (zero && grads && mb + 1 < t->cfg.gradient_accumulation_steps) MT_TRY(be->ops->zero(be, grads, gbytes));
+    }
+    MT_TRY(mt_comm_all_reduce(dp, &loss_sum, 1, MT_COMM_F64));
+    MT_TRY(mt_comm_all_reduce(dp, &count, 1, MT_COMM_I64));
+    if (count <= 0)
+        return mt_set_error(MT_ERR_RUNTIME, "step %" PRId64 ": no labelled token in the batch", t->step + 1);
+    float *g = NULL;
+    MT_TRY(mt_grad_sync_finish(&t->gs, grads, &g));
+    const float inv = (float)(1.0 / (double)count);
+    double norm = 0.0;
+    t->last_grad = g;
+    t->last_inv_count = inv;
+    t->chunked_grad = g == NULL;
+    if (g) {
+        MT_TRY(be->ops->scale(be, g, inv, mt_grad_sync_opt_numel(&t->gs)));
+        MT_TRY(mt_grad_global_norm(be, g, t->sparams, t->nsparams, &norm));
+    } else {
+        MT_TRY(chunked_pass(t, inv, &norm, 0.0f, 0.0f, NULL));
+    }
+    if (t->gs.zero1) {
+        double sq = norm * norm;
+        MT_TRY(mt_comm_all_reduce(dp, &sq, 1, MT_COMM_F64));
+        norm = sqrt(sq);
+    }
+    if (!isfinite(norm))
+        return mt_set_error(MT_ERR_RUNTIME, "step %" PRId64 ": gradient norm is %g (loss %g)", t->step + 1,
+                            norm, loss_sum / (double)count);
+    const double clip = mt_clip_scale(norm, t->cfg.gradient_clipping_threshold);
+    const double lr = mt_lr_schedule_at(&t->sched, t->step);
+    float *params = mt_model_params(t->model);
+    /* fsdp: the model holds only its fsdp shard [flo, fhi), the optimizer's [lo, hi) inside
+     * it (without fsdp flo = 0) */
+    if (g)
+        MT_TRY(mt_adamw_step(&t->opt, t->sparams, t->nsparams, params + (t->gs.lo - t->gs.flo), g,
+                             (float)lr, (float)clip, t->step + 1));
+    else
+        MT_TRY(chunked_pass(t, inv, NULL, (float)lr, (float)clip, NULL));
+    MT_TRY(mt_grad_sync_gather_params(&t->gs, params));
+    t->last_step_bytes = mt_mesh_bytes_total(t->mesh) - bytes0;
+    MT_TRY(be->ops->sync(be));
+    t->step++;
+    const double dt = mt_time_now() - t0;
+    t->time_sum += dt;
+    t->timed_steps++;
+
+    memset(m, 0, sizeof *m);
+    m->step = t->step;
+    m->has_train = 1;
+    m->loss = loss_sum / (double)count;
+    m->lr = lr;
+    m->grad_norm = norm;
+    m->tokens = count;
+    m->step_ms = dt * 1e3;
+    m->tokens_per_s = dt > 0 ? (double)count / dt : 0.0;
+    m->mfu = mt_mfu(t->flops_per_token, m->tokens_per_s, t->peak_flops);
+    m->total_steps = t->cfg.steps;
+    m->eta_s = (double)(t->cfg.steps - t->step) * (t->time_sum / (double)t->timed_steps);
+    return MT_OK;
+}
+
+mt_status mt_trainer_evaluate(mt_trainer *t, double *val_loss, int64_t *val_tokens) {
+    if (!t->val) return mt_set_error(MT_ERR_INVALID, "evaluation is off (eval_interval <= 0)");
+    mt_data_rewind(t->val);
+    double sum = 0.0;
+    int64_t count = 0;
+    /* each validation window at most once (a wrap would count tokens twice) */
+    const int64_t windows = mt_data_windows_per_epoch(t->val);
+    const int64_t n = t->cfg.eval_steps < windows ? t->cfg.eval_steps : windows;
+    for (int64_t i = 0; i < n; i++) {
+        MT_TRY(mt_data_next(t->val, t->tokens, t->labels));
+        double ls = 0.0;
+        int64_t c = 0;
+        MT_TRY(mt_model_loss(t->model, t->tokens, t->labels, &ls, &c));
+        sum += ls;
+        count += c;
+    }
+    MT_TRY(mt_comm_all_reduce(t->mesh->grad, &sum, 1, MT_COMM_F64));
+    MT_TRY(mt_comm_all_reduce(t->mesh->grad, &count, 1, MT_COMM_I64));
+    *val_loss = count > 0 ? sum / (double)count : NAN;
+    *val_tokens = count;
+    return MT_OK;
+}
