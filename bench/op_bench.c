@@ -4,7 +4,11 @@
  * CPU op table whose entries time each call with mt_time_now. GEMMs are kept apart by
  * shape (transposes, M, N, K, beta) and reported with their GFLOP/s next to a square
  * 1024^3 GEMM's, so slow shapes stand out. The first step is a warm-up; the rest are
- * summed. Prints a table sorted by time, largest first.
+ * summed. Prints a table sorted by time, largest first, with each GEMM shape's share of
+ * the machine's fp32 FMA peak: measured first by fma_peak, a loop of independent
+ * fused-multiply-add chains held in registers (AVX-512 where the CPU has it, else
+ * AVX2 + FMA, chosen at run time), on one thread and on the run's threads. The OpenBLAS
+ * kernel set in use (kernels/cpu/gemm.c) is printed with it.
  * With OP_BENCH_CLOCK=cpu in the environment, times are the process's CPU time instead
  * of wall time: on a machine shared with other jobs, CPU time at threads = 1 (or with
  * OMP_WAIT_POLICY=passive) compares two builds' work where wall time is mostly noise.
@@ -15,7 +19,82 @@
 #include <time.h>
 
 #include "bench_model.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "runtime/timer.h"
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+
+/* 12 chains a = a * x + y, each 4-cycle FMA latency apart, so two FMA ports stay busy;
+ * 16 lanes, 2 flops per lane. Fixed point 1: no overflow, no denormals. */
+__attribute__((target("avx512f"))) static float fma_chains_512(long iters) {
+    const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(0.001f);
+    /* distinct starting values, so the compiler cannot merge identical chains */
+    __m512 a0 = _mm512_set1_ps(1.0f), a1 = _mm512_set1_ps(1.1f), a2 = _mm512_set1_ps(1.2f);
+    __m512 a3 = _mm512_set1_ps(1.3f), a4 = _mm512_set1_ps(1.4f), a5 = _mm512_set1_ps(1.5f);
+    __m512 a6 = _mm512_set1_ps(1.6f), a7 = _mm512_set1_ps(1.7f), a8 = _mm512_set1_ps(1.8f);
+    __m512 a9 = _mm512_set1_ps(1.9f), a10 = _mm512_set1_ps(2.0f), a11 = _mm512_set1_ps(2.1f);
+    for (long i = 0; i < iters; i++) {
+        a0 = _mm512_fmadd_ps(a0, x, y), a1 = _mm512_fmadd_ps(a1, x, y), a2 = _mm512_fmadd_ps(a2, x, y);
+        a3 = _mm512_fmadd_ps(a3, x, y), a4 = _mm512_fmadd_ps(a4, x, y), a5 = _mm512_fmadd_ps(a5, x, y);
+        a6 = _mm512_fmadd_ps(a6, x, y), a7 = _mm512_fmadd_ps(a7, x, y), a8 = _mm512_fmadd_ps(a8, x, y);
+        a9 = _mm512_fmadd_ps(a9, x, y), a10 = _mm512_fmadd_ps(a10, x, y), a11 = _mm512_fmadd_ps(a11, x, y);
+    }
+    a0 = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                       _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+    a0 = _mm512_add_ps(a0, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
+    return _mm512_reduce_add_ps(a0);
+}
+
+/* The same with 10 chains of 8 lanes (16 ymm registers). */
+__attribute__((target("avx2,fma"))) static float fma_chains_256(long iters) {
+    const __m256 x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(0.001f);
+    __m256 a0 = _mm256_set1_ps(1.0f), a1 = _mm256_set1_ps(1.1f), a2 = _mm256_set1_ps(1.2f);
+    __m256 a3 = _mm256_set1_ps(1.3f), a4 = _mm256_set1_ps(1.4f), a5 = _mm256_set1_ps(1.5f);
+    __m256 a6 = _mm256_set1_ps(1.6f), a7 = _mm256_set1_ps(1.7f), a8 = _mm256_set1_ps(1.8f);
+    __m256 a9 = _mm256_set1_ps(1.9f);
+    for (long i = 0; i < iters; i++) {
+        a0 = _mm256_fmadd_ps(a0, x, y), a1 = _mm256_fmadd_ps(a1, x, y), a2 = _mm256_fmadd_ps(a2, x, y);
+        a3 = _mm256_fmadd_ps(a3, x, y), a4 = _mm256_fmadd_ps(a4, x, y), a5 = _mm256_fmadd_ps(a5, x, y);
+        a6 = _mm256_fmadd_ps(a6, x, y), a7 = _mm256_fmadd_ps(a7, x, y), a8 = _mm256_fmadd_ps(a8, x, y);
+        a9 = _mm256_fmadd_ps(a9, x, y);
+    }
+    a0 = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                       _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+    a0 = _mm256_add_ps(a0, _mm256_add_ps(a8, a9));
+    float t[8];
+    _mm256_storeu_ps(t, a0);
+    return t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
+}
+#endif
+
+static volatile float g_sink;
+
+/* fp32 FMA peak in GFLOP/s on `threads` threads (best of 3 runs of ~0.2 s); *isa names
+ * the instruction set used ("none": no FMA, returns 0). */
+static double fma_peak(int threads, const char **isa) {
+#if defined(__GNUC__) && defined(__x86_64__)
+    const int w512 = __builtin_cpu_supports("avx512f");
+    const int w256 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    *isa = w512 ? "AVX-512" : w256 ? "AVX2+FMA" : "none";
+    if (!w512 && !w256) return 0.0;
+    const long iters = 20000000;
+    const double flop_per_thread = (double)iters * (w512 ? 12.0 * 16.0 : 10.0 * 8.0) * 2.0;
+    double best = 0.0;
+    for (int rep = 0; rep < 3; rep++) {
+        const double t0 = mt_time_now();
+#pragma omp parallel num_threads(threads)
+        g_sink = w512 ? fma_chains_512(iters) : fma_chains_256(iters);
+        const double r = flop_per_thread * threads / (mt_time_now() - t0) / 1e9;
+        best = r > best ? r : best;
+    }
+    return best;
+#else
+    (void)threads;
+    *isa = "none";
+    return 0.0;
+#endif
+}
 
 #define MAX_ROWS 256
 
@@ -157,6 +236,10 @@ int main(int argc, char **argv) {
     const char *err = bench_model_create(&b, &timed_be);
     if (err) return fail(err);
 
+    const int threads = (int)b.a[8];
+    const char *isa = "none";
+    const double peak1 = fma_peak(1, &isa), peak = threads > 1 ? fma_peak(threads, &isa) : peak1;
+
     /* reference rate: a square GEMM, OpenBLAS's best case */
     const int64_t S = 1024;
     float *x = calloc((size_t)(3 * S * S), sizeof(float));
@@ -183,13 +266,24 @@ int main(int argc, char **argv) {
     for (int i = 0; i < g_nrows; i++) timed += g_rows[i].sec;
     printf("step %.0f ms %s (mean of %d), be %.0f ms, square %lld^3 GEMM %.1f GFLOP/s\n", total * 1e3 / steps,
            g_cpu_clock ? "CPU time" : "wall", steps, timed * 1e3 / steps, (long long)S, ref);
-    printf("%-44s %6s %10s %6s %8s\n", "op", "calls", "ms/step", "%", "GFLOP/s");
+    printf("fp32 FMA peak (%s loop): %.1f GFLOP/s on 1 thread, %.1f on %d threads; OpenBLAS kernels %s\n", isa,
+           peak1, peak, threads, mt_cpu_gemm_kernel());
+    printf("%-44s %6s %10s %6s %8s %7s\n", "op", "calls", "ms/step", "%", "GFLOP/s", "%peak");
+    double gflop = 0.0, gsec = 0.0;
     for (int i = 0; i < g_nrows; i++) {
         const row *r = &g_rows[i];
         printf("%-44s %6ld %10.1f %6.1f", r->name, r->calls / steps, r->sec * 1e3 / steps, 100.0 * r->sec / total);
-        if (r->flop > 0) printf(" %8.1f", r->flop / r->sec / 1e9);
+        if (r->flop > 0) {
+            printf(" %8.1f", r->flop / r->sec / 1e9);
+            if (peak > 0) printf(" %6.1f%%", 100.0 * r->flop / r->sec / 1e9 / peak);
+            gflop += r->flop;
+            gsec += r->sec;
+        }
         printf("\n");
     }
+    if (gsec > 0 && peak > 0)
+        printf("all GEMMs: %.1f GFLOP/s, %.1f%% of the %d-thread peak\n", gflop / gsec / 1e9,
+               100.0 * gflop / gsec / 1e9 / peak, threads);
     bench_model_free(&b);
     return 0;
 }

@@ -1,11 +1,18 @@
 #!/usr/bin/python3
-"""PyTorch eager baseline for bench/cpu_vs_torch.sh: one training step of a
-llama-shaped decoder in float32 on the CPU (forward, full-logits cross-entropy,
-backward, AdamW), written the way a PyTorch user writes it (torch 1.13 has no
-scaled_dot_product_attention, so attention is matmul + masked softmax).
+"""PyTorch baseline for bench/cpu_vs_torch.sh: one training step of a llama-shaped
+decoder on the CPU (forward, full-logits cross-entropy, backward, AdamW), written the
+way a PyTorch user writes it.
 
-Prints one JSON line: {"impl": "pytorch", "step_ms": [...], "peak_rss_mib": ...}.
-Usage: torch_step.py d_model layers heads kv_heads mlp seq batch vocab threads steps
+MODE (optional 11th argument, comma-separated, default "fp32"):
+  fp32     float32 everywhere (the default)
+  bf16     torch.autocast("cpu", dtype=torch.bfloat16) around forward and loss
+           (bf16 matmuls through oneDNN, AMX where the CPU has it; fp32 master weights)
+  sdpa     F.scaled_dot_product_attention(is_causal=True) instead of matmul + masked
+           softmax (torch >= 2.0; torch 1.13 has neither it nor torch.compile)
+  compile  torch.compile the model's forward (inductor; the first steps compile, only
+           the steps after the warm-up are timed, the compile time is reported apart)
+Prints one JSON line: {"impl": "pytorch", "mode": ..., "step_ms": [...], "peak_rss_mib": ...}.
+Usage: torch_step.py d_model layers heads kv_heads mlp seq batch vocab threads steps [MODE]
 """
 import json
 import math
@@ -46,7 +53,7 @@ class Layer(torch.nn.Module):
         self.up = torch.nn.Linear(d, mlp, bias=False)
         self.down = torch.nn.Linear(mlp, d, bias=False)
 
-    def forward(self, x, cos, sin, mask):
+    def forward(self, x, cos, sin, mask, sdpa=False):
         B, T, D = x.shape
         n = self.n1(x)
         q = self.q(n).view(B, T, self.h, self.dh).transpose(1, 2)
@@ -57,23 +64,42 @@ class Layer(torch.nn.Module):
         if rep > 1:  # as transformers' repeat_kv: no copy when every head has its own kv
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
-        s = (q @ k.transpose(-1, -2)) / math.sqrt(self.dh) + mask
-        a = torch.softmax(s, dim=-1) @ v
+        if sdpa:
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            s = (q @ k.transpose(-1, -2)) / math.sqrt(self.dh) + mask
+            a = torch.softmax(s, dim=-1) @ v
         x = x + self.o(a.transpose(1, 2).reshape(B, T, D))
         n = self.n2(x)
         return x + self.down(F.silu(self.gate(n)) * self.up(n))
 
 
+class Model(torch.nn.Module):
+    def __init__(self, d, L, H, KV, MLP, V, sdpa):
+        super().__init__()
+        self.emb = torch.nn.Embedding(V, d)
+        self.layers = torch.nn.ModuleList([Layer(d, H, KV, MLP) for _ in range(L)])
+        self.norm = RMSNorm(d)
+        self.head = torch.nn.Linear(d, V, bias=False)
+        self.sdpa = sdpa
+
+    def forward(self, tok, cos, sin, mask):
+        x = self.emb(tok)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask, self.sdpa)
+        return self.head(self.norm(x))
+
+
 def main():
     d, L, H, KV, MLP, T, B, V, threads, steps = map(int, sys.argv[1:11])
+    mode = sys.argv[11] if len(sys.argv) > 11 else "fp32"
+    opts = set(mode.split(","))
+    bf16, sdpa, comp = "bf16" in opts, "sdpa" in opts, "compile" in opts
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    emb = torch.nn.Embedding(V, d)
-    layers = torch.nn.ModuleList([Layer(d, H, KV, MLP) for _ in range(L)])
-    norm = RMSNorm(d)
-    head = torch.nn.Linear(d, V, bias=False)
-    params = list(emb.parameters()) + list(layers.parameters()) + list(norm.parameters()) + list(head.parameters())
-    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.1)
+    model = Model(d, L, H, KV, MLP, V, sdpa)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+    fwd = torch.compile(model) if comp else model
     dh = d // H
     inv = 1.0 / (10000.0 ** (torch.arange(0, dh, 2).float() / dh))
     ang = torch.outer(torch.arange(T).float(), inv)
@@ -83,20 +109,24 @@ def main():
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, V, (B, T + 1), generator=g)
     times = []
-    for _ in range(steps + 1):
+    warm = 2 if comp else 1  # compile: the first two steps trace and compile
+    for _ in range(steps + warm):
         t0 = time.perf_counter()
-        x = emb(tokens[:, :-1])
-        for layer in layers:
-            x = layer(x, cos, sin, mask)
-        logits = head(norm(x))
-        loss = F.cross_entropy(logits.view(-1, V), tokens[:, 1:].reshape(-1))
+        if bf16:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = fwd(tokens[:, :-1], cos, sin, mask)
+                loss = F.cross_entropy(logits.view(-1, V).float(), tokens[:, 1:].reshape(-1))
+        else:
+            logits = fwd(tokens[:, :-1], cos, sin, mask)
+            loss = F.cross_entropy(logits.view(-1, V), tokens[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         times.append((time.perf_counter() - t0) * 1e3)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    print(json.dumps({"impl": "pytorch", "torch": torch.__version__, "threads": threads,
-                      "step_ms": times[1:], "loss": float(loss), "peak_rss_mib": rss}))
+    print(json.dumps({"impl": "pytorch", "torch": torch.__version__, "mode": mode, "threads": threads,
+                      "step_ms": times[warm:], "warmup_ms": times[:warm], "loss": float(loss),
+                      "peak_rss_mib": rss}))
 
 
 if __name__ == "__main__":

@@ -35,6 +35,9 @@ mt_status mt_cpu_zero(mt_backend *be, void *p, size_t bytes);
 mt_status mt_cpu_sync(mt_backend *be);
 
 /* gemm.c */
+/* The OpenBLAS kernel set in use ("SkylakeX (chosen from CPU features)"), loading the
+ * library if needed, or the load error. Static storage; for logs and benchmarks. */
+const char *mt_cpu_gemm_kernel(void);
 mt_status mt_cpu_gemm(mt_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                  const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                  int64_t ldc);

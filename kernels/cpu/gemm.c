@@ -31,7 +31,8 @@ static struct {
     pthread_once_t once;
     __typeof__(&cblas_sgemm) sgemm;
     char err[256];
-} g_blas = {PTHREAD_ONCE_INIT, NULL, ""};
+    char core[64]; /* openblas_get_corename() and why it was chosen */
+} g_blas = {PTHREAD_ONCE_INIT, NULL, "", ""};
 
 /* The OpenBLAS core for this CPU's features, or NULL to leave OpenBLAS's own choice. */
 static const char *blas_core_from_features(void) {
@@ -62,9 +63,15 @@ static void blas_load(void) {
         snprintf(g_blas.err, sizeof g_blas.err, "dlsym(cblas_sgemm) in %s: missing", MT_OPENBLAS_PATH);
         return;
     }
-    mt_log(MT_LOG_INFO, "cpu gemm: OpenBLAS kernels %s (%s)", corename ? corename() : "?",
-           user && *user ? "OPENBLAS_CORETYPE set by the user" : core ? "chosen from CPU features"
-                                                                : "OpenBLAS's own choice");
+    snprintf(g_blas.core, sizeof g_blas.core, "%s (%s)", corename ? corename() : "?",
+             user && *user ? "OPENBLAS_CORETYPE set by the user" : core ? "chosen from CPU features"
+                                                                  : "OpenBLAS's own choice");
+    mt_log(MT_LOG_INFO, "cpu gemm: OpenBLAS kernels %s", g_blas.core);
+}
+
+const char *mt_cpu_gemm_kernel(void) {
+    pthread_once(&g_blas.once, blas_load);
+    return g_blas.sgemm ? g_blas.core : g_blas.err;
 }
 
 mt_status mt_cpu_gemm(mt_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
