@@ -177,7 +177,7 @@ Test(config, rope_tables) {
     /* default: base^(-2i/Dh) */
     cr_expect_float_eq(f[0], 1.0f, 1e-7f);
     cr_expect_float_eq(f[32], (float)pow(500000.0, -0.5), 1e-6f * f[32]);
-    /* llama3.1 (REFERENCE.md): wavelength < 8192/4 kept, > 8192 divided by 8 */
+    /* llama3.1 (transformers modeling_rope_utils.py _compute_llama3_parameters): wavelength < 8192/4 kept, > 8192 divided by 8 */
     c.rope_type = MT_ROPE_LLAMA3;
     float g[64];
     mt_rope_inv_freq(&c, 0, g);

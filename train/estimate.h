@@ -1,5 +1,5 @@
 /* train/estimate.h: the per-device memory plan of a (possibly large) job, and the
- * batch-size / remat-policy estimator (MaxText's estimator, REFERENCE.md).
+ * batch-size / remat-policy estimator (after MaxText's src/MaxText/estimator.py).
  *
  * Planning needs no device, no data and no mpirun. The plan of one rank is the
  * trainer's own plan (mt_trainer_plan) for rank 0 of the data x fsdp x
@@ -117,7 +117,7 @@ typedef struct mt_estimate_result {
     size_t budget;              /* bytes */
 } mt_estimate_result;
 
-/* The estimator (REFERENCE.md "Estimator"). Tensors not in `fixed` (fixed[t] = 1:
+/* The estimator (after MaxText's estimator.py: search the remat policy tensor by tensor, then the batch). Tensors not in `fixed` (fixed[t] = 1:
  * left at cfg's custom action) are searched, ordered by size; tensors of zero size
  * (mlpwo without a post-MLP norm) are left remat. batch_fixed = 0: binary-search
  * the largest batch under full remat, then step toward more memory (remat ->

@@ -1,4 +1,4 @@
-/* train/main.c: the `meshtrain` command line (DESIGN.md section 6).
+/* train/main.c: the `meshtrain` command line (README.md, docs/configuration.md).
  *
  *   meshtrain train  CONFIG.yml [key=value ...]
  *   meshtrain sample CONFIG.yml load_checkpoint=DIR [key=value ...]

@@ -1,6 +1,6 @@
 /* train/metrics.h: per-step metrics, FLOP accounting and metrics.jsonl.
  *
- * metrics.jsonl (DESIGN.md section 6) holds one JSON object per line:
+ * metrics.jsonl (docs/resume.md) holds one JSON object per line:
  *   train step:  {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s",
  *                 "step_ms", "mfu"}
  *   evaluation:  "val_loss" and "val_tokens" added to the row of the step it follows;
@@ -38,8 +38,8 @@ typedef struct mt_step_metrics {
     int64_t total_steps;  /* steps of the run (console only) */
 } mt_step_metrics;
 
-/* Training FLOPs per token (REFERENCE.md "Figures to measure against"; Chinchilla /
- * PaLM appendix B convention): 6 (N - N_embedding) + 12 L H Dh T, where N is
+/* Training FLOPs per token (Chinchilla /
+ * PaLM appendix B convention, Chowdhery et al. 2022, arXiv:2204.02311): 6 (N - N_embedding) + 12 L H Dh T, where N is
  * mt_model_num_parameters, N_embedding = vocab_size * emb_dim (the input embedding
  * table; an untied lm_head counts as a matmul), L layers, H query heads, Dh head_dim,
  * T = seq tokens per sequence (causal attention not discounted, sliding windows not

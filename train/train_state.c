@@ -1,5 +1,5 @@
 /* train/train_state.c: train_state.safetensors, the optimizer shard, step, data
- * position and RNG of a checkpoint (DESIGN.md section 6), read and written. */
+ * position and RNG of a checkpoint (docs/resume.md), read and written. */
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>

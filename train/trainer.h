@@ -1,4 +1,5 @@
-/* train/trainer.h: the training loop on one device (DESIGN.md section 4).
+/* train/trainer.h: the training loop on one device: micro-batches, the
+ * vocab-tiled loss, the backward, gradient sync, clipping and AdamW.
  *
  * A step: zero the gradients; for each of gradient_accumulation_steps micro-batches
  * read the next batch and run mt_model_forward_backward with dscale = 1 (summed token
@@ -7,14 +8,14 @@
  * the global norm; AdamW with the scheduled learning rate (train/optimizer.h).
  *
  * With grad_dtype=bfloat16 the accumulator is bfloat16: each micro-batch's fp32
- * gradient is added to it in fp32 and rounded once to nearest-even (DESIGN.md
- * section 2). Accumulators, the gradient reduction over data x fsdp (all-reduce, or
+ * gradient is added to it in fp32 and rounded once to nearest-even (never
+ * two bf16 values added in bf16). Accumulators, the gradient reduction over data x fsdp (all-reduce, or
  * ZeRO-1 reduce-scatter with gradient_accumulation_reduce=once|every) and the shard
  * of the optimizer state are parallel/zero1.h's; they are plan entries. Under mpirun
  * the ici_* keys give the mesh (parallel/mesh.h), each data x fsdp rank reads its
  * slice of the global batch, and world rank 0 alone writes metrics and checkpoints.
  *
- * Outputs under <base_output_directory>/<run_name>/ (DESIGN.md section 6):
+ * Outputs under <base_output_directory>/<run_name>/ (docs/resume.md):
  * metrics.jsonl (train/metrics.h; on resume cut back atomically to the rows up to the
  * resumed step, then appended) and checkpoints/step_<N>/ holding model.safetensors
  * + config.json (mt_checkpoint_save_model, F32) and train_state.safetensors:
