@@ -29,32 +29,7 @@
 #include "parallel/vocab_loss.h"
 #include "runtime/rng.h"
 
-/* ---- per-layer saved activations (MaxText remat names where they exist) ---- */
-enum {
-    LA_INPUT = 0,    /* decoder_layer_input [N, D] */
-    LA_RSTD_IN,      /* input_layernorm rstd [N] */
-    LA_RSTD_QN,      /* q_norm rstd [N*H] (qk-norm) */
-    LA_RSTD_KN,      /* k_norm rstd [N*Hkv] (qk-norm) */
-    LA_Q,            /* query_proj [N, H*Dh] after qk-norm and RoPE */
-    LA_K,            /* key_proj [N, Hkv*Dh] after qk-norm and RoPE */
-    LA_V,            /* value_proj [N, Hkv*Dh] */
-    LA_CTX,          /* context [N, H*Dh] */
-    LA_LSE,          /* context logsumexp [B, H, T] */
-    LA_OUT,          /* out_proj [N, D] (o_proj output, before any post-attention norm) */
-    LA_RSTD_PA,      /* post-attention norm rstd [N] (gemma2/3) */
-    LA_RSTD_MLP,     /* pre-MLP norm rstd [N] */
-    LA_GATE,         /* mlpwi_0 [N, F] gate pre-activation */
-    LA_UP,           /* mlpwi_1 [N, F] up projection */
-    LA_MLPWO,        /* mlpwo [N, D] down projection output (only with a post-FFW norm) */
-    LA_RSTD_PF,      /* post-feedforward norm rstd [N] */
-    LA_COUNT
-};
-
-static const char *const k_layer_act_names[LA_COUNT] = {
-    "decoder_layer_input", "input_norm_rstd", "query_norm_rstd", "key_norm_rstd",
-    "query_proj", "key_proj", "value_proj", "context", "context_lse", "out_proj",
-    "post_attn_norm_rstd", "pre_mlp_norm_rstd", "mlpwi_0", "mlpwi_1", "mlpwo",
-    "post_ffw_norm_rstd"};
+/* ---- per-layer saved activations: mt_layer_tensor (models/remat.h) ---- */
 
 /* ---- buffers that are not per layer ---- */
 enum {
@@ -98,17 +73,17 @@ struct mt_model {
     int fwd_kept; /* the saved activations hold a whole forward (mt_model_backward_hidden) */
     int gid[GB_COUNT];
     void *gptr[GB_COUNT];
-    int (*lid)[LA_COUNT];
-    float *(*lptr)[LA_COUNT];
+    int (*lid)[MT_LT_COUNT];
+    float *(*lptr)[MT_LT_COUNT];
 
     /* remat / offload (models/remat.h) */
     mt_remat_policy remat;
     int has_offload;                   /* some tensor is offloaded */
     int host_planned, host_bound;
-    int rs_fwd_id[LA_COUNT], rs_bwd_id[LA_COUNT]; /* layer-sized scratch of non-kept tensors */
-    float *rs_fwd[LA_COUNT], *rs_bwd[LA_COUNT];
-    int (*hid)[LA_COUNT];              /* host pool entries of offloaded tensors */
-    float *(*hptr)[LA_COUNT];
+    int rs_fwd_id[MT_LT_COUNT], rs_bwd_id[MT_LT_COUNT]; /* layer-sized scratch of non-kept tensors */
+    float *rs_fwd[MT_LT_COUNT], *rs_bwd[MT_LT_COUNT];
+    int (*hid)[MT_LT_COUNT];              /* host pool entries of offloaded tensors */
+    float *(*hptr)[MT_LT_COUNT];
 
     /* parameter host offload (mt_model_set_param_offload) */
     int param_offload;
@@ -307,8 +282,8 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, mt_backend
 
     for (int i = 0; i < GB_COUNT; i++) m->gid[i] = -1;
     for (int64_t l = 0; l < L; l++)
-        for (int j = 0; j < LA_COUNT; j++) m->lid[l][j] = m->hid[l][j] = -1;
-    for (int j = 0; j < LA_COUNT; j++) m->rs_fwd_id[j] = m->rs_bwd_id[j] = -1;
+        for (int j = 0; j < MT_LT_COUNT; j++) m->lid[l][j] = m->hid[l][j] = -1;
+    for (int j = 0; j < MT_LT_COUNT; j++) m->rs_fwd_id[j] = m->rs_bwd_id[j] = -1;
     m->remat = mt_remat_policy_keep_all();
     m->gwin_id[0] = m->gwin_id[1] = m->gwin_id[2] = -1;
     *out = m;
@@ -367,22 +342,22 @@ static int64_t layer_act_elems(const mt_model *m, int j) {
     const mt_model_config *c = &m->cfg;
     const int64_t N = m->N, Ns = seq_rows(m);
     switch (j) {
-    case LA_INPUT: return Ns * m->D;
-    case LA_RSTD_IN: return Ns;
-    case LA_RSTD_QN: return c->use_qk_norm ? N * m->H : 0;
-    case LA_RSTD_KN: return c->use_qk_norm ? N * m->Hkv : 0;
-    case LA_Q: return N * m->QD;
-    case LA_K: return N * m->KVD;
-    case LA_V: return N * m->KVD;
-    case LA_CTX: return N * m->QD;
-    case LA_LSE: return m->B * m->H * m->T;
-    case LA_OUT: return Ns * m->D;
-    case LA_RSTD_PA: return c->use_post_attn_norm ? Ns : 0;
-    case LA_RSTD_MLP: return Ns;
-    case LA_GATE: return N * m->F;
-    case LA_UP: return N * m->F;
-    case LA_MLPWO: return c->use_post_ffw_norm ? Ns * m->D : 0;
-    case LA_RSTD_PF: return c->use_post_ffw_norm ? Ns : 0;
+    case MT_LT_DECODER_LAYER_INPUT: return Ns * m->D;
+    case MT_LT_INPUT_NORM_RSTD: return Ns;
+    case MT_LT_QUERY_NORM_RSTD: return c->use_qk_norm ? N * m->H : 0;
+    case MT_LT_KEY_NORM_RSTD: return c->use_qk_norm ? N * m->Hkv : 0;
+    case MT_LT_QUERY_PROJ: return N * m->QD;
+    case MT_LT_KEY_PROJ: return N * m->KVD;
+    case MT_LT_VALUE_PROJ: return N * m->KVD;
+    case MT_LT_CONTEXT: return N * m->QD;
+    case MT_LT_CONTEXT_LSE: return m->B * m->H * m->T;
+    case MT_LT_OUT_PROJ: return Ns * m->D;
+    case MT_LT_POST_ATTN_NORM_RSTD: return c->use_post_attn_norm ? Ns : 0;
+    case MT_LT_PRE_MLP_NORM_RSTD: return Ns;
+    case MT_LT_MLPWI_0: return N * m->F;
+    case MT_LT_MLPWI_1: return N * m->F;
+    case MT_LT_MLPWO: return c->use_post_ffw_norm ? Ns * m->D : 0;
+    case MT_LT_POST_FFW_NORM_RSTD: return c->use_post_ffw_norm ? Ns : 0;
     default: return 0;
     }
 }
@@ -391,26 +366,8 @@ static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 /* ---- remat / offload ---- */
 
-/* The remat name saved tensor j belongs to, or -1 for the norm statistics, which
- * are always kept (N floats each; recomputing them would need their inputs). */
-static int la_remat_tensor(int j) {
-    switch (j) {
-    case LA_INPUT: return MT_RT_DECODER_LAYER_INPUT;
-    case LA_Q: return MT_RT_QUERY_PROJ;
-    case LA_K: return MT_RT_KEY_PROJ;
-    case LA_V: return MT_RT_VALUE_PROJ;
-    case LA_CTX:
-    case LA_LSE: return MT_RT_CONTEXT;
-    case LA_OUT: return MT_RT_OUT_PROJ;
-    case LA_GATE: return MT_RT_MLPWI_0;
-    case LA_UP: return MT_RT_MLPWI_1;
-    case LA_MLPWO: return MT_RT_MLPWO;
-    default: return -1;
-    }
-}
-
 static mt_remat_action la_action(const mt_model *m, int j) {
-    int t = la_remat_tensor(j);
+    int t = mt_layer_tensor_remat((mt_layer_tensor)j);
     return t < 0 ? MT_RA_DEVICE : m->remat.action[t];
 }
 
@@ -425,15 +382,15 @@ mt_status mt_model_set_remat(mt_model *m, const mt_remat_policy *p) {
         return mt_set_error(MT_ERR_INVALID, "decoder_layer_input must be device (the backward recomputes from it)");
     m->remat = *p;
     m->has_offload = 0;
-    for (int j = 0; j < LA_COUNT; j++)
+    for (int j = 0; j < MT_LT_COUNT; j++)
         if (la_action(m, j) == MT_RA_OFFLOAD && layer_act_elems(m, j) > 0) m->has_offload = 1;
     return MT_OK;
 }
 
 int64_t mt_model_remat_tensor_bytes(const mt_model *m, mt_remat_tensor t) {
     int64_t b = 0;
-    for (int j = 0; j < LA_COUNT; j++)
-        if (la_remat_tensor(j) == (int)t) b += layer_act_elems(m, j) * (int64_t)sizeof(float);
+    for (int j = 0; j < MT_LT_COUNT; j++)
+        if (mt_layer_tensor_remat((mt_layer_tensor)j) == (int)t) b += layer_act_elems(m, j) * (int64_t)sizeof(float);
     return b;
 }
 
@@ -478,17 +435,18 @@ static mt_status build_param_layer(mt_model *m) {
  * restores it there. Its size does not depend on the depth. */
 static mt_status add_remat_scratch(mt_model *m, mt_plan *plan) {
     const int64_t L = m->cfg.num_decoder_layers;
-    for (int j = 0; j < LA_COUNT; j++) {
+    for (int j = 0; j < MT_LT_COUNT; j++) {
         m->rs_fwd_id[j] = m->rs_bwd_id[j] = -1;
         int64_t e = layer_act_elems(m, j);
         if (e == 0 || la_action(m, j) == MT_RA_DEVICE) continue;
         char name[MT_PLAN_NAME_MAX];
-        snprintf(name, sizeof(name), "remat.fwd.%s", k_layer_act_names[j]);
-        MT_TRY(mt_plan_add(plan, name, MT_MEM_SCRATCH, (size_t)e * sizeof(float), ph_fwd(m, 0), ph_fwd(m, L - 1),
-                           &m->rs_fwd_id[j]));
-        snprintf(name, sizeof(name), "remat.bwd.%s", k_layer_act_names[j]);
-        MT_TRY(mt_plan_add(plan, name, MT_MEM_SCRATCH, (size_t)e * sizeof(float), ph_bwd(m, L - 1), ph_bwd(m, 0),
-                           &m->rs_bwd_id[j]));
+        snprintf(name, sizeof(name), "remat.fwd.%s", mt_layer_tensor_name((mt_layer_tensor)j));
+        const mt_plan_tag tag = {-1, j, MT_PLAN_KIND_REMAT_SCRATCH};
+        MT_TRY(mt_plan_add_tagged(plan, name, MT_MEM_SCRATCH, tag, (size_t)e * sizeof(float), ph_fwd(m, 0),
+                                  ph_fwd(m, L - 1), &m->rs_fwd_id[j]));
+        snprintf(name, sizeof(name), "remat.bwd.%s", mt_layer_tensor_name((mt_layer_tensor)j));
+        MT_TRY(mt_plan_add_tagged(plan, name, MT_MEM_SCRATCH, tag, (size_t)e * sizeof(float), ph_bwd(m, L - 1),
+                                  ph_bwd(m, 0), &m->rs_bwd_id[j]));
     }
     return MT_OK;
 }
@@ -497,14 +455,15 @@ mt_status mt_model_add_to_host_plan(mt_model *m, mt_plan *host_plan) {
     if (!m || !host_plan) return mt_set_error(MT_ERR_INVALID, "mt_model_add_to_host_plan: NULL argument");
     if (!m->planned) return mt_set_error(MT_ERR_INVALID, "mt_model_add_to_host_plan: call mt_model_add_to_plan first");
     for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++)
-        for (int j = 0; j < LA_COUNT; j++) {
+        for (int j = 0; j < MT_LT_COUNT; j++) {
             m->hid[l][j] = -1;
             int64_t e = layer_act_elems(m, j);
             if (e == 0 || la_action(m, j) != MT_RA_OFFLOAD) continue;
             char name[MT_PLAN_NAME_MAX];
-            snprintf(name, sizeof(name), "layers.%lld.%s", (long long)l, k_layer_act_names[j]);
-            MT_TRY(mt_plan_add(host_plan, name, MT_MEM_ACTIVATIONS, (size_t)e * sizeof(float), ph_fwd(m, l),
-                               ph_bwd(m, l), &m->hid[l][j]));
+            snprintf(name, sizeof(name), "layers.%lld.%s", (long long)l, mt_layer_tensor_name((mt_layer_tensor)j));
+            const mt_plan_tag tag = {l, j, MT_PLAN_KIND_OFFLOAD};
+            MT_TRY(mt_plan_add_tagged(host_plan, name, MT_MEM_ACTIVATIONS, tag, (size_t)e * sizeof(float),
+                                      ph_fwd(m, l), ph_bwd(m, l), &m->hid[l][j]));
         }
     m->hparams_id = -1;
     if (m->param_offload) /* under fsdp this rank's shard only */
@@ -519,6 +478,13 @@ mt_status mt_model_add_to_host_plan(mt_model *m, mt_plan *host_plan) {
 static mt_status plan_add(mt_model *m, mt_plan *plan, int g, const char *name, mt_mem_category cat,
                           size_t bytes, int first, int last) {
     return mt_plan_add(plan, name, cat, bytes, first, last, &m->gid[g]);
+}
+
+/* A step input or constant table (tokens, positions, RoPE frequencies, ...). */
+static mt_status plan_add_input(mt_model *m, mt_plan *plan, int g, const char *name, size_t bytes, int first,
+                                int last) {
+    const mt_plan_tag tag = {-1, -1, MT_PLAN_KIND_INPUT};
+    return mt_plan_add_tagged(plan, name, MT_MEM_ACTIVATIONS, tag, bytes, first, last, &m->gid[g]);
 }
 
 static mt_status cp_add_to_plan(mt_model *m, mt_plan *plan, int first, int last);
@@ -563,28 +529,29 @@ mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan) {
                            loss, &m->gwin_id[2]));
     }
     /* Step inputs: uploaded in phase 0 (labels in the loss phase), kept while used. */
-    MT_TRY(plan_add(m, plan, GB_TOKENS, "tokens", MT_MEM_ACTIVATIONS, (size_t)N * i4, 0, ph_embed_bwd(m)));
-    MT_TRY(plan_add(m, plan, GB_LABELS, "labels", MT_MEM_ACTIVATIONS, (size_t)N * i4, loss, loss));
-    MT_TRY(plan_add(m, plan, GB_POSITIONS, "positions", MT_MEM_ACTIVATIONS, (size_t)N * i4, 0, bwd1));
-    MT_TRY(plan_add(m, plan, GB_INV_FREQ, "rope_inv_freq", MT_MEM_ACTIVATIONS, (size_t)m->Dh * f4, 0, bwd1));
+    MT_TRY(plan_add_input(m, plan, GB_TOKENS, "tokens", (size_t)N * i4, 0, ph_embed_bwd(m)));
+    MT_TRY(plan_add_input(m, plan, GB_LABELS, "labels", (size_t)N * i4, loss, loss));
+    MT_TRY(plan_add_input(m, plan, GB_POSITIONS, "positions", (size_t)N * i4, 0, bwd1));
+    MT_TRY(plan_add_input(m, plan, GB_INV_FREQ, "rope_inv_freq", (size_t)m->Dh * f4, 0, bwd1));
     if (m->packing) { /* document masking: written with the positions, read by every layer */
-        MT_TRY(plan_add(m, plan, GB_SEGMENTS, "segment_ids", MT_MEM_ACTIVATIONS, (size_t)N * i4, 0, bwd1));
-        MT_TRY(plan_add(m, plan, GB_DOC_POS, "document_positions", MT_MEM_ACTIVATIONS, (size_t)N * i4, 0, bwd1));
+        MT_TRY(plan_add_input(m, plan, GB_SEGMENTS, "segment_ids", (size_t)N * i4, 0, bwd1));
+        MT_TRY(plan_add_input(m, plan, GB_DOC_POS, "document_positions", (size_t)N * i4, 0, bwd1));
     }
 
     /* Saved activations of layer l: written in phase l (decoder_layer_input: by the
      * embedding or the previous layer) or 1 + l, read last by the layer's backward. */
     for (int64_t l = 0; l < L; l++) {
-        for (int j = 0; j < LA_COUNT; j++) {
+        for (int j = 0; j < MT_LT_COUNT; j++) {
             int64_t e = layer_act_elems(m, j);
             if (e == 0) continue;
             char name[MT_PLAN_NAME_MAX];
-            snprintf(name, sizeof(name), "layers.%lld.%s", (long long)l, k_layer_act_names[j]);
-            int first = j == LA_INPUT ? (int)l : ph_fwd(m, l);
+            snprintf(name, sizeof(name), "layers.%lld.%s", (long long)l, mt_layer_tensor_name((mt_layer_tensor)j));
+            int first = j == MT_LT_DECODER_LAYER_INPUT ? (int)l : ph_fwd(m, l);
             m->lid[l][j] = -1;
             if (la_action(m, j) != MT_RA_DEVICE) continue; /* recomputed or offloaded */
-            MT_TRY(mt_plan_add(plan, name, MT_MEM_ACTIVATIONS, (size_t)e * f4, first, ph_bwd(m, l),
-                               &m->lid[l][j]));
+            const mt_plan_tag tag = {l, j, MT_PLAN_KIND_SAVED};
+            MT_TRY(mt_plan_add_tagged(plan, name, MT_MEM_ACTIVATIONS, tag, (size_t)e * f4, first, ph_bwd(m, l),
+                                      &m->lid[l][j]));
         }
     }
     const int64_t Ns = seq_rows(m); /* residual-stream rows (sequence parallelism: N / tp) */
@@ -662,7 +629,7 @@ mt_status mt_model_bind(mt_model *m, const mt_arena *arena, const mt_plan *plan)
     m->fwd_kept = 0;
     for (int g = 0; g < GB_COUNT; g++) MT_TRY(bind_one(arena, plan, m->gid[g], &m->gptr[g]));
     for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++)
-        for (int j = 0; j < LA_COUNT; j++) {
+        for (int j = 0; j < MT_LT_COUNT; j++) {
             void *p;
             MT_TRY(bind_one(arena, plan, m->lid[l][j], &p));
             m->lptr[l][j] = p;
@@ -677,7 +644,7 @@ mt_status mt_model_bind(mt_model *m, const mt_arena *arena, const mt_plan *plan)
         MT_TRY(bind_one(arena, plan, m->sink ? m->gwin_id[w] : -1, &p));
         m->gwin[w] = p;
     }
-    for (int j = 0; j < LA_COUNT; j++) {
+    for (int j = 0; j < MT_LT_COUNT; j++) {
         void *p;
         MT_TRY(bind_one(arena, plan, m->rs_fwd_id[j], &p));
         m->rs_fwd[j] = p;
@@ -696,7 +663,7 @@ mt_status mt_model_bind_host(mt_model *m, const mt_arena *host_arena, const mt_p
     if (!m->host_planned)
         return mt_set_error(MT_ERR_INVALID, "mt_model_bind_host: call mt_model_add_to_host_plan first");
     for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++)
-        for (int j = 0; j < LA_COUNT; j++) {
+        for (int j = 0; j < MT_LT_COUNT; j++) {
             void *p;
             MT_TRY(bind_one(host_arena, host_plan, m->hid[l][j], &p));
             m->hptr[l][j] = p;
@@ -1206,24 +1173,24 @@ static mt_status check_ids(const mt_model *m, const int32_t *ids, const char *wh
 
 /* Where tensor j of layer l is during the forward (fwd = 1) or the backward (0):
  * its own plan entry when kept, else the layer-sized remat scratch. */
-static void layer_ptrs(const mt_model *m, int64_t l, int fwd, float *a[LA_COUNT]) {
-    for (int j = 0; j < LA_COUNT; j++)
+static void layer_ptrs(const mt_model *m, int64_t l, int fwd, float *a[MT_LT_COUNT]) {
+    for (int j = 0; j < MT_LT_COUNT; j++)
         a[j] = m->lid[l][j] >= 0 ? m->lptr[l][j] : (fwd ? m->rs_fwd[j] : m->rs_bwd[j]);
 }
 
 /* After the forward of layer l: copy its offloaded tensors to the host pool. */
-static mt_status MT_MUST_CHECK layer_offload(mt_model *m, int64_t l, float *a[LA_COUNT]) {
+static mt_status MT_MUST_CHECK layer_offload(mt_model *m, int64_t l, float *a[MT_LT_COUNT]) {
     if (!m->has_offload) return MT_OK;
-    for (int j = 0; j < LA_COUNT; j++)
+    for (int j = 0; j < MT_LT_COUNT; j++)
         if (m->hid[l][j] >= 0)
             MT_TRY(m->be->ops->copy_to_host(m->be, m->hptr[l][j], a[j], (size_t)layer_act_elems(m, j) * sizeof(float)));
     return MT_OK;
 }
 
 /* Before the backward of layer l: bring its offloaded tensors back. */
-static mt_status MT_MUST_CHECK layer_restore(mt_model *m, int64_t l, float *a[LA_COUNT]) {
+static mt_status MT_MUST_CHECK layer_restore(mt_model *m, int64_t l, float *a[MT_LT_COUNT]) {
     if (!m->has_offload) return MT_OK;
-    for (int j = 0; j < LA_COUNT; j++)
+    for (int j = 0; j < MT_LT_COUNT; j++)
         if (m->hid[l][j] >= 0)
             MT_TRY(m->be->ops->copy_to_device(m->be, a[j], m->hptr[l][j], (size_t)layer_act_elems(m, j) * sizeof(float)));
     return MT_OK;
@@ -1237,7 +1204,7 @@ static int la_is_remat(const mt_model *m, int j) {
 static mt_status MT_MUST_CHECK layer_forward(mt_model *m, int64_t l) {
     mt_backend *be = m->be;
     const layer_params *lp = &m->lp[l];
-    float *a[LA_COUNT];
+    float *a[MT_LT_COUNT];
     layer_ptrs(m, l, 1, a);
     const int64_t N = m->N, D = m->D, F = m->F, H = m->H, Hkv = m->Hkv, Dh = m->Dh;
     const int64_t QD = m->QD, KVD = m->KVD;
@@ -1247,42 +1214,42 @@ static mt_status MT_MUST_CHECK layer_forward(mt_model *m, int64_t l) {
     float *tmp = m->gptr[GB_FWD_TMP], *glu = m->gptr[GB_FWD_GLU];
     const int32_t *pos = rope_positions(m);
     const float *inv_freq = layer_inv_freq(m, l);
-    const float *x = a[LA_INPUT];
-    float *y = l + 1 < m->cfg.num_decoder_layers ? m->lptr[l + 1][LA_INPUT] : m->gptr[GB_FINAL_INPUT];
+    const float *x = a[MT_LT_DECODER_LAYER_INPUT];
+    float *y = l + 1 < m->cfg.num_decoder_layers ? m->lptr[l + 1][MT_LT_DECODER_LAYER_INPUT] : m->gptr[GB_FINAL_INPUT];
 
     /* attention block */
-    MT_TRY(norm_gather(m, nrm, a[LA_RSTD_IN], x, lp->in_norm));
+    MT_TRY(norm_gather(m, nrm, a[MT_LT_INPUT_NORM_RSTD], x, lp->in_norm));
     if (m->cfg.use_qk_norm) {
         MT_TRY(linear_fwd(be, tmp, nrm, PW(m, lp->q), N, D, QD, 0.0f));
-        MT_TRY(be->ops->rmsnorm_fwd(be, a[LA_Q], a[LA_RSTD_QN], tmp, PW(m, lp->q_norm), N * H, Dh, m->eps, m->w_off));
+        MT_TRY(be->ops->rmsnorm_fwd(be, a[MT_LT_QUERY_PROJ], a[MT_LT_QUERY_NORM_RSTD], tmp, PW(m, lp->q_norm), N * H, Dh, m->eps, m->w_off));
         MT_TRY(linear_fwd(be, tmp, nrm, PW(m, lp->k), N, D, KVD, 0.0f));
-        MT_TRY(be->ops->rmsnorm_fwd(be, a[LA_K], a[LA_RSTD_KN], tmp, PW(m, lp->k_norm), N * Hkv, Dh, m->eps, m->w_off));
+        MT_TRY(be->ops->rmsnorm_fwd(be, a[MT_LT_KEY_PROJ], a[MT_LT_KEY_NORM_RSTD], tmp, PW(m, lp->k_norm), N * Hkv, Dh, m->eps, m->w_off));
     } else {
-        MT_TRY(linear_fwd(be, a[LA_Q], nrm, PW(m, lp->q), N, D, QD, 0.0f));
-        MT_TRY(linear_fwd(be, a[LA_K], nrm, PW(m, lp->k), N, D, KVD, 0.0f));
+        MT_TRY(linear_fwd(be, a[MT_LT_QUERY_PROJ], nrm, PW(m, lp->q), N, D, QD, 0.0f));
+        MT_TRY(linear_fwd(be, a[MT_LT_KEY_PROJ], nrm, PW(m, lp->k), N, D, KVD, 0.0f));
     }
-    MT_TRY(be->ops->rope_fwd(be, a[LA_Q], pos, inv_freq, N, H, Dh));
-    MT_TRY(be->ops->rope_fwd(be, a[LA_K], pos, inv_freq, N, Hkv, Dh));
-    MT_TRY(linear_fwd(be, a[LA_V], nrm, PW(m, lp->v), N, D, KVD, 0.0f));
-    MT_TRY(cp_attention_fwd(m, l, a[LA_CTX], a[LA_LSE], a[LA_Q], a[LA_K], a[LA_V]));
-    MT_TRY(row_fwd(m, a[LA_OUT], a[LA_CTX], lp->o, QD, m->QDg, 0.0f, tmp, NULL));
+    MT_TRY(be->ops->rope_fwd(be, a[MT_LT_QUERY_PROJ], pos, inv_freq, N, H, Dh));
+    MT_TRY(be->ops->rope_fwd(be, a[MT_LT_KEY_PROJ], pos, inv_freq, N, Hkv, Dh));
+    MT_TRY(linear_fwd(be, a[MT_LT_VALUE_PROJ], nrm, PW(m, lp->v), N, D, KVD, 0.0f));
+    MT_TRY(cp_attention_fwd(m, l, a[MT_LT_CONTEXT], a[MT_LT_CONTEXT_LSE], a[MT_LT_QUERY_PROJ], a[MT_LT_KEY_PROJ], a[MT_LT_VALUE_PROJ]));
+    MT_TRY(row_fwd(m, a[MT_LT_OUT_PROJ], a[MT_LT_CONTEXT], lp->o, QD, m->QDg, 0.0f, tmp, NULL));
     MT_TRY(be->ops->copy(be, res, x, ND));
     if (m->cfg.use_post_attn_norm) {
-        MT_TRY(be->ops->rmsnorm_fwd(be, tmp, a[LA_RSTD_PA], a[LA_OUT], PW(m, lp->post_attn_norm), Ns, D, m->eps, m->w_off));
+        MT_TRY(be->ops->rmsnorm_fwd(be, tmp, a[MT_LT_POST_ATTN_NORM_RSTD], a[MT_LT_OUT_PROJ], PW(m, lp->post_attn_norm), Ns, D, m->eps, m->w_off));
         MT_TRY(be->ops->axpy(be, res, tmp, 1.0f, Ns * D));
     } else {
-        MT_TRY(be->ops->axpy(be, res, a[LA_OUT], 1.0f, Ns * D));
+        MT_TRY(be->ops->axpy(be, res, a[MT_LT_OUT_PROJ], 1.0f, Ns * D));
     }
 
     /* MLP block */
-    MT_TRY(norm_gather(m, nrm, a[LA_RSTD_MLP], res, lp->pre_mlp_norm));
-    MT_TRY(linear_fwd(be, a[LA_GATE], nrm, PW(m, lp->gate), N, D, F, 0.0f));
-    MT_TRY(linear_fwd(be, a[LA_UP], nrm, PW(m, lp->up), N, D, F, 0.0f));
-    MT_TRY(be->ops->glu_fwd(be, glu, a[LA_GATE], a[LA_UP], N * F, m->cfg.mlp_activation));
+    MT_TRY(norm_gather(m, nrm, a[MT_LT_PRE_MLP_NORM_RSTD], res, lp->pre_mlp_norm));
+    MT_TRY(linear_fwd(be, a[MT_LT_MLPWI_0], nrm, PW(m, lp->gate), N, D, F, 0.0f));
+    MT_TRY(linear_fwd(be, a[MT_LT_MLPWI_1], nrm, PW(m, lp->up), N, D, F, 0.0f));
+    MT_TRY(be->ops->glu_fwd(be, glu, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation));
     MT_TRY(be->ops->copy(be, y, res, ND));
     if (m->cfg.use_post_ffw_norm) {
-        MT_TRY(row_fwd(m, a[LA_MLPWO], glu, lp->down, F, m->Fg, 0.0f, nrm, NULL));
-        MT_TRY(be->ops->rmsnorm_fwd(be, tmp, a[LA_RSTD_PF], a[LA_MLPWO], PW(m, lp->post_ffw_norm), Ns, D, m->eps, m->w_off));
+        MT_TRY(row_fwd(m, a[MT_LT_MLPWO], glu, lp->down, F, m->Fg, 0.0f, nrm, NULL));
+        MT_TRY(be->ops->rmsnorm_fwd(be, tmp, a[MT_LT_POST_FFW_NORM_RSTD], a[MT_LT_MLPWO], PW(m, lp->post_ffw_norm), Ns, D, m->eps, m->w_off));
         MT_TRY(be->ops->axpy(be, y, tmp, 1.0f, Ns * D));
     } else {
         MT_TRY(row_fwd(m, y, glu, lp->down, F, m->Fg, 1.0f, nrm, tmp));
@@ -1294,53 +1261,53 @@ static mt_status MT_MUST_CHECK layer_forward(mt_model *m, int64_t l) {
 /* Start of the backward of layer l, attention half: recompute the attention tensors
  * that were not kept, from decoder_layer_input, with the forward's exact op sequence
  * (so bitwise the forward's values). Uses nrm and w0 as temporaries. */
-static mt_status MT_MUST_CHECK layer_recompute_attn(mt_model *m, int64_t l, float *a[LA_COUNT]) {
+static mt_status MT_MUST_CHECK layer_recompute_attn(mt_model *m, int64_t l, float *a[MT_LT_COUNT]) {
     mt_backend *be = m->be;
     const layer_params *lp = &m->lp[l];
     const int64_t N = m->N, D = m->D, H = m->H, Hkv = m->Hkv, Dh = m->Dh, QD = m->QD, KVD = m->KVD;
-    const int rq = la_is_remat(m, LA_Q), rk = la_is_remat(m, LA_K), rv = la_is_remat(m, LA_V);
+    const int rq = la_is_remat(m, MT_LT_QUERY_PROJ), rk = la_is_remat(m, MT_LT_KEY_PROJ), rv = la_is_remat(m, MT_LT_VALUE_PROJ);
     const int32_t *pos = rope_positions(m);
     const float *inv_freq = layer_inv_freq(m, l);
     float *nrm = m->gptr[GB_BWD_NORM], *tmp = m->gptr[GB_BWD_W0];
-    if (rq || rk || rv) MT_TRY(norm_gather(m, nrm, a[LA_RSTD_IN], a[LA_INPUT], lp->in_norm));
+    if (rq || rk || rv) MT_TRY(norm_gather(m, nrm, a[MT_LT_INPUT_NORM_RSTD], a[MT_LT_DECODER_LAYER_INPUT], lp->in_norm));
     if (rq) {
         if (m->cfg.use_qk_norm) {
             MT_TRY(linear_fwd(be, tmp, nrm, PW(m, lp->q), N, D, QD, 0.0f));
-            MT_TRY(be->ops->rmsnorm_fwd(be, a[LA_Q], a[LA_RSTD_QN], tmp, PW(m, lp->q_norm), N * H, Dh, m->eps, m->w_off));
+            MT_TRY(be->ops->rmsnorm_fwd(be, a[MT_LT_QUERY_PROJ], a[MT_LT_QUERY_NORM_RSTD], tmp, PW(m, lp->q_norm), N * H, Dh, m->eps, m->w_off));
         } else {
-            MT_TRY(linear_fwd(be, a[LA_Q], nrm, PW(m, lp->q), N, D, QD, 0.0f));
+            MT_TRY(linear_fwd(be, a[MT_LT_QUERY_PROJ], nrm, PW(m, lp->q), N, D, QD, 0.0f));
         }
-        MT_TRY(be->ops->rope_fwd(be, a[LA_Q], pos, inv_freq, N, H, Dh));
+        MT_TRY(be->ops->rope_fwd(be, a[MT_LT_QUERY_PROJ], pos, inv_freq, N, H, Dh));
     }
     if (rk) {
         if (m->cfg.use_qk_norm) {
             MT_TRY(linear_fwd(be, tmp, nrm, PW(m, lp->k), N, D, KVD, 0.0f));
-            MT_TRY(be->ops->rmsnorm_fwd(be, a[LA_K], a[LA_RSTD_KN], tmp, PW(m, lp->k_norm), N * Hkv, Dh, m->eps, m->w_off));
+            MT_TRY(be->ops->rmsnorm_fwd(be, a[MT_LT_KEY_PROJ], a[MT_LT_KEY_NORM_RSTD], tmp, PW(m, lp->k_norm), N * Hkv, Dh, m->eps, m->w_off));
         } else {
-            MT_TRY(linear_fwd(be, a[LA_K], nrm, PW(m, lp->k), N, D, KVD, 0.0f));
+            MT_TRY(linear_fwd(be, a[MT_LT_KEY_PROJ], nrm, PW(m, lp->k), N, D, KVD, 0.0f));
         }
-        MT_TRY(be->ops->rope_fwd(be, a[LA_K], pos, inv_freq, N, Hkv, Dh));
+        MT_TRY(be->ops->rope_fwd(be, a[MT_LT_KEY_PROJ], pos, inv_freq, N, Hkv, Dh));
     }
-    if (rv) MT_TRY(linear_fwd(be, a[LA_V], nrm, PW(m, lp->v), N, D, KVD, 0.0f));
-    if (la_is_remat(m, LA_CTX)) {
-        MT_TRY(cp_attention_fwd(m, l, a[LA_CTX], a[LA_LSE], a[LA_Q], a[LA_K], a[LA_V]));
+    if (rv) MT_TRY(linear_fwd(be, a[MT_LT_VALUE_PROJ], nrm, PW(m, lp->v), N, D, KVD, 0.0f));
+    if (la_is_remat(m, MT_LT_CONTEXT)) {
+        MT_TRY(cp_attention_fwd(m, l, a[MT_LT_CONTEXT], a[MT_LT_CONTEXT_LSE], a[MT_LT_QUERY_PROJ], a[MT_LT_KEY_PROJ], a[MT_LT_VALUE_PROJ]));
     }
-    if (la_is_remat(m, LA_OUT)) MT_TRY(row_fwd(m, a[LA_OUT], a[LA_CTX], lp->o, QD, m->QDg, 0.0f, nrm, NULL));
+    if (la_is_remat(m, MT_LT_OUT_PROJ)) MT_TRY(row_fwd(m, a[MT_LT_OUT_PROJ], a[MT_LT_CONTEXT], lp->o, QD, m->QDg, 0.0f, nrm, NULL));
     return MT_OK;
 }
 
 /* MLP half: given n2 = pre-MLP norm(h) in nrm, recompute mlpwi_0, mlpwi_1 and (with a
  * post-MLP norm) mlpwo when they were not kept. Uses glu and full [N, D] as temporaries. */
-static mt_status MT_MUST_CHECK layer_recompute_mlp(mt_model *m, int64_t l, float *a[LA_COUNT], const float *nrm, float *glu,
+static mt_status MT_MUST_CHECK layer_recompute_mlp(mt_model *m, int64_t l, float *a[MT_LT_COUNT], const float *nrm, float *glu,
                                 float *full) {
     mt_backend *be = m->be;
     const layer_params *lp = &m->lp[l];
     const int64_t N = m->N, D = m->D, F = m->F;
-    if (la_is_remat(m, LA_GATE)) MT_TRY(linear_fwd(be, a[LA_GATE], nrm, PW(m, lp->gate), N, D, F, 0.0f));
-    if (la_is_remat(m, LA_UP)) MT_TRY(linear_fwd(be, a[LA_UP], nrm, PW(m, lp->up), N, D, F, 0.0f));
-    if (la_is_remat(m, LA_MLPWO)) {
-        MT_TRY(be->ops->glu_fwd(be, glu, a[LA_GATE], a[LA_UP], N * F, m->cfg.mlp_activation));
-        MT_TRY(row_fwd(m, a[LA_MLPWO], glu, lp->down, F, m->Fg, 0.0f, full, NULL));
+    if (la_is_remat(m, MT_LT_MLPWI_0)) MT_TRY(linear_fwd(be, a[MT_LT_MLPWI_0], nrm, PW(m, lp->gate), N, D, F, 0.0f));
+    if (la_is_remat(m, MT_LT_MLPWI_1)) MT_TRY(linear_fwd(be, a[MT_LT_MLPWI_1], nrm, PW(m, lp->up), N, D, F, 0.0f));
+    if (la_is_remat(m, MT_LT_MLPWO)) {
+        MT_TRY(be->ops->glu_fwd(be, glu, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation));
+        MT_TRY(row_fwd(m, a[MT_LT_MLPWO], glu, lp->down, F, m->Fg, 0.0f, full, NULL));
     }
     return MT_OK;
 }
@@ -1350,7 +1317,7 @@ static mt_status MT_MUST_CHECK layer_recompute_mlp(mt_model *m, int64_t l, float
 static mt_status MT_MUST_CHECK layer_backward(mt_model *m, int64_t l) {
     mt_backend *be = m->be;
     const layer_params *lp = &m->lp[l];
-    float *a[LA_COUNT];
+    float *a[MT_LT_COUNT];
     layer_ptrs(m, l, 0, a);
     MT_TRY(layer_restore(m, l, a));
     MT_TRY(layer_recompute_attn(m, l, a));
@@ -1366,71 +1333,71 @@ static mt_status MT_MUST_CHECK layer_backward(mt_model *m, int64_t l) {
     float *w3 = m->gptr[GB_BWD_W3], *w4 = m->gptr[GB_BWD_W4];
     const int32_t *pos = rope_positions(m);
     const float *inv_freq = layer_inv_freq(m, l);
-    const float *x = a[LA_INPUT];
+    const float *x = a[MT_LT_DECODER_LAYER_INPUT];
 
     /* ---- MLP block: y = h + [post_ffw](down(act(g) u)) ---- */
     /* recompute h = x + [post_attn](o) and n2 = norm(h), then the MLP tensors not kept */
     MT_TRY(be->ops->copy(be, res, x, ND));
     if (m->cfg.use_post_attn_norm) {
-        MT_TRY(be->ops->rmsnorm_fwd(be, d2, a[LA_RSTD_PA], a[LA_OUT], PW(m, lp->post_attn_norm), Ns, D, eps, off));
+        MT_TRY(be->ops->rmsnorm_fwd(be, d2, a[MT_LT_POST_ATTN_NORM_RSTD], a[MT_LT_OUT_PROJ], PW(m, lp->post_attn_norm), Ns, D, eps, off));
         MT_TRY(be->ops->axpy(be, res, d2, 1.0f, Ns * D));
     } else {
-        MT_TRY(be->ops->axpy(be, res, a[LA_OUT], 1.0f, Ns * D));
+        MT_TRY(be->ops->axpy(be, res, a[MT_LT_OUT_PROJ], 1.0f, Ns * D));
     }
-    MT_TRY(norm_gather(m, nrm, a[LA_RSTD_MLP], res, lp->pre_mlp_norm));
+    MT_TRY(norm_gather(m, nrm, a[MT_LT_PRE_MLP_NORM_RSTD], res, lp->pre_mlp_norm));
     MT_TRY(layer_recompute_mlp(m, l, a, nrm, w0, d2));
     /* d(down_proj output) [N, D]: under sequence parallelism this rank's rows are
      * written into d1 and all-gathered */
     const float *dmlp = G;
     if (m->cfg.use_post_ffw_norm) {
         MT_TRY(be->ops->zero(be, d1 + s0 * D, ND));
-        MT_TRY(be->ops->rmsnorm_bwd(be, d1 + s0 * D, GW(m, lp->post_ffw_norm), G, a[LA_MLPWO], PW(m, lp->post_ffw_norm),
-                         a[LA_RSTD_PF], Ns, D, off));
+        MT_TRY(be->ops->rmsnorm_bwd(be, d1 + s0 * D, GW(m, lp->post_ffw_norm), G, a[MT_LT_MLPWO], PW(m, lp->post_ffw_norm),
+                         a[MT_LT_POST_FFW_NORM_RSTD], Ns, D, off));
         dmlp = d1;
     } else if (m->sp) {
         MT_TRY(be->ops->copy(be, d1 + s0 * D, G, ND));
         dmlp = d1;
     }
     sp_gather(m, d1);
-    MT_TRY(be->ops->glu_fwd(be, w0, a[LA_GATE], a[LA_UP], N * F, m->cfg.mlp_activation));
+    MT_TRY(be->ops->glu_fwd(be, w0, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation));
     MT_TRY(row_bwd_w(m, lp->down, dmlp, w0, F, m->Fg));
     MT_TRY(row_bwd_x(m, w0, dmlp, lp->down, F, m->Fg, 0.0f)); /* d(act(g) u) */
-    MT_TRY(be->ops->glu_bwd(be, w1, w2, w0, a[LA_GATE], a[LA_UP], N * F, m->cfg.mlp_activation));
+    MT_TRY(be->ops->glu_bwd(be, w1, w2, w0, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation));
     MT_TRY(linear_bwd_w(be, GW(m, lp->gate), w1, nrm, N, D, F));
     MT_TRY(linear_bwd_w(be, GW(m, lp->up), w2, nrm, N, D, F));
     MT_TRY(linear_bwd_x(be, d2, w1, PW(m, lp->gate), N, D, F, 0.0f));
     MT_TRY(linear_bwd_x(be, d2, w2, PW(m, lp->up), N, D, F, 1.0f));
     /* column-parallel gate/up: partial input gradient (d1 is free again) */
     const float *dn2 = tp_sum_input_grad(m, d2, d1);
-    MT_TRY(be->ops->rmsnorm_bwd(be, G, GW(m, lp->pre_mlp_norm), dn2, res, PW(m, lp->pre_mlp_norm), a[LA_RSTD_MLP], Ns, D,
+    MT_TRY(be->ops->rmsnorm_bwd(be, G, GW(m, lp->pre_mlp_norm), dn2, res, PW(m, lp->pre_mlp_norm), a[MT_LT_PRE_MLP_NORM_RSTD], Ns, D,
                      off));
 
     /* ---- attention block: h = x + [post_attn](o_proj(attn(...))) ---- */
     const float *dattn = G;
     if (m->cfg.use_post_attn_norm) {
         MT_TRY(be->ops->zero(be, d1 + s0 * D, ND));
-        MT_TRY(be->ops->rmsnorm_bwd(be, d1 + s0 * D, GW(m, lp->post_attn_norm), G, a[LA_OUT], PW(m, lp->post_attn_norm),
-                         a[LA_RSTD_PA], Ns, D, off));
+        MT_TRY(be->ops->rmsnorm_bwd(be, d1 + s0 * D, GW(m, lp->post_attn_norm), G, a[MT_LT_OUT_PROJ], PW(m, lp->post_attn_norm),
+                         a[MT_LT_POST_ATTN_NORM_RSTD], Ns, D, off));
         dattn = d1;
     } else if (m->sp) {
         MT_TRY(be->ops->copy(be, d1 + s0 * D, G, ND));
         dattn = d1;
     }
     sp_gather(m, d1);
-    MT_TRY(row_bwd_w(m, lp->o, dattn, a[LA_CTX], QD, m->QDg));
+    MT_TRY(row_bwd_w(m, lp->o, dattn, a[MT_LT_CONTEXT], QD, m->QDg));
     MT_TRY(row_bwd_x(m, w0, dattn, lp->o, QD, m->QDg, 0.0f)); /* dcontext */
-    MT_TRY(cp_attention_bwd(m, l, w1, w2, w3, w0, a[LA_Q], a[LA_K], a[LA_V], a[LA_CTX], a[LA_LSE]));
+    MT_TRY(cp_attention_bwd(m, l, w1, w2, w3, w0, a[MT_LT_QUERY_PROJ], a[MT_LT_KEY_PROJ], a[MT_LT_VALUE_PROJ], a[MT_LT_CONTEXT], a[MT_LT_CONTEXT_LSE]));
     MT_TRY(be->ops->rope_bwd(be, w1, pos, inv_freq, N, H, Dh));
     MT_TRY(be->ops->rope_bwd(be, w2, pos, inv_freq, N, Hkv, Dh));
-    MT_TRY(norm_gather(m, nrm, a[LA_RSTD_IN], x, lp->in_norm)); /* recompute n1 */
+    MT_TRY(norm_gather(m, nrm, a[MT_LT_INPUT_NORM_RSTD], x, lp->in_norm)); /* recompute n1 */
     const float *dq = w1, *dk = w2, *dv = w3;
     if (m->cfg.use_qk_norm) {
         MT_TRY(linear_fwd(be, w0, nrm, PW(m, lp->q), N, D, QD, 0.0f)); /* q before q_norm */
         MT_TRY(be->ops->zero(be, w4, (size_t)(N * QD) * sizeof(float)));
-        MT_TRY(be->ops->rmsnorm_bwd(be, w4, GW(m, lp->q_norm), w1, w0, PW(m, lp->q_norm), a[LA_RSTD_QN], N * H, Dh, off));
+        MT_TRY(be->ops->rmsnorm_bwd(be, w4, GW(m, lp->q_norm), w1, w0, PW(m, lp->q_norm), a[MT_LT_QUERY_NORM_RSTD], N * H, Dh, off));
         MT_TRY(linear_fwd(be, w0, nrm, PW(m, lp->k), N, D, KVD, 0.0f)); /* k before k_norm */
         MT_TRY(be->ops->zero(be, w1, (size_t)(N * KVD) * sizeof(float)));
-        MT_TRY(be->ops->rmsnorm_bwd(be, w1, GW(m, lp->k_norm), w2, w0, PW(m, lp->k_norm), a[LA_RSTD_KN], N * Hkv, Dh, off));
+        MT_TRY(be->ops->rmsnorm_bwd(be, w1, GW(m, lp->k_norm), w2, w0, PW(m, lp->k_norm), a[MT_LT_KEY_NORM_RSTD], N * Hkv, Dh, off));
         dq = w4;
         dk = w1;
     }
@@ -1441,7 +1408,7 @@ static mt_status MT_MUST_CHECK layer_backward(mt_model *m, int64_t l) {
     MT_TRY(linear_bwd_x(be, d2, dk, PW(m, lp->k), N, D, KVD, 1.0f));
     MT_TRY(linear_bwd_x(be, d2, dv, PW(m, lp->v), N, D, KVD, 1.0f));
     const float *dn1 = tp_sum_input_grad(m, d2, d1); /* column-parallel q/k/v: partial input gradient */
-    MT_TRY(be->ops->rmsnorm_bwd(be, G, GW(m, lp->in_norm), dn1, x, PW(m, lp->in_norm), a[LA_RSTD_IN], Ns, D, off));
+    MT_TRY(be->ops->rmsnorm_bwd(be, G, GW(m, lp->in_norm), dn1, x, PW(m, lp->in_norm), a[MT_LT_INPUT_NORM_RSTD], Ns, D, off));
     return MT_OK;
 }
 
@@ -1494,7 +1461,7 @@ static mt_status MT_MUST_CHECK model_forward(mt_model *m, const int32_t *tokens)
     MT_TRY(be->ops->copy_to_device(be, m->gptr[GB_INV_FREQ], m->inv_freq_host, (size_t)m->Dh * sizeof(float)));
     MT_TRY(fetch_global(m));
     const int64_t Ns = seq_rows(m), s0 = seq_row0(m); /* sequence parallelism: this rank's rows */
-    MT_TRY(be->ops->embedding_fwd(be, m->lptr[0][LA_INPUT], PW(m, m->p_embed), (const int32_t *)m->gptr[GB_TOKENS] + s0, Ns, D,
+    MT_TRY(be->ops->embedding_fwd(be, m->lptr[0][MT_LT_DECODER_LAYER_INPUT], PW(m, m->p_embed), (const int32_t *)m->gptr[GB_TOKENS] + s0, Ns, D,
                        m->emb_scale));
     for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++) {
         MT_TRY(fetch_layer(m, l));
@@ -1728,7 +1695,10 @@ static mt_status decode_add_to_plan(mt_model *m, mt_plan *plan) {
     for (int i = 0; i < DEC_COUNT; i++) {
         const mt_mem_category cat = i <= DEC_VCACHE ? MT_MEM_ACTIVATIONS : MT_MEM_SCRATCH;
         const size_t es = (i == DEC_POS || i == DEC_TOKEN) ? i4 : f4;
-        MT_TRY(mt_plan_add(plan, names[i], cat, (size_t)elems[i] * es, 0, last, &m->dec_id[i]));
+        mt_plan_tag tag = mt_plan_tag_of_category(cat);
+        if (i <= DEC_VCACHE) tag.kind = MT_PLAN_KIND_KV_CACHE;
+        else if (i == DEC_POS || i == DEC_TOKEN || i == DEC_INV_FREQ) tag.kind = MT_PLAN_KIND_INPUT;
+        MT_TRY(mt_plan_add_tagged(plan, names[i], cat, tag, (size_t)elems[i] * es, 0, last, &m->dec_id[i]));
     }
     m->planned = 1;
     m->bound = 0;

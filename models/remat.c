@@ -5,17 +5,34 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const k_tensor_names[MT_RT_COUNT] = {
-    "decoder_layer_input", "query_proj", "key_proj", "value_proj", "context",
-    "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo"};
+static const char *const k_layer_tensor_names[MT_LT_COUNT] = {
+    "decoder_layer_input", "input_norm_rstd", "query_norm_rstd", "key_norm_rstd",
+    "query_proj", "key_proj", "value_proj", "context", "context_lse", "out_proj",
+    "post_attn_norm_rstd", "pre_mlp_norm_rstd", "mlpwi_0", "mlpwi_1", "mlpwo",
+    "post_ffw_norm_rstd"};
+/* The layer tensor each remat name is (MT_RT_* order). */
+static const mt_layer_tensor k_remat_layer_tensor[MT_RT_COUNT] = {
+    MT_LT_DECODER_LAYER_INPUT, MT_LT_QUERY_PROJ, MT_LT_KEY_PROJ, MT_LT_VALUE_PROJ, MT_LT_CONTEXT,
+    MT_LT_OUT_PROJ, MT_LT_MLPWI_0, MT_LT_MLPWI_1, MT_LT_MLPWO};
 static const char *const k_action_names[3] = {"remat", "offload", "device"};
 static const char *const k_policy_names[MT_REMAT_POLICY_COUNT] = {
     "full", "minimal", "minimal_with_context", "save_dot_with_context_except_mlp",
     "save_dot_except_mlpwi", "save_dot_except_mlp", "save_qkv_proj", "save_out_proj",
     "qkv_proj_offloaded", "minimal_offloaded", "custom"};
 
+const char *mt_layer_tensor_name(mt_layer_tensor t) {
+    return (int)t >= 0 && t < MT_LT_COUNT ? k_layer_tensor_names[t] : NULL;
+}
+
+int mt_layer_tensor_remat(mt_layer_tensor t) {
+    if (t == MT_LT_CONTEXT_LSE) return MT_RT_CONTEXT;
+    for (int i = 0; i < MT_RT_COUNT; i++)
+        if (k_remat_layer_tensor[i] == t) return i;
+    return -1;
+}
+
 const char *mt_remat_tensor_name(mt_remat_tensor t) {
-    return (int)t >= 0 && t < MT_RT_COUNT ? k_tensor_names[t] : NULL;
+    return (int)t >= 0 && t < MT_RT_COUNT ? k_layer_tensor_names[k_remat_layer_tensor[t]] : NULL;
 }
 const char *mt_remat_action_name(mt_remat_action a) {
     return (int)a >= 0 && (int)a < 3 ? k_action_names[a] : NULL;
@@ -36,9 +53,11 @@ static void join(char *buf, size_t n, const char *const *names, int count) {
 
 mt_status mt_remat_tensor_parse(const char *s, mt_remat_tensor *out) {
     for (int i = 0; s && i < MT_RT_COUNT; i++)
-        if (strcmp(s, k_tensor_names[i]) == 0) return *out = (mt_remat_tensor)i, MT_OK;
+        if (strcmp(s, mt_remat_tensor_name((mt_remat_tensor)i)) == 0) return *out = (mt_remat_tensor)i, MT_OK;
     char all[512];
-    join(all, sizeof all, k_tensor_names, MT_RT_COUNT);
+    const char *names[MT_RT_COUNT];
+    for (int i = 0; i < MT_RT_COUNT; i++) names[i] = mt_remat_tensor_name((mt_remat_tensor)i);
+    join(all, sizeof all, names, MT_RT_COUNT);
     return mt_set_error(MT_ERR_INVALID, "unknown remat tensor name '%s' (known: %s)", s ? s : "(null)", all);
 }
 
@@ -102,7 +121,7 @@ const char *mt_remat_policy_str(const mt_remat_policy *p, char *buf, size_t n) {
     if (!buf || n == 0) return buf;
     buf[0] = '\0';
     for (int i = 1; i < MT_RT_COUNT; i++) {
-        int w = snprintf(buf + used, n - used, "%s%s=%s", i > 1 ? "," : "", k_tensor_names[i],
+        int w = snprintf(buf + used, n - used, "%s%s=%s", i > 1 ? "," : "", mt_remat_tensor_name((mt_remat_tensor)i),
                          k_action_names[p->action[i]]);
         if (w < 0 || (size_t)w >= n - used) break;
         used += (size_t)w;

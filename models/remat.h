@@ -52,6 +52,39 @@ typedef enum mt_remat_tensor {
     MT_RT_COUNT
 } mt_remat_tensor;
 
+/* Every tensor a decoder layer saves for its backward, in the order the model plans
+ * them: the one list of these names ("layers.<l>.<name>" plan entries, the remat
+ * names above, the activation probes). The nine remat names are a subset, mapped by
+ * mt_layer_tensor_remat. */
+typedef enum mt_layer_tensor {
+    MT_LT_DECODER_LAYER_INPUT = 0, /* decoder_layer_input [N, D] */
+    MT_LT_INPUT_NORM_RSTD,         /* input_norm_rstd: input_layernorm rstd [N] */
+    MT_LT_QUERY_NORM_RSTD,         /* query_norm_rstd: q_norm rstd [N*H] (qk-norm) */
+    MT_LT_KEY_NORM_RSTD,           /* key_norm_rstd: k_norm rstd [N*Hkv] (qk-norm) */
+    MT_LT_QUERY_PROJ,              /* query_proj [N, H*Dh] after qk-norm and RoPE */
+    MT_LT_KEY_PROJ,                /* key_proj [N, Hkv*Dh] after qk-norm and RoPE */
+    MT_LT_VALUE_PROJ,              /* value_proj [N, Hkv*Dh] */
+    MT_LT_CONTEXT,                 /* context [N, H*Dh] */
+    MT_LT_CONTEXT_LSE,             /* context_lse: context logsumexp [B, H, T] */
+    MT_LT_OUT_PROJ,                /* out_proj [N, D] (o_proj output, before any post-attention norm) */
+    MT_LT_POST_ATTN_NORM_RSTD,     /* post_attn_norm_rstd: post-attention norm rstd [N] (gemma2/3) */
+    MT_LT_PRE_MLP_NORM_RSTD,       /* pre_mlp_norm_rstd: pre-MLP norm rstd [N] */
+    MT_LT_MLPWI_0,                 /* mlpwi_0 [N, F] gate pre-activation */
+    MT_LT_MLPWI_1,                 /* mlpwi_1 [N, F] up projection */
+    MT_LT_MLPWO,                   /* mlpwo [N, D] down projection output (only with a post-FFW norm) */
+    MT_LT_POST_FFW_NORM_RSTD,      /* post_ffw_norm_rstd: post-feedforward norm rstd [N] */
+    MT_LT_COUNT
+} mt_layer_tensor;
+
+/* Name of layer tensor t ("decoder_layer_input", "input_norm_rstd", ...), NULL when
+ * out of range. */
+const char *mt_layer_tensor_name(mt_layer_tensor t);
+
+/* The remat name layer tensor t belongs to (context_lse: context), or -1 for the norm
+ * statistics, which are always kept (N floats each; recomputing them would need their
+ * inputs) and for t out of range. */
+int mt_layer_tensor_remat(mt_layer_tensor t);
+
 /* Ordered so that a larger value keeps more on the device (MaxText's estimator
  * order remat < offload < device). */
 typedef enum mt_remat_action { MT_RA_REMAT = 0, MT_RA_OFFLOAD = 1, MT_RA_DEVICE = 2 } mt_remat_action;

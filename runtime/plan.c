@@ -40,8 +40,22 @@ void mt_plan_free(mt_plan *p) {
     free(p);
 }
 
+mt_plan_tag mt_plan_tag_of_category(mt_mem_category cat) {
+    static const mt_plan_kind kinds[MT_MEM_CATEGORY_COUNT] = {
+        MT_PLAN_KIND_PARAMS, MT_PLAN_KIND_GRADS, MT_PLAN_KIND_OPTIMIZER, MT_PLAN_KIND_SAVED,
+        MT_PLAN_KIND_SCRATCH, MT_PLAN_KIND_LOSS_TILE, MT_PLAN_KIND_COMM, MT_PLAN_KIND_WORKSPACE};
+    mt_plan_tag t = {-1, -1, MT_PLAN_KIND_SCRATCH};
+    if ((int)cat >= 0 && cat < MT_MEM_CATEGORY_COUNT) t.kind = kinds[cat];
+    return t;
+}
+
 mt_status mt_plan_add(mt_plan *p, const char *name, mt_mem_category cat, size_t bytes, int first,
                       int last, int *id) {
+    return mt_plan_add_tagged(p, name, cat, mt_plan_tag_of_category(cat), bytes, first, last, id);
+}
+
+mt_status mt_plan_add_tagged(mt_plan *p, const char *name, mt_mem_category cat, mt_plan_tag tag, size_t bytes,
+                             int first, int last, int *id) {
     if (!p) return mt_set_error(MT_ERR_INVALID, "mt_plan_add: NULL plan");
     if (p->finalized)
         return mt_set_error(MT_ERR_INVALID, "mt_plan_add: plan already finalised (adding '%s')",
@@ -53,6 +67,8 @@ mt_status mt_plan_add(mt_plan *p, const char *name, mt_mem_category cat, size_t 
                             len, MT_PLAN_NAME_MAX - 1);
     if ((int)cat < 0 || cat >= MT_MEM_CATEGORY_COUNT)
         return mt_set_error(MT_ERR_INVALID, "mt_plan_add: '%s': bad category %d", name, (int)cat);
+    if ((int)tag.kind < 0 || tag.kind >= MT_PLAN_KIND_COUNT)
+        return mt_set_error(MT_ERR_INVALID, "mt_plan_add: '%s': bad kind %d", name, (int)tag.kind);
     if (first > last)
         return mt_set_error(MT_ERR_INVALID, "mt_plan_add: '%s': lifetime first %d > last %d", name,
                             first, last);
@@ -70,6 +86,7 @@ mt_status mt_plan_add(mt_plan *p, const char *name, mt_mem_category cat, size_t 
     memset(e, 0, sizeof *e);
     memcpy(e->name, name, len + 1);
     e->category = cat;
+    e->tag = tag;
     e->bytes = bytes;
     e->offset = 0;
     e->first = first;

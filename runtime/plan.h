@@ -46,9 +46,41 @@ typedef enum mt_mem_category {
 /* Lower-case name of a category ("params", "grads", ...). */
 const char *mt_mem_category_name(mt_mem_category c);
 
+/* What a buffer is, finer than its category; set by whoever adds the entry, so that
+ * readers of a plan (train/estimate.c, train/api.c) never parse entry names. */
+typedef enum mt_plan_kind {
+    MT_PLAN_KIND_PARAMS = 0,     /* weights: masters, shards, layer windows */
+    MT_PLAN_KIND_GRADS,          /* gradients, their windows and accumulators */
+    MT_PLAN_KIND_OPTIMIZER,      /* AdamW moments */
+    MT_PLAN_KIND_INPUT,          /* step inputs and constant tables (tokens, positions, RoPE) */
+    MT_PLAN_KIND_SAVED,          /* activation saved by the forward for the backward (device) */
+    MT_PLAN_KIND_OFFLOAD,        /* host pool copy of an offloaded activation */
+    MT_PLAN_KIND_REMAT_SCRATCH,  /* one layer's worth of a non-kept tensor ("remat.fwd/bwd.*") */
+    MT_PLAN_KIND_KV_CACHE,       /* incremental decoding's key / value cache */
+    MT_PLAN_KIND_SCRATCH,        /* other per-op temporaries */
+    MT_PLAN_KIND_LOSS_TILE,      /* one vocabulary tile of logits / dlogits */
+    MT_PLAN_KIND_COMM,           /* communication buffers */
+    MT_PLAN_KIND_WORKSPACE,      /* GEMM and library workspaces */
+    MT_PLAN_KIND_COUNT
+} mt_plan_kind;
+
+/* The identity of an entry: layer -1 = not a per-layer buffer; tensor -1 = none,
+ * else an mt_layer_tensor (models/remat.h: the one list of a decoder layer's saved
+ * tensors and their names). */
+typedef struct mt_plan_tag {
+    int64_t layer;
+    int tensor;
+    mt_plan_kind kind;
+} mt_plan_tag;
+
+/* The tag mt_plan_add gives: no layer, no tensor, the kind matching cat
+ * (activations: MT_PLAN_KIND_SAVED). */
+mt_plan_tag mt_plan_tag_of_category(mt_mem_category cat);
+
 typedef struct mt_plan_entry {
     char name[MT_PLAN_NAME_MAX];
     mt_mem_category category;
+    mt_plan_tag tag;
     size_t bytes;   /* requested size */
     size_t offset;  /* assigned by mt_plan_finalize; multiple of MT_PLAN_ALIGN */
     int first;      /* first phase in which the buffer is live (inclusive) */
@@ -66,6 +98,11 @@ void mt_plan_free(mt_plan *p);
  * longer than MT_PLAN_NAME_MAX-1, or the plan is already finalised; MT_ERR_OOM. */
 mt_status mt_plan_add(mt_plan *p, const char *name, mt_mem_category cat, size_t bytes,
                       int first, int last, int *id);
+
+/* mt_plan_add with an explicit tag. Errors: those of mt_plan_add, and MT_ERR_INVALID
+ * for a kind out of range. */
+mt_status mt_plan_add_tagged(mt_plan *p, const char *name, mt_mem_category cat, mt_plan_tag tag, size_t bytes,
+                             int first, int last, int *id);
 
 /* Assign offsets. Idempotent. Errors: MT_ERR_OOM (the plan stays unfinalised);
  * MT_ERR_INVALID for a NULL plan or more than 2^28 entries. */

@@ -497,18 +497,21 @@ mt_status mt_session_set_grad(mt_session *s, const char *name, const float *in, 
 
 mt_status mt_session_activation(mt_session *s, const char *name, float *out, int64_t capacity, int64_t *numel) {
     NEED(s && name, "mt_session_activation");
-    const int is_layer = strncmp(name, "layers.", 7) == 0;
-    if (!is_layer && strcmp(name, "final_norm_input") != 0 && strcmp(name, "final_hidden") != 0)
+    const mt_plan_entry *e = mt_plan_entry_get(s->plan, mt_plan_find(s->plan, name));
+    if (!e)
+        return mt_set_error(MT_ERR_INVALID,
+                            "mt_session_activation: '%s' is not kept on the device by this model's plan "
+                            "(unknown name, layer or tensor, or rematerialised / offloaded; names: "
+                            "layers.<l>.<tensor>, final_norm_input, final_hidden)",
+                            name);
+    /* A layer's saved tensor, or one of the two final-norm activations. */
+    const int readable = e->tag.kind == MT_PLAN_KIND_SAVED &&
+                         (e->tag.layer >= 0 || strcmp(name, "final_norm_input") == 0 ||
+                          strcmp(name, "final_hidden") == 0);
+    if (!readable)
         return mt_set_error(MT_ERR_INVALID,
                             "mt_session_activation: '%s' is not an activation name (layers.<l>.<tensor>, "
                             "final_norm_input, final_hidden)",
-                            name);
-    const int id = mt_plan_find(s->plan, name);
-    const mt_plan_entry *e = mt_plan_entry_get(s->plan, id);
-    if (!e || e->category != MT_MEM_ACTIVATIONS)
-        return mt_set_error(MT_ERR_INVALID,
-                            "mt_session_activation: '%s' is not kept on the device by this model's plan "
-                            "(unknown layer or tensor, or rematerialised / offloaded)",
                             name);
     const int64_t n = (int64_t)(e->bytes / sizeof(float));
     if (numel) *numel = n;

@@ -61,21 +61,11 @@ static mt_status local_config(const mt_train_config *cfg, const int dims[4], mt_
 
 /* -------------------------------------------------------------- the plan ---- */
 
-static const char *const k_saved_names[] = {"decoder_layer_input", "query_proj", "key_proj", "value_proj",
-                                            "context", "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo"};
-
-/* The named tensor a "layers.<l>.<what>" entry belongs to, or -1. */
-static int saved_tensor(const char *name, int64_t *layer) {
-    if (strncmp(name, "layers.", 7) != 0) return -1;
-    char *end = NULL;
-    long long l = strtoll(name + 7, &end, 10);
-    if (!end || *end != '.') return -1;
-    if (layer) *layer = l;
-    const char *what = end + 1;
-    if (strcmp(what, "context_lse") == 0) return MT_RT_CONTEXT;
-    for (int t = 0; t < MT_RT_COUNT; t++)
-        if (strcmp(what, k_saved_names[t]) == 0) return t;
-    return -2; /* a layer entry that is not a named tensor (norm statistics) */
+/* The remat name a per-layer activation entry belongs to (context_lse: context), or
+ * -1 (norm statistics, entries of no layer). Read from the entry's tag. */
+static int saved_tensor(const mt_plan_entry *e) {
+    if (e->tag.layer < 0 || e->tag.tensor < 0) return -1;
+    return mt_layer_tensor_remat((mt_layer_tensor)e->tag.tensor);
 }
 
 /* Add entry e of the device plan to its row of r. */
@@ -85,13 +75,13 @@ static void add_to_row(mt_memory_rows *r, const mt_plan_entry *e) {
     case MT_MEM_GRADS: r->grads += e->bytes; break;
     case MT_MEM_OPTIMIZER: r->optimizer += e->bytes; break;
     case MT_MEM_ACTIVATIONS: {
-        const int t = saved_tensor(e->name, NULL);
+        const int t = saved_tensor(e);
         if (t >= 0) r->saved[t] += e->bytes;
         else r->saved_other += e->bytes;
         break;
     }
     case MT_MEM_SCRATCH:
-        if (strncmp(e->name, "remat.", 6) == 0) r->recompute_scratch += e->bytes;
+        if (e->tag.kind == MT_PLAN_KIND_REMAT_SCRATCH) r->recompute_scratch += e->bytes;
         else r->scratch += e->bytes;
         break;
     case MT_MEM_LOSS_TILE: r->loss_tile += e->bytes; break;
@@ -111,8 +101,7 @@ static void fill_report(mt_memory_report *r, const mt_plan *p, const mt_plan *h)
         const mt_plan_entry *e = mt_plan_entry_get(p, i);
         add_to_row(&r->total, e);
         if (e->first <= r->peak_phase && r->peak_phase <= e->last) add_to_row(&r->live, e);
-        int64_t layer = -1;
-        if (e->category == MT_MEM_ACTIVATIONS && saved_tensor(e->name, &layer) != -1 && layer == 0)
+        if (e->category == MT_MEM_ACTIVATIONS && e->tag.layer == 0)
             r->layer_kept += e->bytes;
     }
     for (int i = 0; h && i < mt_plan_count(h); i++) {
@@ -387,7 +376,7 @@ static mt_status confirm(search *s, confirm_cache *c, int64_t batch, const mt_re
         e->host_fixed = r.host_total - r.host_activations;
         for (int i = 0; i < mt_plan_count(h); i++) {
             const mt_plan_entry *he = mt_plan_entry_get(h, i);
-            int t = saved_tensor(he->name, NULL);
+            const int t = saved_tensor(he);
             if (he->category == MT_MEM_ACTIVATIONS && t >= 0) e->host_name[t] += he->bytes;
         }
         mt_plan_free(h);

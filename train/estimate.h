@@ -29,7 +29,8 @@ extern "C" {
 
 /* Device bytes of one rank per row of `meshtrain plan`'s table. Each plan entry
  * counts in exactly one row (by its category, and for activations and scratch by its
- * name: "layers.<l>.<tensor>" and "remat.*"), so the rows add up to the requested
+ * tag, runtime/plan.h: the layer tensor of "layers.<l>.<tensor>", the kind of "remat.*"),
+ * so the rows add up to the requested
  * bytes of the entries counted. */
 typedef struct mt_memory_rows {
     size_t params, grads, optimizer;
