@@ -25,7 +25,6 @@
 #include "runtime/plan.h"
 #include "tests/test_ops_util.h"
 
-#define U32 (1.0 / 16777216.0) /* fp32 unit roundoff, 2^-24 */
 
 static mt_backend *G; /* CUDA */
 static mt_backend *C; /* CPU */

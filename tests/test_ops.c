@@ -18,8 +18,6 @@
 #include "kernels/backend.h"
 #include "tests/test_ops_util.h"
 
-#define U32 0x1p-24 /* fp32 unit roundoff */
-#define GAMMA(n) ((double)(n) * U32 / (1.0 - (double)(n) * U32))
 
 #define EXPECT_ERR(what, err, tol)                                                      \
     do {                                                                                \
@@ -29,18 +27,6 @@
     } while (0)
 
 static mt_backend *be(void) { return mt_cpu_backend(); }
-
-/* max_i |got_i - want_i| / bnd_i: at most 1 when every entry is within its own derived
- * bound bnd_i (> 0); NaN if got has a NaN. */
-static double bound_ratio(const float *got, const double *want, const double *bnd, int64_t n) {
-    double w = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        const double d = fabs((double)got[i] - want[i]) / bnd[i];
-        if (d != d) return NAN;
-        w = d > w ? d : w;
-    }
-    return w;
-}
 
 /* What a finite-difference reference may add to a bound (tests/test_ops_util.h: its
  * truncation and rounding are ~1e-10 of the gradient's scale), as a fraction of the
@@ -192,7 +178,7 @@ Test(ops_embedding, forward_exact_and_backward_fd) {
     for (int64_t n = 0; n < N; n++)
         for (int64_t d = 0; d < D; d++) bnd[tok[n] * D + d] += fabs((double)scale * dout[n * D + d]);
     for (int64_t i = 0; i < V * D; i++) bnd[i] = GAMMA(cnt[i / D] + 1) * bnd[i] + FD_REL * tu_max_abs(want, V * D);
-    EXPECT_ERR("embedding_bwd (+=) vs fd / bound", bound_ratio(dtable, want, bnd, V * D), 1.0);
+    EXPECT_ERR("embedding_bwd (+=) vs fd / bound", tu_bound_ratio(dtable, want, bnd, V * D), 1.0);
     free(bnd);
     free(table);
     free(out);
@@ -286,7 +272,7 @@ static void rmsnorm_case(int64_t N, int64_t D, float eps, float w_off) {
     }
     for (int64_t i = 0; i < N * D; i++) bnd[i] += FD_REL * tu_max_abs(want, N * D);
     snprintf(what, sizeof what, "rmsnorm_bwd dx (+=) / bound N=%ld D=%ld", (long)N, (long)D);
-    EXPECT_ERR(what, bound_ratio(dx, want, bnd, N * D), 1.0);
+    EXPECT_ERR(what, tu_bound_ratio(dx, want, bnd, N * D), 1.0);
     tu_fd_grad(rms_loss, &c, c.w, D, fdw, idx, 0, &r);
     for (int64_t i = 0; i < D; i++) want[i] = dw0[i] + fdw[i];
     /* dw[d] += sum_n dy x r: each product two fp32 roundings plus r's gamma_2 (4u), fp32
@@ -298,7 +284,7 @@ static void rmsnorm_case(int64_t N, int64_t D, float eps, float w_off) {
         bnd[d] = GAMMA(37) * s + FD_REL * tu_max_abs(want, D);
     }
     snprintf(what, sizeof what, "rmsnorm_bwd dw (+=) / bound N=%ld D=%ld", (long)N, (long)D);
-    EXPECT_ERR(what, bound_ratio(dw, want, bnd, D), 1.0);
+    EXPECT_ERR(what, tu_bound_ratio(dw, want, bnd, D), 1.0);
     free(bnd);
     free(x);
     free(w);
@@ -390,12 +376,12 @@ static void rope_case(int64_t N, int64_t H, int64_t Dh) {
             bndb[a] = bndb[b] = GAMMA(6) * (fabs(c.dy[a]) + fabs(c.dy[b]));
         }
     snprintf(what, sizeof what, "rope_fwd Dh=%ld / bound", (long)Dh);
-    EXPECT_ERR(what, bound_ratio(x, want, bnd, n), 1.0);
+    EXPECT_ERR(what, tu_bound_ratio(x, want, bnd, n), 1.0);
     tu_fd_grad(rope_loss, &c, c.x, n, fd, idx, 0, &r);
     TU_OK(be()->ops->rope_bwd(be(), dy, pos, inv, N, H, Dh));
     for (int64_t i = 0; i < n; i++) bndb[i] += FD_REL * tu_max_abs(fd, n);
     snprintf(what, sizeof what, "rope_bwd Dh=%ld vs fd / bound", (long)Dh);
-    EXPECT_ERR(what, bound_ratio(dy, fd, bndb, n), 1.0);
+    EXPECT_ERR(what, tu_bound_ratio(dy, fd, bndb, n), 1.0);
     free(bnd);
     free(bndb);
     free(x);
@@ -477,7 +463,7 @@ static void glu_case(mt_activation act) {
         bg[i] = GAMMA(20) * a * (1.0 + c.g[i] * c.g[i]) * fabs(c.dh[i] * c.u[i]);
     }
     snprintf(what, sizeof what, "glu_fwd %s / bound", name);
-    EXPECT_ERR(what, bound_ratio(h, want, bh, n), 1.0);
+    EXPECT_ERR(what, tu_bound_ratio(h, want, bh, n), 1.0);
     TU_OK(be()->ops->glu_bwd(be(), dg, du, dh, g, u, n, act));
     tu_fd_grad(glu_loss, &c, c.g, n, fdg, idx, 0, &r);
     tu_fd_grad(glu_loss, &c, c.u, n, fdu, idx, 0, &r);
@@ -486,9 +472,9 @@ static void glu_case(mt_activation act) {
         bu[i] += FD_REL * tu_max_abs(fdu, n);
     }
     snprintf(what, sizeof what, "glu_bwd %s dgate vs fd / bound", name);
-    EXPECT_ERR(what, bound_ratio(dg, fdg, bg, n), 1.0);
+    EXPECT_ERR(what, tu_bound_ratio(dg, fdg, bg, n), 1.0);
     snprintf(what, sizeof what, "glu_bwd %s dup vs fd / bound", name);
-    EXPECT_ERR(what, bound_ratio(du, fdu, bu, n), 1.0);
+    EXPECT_ERR(what, tu_bound_ratio(du, fdu, bu, n), 1.0);
     free(bh);
     free(bg);
     free(bu);
@@ -621,7 +607,7 @@ static void xent_case(float cap, double std) {
     tu_fd_grad(xent_loss, &c, c.x, R * V, fd, idx, 0, &r);
     for (int64_t i = 0; i < R * V; i++) eg[i] += FD_REL * tu_max_abs(fd, R * V);
     snprintf(what, sizeof what, "xent_tile dlogits cap=%g vs fd / bound", cap);
-    EXPECT_ERR(what, bound_ratio(x, fd, eg, R * V), 1.0);
+    EXPECT_ERR(what, tu_bound_ratio(x, fd, eg, R * V), 1.0);
     free(eg);
     for (int64_t j = 0; j < V; j++) cr_expect(x[2 * V + j] == 0.0f && x[5 * V + j] == 0.0f);
     free(x);
@@ -659,7 +645,7 @@ Test(ops_xent, large_vocab) {
     cr_expect(count == 3);
     for (int64_t i = 0; i < R * V; i++) eg[i] += 1e-30;
     EXPECT_ERR("xent_tile loss V=50000", fabs(loss - Lw) / Lw, lb / Lw);
-    EXPECT_ERR("xent_tile dlogits V=50000 / bound", bound_ratio(x, want, eg, R * V), 1.0);
+    EXPECT_ERR("xent_tile dlogits V=50000 / bound", tu_bound_ratio(x, want, eg, R * V), 1.0);
     free(eg);
     free(xd);
     free(x);
@@ -747,9 +733,9 @@ Test(ops_adamw, five_steps_against_fp64_formula) {
         em[i] *= 1.01;
         ev[i] *= 1.01;
     }
-    EXPECT_ERR("adamw p after 5 steps / bound", bound_ratio(p, pd, ep, n), 1.0);
-    EXPECT_ERR("adamw m after 5 steps / bound", bound_ratio(m, md, em, n), 1.0);
-    EXPECT_ERR("adamw v after 5 steps / bound", bound_ratio(v, vd, ev, n), 1.0);
+    EXPECT_ERR("adamw p after 5 steps / bound", tu_bound_ratio(p, pd, ep, n), 1.0);
+    EXPECT_ERR("adamw m after 5 steps / bound", tu_bound_ratio(m, md, em, n), 1.0);
+    EXPECT_ERR("adamw v after 5 steps / bound", tu_bound_ratio(v, vd, ev, n), 1.0);
     free(ep);
     free(em);
     free(ev);

@@ -76,6 +76,24 @@ static inline int tu_bitwise_equal(const float *a, const float *b, int64_t n) {
     return memcmp(a, b, (size_t)n * sizeof(float)) == 0;
 }
 
+/* fp32 unit roundoff u = 2^-24 and gamma_n = n u / (1 - n u), the bound on the relative
+ * error of a sum of n terms in any order, with or without FMA (Higham, "Accuracy and
+ * Stability of Numerical Algorithms", 2nd ed., eq. 3.5). */
+#define U32 0x1p-24
+#define GAMMA(n) ((double)(n) * U32 / (1.0 - (double)(n) * U32))
+
+/* max_i |got_i - want_i| / bnd_i: at most 1 when every entry is within its own derived
+ * bound bnd_i (> 0); NaN if got has a NaN. */
+static inline double tu_bound_ratio(const float *got, const double *want, const double *bnd, int64_t n) {
+    double w = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = fabs((double)got[i] - want[i]) / bnd[i];
+        if (d != d) return NAN;
+        w = d > w ? d : w;
+    }
+    return w;
+}
+
 /* Central difference of loss(ctx) with respect to x[i], where x is one of the fp64
  * inputs the loss reads through ctx. With fp64 references of O(1) curvature, h = 1e-5
  * leaves a truncation error ~h^2 = 1e-10 and a rounding error ~1e-16 |L| / h ~ 1e-10,

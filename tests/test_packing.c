@@ -25,8 +25,8 @@
 #include "runtime/rng.h"
 #include "tests/test_backend_util.h"
 #include "tests/test_fixtures.h"
+#include "tests/test_ops_util.h"
 
-#define U32 (1.0 / 16777216.0) /* fp32 unit roundoff, 2^-24 */
 #define SEP 1                  /* the separator (BOS) */
 
 typedef struct fixture {

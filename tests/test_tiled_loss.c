@@ -25,23 +25,9 @@
 enum { N = 23, D = 32, V = 160, IGNORE = -100 };
 #define CANARY 12345.0f
 #define GUARD 64
-/* Unit roundoff of fp32 and gamma_n = n u / (1 - n u) (Higham, Accuracy and Stability of
- * Numerical Algorithms, 2nd ed., Lemma 3.1): an fp32 sum of n products, in any order, with
- * or without FMA, is within gamma_n sum |terms| of the exact sum (Eq. 3.5). That covers
- * every OpenBLAS kernel (SSE3, AVX2, AVX-512) and every blocking. */
-#define U32 0x1p-24
-#define GAMMA(n) ((double)(n) * U32 / (1.0 - (double)(n) * U32))
-
-/* max_i |got_i - want_i| / bound_i: <= 1 when every entry is within its bound. */
-static double bound_ratio(const float *got, const double *want, const double *bound, int64_t n) {
-    double e = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        const double d = fabs((double)got[i] - want[i]) / bound[i];
-        if (d != d) return NAN;
-        e = d > e ? d : e;
-    }
-    return e;
-}
+/* U32 and GAMMA(n) (tests/test_ops_util.h; Higham, Lemma 3.1 and Eq. 3.5): an fp32 sum
+ * of n products, in any order, with or without FMA, is within gamma_n sum |terms| of the
+ * exact sum. That covers every OpenBLAS kernel (SSE3, AVX2, AVX-512) and every blocking. */
 
 typedef struct result {
     double loss;
@@ -161,9 +147,9 @@ static void tiled_case(float softcap) {
     snprintf(what, sizeof what, "cap=%g T=1 loss vs fp64 (/bound)", softcap);
     EXPECT_ERR(what, fabs(r1.loss - loss_ref) / loss_bnd, 1.0);
     snprintf(what, sizeof what, "cap=%g T=1 dh vs fp64 (/bound)", softcap);
-    EXPECT_ERR(what, bound_ratio(r1.dh, dh_ref, dh_bnd, N * D), 1.0);
+    EXPECT_ERR(what, tu_bound_ratio(r1.dh, dh_ref, dh_bnd, N * D), 1.0);
     snprintf(what, sizeof what, "cap=%g T=1 dW (+=) vs fp64 (/bound)", softcap);
-    EXPECT_ERR(what, bound_ratio(r1.dW, dW_ref, dW_bnd, V * D), 1.0);
+    EXPECT_ERR(what, tu_bound_ratio(r1.dW, dW_ref, dW_bnd, V * D), 1.0);
     for (int d = 0; d < D; d++)
         cr_expect(r1.dh[9 * D + d] == 0.0f && r1.dh[22 * D + d] == 0.0f, "ignored rows: dh = 0");
 
@@ -182,9 +168,9 @@ static void tiled_case(float softcap) {
         for (int64_t i = 0; i < N * D; i++) dh_bnd[i] *= 2.0;
         for (int64_t i = 0; i < V * D; i++) dW_bnd[i] *= 2.0;
         snprintf(what, sizeof what, "cap=%g T=%ld vs T=1 dh (/2 bound)", softcap, (long)tiles[t]);
-        EXPECT_ERR(what, bound_ratio(rt.dh, d1, dh_bnd, N * D), 1.0);
+        EXPECT_ERR(what, tu_bound_ratio(rt.dh, d1, dh_bnd, N * D), 1.0);
         snprintf(what, sizeof what, "cap=%g T=%ld vs T=1 dW (/2 bound)", softcap, (long)tiles[t]);
-        EXPECT_ERR(what, bound_ratio(rt.dW, w1, dW_bnd, V * D), 1.0);
+        EXPECT_ERR(what, tu_bound_ratio(rt.dW, w1, dW_bnd, V * D), 1.0);
         for (int64_t i = 0; i < N * D; i++) dh_bnd[i] *= 0.5;
         for (int64_t i = 0; i < V * D; i++) dW_bnd[i] *= 0.5;
         free(d1);
