@@ -14,6 +14,7 @@
 #include <criterion/criterion.h>
 
 #include "tests/test_backend_util.h"
+#include "tests/test_fixtures.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,11 +38,7 @@ static void fx_init(fixture *f, const mt_model_config *c, int64_t T, int decode)
     mt_backend *be = mt_cpu_backend();
     cr_assert_eq(mt_model_create(&f->m, c, be, 1, T, 1), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_model_set_decode(f->m, decode), MT_OK, "%s", mt_last_error());
-    cr_assert_eq(mt_plan_new(&f->plan), MT_OK);
-    cr_assert_eq(mt_model_add_to_plan(f->m, f->plan), MT_OK, "%s", mt_last_error());
-    cr_assert_eq(mt_plan_finalize(f->plan), MT_OK);
-    cr_assert_eq(mt_backend_arena_create(be, &f->arena, f->plan), MT_OK, "%s", mt_last_error());
-    cr_assert_eq(mt_model_bind(f->m, &f->arena, f->plan), MT_OK, "%s", mt_last_error());
+    tu_model_plan_bind(f->m, be, &f->plan, &f->arena);
 }
 
 static void fx_free(fixture *f) {

@@ -4,6 +4,7 @@
  *   paths inside it.
  * - The tiny model shapes several tests build on: one function per shape, so that a
  *   test names the shape it needs and sets only what differs.
+ * - A created model planned, given an arena and bound (tu_model_plan_bind).
  *
  * Header-only (static inline): each test executable gets its own copy. */
 #ifndef MT_TESTS_TEST_FIXTURES_H
@@ -14,7 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend.h"
 #include "models/config.h"
+#include "models/model.h"
+#include "runtime/plan.h"
 
 /* ------------------------------------------------------------ temporary directory */
 
@@ -106,6 +110,19 @@ static inline mt_model_config tu_plan_model(mt_decoder_block blk, int64_t layers
         c.sliding_window_pattern = 2;
     }
     return c;
+}
+
+/* ------------------------------------------------------------ a bound model */
+
+/* Plan the created model m (its own entries only), allocate the plan on backend be into
+ * *arena and bind m to it; *plan is the caller's to free (mt_plan_free) after
+ * mt_arena_destroy. Fails the test on any error. */
+static inline void tu_model_plan_bind(mt_model *m, mt_backend *be, mt_plan **plan, mt_arena *arena) {
+    cr_assert_eq(mt_plan_new(plan), MT_OK);
+    cr_assert_eq(mt_model_add_to_plan(m, *plan), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_plan_finalize(*plan), MT_OK);
+    cr_assert_eq(mt_backend_arena_create(be, arena, *plan), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_model_bind(m, arena, *plan), MT_OK, "%s", mt_last_error());
 }
 
 #endif
