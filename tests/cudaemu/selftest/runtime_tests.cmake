@@ -1,11 +1,11 @@
 # tests/cudaemu/selftest/runtime_tests.cmake: the runtime half's self-tests (runtime API,
-# CPU cuBLASLt + dlopen shim, bf16), label emu.
+# CPU cuBLASLt + dlopen shim, bf16, the counters of cudaemu_stats.h), label emu.
 # NOTE to the owner of tests/cudaemu/CMakeLists.txt: include this file after the
 # `cudaemu` library target exists:
 #   include(${CMAKE_CURRENT_SOURCE_DIR}/selftest/runtime_tests.cmake)
 # Each test is a plain driver that returns the number of failed checks (0 = pass).
 set(CUDAEMU_RT_DIR ${CMAKE_CURRENT_LIST_DIR}/..)
-foreach(src test_runtime_api.c test_runtime_cublaslt.c test_runtime_bf16.cpp)
+foreach(src test_runtime_api.c test_runtime_cublaslt.c test_runtime_bf16.cpp test_runtime_stats.c)
   get_filename_component(name ${src} NAME_WE)
   add_executable(${name} ${CMAKE_CURRENT_LIST_DIR}/${src})
   target_include_directories(${name} PRIVATE ${CUDAEMU_RT_DIR}/include ${CUDAEMU_RT_DIR}/src ${CMAKE_CURRENT_LIST_DIR})

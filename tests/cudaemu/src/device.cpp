@@ -671,7 +671,8 @@ int set_orders(const char *thread_order, const char *block_order) {
 /* ---- launch ---- */
 /* CUDAEMU_FAIL_KERNEL=name[:n]: the n-th launch (1-based, default 1) of kernel `name`
  * faults as an illegal address would on a device (sticky), so tests can check that a
- * kernel failure reaches the caller's status and the trainer's exit code. */
+ * kernel failure reaches the caller's status and the trainer's exit code. The launches
+ * of a kernel template, named as written (`name<T>`), count as launches of `name`. */
 long long g_fail_seen = 0, g_fail_nth = 1; /* launches of the named kernel; the one to fault */
 void fail_kernel_unused() {
     const char *spec = getenv("CUDAEMU_FAIL_KERNEL");
@@ -688,7 +689,7 @@ int injected_fault(const launch_site &s) {
     if (!spec || !*spec) return 0;
     const char *colon = strchr(spec, ':');
     const size_t len = colon ? (size_t)(colon - spec) : strlen(spec);
-    if (strlen(s.name) != len || strncmp(s.name, spec, len) != 0) return 0;
+    if (strncmp(s.name, spec, len) != 0 || (s.name[len] != '\0' && s.name[len] != '<')) return 0;
     const long long nth = colon ? atoll(colon + 1) : 1;
     g_fail_nth = nth;
     if (++seen != nth) return 0;

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "cudaemu_internal.h"
+#include "cudaemu_stats.h"
 
 /* cudaemu.h (the device prelude, pulled in by cuda_runtime.h) makes warpSize a macro,
  * which would rename cudaDeviceProp::warpSize here. */
@@ -124,6 +125,29 @@ bool event_ok(cudaEvent_t e) {
     return e && g_events.count(e) != 0;
 }
 
+/* The counters of cudaemu_stats.h. */
+struct Stats {
+    std::atomic<uint64_t> d2h{0}, h2d{0}, device{0}, stream{0}, event{0}, copy{0}, free_{0};
+};
+Stats g_stats;
+
+/* Where p lies: 0 pageable host memory, 1 pinned or registered host memory, 2 device. */
+int side_of(const void *p) {
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto *in = find(p, false);
+    return !in ? 0 : is_dev(in->second.kind) ? 2 : 1;
+}
+
+/* Count a copy that passed its checks (cudaemu_stats.h): its direction, and whether the
+ * host waits for the device (a synchronous host <-> device copy, or an asynchronous one
+ * from the device into pageable memory). */
+void count_copy(const void *dst, const void *src, bool async) {
+    const int d = side_of(dst), s = side_of(src);
+    if (s == 2 && d < 2) g_stats.d2h++;
+    if (s < 2 && d == 2) g_stats.h2d++;
+    if ((d == 2) != (s == 2) && (!async || (s == 2 && d == 0))) g_stats.copy++;
+}
+
 #define STICKY_RETURN()                                                                   \
     do {                                                                                  \
         if (cudaError_t s_ = cudaemu_sticky_error()) return s_;                           \
@@ -175,6 +199,7 @@ cudaError_t release(void *p, bool host, const char *call) {
     g_allocs.erase(it);
     lk.unlock();
     free(p);
+    g_stats.free_++;
     return cudaSuccess;
 }
 
@@ -284,6 +309,25 @@ extern "C" unsigned char cudaemu_fill_byte(void) {
 
 /* Used by cublaslt.cpp (not part of the device-half contract). */
 extern "C" int cudaemu_stream_valid(cudaStream_t s) { return stream_ok(s); }
+
+/* ---------------- counters (cudaemu_stats.h) ---------------- */
+
+extern "C" void cudaemu_stats_get(cudaemu_stats *out) {
+    out->d2h_copies = g_stats.d2h;
+    out->h2d_copies = g_stats.h2d;
+    out->device_syncs = g_stats.device;
+    out->stream_syncs = g_stats.stream;
+    out->event_syncs = g_stats.event;
+    out->copy_syncs = g_stats.copy;
+    out->free_syncs = g_stats.free_;
+    out->syncs = out->device_syncs + out->stream_syncs + out->event_syncs + out->copy_syncs + out->free_syncs;
+}
+
+extern "C" void cudaemu_stats_reset(void) {
+    for (auto *c : {&g_stats.d2h, &g_stats.h2d, &g_stats.device, &g_stats.stream, &g_stats.event, &g_stats.copy,
+                    &g_stats.free_})
+        *c = 0;
+}
 
 /* ---------------- errors ---------------- */
 
@@ -420,7 +464,11 @@ extern "C" cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr at
     return cudaSuccess;
 }
 
-extern "C" cudaError_t cudaDeviceSynchronize(void) { return cudaemu_sticky_error(); }
+extern "C" cudaError_t cudaDeviceSynchronize(void) {
+    if (cudaError_t e = cudaemu_sticky_error()) return e;
+    g_stats.device++;
+    return cudaSuccess;
+}
 
 extern "C" cudaError_t cudaDeviceReset(void) {
     std::lock_guard<std::mutex> lk(g_mu);
@@ -504,6 +552,7 @@ extern "C" cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum
     STICKY_RETURN();
     if (bytes == 0) return cudaSuccess;
     if (cudaError_t e = copy_check("cudaMemcpy", dst, bytes, src, bytes, kind, bytes)) return e;
+    count_copy(dst, src, false);
     memmove(dst, src, bytes);
     return cudaSuccess;
 }
@@ -514,6 +563,7 @@ extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes,
     if (!stream_ok(s)) return fail(cudaErrorInvalidResourceHandle, "cudaMemcpyAsync: stream %p is not a live stream", (void *)s);
     if (bytes == 0) return cudaSuccess;
     if (cudaError_t e = copy_check("cudaMemcpyAsync", dst, bytes, src, bytes, kind, bytes)) return e;
+    count_copy(dst, src, true);
     memmove(dst, src, bytes);
     return cudaSuccess;
 }
@@ -528,6 +578,7 @@ extern "C" cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, s
     if (cudaError_t e = copy_check("cudaMemcpy2D", dst, dpitch * (height - 1) + width, src,
                                    spitch * (height - 1) + width, kind, width * height))
         return e;
+    count_copy(dst, src, false);
     for (size_t r = 0; r < height; r++) memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
     return cudaSuccess;
 }
@@ -568,12 +619,16 @@ extern "C" cudaError_t cudaStreamDestroy(cudaStream_t s) {
     return cudaSuccess;
 }
 
-extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+extern "C" cudaError_t cudaStreamQuery(cudaStream_t s) {
     STICKY_RETURN();
     return stream_ok(s) ? cudaSuccess : fail_quiet(cudaErrorInvalidResourceHandle);
 }
 
-extern "C" cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaStreamSynchronize(s); }
+extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    cudaError_t e = cudaStreamQuery(s);
+    if (e == cudaSuccess) g_stats.stream++;
+    return e;
+}
 
 extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
     STICKY_RETURN();
@@ -609,12 +664,16 @@ extern "C" cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     return cudaSuccess;
 }
 
-extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+extern "C" cudaError_t cudaEventQuery(cudaEvent_t e) {
     STICKY_RETURN();
     return event_ok(e) ? cudaSuccess : fail_quiet(cudaErrorInvalidResourceHandle);
 }
 
-extern "C" cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
+extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    cudaError_t r = cudaEventQuery(e);
+    if (r == cudaSuccess) g_stats.event++;
+    return r;
+}
 
 extern "C" cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
     STICKY_RETURN();
