@@ -1,6 +1,7 @@
 # meshtrain: convenience targets around CMake. See README.md.
 #   make build    configure + build into build/ (Release)
-#   make test     install-deps, build, run the test suite with ctest
+#   make test     install-deps, build, corpus (the bf16 training test trains on it), run the
+#                 test suite with ctest
 #   make corpus   build data/kjv (skipped when up to date)
 #   make demo     install-deps, build, corpus, train configs/demo.yml, sample from it
 #                 (DEMO_ARGS="steps=40": key=value overrides for the demo's train)
@@ -36,7 +37,7 @@ build:
 hf-venv:
 	scripts/setup-hf-venv.sh
 
-test: deps build hf-venv
+test: deps build hf-venv corpus
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j2
 
 # Up to date when the stamp (written last) is newer than the scripts that made it

@@ -5,11 +5,12 @@
  *   d_model layers heads kv_heads mlp seq batch vocab threads steps tiles
  * and build the same llama-shaped float32 model (head_dim = d_model / heads, RoPE
  * timescale 1e4, params initialised with seed 1), an arena planned with the model's
- * entries plus the AdamW moments m and v (n floats each, live over every phase), and
+ * entries plus the AdamW moments m and v (n floats each, live over every phase) and the
+ * segment table of the parameters (train/optimizer.h mt_adamw_segments), and
  * batch x seq + 1 tokens drawn from mt_rng_u32x4(7, 0, i) modulo vocab. One step
  * zeroes the gradients, runs mt_model_forward_backward (mean over tokens) and AdamW
- * (lr 1e-4, betas 0.9 / 0.999, eps 1e-8, weight decay 0.1 on matrices), the same
- * step as bench/torch_step.py. */
+ * (one be->ops->adamw over the table: lr 1e-4, betas 0.9 / 0.999, eps 1e-8, weight decay
+ * 0.1 on matrices), the same step as bench/torch_step.py. */
 #ifndef MT_BENCH_MODEL_H
 #define MT_BENCH_MODEL_H
 
@@ -21,6 +22,7 @@
 #include "models/model.h"
 #include "runtime/plan.h"
 #include "runtime/rng.h"
+#include "train/optimizer.h"
 
 typedef struct {
     long a[11];      /* the command-line numbers, in the order of the usage line */
@@ -30,6 +32,8 @@ typedef struct {
     mt_plan *plan;
     mt_arena arena;
     float *mom, *vel; /* AdamW moments in the arena, n floats each */
+    mt_adamw_segment *segs; /* the parameters' segments in the arena (nsegs) */
+    int nsegs;
     int32_t *tok;     /* B x T + 1 tokens: inputs tok[0..BT), targets tok[1..BT] */
 } bench_model;
 
@@ -67,15 +71,32 @@ static inline const char *bench_model_create(bench_model *b, mt_backend *be) {
     if (mt_plan_new(&b->plan) != MT_OK || mt_model_add_to_plan(b->m, b->plan) != MT_OK) return "plan";
     b->n = mt_model_numel(b->m);
     const int last = mt_model_phase_count(b->m) - 1;
-    int idm, idv;
+    const int np = mt_model_param_count(b->m);
+    int idm, idv, ids;
     if (mt_plan_add(b->plan, "adamw.m", MT_MEM_OPTIMIZER, (size_t)b->n * 4, 0, last, &idm) != MT_OK ||
         mt_plan_add(b->plan, "adamw.v", MT_MEM_OPTIMIZER, (size_t)b->n * 4, 0, last, &idv) != MT_OK ||
+        mt_plan_add(b->plan, "adamw.segments", MT_MEM_OPTIMIZER, sizeof(mt_adamw_segment) * (size_t)np, 0, last,
+                    &ids) != MT_OK ||
         mt_plan_finalize(b->plan) != MT_OK)
         return "plan";
     if (mt_arena_create(&b->arena, b->plan, NULL, NULL, NULL) != MT_OK) return "arena";
     if (mt_model_bind(b->m, &b->arena, b->plan) != MT_OK || mt_model_init_params(b->m, 1) != MT_OK) return "bind";
     b->mom = mt_arena_ptr(&b->arena, b->plan, idm);
     b->vel = mt_arena_ptr(&b->arena, b->plan, idv);
+    b->segs = mt_arena_ptr(&b->arena, b->plan, ids);
+    mt_param_info *pt = malloc(sizeof(mt_param_info) * (size_t)np);
+    mt_adamw_segment *ht = malloc(sizeof(mt_adamw_segment) * (size_t)np);
+    if (!pt || !ht) {
+        free(pt);
+        free(ht);
+        return "plan";
+    }
+    for (int i = 0; i < np; i++) pt[i] = *mt_model_param(b->m, i);
+    mt_status st = mt_adamw_segments(pt, np, ht, &b->nsegs);
+    if (st == MT_OK) st = be->ops->copy_to_device(be, b->segs, ht, sizeof(mt_adamw_segment) * (size_t)b->nsegs);
+    free(pt);
+    free(ht);
+    if (st != MT_OK) return "bind";
     b->tok = malloc(sizeof(int32_t) * (size_t)(b->B * b->T + 1));
     for (int64_t i = 0; i < b->B * b->T + 1; i++) {
         uint32_t w[4];
@@ -93,13 +114,9 @@ static inline const char *bench_model_step(bench_model *b, mt_backend *be, int s
     if (be->ops->zero(be, mt_model_grads(m), (size_t)b->n * 4) != MT_OK) return "zero";
     if (mt_model_forward_backward(m, b->tok, b->tok + 1, 1.0f / (float)(b->B * b->T), sum, cnt) != MT_OK)
         return "step";
-    for (int i = 0; i < mt_model_param_count(m); i++) {
-        const mt_param_info *p = mt_model_param(m, i);
-        if (be->ops->adamw(be, mt_model_params(m) + p->offset, mt_model_grads(m) + p->offset, b->mom + p->offset,
-                           b->vel + p->offset, p->numel, 1e-4f, 0.9f, 0.999f, 1e-8f, p->weight_decay ? 0.1f : 0.0f,
-                           1.0f, s + 1) != MT_OK)
-            return "adamw";
-    }
+    if (be->ops->adamw(be, mt_model_params(m), mt_model_grads(m), b->mom, b->vel, b->segs, b->nsegs, 1e-4f, 0.9f,
+                       0.999f, 1e-8f, 0.1f, 1.0f, s + 1) != MT_OK)
+        return "adamw";
     return NULL;
 }
 

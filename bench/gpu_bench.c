@@ -1,8 +1,10 @@
 /* bench/gpu_bench.c: the GPU figures of issue 4, written as JSON files into OUTDIR.
  *
- *   gemm.json       C = A B at LLM shapes through the backend's gemm (fp32 cuBLASLt,
- *                   no TF32), next to cuBLASLt called directly for the same shape in
- *                   fp32 and in bf16 (fp32 accumulation): the library's own figures.
+ *   gemm.json       C = A B at LLM shapes through the backend's gemm (cuBLASLt, fp32
+ *                   compute, no TF32) in fp32 and, when the backend lists bfloat16
+ *                   among its compute dtypes, bf16 operands and output; next to
+ *                   cuBLASLt called directly for the same shape in fp32 and in bf16
+ *                   (fp32 accumulation): the library's own figures.
  *   attention.json  attention forward + backward TFLOP/s, causal, head_dim 128 and 256,
  *                   sequence 4096 and 8192 (FLOPs: 4 B H T^2 Dh / 2 forward, 2.5 times
  *                   that backward, the FlashAttention-2 paper's convention).
@@ -10,9 +12,13 @@
  *                   gemma-2b- and llama3.1-8b-shaped models: tokens/s, MFU against 989
  *                   TFLOP/s (H100/H200 dense bf16) with 6 N + 6 L H Dh T FLOPs per token
  *                   (PaLM's formula, attention halved for causality), and planned
- *                   (mt_plan_peak + AdamW moments + GEMM workspace) against measured
+ *                   (mt_plan_peak + AdamW moments and segments + GEMM workspace) against measured
  *                   (cudaMemGetInfo before/after) device memory. Layers are removed
  *                   until the fp32 step fits in 85% of the device.
+ *
+ * Each file is one cJSON document (cJSON_Print's indented layout; a figure that was not
+ * measured, NaN or infinite, is null), rewritten after every row so that a run cut
+ * short leaves valid JSON holding the rows done.
  *
  * Usage: gpu_bench OUTDIR [SOURCE_DIR]   (SOURCE_DIR holds configs/models/NAME.yml)
  * Exit 77 when no CUDA device is visible. The whole run is sized for under 3 minutes
@@ -32,6 +38,8 @@
 #include "runtime/plan.h"
 #include "runtime/status.h"
 #include "train/config.h"
+#include "train/json.h"
+#include "train/optimizer.h"
 
 #define PEAK_TFLOPS 989.0
 
@@ -91,6 +99,7 @@ static void fill_random(void *p, size_t bytes) {
 
 typedef struct gemm_ctx {
     int64_t M, N, K;
+    mt_dtype dt; /* of A, B and C in gemm_ours */
     float *A, *B, *C;
     /* direct cuBLASLt */
     cublasLtHandle_t lt;
@@ -104,7 +113,8 @@ typedef struct gemm_ctx {
 
 static void gemm_ours(void *p) {
     gemm_ctx *c = p;
-    TOOL_OK(G->ops->gemm(G, 0, 1, c->M, c->N, c->K, 1.0f, c->A, c->K, c->B, c->K, 0.0f, c->C, c->N)); /* x W^T */
+    TOOL_OK(G->ops->gemm(G, 0, 1, c->M, c->N, c->K, 1.0f, c->A, c->K, c->B, c->K, c->dt, 0.0f, c->C, c->N,
+                         c->dt)); /* x W^T */
 }
 
 static void gemm_direct(void *p) {
@@ -146,6 +156,20 @@ static void direct_teardown(gemm_ctx *c) {
     cublasLtMatmulDescDestroy(c->desc);
 }
 
+/* doc (built without error when bad is 0) as dir/name, cJSON_Print's layout and a
+ * newline. Returns 0, or 1 when bad, out of memory or the file cannot be written. */
+static int write_doc(const char *dir, const char *name, const cJSON *doc, int bad) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    char *text = bad ? NULL : cJSON_Print(doc);
+    FILE *f = text ? fopen(path, "w") : NULL;
+    int err = !f || fputs(text, f) == EOF || fputc('\n', f) == EOF;
+    if (f && fclose(f) != 0) err = 1;
+    if (err) fprintf(stderr, "gpu_bench: cannot write %s\n", path);
+    cJSON_free(text);
+    return err;
+}
+
 static int bench_gemm(const char *dir) {
     static const int64_t shapes[][3] = {
         {8192, 4096, 4096},   /* llama3.1-8b q_proj / o_proj, 8k tokens */
@@ -154,11 +178,13 @@ static int bench_gemm(const char *dir) {
         {8192, 16384, 2048},  /* gemma-2b gate / up */
         {8192, 32768, 2048},  /* a vocabulary tile of gemma-2b's unembedding */
     };
-    char path[4096];
-    snprintf(path, sizeof path, "%s/gemm.json", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) return 1;
-    fprintf(f, "{\"device_peak_bf16_tflops\": %.1f, \"gemm\": [\n", PEAK_TFLOPS);
+    cJSON *doc = cJSON_CreateObject();
+    int bad = mt_json_add_double(doc, "device_peak_bf16_tflops", PEAK_TFLOPS, "%.1f");
+    cJSON *rows = mt_json_add_array(doc, "gemm");
+    if (write_doc(dir, "gemm.json", doc, bad || !rows)) {
+        cJSON_Delete(doc);
+        return 1;
+    }
     cublasLtHandle_t lt;
     cublasLtCreate(&lt);
     void *ws = dalloc_fill((size_t)32 << 20);
@@ -175,27 +201,35 @@ static int bench_gemm(const char *dir) {
         c.B = dalloc_fill((size_t)(c.N * c.K) * 4);
         c.C = dalloc_fill((size_t)(c.M * c.N) * 4);
         const double flop = 2.0 * c.M * c.N * c.K;
+        c.dt = MT_F32;
         const double t_ours = time_ms(gemm_ours, &c, 5);
-        double t_f32 = NAN, t_bf16 = NAN;
+        double t_ours_bf16 = NAN, t_f32 = NAN, t_bf16 = NAN;
+        if (mt_backend_has_dtype(&G->caps, MT_BF16)) { /* the fp32 buffers read as bf16, as below */
+            c.dt = MT_BF16;
+            t_ours_bf16 = time_ms(gemm_ours, &c, 5);
+        }
         if (direct_setup(&c, CUDA_R_32F, c.A, c.B, c.C)) t_f32 = time_ms(gemm_direct, &c, 5);
         direct_teardown(&c);
         /* bf16 reuses the fp32 buffers (read as bf16 pairs: finite values but for ~1/256) */
         if (direct_setup(&c, CUDA_R_16BF, c.A, c.B, c.C)) t_bf16 = time_ms(gemm_direct, &c, 5);
         direct_teardown(&c);
-        fprintf(f,
-                "  {\"M\": %lld, \"N\": %lld, \"K\": %lld, \"meshtrain_fp32_tflops\": %.2f, "
-                "\"cublaslt_fp32_tflops\": %.2f, \"cublaslt_bf16_tflops\": %.2f}%s\n",
-                (long long)c.M, (long long)c.N, (long long)c.K, flop / t_ours / 1e9, flop / t_f32 / 1e9,
-                flop / t_bf16 / 1e9, s + 1 < ns ? "," : "");
+        cJSON *row = mt_json_add_object(rows, NULL); /* TFLOP/s with two decimals, null: not measured */
+        bad |= mt_json_add_int(row, "M", c.M);
+        bad |= mt_json_add_int(row, "N", c.N);
+        bad |= mt_json_add_int(row, "K", c.K);
+        bad |= mt_json_add_double(row, "meshtrain_fp32_tflops", flop / t_ours / 1e9, "%.2f");
+        bad |= mt_json_add_double(row, "meshtrain_bf16_tflops", flop / t_ours_bf16 / 1e9, "%.2f");
+        bad |= mt_json_add_double(row, "cublaslt_fp32_tflops", flop / t_f32 / 1e9, "%.2f");
+        bad |= mt_json_add_double(row, "cublaslt_bf16_tflops", flop / t_bf16 / 1e9, "%.2f");
+        bad |= write_doc(dir, "gemm.json", doc, bad);
         cudaFree(c.A);
         cudaFree(c.B);
         cudaFree(c.C);
     }
-    fprintf(f, "]}\n");
-    fclose(f);
+    cJSON_Delete(doc);
     cudaFree(ws);
     cublasLtDestroy(lt);
-    return 0;
+    return bad ? 1 : 0;
 }
 
 /* ---- attention ---- */
@@ -216,11 +250,14 @@ static void att_bwd(void *p) {
 }
 
 static int bench_attention(const char *dir) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/attention.json", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) return 1;
-    fprintf(f, "{\"causal\": true, \"dtype\": \"fp32\", \"attention\": [\n");
+    cJSON *doc = cJSON_CreateObject();
+    int bad = mt_json_add_bool(doc, "causal", 1);
+    bad |= mt_json_add_string(doc, "dtype", "fp32");
+    cJSON *rows = mt_json_add_array(doc, "attention");
+    if (write_doc(dir, "attention.json", doc, bad || !rows)) {
+        cJSON_Delete(doc);
+        return 1;
+    }
     static const int64_t cases[][4] = {{128, 4096, 16, 8}, {128, 8192, 16, 8}, {256, 4096, 8, 4}, {256, 8192, 8, 4}};
     for (int i = 0; i < 4; i++) {
         att_ctx c;
@@ -234,17 +271,22 @@ static int bench_attention(const char *dir) {
         c.lse = dalloc_fill((size_t)(B * H * T) * 4);
         const double fwd_flop = 4.0 * B * H * (double)T * T * Dh / 2.0;
         const double tf = time_ms(att_fwd, &c, 2), tb = time_ms(att_bwd, &c, 2);
-        fprintf(f,
-                "  {\"head_dim\": %lld, \"seq\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"fwd_ms\": %.3f, "
-                "\"bwd_ms\": %.3f, \"fwd_tflops\": %.2f, \"bwd_tflops\": %.2f, \"fwd_bwd_tflops\": %.2f}%s\n",
-                (long long)Dh, (long long)T, (long long)H, (long long)Hkv, tf, tb, fwd_flop / tf / 1e9,
-                2.5 * fwd_flop / tb / 1e9, 3.5 * fwd_flop / (tf + tb) / 1e9, i < 3 ? "," : "");
+        cJSON *row = mt_json_add_object(rows, NULL);
+        bad |= mt_json_add_int(row, "head_dim", Dh);
+        bad |= mt_json_add_int(row, "seq", T);
+        bad |= mt_json_add_int(row, "heads", H);
+        bad |= mt_json_add_int(row, "kv_heads", Hkv);
+        bad |= mt_json_add_double(row, "fwd_ms", tf, "%.3f");
+        bad |= mt_json_add_double(row, "bwd_ms", tb, "%.3f");
+        bad |= mt_json_add_double(row, "fwd_tflops", fwd_flop / tf / 1e9, "%.2f");
+        bad |= mt_json_add_double(row, "bwd_tflops", 2.5 * fwd_flop / tb / 1e9, "%.2f");
+        bad |= mt_json_add_double(row, "fwd_bwd_tflops", 3.5 * fwd_flop / (tf + tb) / 1e9, "%.2f");
+        bad |= write_doc(dir, "attention.json", doc, bad);
         cudaFree(c.q), cudaFree(c.o), cudaFree(c.dout), cudaFree(c.dq), cudaFree(c.k), cudaFree(c.v);
         cudaFree(c.dk), cudaFree(c.dv), cudaFree(c.lse);
     }
-    fprintf(f, "]}\n");
-    fclose(f);
-    return 0;
+    cJSON_Delete(doc);
+    return bad ? 1 : 0;
 }
 
 /* ---- training step ---- */
@@ -252,6 +294,8 @@ static int bench_attention(const char *dir) {
 typedef struct step_ctx {
     mt_model *m;
     float *mom, *var;
+    mt_adamw_segment *segs; /* device: the parameter table's segments (train/optimizer.h) */
+    int nsegs;
     int32_t *tok, *lab;
     int64_t P, ntok, t;
 } step_ctx;
@@ -266,11 +310,13 @@ static void train_step(void *p) {
     const double norm = sqrt(tool_sumsq(G, mt_model_grads(c->m), c->P));
     const float gs = norm > 1.0 ? (float)(1.0 / norm) : 1.0f;
     c->t++;
-    TOOL_OK(G->ops->adamw(G, mt_model_params(c->m), mt_model_grads(c->m), c->mom, c->var, c->P, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, gs,
-             c->t));
+    TOOL_OK(G->ops->adamw(G, mt_model_params(c->m), mt_model_grads(c->m), c->mom, c->var, c->segs, c->nsegs, 1e-4f, 0.9f,
+                          0.95f, 1e-8f, 0.1f, gs, c->t));
 }
 
-static int bench_step_model(FILE *f, const char *src, const char *name, int64_t B, int64_t T, int last) {
+/* One training step of model `name` (SOURCE_DIR/configs/models/name.yml) at batch B x
+ * seq T, appended to rows as an object. Returns 0, or 1 on a failure (printed). */
+static int bench_step_model(cJSON *rows, const char *src, const char *name, int64_t B, int64_t T) {
     char path[4096];
     snprintf(path, sizeof path, "%s/configs/models/%s.yml", src, name);
     static mt_train_config cfg;
@@ -293,7 +339,8 @@ static int bench_step_model(FILE *f, const char *src, const char *name, int64_t 
             fprintf(stderr, "gpu_bench: %s: %s\n", name, mt_last_error());
             return 1;
         }
-        planned = mt_plan_peak(plan) + 2 * (size_t)mt_model_numel(m) * 4 + ws;
+        planned = mt_plan_peak(plan) + 2 * (size_t)mt_model_numel(m) * 4 +
+                  sizeof(mt_adamw_segment) * (size_t)mt_model_param_count(m) + ws;
         if (planned <= total / 100 * 85 || mc.num_decoder_layers <= 1) break;
         mt_plan_free(plan);
         mt_model_free(m);
@@ -312,11 +359,26 @@ static int bench_step_model(FILE *f, const char *src, const char *name, int64_t 
     c.var = tool_alloc(G, (size_t)c.P * 4);
     TOOL_OK(G->ops->zero(G, c.mom, (size_t)c.P * 4));
     TOOL_OK(G->ops->zero(G, c.var, (size_t)c.P * 4));
+    { /* the trainer's AdamW: one call over the segments, weight decay on matrices */
+        const int np = mt_model_param_count(m);
+        mt_param_info *pt = malloc(sizeof(mt_param_info) * (size_t)np);
+        mt_adamw_segment *ht = malloc(sizeof(mt_adamw_segment) * (size_t)np);
+        c.segs = tool_alloc(G, sizeof(mt_adamw_segment) * (size_t)np);
+        if (!pt || !ht || !c.segs) {
+            fprintf(stderr, "gpu_bench: %s: out of memory for the segment table\n", name);
+            return 1;
+        }
+        for (int i = 0; i < np; i++) pt[i] = *mt_model_param(m, i);
+        TOOL_OK(mt_adamw_segments(pt, np, ht, &c.nsegs));
+        TOOL_OK(G->ops->copy_to_device(G, c.segs, ht, sizeof(mt_adamw_segment) * (size_t)c.nsegs));
+        free(pt);
+        free(ht);
+    }
     /* mt_model_init_params draws billions of normals on the host (a minute at 8B):
      * the timing needs only realistic magnitudes, so parameters are a repeated random
      * pattern times 0.02 (the init's std). */
     fill_random(mt_model_params(m), (size_t)c.P * 4);
-    TOOL_OK(G->ops->scale(G, mt_model_params(m), 0.02f, c.P));
+    TOOL_OK(G->ops->scale(G, mt_model_params(m), 0.02f, c.P, MT_F32));
     c.tok = malloc((size_t)(B * T) * sizeof(int32_t));
     c.lab = malloc((size_t)(B * T) * sizeof(int32_t));
     for (int64_t i = 0; i < B * T; i++) {
@@ -331,35 +393,46 @@ static int bench_step_model(FILE *f, const char *src, const char *name, int64_t 
     const double L = (double)mc.num_decoder_layers;
     const double flop_tok = 6.0 * N + 6.0 * L * mc.num_query_heads * mc.head_dim * (double)T;
     const double tps = (double)(B * T) / (ms / 1e3);
-    fprintf(f,
-            "  {\"model\": \"%s\", \"dtype\": \"fp32\", \"layers\": %lld, \"full_layers\": %lld, \"params\": %lld, "
-            "\"batch\": %lld, \"seq\": %lld, \"vocab_tiles\": %lld, \"step_ms\": %.2f, \"tokens_per_s\": %.1f, "
-            "\"model_tflops\": %.2f, \"mfu\": %.4f, \"planned_bytes\": %zu, \"measured_bytes\": %zu, "
-            "\"device_bytes\": %zu}%s\n",
-            name, (long long)mc.num_decoder_layers, (long long)full_layers, (long long)c.P, (long long)B,
-            (long long)T, (long long)tiles, ms, tps, flop_tok * tps / 1e12, flop_tok * tps / 1e12 / PEAK_TFLOPS,
-            planned, measured, total, last ? "" : ",");
-    fflush(f);
+    cJSON *row = mt_json_add_object(rows, NULL);
+    int bad = mt_json_add_string(row, "model", name);
+    bad |= mt_json_add_string(row, "dtype", "fp32");
+    bad |= mt_json_add_int(row, "layers", mc.num_decoder_layers);
+    bad |= mt_json_add_int(row, "full_layers", full_layers);
+    bad |= mt_json_add_int(row, "params", c.P);
+    bad |= mt_json_add_int(row, "batch", B);
+    bad |= mt_json_add_int(row, "seq", T);
+    bad |= mt_json_add_int(row, "vocab_tiles", tiles);
+    bad |= mt_json_add_double(row, "step_ms", ms, "%.2f");
+    bad |= mt_json_add_double(row, "tokens_per_s", tps, "%.1f");
+    bad |= mt_json_add_double(row, "model_tflops", flop_tok * tps / 1e12, "%.2f");
+    bad |= mt_json_add_double(row, "mfu", flop_tok * tps / 1e12 / PEAK_TFLOPS, "%.4f");
+    bad |= mt_json_add_size(row, "planned_bytes", planned);
+    bad |= mt_json_add_size(row, "measured_bytes", measured);
+    bad |= mt_json_add_size(row, "device_bytes", total);
     G->ops->release(G, c.mom);
     G->ops->release(G, c.var);
+    G->ops->release(G, c.segs);
     free(c.tok);
     free(c.lab);
     mt_arena_destroy(&arena);
     mt_plan_free(plan);
     mt_model_free(m);
-    return 0;
+    return bad ? 1 : 0;
 }
 
 static int bench_step(const char *dir, const char *src) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/step.json", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) return 1;
-    fprintf(f, "{\"peak_tflops\": %.1f, \"flops_per_token\": \"6N + 6 L H Dh T\", \"step\": [\n", PEAK_TFLOPS);
-    int rc = bench_step_model(f, src, "gemma-2b", 2, 2048, 0);
-    rc |= bench_step_model(f, src, "llama3.1-8b", 1, 4096, 1);
-    fprintf(f, "]}\n");
-    fclose(f);
+    cJSON *doc = cJSON_CreateObject();
+    int bad = mt_json_add_double(doc, "peak_tflops", PEAK_TFLOPS, "%.1f");
+    bad |= mt_json_add_string(doc, "flops_per_token", "6N + 6 L H Dh T");
+    cJSON *rows = mt_json_add_array(doc, "step");
+    int rc = write_doc(dir, "step.json", doc, bad || !rows);
+    if (!rc) {
+        rc |= bench_step_model(rows, src, "gemma-2b", 2, 2048);
+        rc |= write_doc(dir, "step.json", doc, 0);
+        rc |= bench_step_model(rows, src, "llama3.1-8b", 1, 4096);
+        rc |= write_doc(dir, "step.json", doc, 0);
+    }
+    cJSON_Delete(doc);
     return rc;
 }
 

@@ -11,6 +11,7 @@
 
 #include "bench_model.h"
 #include "runtime/timer.h"
+#include "train/json.h"
 
 static int fail(const char *what) {
     fprintf(stderr, "step_bench: %s: %s\n", what, mt_last_error());
@@ -25,24 +26,38 @@ int main(int argc, char **argv) {
     if (err) return fail(err);
     int steps = (int)b.a[9];
     double loss = 0;
-    printf("{\"impl\": \"meshtrain\", \"threads\": %ld, \"step_ms\": [", b.a[8]);
+    cJSON *doc = cJSON_CreateObject();
+    int bad = mt_json_add_string(doc, "impl", "meshtrain");
+    bad |= mt_json_add_int(doc, "threads", b.a[8]);
+    cJSON *step_ms = mt_json_add_array(doc, "step_ms");
     for (int s = 0; s <= steps; s++) {
         double t0 = mt_time_now();
         double sum = 0;
         int64_t cnt = 0;
-        if ((err = bench_model_step(&b, be, s, &sum, &cnt)) != NULL) return fail(err);
+        if ((err = bench_model_step(&b, be, s, &sum, &cnt)) != NULL) {
+            cJSON_Delete(doc);
+            return fail(err);
+        }
         loss = sum / (double)cnt;
         double ms = (mt_time_now() - t0) * 1e3;
-        if (s > 0) printf("%s%.1f", s > 1 ? ", " : "", ms); /* step 0 is warm-up */
+        if (s > 0) bad |= mt_json_add_double(step_ms, NULL, ms, "%.1f"); /* step 0 is warm-up */
     }
     size_t cat[MT_MEM_CATEGORY_COUNT];
     mt_plan_live_by_category(b.plan, cat, NULL);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    printf("], \"loss\": %.6f, \"planned_peak_mib\": %.2f, \"planned\": {", loss, mt_plan_peak(b.plan) / 1048576.0);
+    bad |= mt_json_add_double(doc, "loss", loss, "%.6f");
+    bad |= mt_json_add_double(doc, "planned_peak_mib", mt_plan_peak(b.plan) / 1048576.0, "%.2f");
+    cJSON *planned = mt_json_add_object(doc, "planned");
     for (int k = 0; k < MT_MEM_CATEGORY_COUNT; k++)
-        printf("%s\"%s\": %.2f", k ? ", " : "", mt_mem_category_name((mt_mem_category)k), cat[k] / 1048576.0);
-    printf("}, \"peak_rss_mib\": %.1f}\n", ru.ru_maxrss / 1024.0);
+        bad |= mt_json_add_double(planned, mt_mem_category_name((mt_mem_category)k), cat[k] / 1048576.0, "%.2f");
+    bad |= mt_json_add_double(doc, "peak_rss_mib", ru.ru_maxrss / 1024.0, "%.1f");
+    bad = bad || mt_json_write_line(doc, stdout) != 0;
+    cJSON_Delete(doc);
     bench_model_free(&b);
+    if (bad) {
+        fprintf(stderr, "step_bench: cannot write the JSON line (out of memory or stdout)\n");
+        return 1;
+    }
     return 0;
 }

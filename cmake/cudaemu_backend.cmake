@@ -9,8 +9,11 @@
 #                           whole-model gradients, determinism) on the emulator
 #   test_gpu_ops_emu_asan   the same under AddressSanitizer (kernels, emulator and test
 #                           instrumented; fibers on ucontext), op-level cases
+#   test_emu_*              tests/test_emu_*.c (e.g. test_emu_syncs: host synchronisations
+#                           per training step, counted by the emulator)
 # ctest label emu: test_gpu_ops_emu under three thread orders (forward; reverse with
-# blocks reversed; seeded random), the ASan run, and tests/test_emu_*.sh (the CLI).
+# blocks reversed; seeded random), the ASan run, tests/test_emu_*.c and tests/test_emu_*.sh
+# (the CLI).
 file(GLOB MT_CUDA_EMU_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/kernels/cuda/*.cu)
 
 add_library(meshtrain_emu_obj OBJECT ${MT_SOURCES})
@@ -55,6 +58,21 @@ foreach(variant emu emu_asan)
   set_target_properties(${t} PROPERTIES LINKER_LANGUAGE CXX RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
 endforeach()
 
+# tests/test_emu_*.c: Criterion tests of the library with backend=cuda on the emulator,
+# reading the emulator's own state (tests/cudaemu/include/cudaemu_stats.h), e.g.
+# test_emu_syncs (host synchronisations per training step). Label emu.
+file(GLOB MT_EMU_TEST_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/test_emu_*.c)
+foreach(src ${MT_EMU_TEST_SOURCES})
+  get_filename_component(t ${src} NAME_WE)
+  add_executable(${t} ${src})
+  target_link_libraries(${t} PRIVATE meshtrain_emu ${CRITERION_LIBRARY})
+  target_include_directories(${t} PRIVATE ${CUDAEMU_DIR}/include)
+  target_compile_definitions(${t} PRIVATE MT_SOURCE_DIR="${CMAKE_SOURCE_DIR}" MT_BINARY_DIR="${CMAKE_BINARY_DIR}")
+  set_target_properties(${t} PROPERTIES LINKER_LANGUAGE CXX RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  add_test(NAME ${t} COMMAND ${t} --jobs 1)
+  set_tests_properties(${t} PROPERTIES LABELS emu TIMEOUT 600 ENVIRONMENT "CUDAEMU_QUIET=1;OMP_NUM_THREADS=1")
+endforeach()
+
 # Thread orders: CUDAEMU_ORDER / CUDAEMU_BLOCK_ORDER (tests/cudaemu/README.md). A kernel
 # whose result depends on the order in which a block's threads run between barriers
 # (a missing __syncthreads, a read of another lane's shared slot before it is written)
@@ -78,4 +96,32 @@ endforeach()
 # and run in the three orders above.
 add_test(NAME test_gpu_ops_emu_asan COMMAND test_gpu_ops_emu_asan --jobs 1 --filter "gpu_ops/*")
 set_tests_properties(test_gpu_ops_emu_asan PROPERTIES LABELS emu TIMEOUT 900
+  ENVIRONMENT "CUDAEMU_ORDER=random:7;CUDAEMU_QUIET=1;OMP_NUM_THREADS=1;ASAN_OPTIONS=detect_leaks=0")
+
+# tests/test_gpu_attention_mma.c (kernels/cuda/attention_mma.cu: mma.sync, ldmatrix and
+# cp.async through ptx.cuh's emulation) on the emulator, in the same three thread orders,
+# and once under AddressSanitizer (a cp.async or load past a device buffer).
+foreach(variant emu emu_asan)
+  set(t test_gpu_attention_mma_${variant})
+  add_executable(${t} ${CMAKE_SOURCE_DIR}/tests/test_gpu_attention_mma.c)
+  if(variant STREQUAL emu_asan)
+    target_link_libraries(${t} PRIVATE meshtrain_emu_asan ${CRITERION_LIBRARY})
+    target_compile_options(${t} PRIVATE -fsanitize=address -fno-omit-frame-pointer)
+  else()
+    target_link_libraries(${t} PRIVATE meshtrain_emu ${CRITERION_LIBRARY})
+  endif()
+  set_target_properties(${t} PROPERTIES LINKER_LANGUAGE CXX RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+endforeach()
+foreach(order forward reverse random)
+  set(env "CUDAEMU_ORDER=${order};CUDAEMU_QUIET=1;OMP_NUM_THREADS=1")
+  if(order STREQUAL "random")
+    set(env "CUDAEMU_ORDER=random:20240520;CUDAEMU_QUIET=1;OMP_NUM_THREADS=1")
+  elseif(order STREQUAL "reverse")
+    set(env "${env};CUDAEMU_BLOCK_ORDER=reverse")
+  endif()
+  add_test(NAME test_gpu_attention_mma_emu_${order} COMMAND test_gpu_attention_mma_emu --jobs 1)
+  set_tests_properties(test_gpu_attention_mma_emu_${order} PROPERTIES LABELS emu TIMEOUT 600 ENVIRONMENT "${env}")
+endforeach()
+add_test(NAME test_gpu_attention_mma_emu_asan COMMAND test_gpu_attention_mma_emu_asan --jobs 1)
+set_tests_properties(test_gpu_attention_mma_emu_asan PROPERTIES LABELS emu TIMEOUT 900
   ENVIRONMENT "CUDAEMU_ORDER=random:7;CUDAEMU_QUIET=1;OMP_NUM_THREADS=1;ASAN_OPTIONS=detect_leaks=0")

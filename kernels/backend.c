@@ -58,11 +58,12 @@ void mt_backend_free(mt_backend *be) {
  * 0: the host pool's parameter/optimizer offload paths are CPU-only for now. */
 mt_backend_caps mt_cuda_backend_caps(void) {
     mt_backend_caps c = {.device_memory = 1,
-                         .compute_dtypes = 1u << MT_F32,
+                         .compute_dtypes = (1u << MT_F32) | (1u << MT_BF16),
                          .grad_dtypes = (1u << MT_F32) | (1u << MT_BF16),
                          .peak_flops = 989e12,
                          .multi_rank = 0,
-                         .host_offload = 0};
+                         .host_offload = 0,
+                         .workspace_bytes = (size_t)32 << 20};
     return c;
 }
 

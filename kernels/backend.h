@@ -29,7 +29,7 @@ typedef struct mt_backend_caps {
      * touch them); 0: they are plain host memory. */
     int device_memory;
     /* Bit (1u << mt_dtype) set for each dtype the backend computes in: the `dtype` of
-     * activations and compute weights (today float32 only on both backends). */
+     * activations and compute weights (float32 and bfloat16 on both backends). */
     uint32_t compute_dtypes;
     /* Bit (1u << mt_dtype) for each grad_dtype its gradient accumulation supports
      * (grad_accumulate / to_f32: float32 and bfloat16 on both). */
@@ -44,6 +44,9 @@ typedef struct mt_backend_caps {
     int multi_rank;
     /* 1: parameter_memory_host_offload / optimizer_memory_host_offload run on it. */
     int host_offload;
+    /* Bytes of GEMM workspace the backend wants in the plan (ops.h set_workspace): 32 MiB
+     * for CUDA (cuBLASLt), 0 for the CPU. */
+    size_t workspace_bytes;
 } mt_backend_caps;
 
 /* The backend object (fields read by callers; only the backend writes them). */

@@ -16,9 +16,21 @@
  * backend's error is sticky: every later op returns it without running (the state of
  * backend memory is unknown). Ops validate only what would otherwise crash the host;
  * shape contracts below are the caller's to keep.
- * All tensors are row-major and contiguous; float tensors are float32 unless a name
- * says otherwise; token ids and positions are int32. "+=" in a comment means the op
- * accumulates into its output, "=" that it overwrites it.
+ * All tensors are row-major and contiguous; token ids and positions are int32. "+=" in
+ * a comment means the op accumulates into its output, "=" that it overwrites it.
+ *
+ * Dtypes (mixed precision as in Micikevicius et al. 2018, "Mixed Precision Training",
+ * with bf16 in place of fp16 as MaxText, Megatron-LM and torch.autocast use it): a
+ * `float *` is float32 always (statistics such as rstd and lse, weight gradients,
+ * optimizer state, the loss tile's logits); a `void *` tensor holds the op's `dt`
+ * argument (or mt_attn_args.dtype): MT_F32 or MT_BF16 (any other value, or MT_BF16 on
+ * a backend whose caps.compute_dtypes lacks it, is MT_ERR_INVALID). With MT_BF16 every
+ * op widens its bf16 inputs exactly to fp32, computes in fp32 (reductions in fp32 or
+ * fp64 as stated) and rounds each bf16 output once, round-to-nearest-even
+ * (runtime/dtype.h mt_f32_to_bf16); "+=" into a bf16 output is round(float(old) + new),
+ * one rounding. Both backends round at these same points, so they differ only by the
+ * order of fp32 sums; the tests bound that difference from the term counts. With
+ * MT_F32 every op computes exactly as it did before dtypes existed (bitwise).
  *
  * Shape letters: N token rows (batch x sequence, B*T), D d_model, V vocabulary,
  * H query heads, Hkv key/value heads, Dh head_dim, F mlp_dim, R rows of a loss tile.
@@ -75,11 +87,24 @@ typedef struct mt_attn_args {
     float scale;
     float softcap;
     int64_t window;
+    mt_dtype dtype; /* of q, k, v, out, dout, dq, dk, dv (lse is always fp32); 0 = MT_F32 */
     const int32_t *q_pos;
     const int32_t *k_pos;
     const int32_t *q_seg; /* [B, Tq] or NULL */
     const int32_t *k_seg; /* [B, Tk] or NULL */
 } mt_attn_args;
+
+/* One run of elements of a multi-tensor AdamW update (ops.h adamw): elements
+ * [offset, offset + numel) of the flat p, g, m and v buffers, updated with weight decay
+ * wd when decay != 0 and 0 otherwise (Llama and Gemma decay matrices, not norm scales).
+ * A table of these lives in backend memory (the caller builds it on the host and
+ * uploads it with copy_to_device: train/optimizer.c mt_adamw_step), 24 bytes each;
+ * reserved is 0. Offsets and counts in elements (int64: a 405B model's flat buffer). */
+typedef struct mt_adamw_segment {
+    int64_t offset, numel;
+    int32_t decay;
+    int32_t reserved;
+} mt_adamw_segment;
 
 /* The interface of a backend (ggml's ggml_backend_i): one function per op, each
  * taking the backend itself first. Every entry is required. */
@@ -109,59 +134,93 @@ typedef struct mt_ops {
     /* Wait for all queued work (no-op on the CPU). Reports a device fault of any earlier
      * op (MT_ERR_RUNTIME naming sync and CUDA's text). */
     mt_status (*sync)(mt_backend *be) MT_MUST_CHECK;
+    /* The GEMM workspace: `bytes` of backend memory (256-byte aligned) that every later
+     * gemm may use as scratch (cuBLASLt's workspace), normally the plan entry
+     * "workspace.gemm" of caps.workspace_bytes (models/model.c binds it); NULL and 0
+     * take it away (gemm then picks algorithms that need none). Call it with no op in
+     * flight (after sync); the memory must stay valid until the next set_workspace or
+     * the backend's free. Errors: MT_ERR_INVALID (bytes > 0 with NULL). */
+    mt_status (*set_workspace)(mt_backend *be, void *ws, size_t bytes) MT_MUST_CHECK;
 
     /* ---- GEMM ----
      * C[M, N] = alpha * op(A) @ op(B) + beta * C, row-major; op(X) = X or X^T when
      * trans is nonzero. A is [M, K] (or [K, M] when transposed), B is [K, N] (or
-     * [N, K]); lda/ldb/ldc are row strides in elements. fp32 accumulation.
-     * CPU: cblas_sgemm; CUDA: cuBLASLt (a failure names the cuBLASLt call and its
+     * [N, K]); lda/ldb/ldc are row strides in elements. A and B are of ab_dt, C of c_dt:
+     * (MT_F32, MT_F32), (MT_BF16, MT_F32) or (MT_BF16, MT_BF16); others MT_ERR_INVALID.
+     * Products and sums in fp32 (a bf16 x bf16 product is exact in fp32); alpha, beta
+     * and the old C (widened) applied in fp32; a bf16 C rounded once at the end.
+     * CPU: cblas_sgemm (bf16 operands widened block by block in a fixed scratch);
+     * CUDA: cuBLASLt with CUBLAS_COMPUTE_32F (a failure names the cuBLASLt call and its
      * cublasLtGetStatusString). With beta == 0, C is not read (NaN in C does not
      * propagate). */
     mt_status (*gemm)(mt_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                      const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
-                      int64_t ldc) MT_MUST_CHECK;
+                      const void *A, int64_t lda, const void *B, int64_t ldb, mt_dtype ab_dt, float beta, void *C,
+                      int64_t ldc, mt_dtype c_dt) MT_MUST_CHECK;
 
     /* ---- embedding ----
-     * out[N, D] = scale * table[tokens[n], :]. Gemma passes scale = sqrt(D) rounded
-     * to the activation dtype (HF modeling_gemma.py); Llama passes 1.
-     * Tokens must lie in [0, V); the caller validates them. */
-    mt_status (*embedding_fwd)(mt_backend *be, float *out, const float *table, const int32_t *tokens, int64_t N,
-                               int64_t D, float scale) MT_MUST_CHECK;
-    /* dtable[V, D] += scale * sum over n with tokens[n] == v of dout[n, :]; rows are
-     * summed in increasing n (deterministic, no atomics). */
-    mt_status (*embedding_bwd)(mt_backend *be, float *dtable, const float *dout, const int32_t *tokens, int64_t N,
-                               int64_t V, int64_t D, float scale) MT_MUST_CHECK;
+     * out[N, D] = scale * table[tokens[n], :] (out and table of dt). Gemma passes
+     * scale = sqrt(D) rounded to the activation dtype (HF modeling_gemma.py); Llama
+     * passes 1. Tokens must lie in [0, V); the caller validates them. */
+    mt_status (*embedding_fwd)(mt_backend *be, void *out, const void *table, const int32_t *tokens, int64_t N,
+                               int64_t D, float scale, mt_dtype dt) MT_MUST_CHECK;
+    /* dtable[V, D] (fp32) += scale * sum over n with tokens[n] == v of dout[n, :]
+     * (dout of dt); rows are summed in fp32 in increasing n (deterministic, no
+     * atomics). */
+    mt_status (*embedding_bwd)(mt_backend *be, float *dtable, const void *dout, const int32_t *tokens, int64_t N,
+                               int64_t V, int64_t D, float scale, mt_dtype dt) MT_MUST_CHECK;
 
     /* ---- RMSNorm (Zhang & Sennrich 2019; HF LlamaRMSNorm / GemmaRMSNorm) ----
      * rstd[n] = 1 / sqrt(mean(x[n, :]^2) + eps); y[n, d] = x[n, d] * rstd[n] * (w_offset + w[d]).
      * w_offset is 0 for Llama and 1 for Gemma (scale 1 + w). Also used for Gemma 3's
-     * QK-norm with N = tokens x heads rows and D = Dh. y may not alias x. */
-    mt_status (*rmsnorm_fwd)(mt_backend *be, float *y, float *rstd, const float *x, const float *w, int64_t N,
-                             int64_t D, float eps, float w_offset) MT_MUST_CHECK;
-    /* dx[N, D] += d/dx, dw[D] += sum_n dy * x * rstd (dw reduced in fixed order). */
-    mt_status (*rmsnorm_bwd)(mt_backend *be, float *dx, float *dw, const float *dy, const float *x, const float *w,
-                             const float *rstd, int64_t N, int64_t D, float w_offset) MT_MUST_CHECK;
+     * QK-norm with N = tokens x heads rows and D = Dh. y may not alias x. y, x and w
+     * of dt; rstd [N] fp32; the squares summed in fp64 (fixed order). */
+    mt_status (*rmsnorm_fwd)(mt_backend *be, void *y, float *rstd, const void *x, const void *w, int64_t N,
+                             int64_t D, float eps, float w_offset, mt_dtype dt) MT_MUST_CHECK;
+    /* The residual add fused into the norm that follows it (one pass over the rows
+     * instead of an axpy and a norm, as Megatron-LM's and Apex's fused add + norm):
+     * h[N, D] = x + r (one rounding to dt: round(float(x) + float(r))), then y and rstd
+     * exactly as rmsnorm_fwd computes them from that rounded h, so the results are
+     * bitwise those of axpy(h = x; h += r) followed by rmsnorm_fwd(h). h may be x itself
+     * (in place); r, y and h are otherwise distinct; all of dt but rstd (fp32). */
+    mt_status (*add_rmsnorm_fwd)(mt_backend *be, void *h, void *y, float *rstd, const void *x, const void *r,
+                                 const void *w, int64_t N, int64_t D, float eps, float w_offset,
+                                 mt_dtype dt) MT_MUST_CHECK;
+    /* dx[N, D] += d/dx (dx, dy, x, w of dt), dw[D] (fp32) += sum_n dy * x * rstd
+     * (dw reduced in fixed order). */
+    mt_status (*rmsnorm_bwd)(mt_backend *be, void *dx, float *dw, const void *dy, const void *x, const void *w,
+                             const float *rstd, int64_t N, int64_t D, float w_offset, mt_dtype dt) MT_MUST_CHECK;
 
     /* ---- RoPE (Su et al. 2021), Hugging Face rotate_half layout ----
      * x[N, H, Dh] rotated in place: for i < Dh/2, theta = pos[n] * inv_freq[i],
      * (x[i], x[i + Dh/2]) <- (x[i] cos - x[i + Dh/2] sin, x[i + Dh/2] cos + x[i] sin).
-     * inv_freq[Dh/2] carries the base and any scaling (mt_rope_inv_freq, models/). */
-    mt_status (*rope_fwd)(mt_backend *be, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t H,
-                          int64_t Dh) MT_MUST_CHECK;
-    /* The VJP: the inverse rotation applied to the gradient dx[N, H, Dh] in place. */
-    mt_status (*rope_bwd)(mt_backend *be, float *dx, const int32_t *pos, const float *inv_freq, int64_t N, int64_t H,
-                          int64_t Dh) MT_MUST_CHECK;
+     * inv_freq[Dh/2] (fp32) carries the base and any scaling (mt_rope_inv_freq,
+     * models/). x of dt. */
+    mt_status (*rope_fwd)(mt_backend *be, void *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t H,
+                          int64_t Dh, mt_dtype dt) MT_MUST_CHECK;
+    /* The VJP: the inverse rotation applied to the gradient dx[N, H, Dh] (dt) in place. */
+    mt_status (*rope_bwd)(mt_backend *be, void *dx, const int32_t *pos, const float *inv_freq, int64_t N, int64_t H,
+                          int64_t Dh, mt_dtype dt) MT_MUST_CHECK;
 
     /* ---- attention (see mt_attn_args) ----
      * Block-wise with an online softmax (Dao et al., FlashAttention-2, 2023): no
-     * [Tq, Tk] matrix is stored. out = softmax(s) @ v, lse saved for the backward. */
-    mt_status (*attention_fwd)(mt_backend *be, const mt_attn_args *a, float *out, float *lse, const float *q,
-                               const float *k, const float *v) MT_MUST_CHECK;
-    /* dq[B,Tq,H,Dh], dk[B,Tk,Hkv,Dh], dv[B,Tk,Hkv,Dh] = (overwritten). Recomputes the
-     * probabilities from q, k and lse; D_i = <dout_i, out_i> (FlashAttention-2 Alg. 2). */
-    mt_status (*attention_bwd)(mt_backend *be, const mt_attn_args *a, float *dq, float *dk, float *dv,
-                               const float *dout, const float *q, const float *k, const float *v,
-                               const float *out, const float *lse) MT_MUST_CHECK;
+     * [Tq, Tk] matrix is stored. out = softmax(s) @ v, lse saved for the backward.
+     * Tensors of a->dtype except lse (fp32). With MT_BF16 the probabilities are
+     * rounded to bf16 before the P @ V product, as FlashAttention-2's bf16 kernels
+     * feed P to the tensor cores; scores, max, the row sum (of the unrounded P) and the
+     * output accumulator are fp32. */
+    mt_status (*attention_fwd)(mt_backend *be, const mt_attn_args *a, void *out, float *lse, const void *q,
+                               const void *k, const void *v) MT_MUST_CHECK;
+    /* dq[B,Tq,H,Dh], dk[B,Tk,Hkv,Dh], dv[B,Tk,Hkv,Dh] = (overwritten, a->dtype).
+     * Recomputes the probabilities from q, k and lse; D_i = <dout_i, out_i>
+     * (FlashAttention-2 Alg. 2). With MT_BF16, as FlashAttention-2's bf16 backward
+     * feeds its tensor cores: P_ij = exp(s_ij - lse_i) (fp32) is rounded to bf16 before
+     * dv += P^T dout, and dS_ij = P_ij (dP_ij - D_i) (times the soft-cap derivative; dP
+     * and D in fp32, from the fp32 P) is rounded to bf16 before dq += dS k and
+     * dk += dS^T q (scale applied in fp32); dq, dk and dv are accumulated in fp32 and
+     * rounded once. */
+    mt_status (*attention_bwd)(mt_backend *be, const mt_attn_args *a, void *dq, void *dk, void *dv,
+                               const void *dout, const void *q, const void *k, const void *v,
+                               const void *out, const float *lse) MT_MUST_CHECK;
     /* Merge two partial attentions of the same queries over disjoint key sets (the
      * ring-attention / context-parallel combination: Liu et al. 2023, "Ring Attention
      * with Blockwise Transformers", and the log-sum-exp rescaling of FlashAttention,
@@ -172,40 +231,49 @@ typedef struct mt_ops {
      *   products and sum in fp32, unfused), lse = (float)ln  (in place, "=").
      * A row with lse_b == -inf is left unchanged (bitwise); a row with lse == -inf
      * takes weight 0 for out (so out = 1 * out_b up to the weight's rounding).
-     * Deterministic: one independent computation per row. */
-    mt_status (*attn_merge)(mt_backend *be, float *out, float *lse, const float *out_b, const float *lse_b,
-                            int64_t B, int64_t T, int64_t H, int64_t Dh) MT_MUST_CHECK;
+     * Deterministic: one independent computation per row. out and out_b of dt (a bf16
+     * out is rounded once, after the sum); lse and lse_b fp32. */
+    mt_status (*attn_merge)(mt_backend *be, void *out, float *lse, const void *out_b, const float *lse_b,
+                            int64_t B, int64_t T, int64_t H, int64_t Dh, mt_dtype dt) MT_MUST_CHECK;
 
     /* ---- gated MLP activation ----
      * h[n] = act(gate[n]) * up[n] for n < count; silu(x) = x sigmoid(x),
-     * gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
-    mt_status (*glu_fwd)(mt_backend *be, float *h, const float *gate, const float *up, int64_t count,
-                         mt_activation act) MT_MUST_CHECK;
-    /* dgate = dh * up * act'(gate), dup = dh * act(gate) (overwritten). */
-    mt_status (*glu_bwd)(mt_backend *be, float *dgate, float *dup, const float *dh, const float *gate,
-                         const float *up, int64_t count, mt_activation act) MT_MUST_CHECK;
+     * gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). All of dt. */
+    mt_status (*glu_fwd)(mt_backend *be, void *h, const void *gate, const void *up, int64_t count,
+                         mt_activation act, mt_dtype dt) MT_MUST_CHECK;
+    /* dgate = dh * up * act'(gate), dup = dh * act(gate) (overwritten). All of dt. */
+    mt_status (*glu_bwd)(mt_backend *be, void *dgate, void *dup, const void *dh, const void *gate,
+                         const void *up, int64_t count, mt_activation act, mt_dtype dt) MT_MUST_CHECK;
 
     /* ---- cross-entropy on one vocabulary tile of rows ----
-     * In: logits[R, V] (raw h @ W^T). If softcap > 0, z = softcap * tanh(x / softcap)
+     * In: logits[R, V] fp32 (raw h @ W^T). If softcap > 0, z = softcap * tanh(x / softcap)
      * (Gemma 2 final soft-cap), else z = x. For each row r with labels[r] != ignore_index:
-     * loss_r = logsumexp(z_r) - z_r[labels[r]]; *loss_sum += loss_r (fp64); *count += 1.
-     * Out (in place): logits[r, :] = dscale * d loss_r / d x_r (softmax minus one-hot,
-     * times the soft-cap derivative), zero rows for ignored labels. dscale is the
-     * incoming loss cotangent (1 / total tokens for a mean loss). Labels outside
-     * [0, V) other than ignore_index are a caller error. loss_sum and count are host
-     * pointers (the op synchronises to fill them). */
-    mt_status (*xent_tile)(mt_backend *be, float *logits, const int32_t *labels, int64_t R, int64_t V,
-                           float softcap, int32_t ignore_index, float dscale, double *loss_sum,
-                           int64_t *count) MT_MUST_CHECK;
+     * loss_r = logsumexp(z_r) - z_r[labels[r]] (the max and each exp in fp32, the sum
+     * of the exps, the log and the difference in fp64).
+     * stats (backend memory, 2 doubles, "+="): stats[0] += sum of loss_r over the
+     * tile's labelled rows, summed in fp64 in an order fixed by R (the backends' orders
+     * may differ); stats[1] += their count
+     * (exact below 2^53). The op does not synchronise: the caller reads stats once
+     * (copy_to_host) when it needs the loss.
+     * Out: dlogits[r, :] = dscale * d loss_r / d x_r (softmax minus one-hot, times the
+     * soft-cap derivative), zero rows for ignored labels, of ddt: with MT_F32 dlogits
+     * may be logits itself (in place); with MT_BF16 it is a separate [R, V] buffer (a
+     * bf16 operand for the dh and dW GEMMs) and logits is left as scratch. dscale is
+     * the incoming loss cotangent (1 / total tokens for a mean loss). Labels outside
+     * [0, V) other than ignore_index are a caller error. */
+    mt_status (*xent_tile)(mt_backend *be, float *logits, void *dlogits, mt_dtype ddt, const int32_t *labels,
+                           int64_t R, int64_t V, float softcap, int32_t ignore_index, float dscale,
+                           double *stats) MT_MUST_CHECK;
 
     /* ---- elementwise and reductions ---- */
-    /* y[i] += alpha * x[i] */
-    mt_status (*axpy)(mt_backend *be, float *y, const float *x, float alpha, int64_t n) MT_MUST_CHECK;
-    /* x[i] *= alpha */
-    mt_status (*scale)(mt_backend *be, float *x, float alpha, int64_t n) MT_MUST_CHECK;
-    /* *out (host) = sum_i x[i]^2 in fp64, fixed summation order (for the global
-     * gradient norm). Synchronising on CUDA. */
-    mt_status (*sumsq)(mt_backend *be, const float *x, int64_t n, double *out) MT_MUST_CHECK;
+    /* y[i] += alpha * x[i] (y and x of dt; fp32 arithmetic, one rounding) */
+    mt_status (*axpy)(mt_backend *be, void *y, const void *x, float alpha, int64_t n, mt_dtype dt) MT_MUST_CHECK;
+    /* x[i] *= alpha (x of dt) */
+    mt_status (*scale)(mt_backend *be, void *x, float alpha, int64_t n, mt_dtype dt) MT_MUST_CHECK;
+    /* acc[0] (backend memory, one double) += sum_i x[i]^2, the sum in fp64 in an order
+     * fixed by n alone, added to acc[0] last (for the global gradient norm: one acc
+     * over all tensors, read once per step). Does not synchronise. */
+    mt_status (*sumsq)(mt_backend *be, const float *x, int64_t n, double *acc) MT_MUST_CHECK;
 
     /* ---- gradient accumulation and dtype conversion (parallel/zero1.c) ----
      * acc[n] of dtype (MT_F32 or MT_BF16, else MT_ERR_INVALID) gets x[n] (fp32):
@@ -222,14 +290,35 @@ typedef struct mt_ops {
      * widening, the bf16 bits in the upper half of the fp32). Other dtypes: MT_ERR_INVALID.
      * Otherwise dst and src must not overlap. */
     mt_status (*to_f32)(mt_backend *be, float *dst, const void *src, mt_dtype dtype, int64_t n) MT_MUST_CHECK;
+    /* dst[n] of dtype = round(src[n]) (fp32 src): MT_F32 a copy (dst == src allowed);
+     * MT_BF16 round-to-nearest-even when stochastic == 0, else stochastic rounding
+     * (runtime/dtype.h mt_f32_to_bf16_sr) whose 16 random bits for element i are the
+     * low bits of word g % 4 of mt_rng_u32x4(seed, MT_SR_STREAM, g / 4), g = offset + i
+     * (Philox4x32-10, runtime/rng.h): bitwise mt_f32_to_bf16_sr_array, the same bits
+     * on every backend and thread count. Used to refresh the bf16
+     * compute weights from the fp32 master after each update. Other dtypes:
+     * MT_ERR_INVALID. Otherwise dst and src must not overlap. */
+    mt_status (*from_f32)(mt_backend *be, void *dst, mt_dtype dtype, const float *src, int64_t n, int stochastic,
+                          uint64_t seed, uint64_t offset) MT_MUST_CHECK;
 
     /* ---- optimizer ----
      * AdamW (Loshchilov & Hutter 2019; torch.optim.AdamW / optax.adamw), fp32 state:
      * g' = grad_scale * g; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2;
      * p -= lr * ( (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps) + wd * p ).
-     * t is the 1-based step; grad_scale carries the clipping factor. */
-    mt_status (*adamw)(mt_backend *be, float *p, const float *g, float *m, float *v, int64_t n, float lr, float b1,
-                       float b2, float eps, float wd, float grad_scale, int64_t t) MT_MUST_CHECK;
+     * t is the 1-based step; grad_scale carries the clipping factor.
+     * Multi-tensor (one launch for a whole parameter table, as torch's fused/foreach
+     * AdamW): p, g, m, v are flat fp32 buffers (backend memory) and segs[nsegs] (backend
+     * memory, mt_adamw_segment: sorted by offset, disjoint, numel >= 0) names the runs
+     * updated: element offset + i of segment s gets the formula above with weight decay
+     * segs[s].decay ? wd : 0; elements outside every segment are not read or written.
+     * Elementwise, each element's fp32 arithmetic independent of the segmentation: one
+     * call over several segments is bitwise the calls over each segment alone. nsegs = 0
+     * does nothing. A malformed table is a caller error (the CPU backend reports
+     * MT_ERR_INVALID; a device backend cannot read it without a synchronisation). Does
+     * not synchronise. */
+    mt_status (*adamw)(mt_backend *be, float *p, const float *g, float *m, float *v, const mt_adamw_segment *segs,
+                       int nsegs, float lr, float b1, float b2, float eps, float wd, float grad_scale,
+                       int64_t t) MT_MUST_CHECK;
 } mt_ops;
 
 #ifdef __cplusplus

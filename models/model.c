@@ -29,6 +29,12 @@
 #include "parallel/vocab_loss.h"
 #include "runtime/rng.h"
 
+/* Activations, compute weights and their gradients are of m->dt (MT_F32 or MT_BF16:
+ * mt_model_set_dtype), m->es bytes each; parameter gradients (GW), the fp32 master, norm
+ * statistics (rstd), the attention logsumexp and the loss tile are fp32.
+ * AT(m, p, k): element k of an m->dt tensor p. */
+#define AT(m, p, k) ((void *)((char *)(p) + (size_t)(k) * (m)->es))
+
 /* ---- per-layer saved activations: mt_layer_tensor (models/remat.h) ---- */
 
 /* ---- buffers that are not per layer ---- */
@@ -41,6 +47,10 @@ enum {
     GB_BWD_NORM, GB_BWD_RESID, GB_BWD_D1, GB_BWD_D2, GB_BWD_W0, GB_BWD_W1, GB_BWD_W2,
     GB_BWD_W3, GB_BWD_W4,
     GB_SEGMENTS, GB_DOC_POS, /* packing only: [N] int32 segment ids, per-document RoPE positions */
+    GB_STEP_STATS,           /* double[MT_MODEL_STATS] (mt_model_step_stats) */
+    GB_COMPUTE_W,            /* dtype != float32: the compute copy of the parameters, [numel] of dt */
+    GB_LOSS_DTILE,           /* dtype != float32: the loss tile's dlogits [rows, Vl] of dt */
+    GB_WORKSPACE,            /* the backend's GEMM workspace (caps.workspace_bytes; ops.h set_workspace) */
     GB_COUNT
 };
 
@@ -56,6 +66,10 @@ struct mt_model {
     int64_t B, T, N, tiles;
     int64_t D, V, F, H, Hkv, Dh, QD, KVD;
     float eps, w_off, emb_scale;
+    mt_dtype dt;   /* compute / activation dtype (mt_model_set_dtype) */
+    size_t es;     /* its element size */
+    uint64_t sr_seed; /* key of the compute weights' stochastic rounding (mt_model_set_compute_rounding) */
+    int64_t sr_t;
 
     /* parameter table */
     mt_param_info *params;
@@ -252,6 +266,8 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, mt_backend
     m->QDg = m->QD;
     m->Fg = m->F;
     m->eps = cfg->normalization_layer_epsilon;
+    m->dt = MT_F32;
+    m->es = sizeof(float);
     m->w_off = (float)mt_model_norm_unit_offset(cfg);
     m->emb_scale = mt_model_embedding_scale(cfg);
 
@@ -292,6 +308,12 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, mt_backend
 
 void mt_model_free(mt_model *m) {
     if (!m) return;
+    if (m->bound && m->gptr[GB_WORKSPACE]) { /* the backend no longer uses the plan's workspace */
+        mt_status st = m->be->ops->sync(m->be); /* queued GEMMs done; a failure has no one to report to */
+        const mt_status st2 = m->be->ops->set_workspace(m->be, NULL, 0);
+        (void)st;
+        (void)st2;
+    }
     free(m->params);
     free(m->lp);
     free(m->lid);
@@ -362,6 +384,15 @@ static int64_t layer_act_elems(const mt_model *m, int j) {
     }
 }
 
+/* Bytes of saved tensor j of a layer: the norm statistics (rstd) and the attention
+ * logsumexp are fp32, every other tensor is of the activation dtype. */
+static size_t layer_act_bytes(const mt_model *m, int j) {
+    const int f32 = j == MT_LT_INPUT_NORM_RSTD || j == MT_LT_QUERY_NORM_RSTD || j == MT_LT_KEY_NORM_RSTD ||
+                    j == MT_LT_CONTEXT_LSE || j == MT_LT_POST_ATTN_NORM_RSTD || j == MT_LT_PRE_MLP_NORM_RSTD ||
+                    j == MT_LT_POST_FFW_NORM_RSTD;
+    return (size_t)layer_act_elems(m, j) * (f32 ? sizeof(float) : m->es);
+}
+
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 /* ---- remat / offload ---- */
@@ -390,11 +421,31 @@ mt_status mt_model_set_remat(mt_model *m, const mt_remat_policy *p) {
 int64_t mt_model_remat_tensor_bytes(const mt_model *m, mt_remat_tensor t) {
     int64_t b = 0;
     for (int j = 0; j < MT_LT_COUNT; j++)
-        if (mt_layer_tensor_remat((mt_layer_tensor)j) == (int)t) b += layer_act_elems(m, j) * (int64_t)sizeof(float);
+        if (mt_layer_tensor_remat((mt_layer_tensor)j) == (int)t) b += (int64_t)layer_act_bytes(m, j);
     return b;
 }
 
 static mt_status build_param_layer(mt_model *m);
+
+mt_status mt_model_set_dtype(mt_model *m, mt_dtype dt) {
+    if (!m) return mt_set_error(MT_ERR_INVALID, "mt_model_set_dtype: NULL model");
+    if (m->planned) return mt_set_error(MT_ERR_INVALID, "mt_model_set_dtype: set the dtype before planning");
+    if (dt != MT_F32 && dt != MT_BF16)
+        return mt_set_error(MT_ERR_INVALID, "dtype=%s: the compute dtype is float32 or bfloat16", mt_dtype_name(dt));
+    if (dt != MT_F32 && m->decode)
+        return mt_set_error(MT_ERR_UNSUPPORTED, "dtype=%s: incremental decoding computes in float32",
+                            mt_dtype_name(dt));
+    m->dt = dt;
+    m->es = mt_dtype_size(dt);
+    return MT_OK;
+}
+
+void mt_model_set_compute_rounding(mt_model *m, uint64_t seed, int64_t t) {
+    m->sr_seed = seed;
+    m->sr_t = t;
+}
+
+mt_dtype mt_model_dtype(const mt_model *m) { return m->dt; }
 
 mt_status mt_model_set_grad_sink(mt_model *m, mt_grad_sink_fn fn, void *ctx) {
     if (!m) return mt_set_error(MT_ERR_INVALID, "mt_model_set_grad_sink: NULL model");
@@ -442,10 +493,10 @@ static mt_status add_remat_scratch(mt_model *m, mt_plan *plan) {
         char name[MT_PLAN_NAME_MAX];
         snprintf(name, sizeof(name), "remat.fwd.%s", mt_layer_tensor_name((mt_layer_tensor)j));
         const mt_plan_tag tag = {-1, j, MT_PLAN_KIND_REMAT_SCRATCH};
-        MT_TRY(mt_plan_add_tagged(plan, name, MT_MEM_SCRATCH, tag, (size_t)e * sizeof(float), ph_fwd(m, 0),
+        MT_TRY(mt_plan_add_tagged(plan, name, MT_MEM_SCRATCH, tag, layer_act_bytes(m, j), ph_fwd(m, 0),
                                   ph_fwd(m, L - 1), &m->rs_fwd_id[j]));
         snprintf(name, sizeof(name), "remat.bwd.%s", mt_layer_tensor_name((mt_layer_tensor)j));
-        MT_TRY(mt_plan_add_tagged(plan, name, MT_MEM_SCRATCH, tag, (size_t)e * sizeof(float), ph_bwd(m, L - 1),
+        MT_TRY(mt_plan_add_tagged(plan, name, MT_MEM_SCRATCH, tag, layer_act_bytes(m, j), ph_bwd(m, L - 1),
                                   ph_bwd(m, 0), &m->rs_bwd_id[j]));
     }
     return MT_OK;
@@ -462,7 +513,7 @@ mt_status mt_model_add_to_host_plan(mt_model *m, mt_plan *host_plan) {
             char name[MT_PLAN_NAME_MAX];
             snprintf(name, sizeof(name), "layers.%lld.%s", (long long)l, mt_layer_tensor_name((mt_layer_tensor)j));
             const mt_plan_tag tag = {l, j, MT_PLAN_KIND_OFFLOAD};
-            MT_TRY(mt_plan_add_tagged(host_plan, name, MT_MEM_ACTIVATIONS, tag, (size_t)e * sizeof(float),
+            MT_TRY(mt_plan_add_tagged(host_plan, name, MT_MEM_ACTIVATIONS, tag, layer_act_bytes(m, j),
                                       ph_fwd(m, l), ph_bwd(m, l), &m->hid[l][j]));
         }
     m->hparams_id = -1;
@@ -496,12 +547,23 @@ mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan) {
     if (m->decode) return decode_add_to_plan(m, plan);
     const int64_t L = m->cfg.num_decoder_layers, N = m->N, D = m->D, F = m->F;
     const int64_t QD = m->QD, KVD = m->KVD;
-    const size_t f4 = sizeof(float), i4 = sizeof(int32_t);
+    const size_t f4 = sizeof(float), i4 = sizeof(int32_t), es = m->es;
     const int last = ph_optim(m);
     const int fwd0 = ph_fwd(m, 0), fwd1 = ph_fwd(m, L - 1);
     const int bwd0 = ph_bwd(m, L - 1), bwd1 = ph_bwd(m, 0);
     const int loss = ph_loss(m);
 
+    if (m->dt != MT_F32) {
+        /* bf16 compute so far on one layout: the tensor- and context-axis collectives,
+         * the fsdp windows and the parameter host pool still move fp32 */
+        const char *what = m->tp > 1 ? "ici_tensor_parallelism > 1" : m->cp > 1 ? "ici_context_parallelism > 1"
+                         : m->fsdp > 1 ? "ici_fsdp_parallelism > 1" : m->param_offload ? "parameter_memory_host_offload"
+                         : NULL;
+        if (what)
+            return mt_set_error(MT_ERR_UNSUPPORTED, "dtype=%s with %s is not supported yet (use dtype=float32)",
+                                mt_dtype_name(m->dt), what);
+        MT_TRY(plan_add(m, plan, GB_COMPUTE_W, "params.compute", MT_MEM_PARAMS, (size_t)m->numel * es, 0, last));
+    }
     if (!m->param_offload && m->fsdp == 1) {
         MT_TRY(plan_add(m, plan, GB_PARAMS, "params", MT_MEM_PARAMS, (size_t)m->numel * f4, 0, last));
     } else { /* the parameters live in the host pool (or, fsdp, as shards); the device holds windows */
@@ -531,6 +593,7 @@ mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan) {
     /* Step inputs: uploaded in phase 0 (labels in the loss phase), kept while used. */
     MT_TRY(plan_add_input(m, plan, GB_TOKENS, "tokens", (size_t)N * i4, 0, ph_embed_bwd(m)));
     MT_TRY(plan_add_input(m, plan, GB_LABELS, "labels", (size_t)N * i4, loss, loss));
+    MT_TRY(plan_add_input(m, plan, GB_STEP_STATS, "step_stats", MT_MODEL_STATS * sizeof(double), 0, last));
     MT_TRY(plan_add_input(m, plan, GB_POSITIONS, "positions", (size_t)N * i4, 0, bwd1));
     MT_TRY(plan_add_input(m, plan, GB_INV_FREQ, "rope_inv_freq", (size_t)m->Dh * f4, 0, bwd1));
     if (m->packing) { /* document masking: written with the positions, read by every layer */
@@ -550,43 +613,49 @@ mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan) {
             m->lid[l][j] = -1;
             if (la_action(m, j) != MT_RA_DEVICE) continue; /* recomputed or offloaded */
             const mt_plan_tag tag = {l, j, MT_PLAN_KIND_SAVED};
-            MT_TRY(mt_plan_add_tagged(plan, name, MT_MEM_ACTIVATIONS, tag, (size_t)e * f4, first, ph_bwd(m, l),
+            MT_TRY(mt_plan_add_tagged(plan, name, MT_MEM_ACTIVATIONS, tag, layer_act_bytes(m, j), first, ph_bwd(m, l),
                                       &m->lid[l][j]));
         }
     }
     const int64_t Ns = seq_rows(m); /* residual-stream rows (sequence parallelism: N / tp) */
-    MT_TRY(plan_add(m, plan, GB_FINAL_INPUT, "final_norm_input", MT_MEM_ACTIVATIONS, (size_t)(Ns * D) * f4,
+    MT_TRY(plan_add(m, plan, GB_FINAL_INPUT, "final_norm_input", MT_MEM_ACTIVATIONS, (size_t)(Ns * D) * es,
                     fwd1, loss));
     MT_TRY(plan_add(m, plan, GB_FINAL_RSTD, "final_norm_rstd", MT_MEM_ACTIVATIONS, (size_t)Ns * f4, loss, loss));
-    MT_TRY(plan_add(m, plan, GB_FINAL_HIDDEN, "final_hidden", MT_MEM_ACTIVATIONS, (size_t)(N * D) * f4, loss,
+    MT_TRY(plan_add(m, plan, GB_FINAL_HIDDEN, "final_hidden", MT_MEM_ACTIVATIONS, (size_t)(N * D) * es, loss,
                     loss));
-    MT_TRY(plan_add(m, plan, GB_FINAL_HIDDEN_GRAD, "final_hidden_grad", MT_MEM_SCRATCH, (size_t)(N * D) * f4,
+    MT_TRY(plan_add(m, plan, GB_FINAL_HIDDEN_GRAD, "final_hidden_grad", MT_MEM_SCRATCH, (size_t)(N * D) * es,
                     loss, loss));
     MT_TRY(plan_add(m, plan, GB_LOSS_TILE, "loss_tile", MT_MEM_LOSS_TILE,
                     (size_t)(mt_tiled_loss_tile_rows(N, m->tiles) * m->Vl) * f4, loss, loss));
-    MT_TRY(plan_add(m, plan, GB_RESID_GRAD, "residual_grad", MT_MEM_SCRATCH, (size_t)(Ns * D) * f4, loss,
+    if (m->dt != MT_F32) /* the dlogits operand of the loss tile's backward GEMMs (kernels/tiled_loss.h) */
+        MT_TRY(plan_add(m, plan, GB_LOSS_DTILE, "loss_tile.dlogits", MT_MEM_LOSS_TILE,
+                        (size_t)(mt_tiled_loss_tile_rows(N, m->tiles) * m->Vl) * es, loss, loss));
+    MT_TRY(plan_add(m, plan, GB_RESID_GRAD, "residual_grad", MT_MEM_SCRATCH, (size_t)(Ns * D) * es, loss,
                     ph_embed_bwd(m)));
 
     /* Forward scratch, shared by the layers' forward phases. */
-    MT_TRY(plan_add(m, plan, GB_FWD_NORM, "fwd.normed", MT_MEM_SCRATCH, (size_t)(N * D) * f4, fwd0, fwd1));
-    MT_TRY(plan_add(m, plan, GB_FWD_RESID, "fwd.residual", MT_MEM_SCRATCH, (size_t)(Ns * D) * f4, fwd0, fwd1));
-    MT_TRY(plan_add(m, plan, GB_FWD_TMP, "fwd.tmp", MT_MEM_SCRATCH, (size_t)(N * max64(D, QD)) * f4, fwd0,
+    MT_TRY(plan_add(m, plan, GB_FWD_NORM, "fwd.normed", MT_MEM_SCRATCH, (size_t)(N * D) * es, fwd0, fwd1));
+    MT_TRY(plan_add(m, plan, GB_FWD_RESID, "fwd.residual", MT_MEM_SCRATCH, (size_t)(Ns * D) * es, fwd0, fwd1));
+    MT_TRY(plan_add(m, plan, GB_FWD_TMP, "fwd.tmp", MT_MEM_SCRATCH, (size_t)(N * max64(D, QD)) * es, fwd0,
                     fwd1));
-    MT_TRY(plan_add(m, plan, GB_FWD_GLU, "fwd.glu", MT_MEM_SCRATCH, (size_t)(N * F) * f4, fwd0, fwd1));
+    MT_TRY(plan_add(m, plan, GB_FWD_GLU, "fwd.glu", MT_MEM_SCRATCH, (size_t)(N * F) * es, fwd0, fwd1));
     /* Backward scratch, shared by the layers' backward phases. */
-    MT_TRY(plan_add(m, plan, GB_BWD_NORM, "bwd.normed", MT_MEM_SCRATCH, (size_t)(N * D) * f4, bwd0, bwd1));
-    MT_TRY(plan_add(m, plan, GB_BWD_RESID, "bwd.residual", MT_MEM_SCRATCH, (size_t)(Ns * D) * f4, bwd0, bwd1));
-    MT_TRY(plan_add(m, plan, GB_BWD_D1, "bwd.d_model_a", MT_MEM_SCRATCH, (size_t)(N * D) * f4, bwd0, bwd1));
-    MT_TRY(plan_add(m, plan, GB_BWD_D2, "bwd.d_model_b", MT_MEM_SCRATCH, (size_t)(N * D) * f4, bwd0, bwd1));
-    MT_TRY(plan_add(m, plan, GB_BWD_W0, "bwd.work0", MT_MEM_SCRATCH, (size_t)(N * max64(F, QD)) * f4, bwd0,
+    MT_TRY(plan_add(m, plan, GB_BWD_NORM, "bwd.normed", MT_MEM_SCRATCH, (size_t)(N * D) * es, bwd0, bwd1));
+    MT_TRY(plan_add(m, plan, GB_BWD_RESID, "bwd.residual", MT_MEM_SCRATCH, (size_t)(Ns * D) * es, bwd0, bwd1));
+    MT_TRY(plan_add(m, plan, GB_BWD_D1, "bwd.d_model_a", MT_MEM_SCRATCH, (size_t)(N * D) * es, bwd0, bwd1));
+    MT_TRY(plan_add(m, plan, GB_BWD_D2, "bwd.d_model_b", MT_MEM_SCRATCH, (size_t)(N * D) * es, bwd0, bwd1));
+    MT_TRY(plan_add(m, plan, GB_BWD_W0, "bwd.work0", MT_MEM_SCRATCH, (size_t)(N * max64(F, QD)) * es, bwd0,
                     bwd1));
-    MT_TRY(plan_add(m, plan, GB_BWD_W1, "bwd.work1", MT_MEM_SCRATCH, (size_t)(N * max64(F, QD)) * f4, bwd0,
+    MT_TRY(plan_add(m, plan, GB_BWD_W1, "bwd.work1", MT_MEM_SCRATCH, (size_t)(N * max64(F, QD)) * es, bwd0,
                     bwd1));
-    MT_TRY(plan_add(m, plan, GB_BWD_W2, "bwd.work2", MT_MEM_SCRATCH, (size_t)(N * max64(F, KVD)) * f4, bwd0,
+    MT_TRY(plan_add(m, plan, GB_BWD_W2, "bwd.work2", MT_MEM_SCRATCH, (size_t)(N * max64(F, KVD)) * es, bwd0,
                     bwd1));
-    MT_TRY(plan_add(m, plan, GB_BWD_W3, "bwd.work3", MT_MEM_SCRATCH, (size_t)(N * KVD) * f4, bwd0, bwd1));
+    MT_TRY(plan_add(m, plan, GB_BWD_W3, "bwd.work3", MT_MEM_SCRATCH, (size_t)(N * KVD) * es, bwd0, bwd1));
     if (m->cfg.use_qk_norm)
-        MT_TRY(plan_add(m, plan, GB_BWD_W4, "bwd.work4", MT_MEM_SCRATCH, (size_t)(N * QD) * f4, bwd0, bwd1));
+        MT_TRY(plan_add(m, plan, GB_BWD_W4, "bwd.work4", MT_MEM_SCRATCH, (size_t)(N * QD) * es, bwd0, bwd1));
+    if (m->be->caps.workspace_bytes > 0) /* cuBLASLt's, the whole step */
+        MT_TRY(plan_add(m, plan, GB_WORKSPACE, "workspace.gemm", MT_MEM_WORKSPACE, m->be->caps.workspace_bytes, 0,
+                        last));
     MT_TRY(add_remat_scratch(m, plan));
     MT_TRY(cp_add_to_plan(m, plan, fwd0, bwd1));
     m->planned = 1;
@@ -654,6 +723,8 @@ mt_status mt_model_bind(mt_model *m, const mt_arena *arena, const mt_plan *plan)
     for (int i = 0; i < 17; i++) MT_TRY(bind_one(arena, plan, m->cp_id[i], &m->cp_buf[i]));
     for (int i = 0; i < 20; i++) MT_TRY(bind_one(arena, plan, m->dec_id[i], &m->dec_buf[i]));
     m->dec_len = 0; /* a new arena: the caches are empty */
+    if (m->gptr[GB_WORKSPACE])
+        MT_TRY(m->be->ops->set_workspace(m->be, m->gptr[GB_WORKSPACE], m->be->caps.workspace_bytes));
     m->bound = 1;
     return MT_OK;
 }
@@ -692,6 +763,7 @@ int mt_model_param_find(const mt_model *m, const char *name) {
 int64_t mt_model_numel(const mt_model *m) { return m->numel; }
 float *mt_model_params(mt_model *m) { return m->gptr[GB_PARAMS]; }
 float *mt_model_grads(mt_model *m) { return m->gptr[GB_GRADS]; }
+double *mt_model_step_stats(mt_model *m) { return m->bound ? m->gptr[GB_STEP_STATS] : NULL; }
 
 mt_status mt_model_init_params(mt_model *m, uint64_t seed) {
     if (!m->bound) return mt_set_error(MT_ERR_INVALID, "mt_model_init_params: model not bound to an arena");
@@ -724,9 +796,12 @@ mt_status mt_model_init_params(mt_model *m, uint64_t seed) {
 /* ------------------------------------------------------------------------------ */
 /* forward / backward                                                              */
 
-/* Parameter i (its tensor-parallel slice: see "tensor parallelism" below). */
-static const float *PW(const mt_model *m, int i) {
+/* Parameter i (its tensor-parallel slice: see "tensor parallelism" below) as the
+ * layers compute with it: the fp32 master, or with dtype bfloat16 the bf16 compute copy
+ * (GB_COMPUTE_W, the same flat layout). */
+static const void *PW(const mt_model *m, int i) {
     const int64_t tp = m->tp_off ? m->tp_off[i] : 0;
+    if (m->dt != MT_F32) return AT(m, m->gptr[GB_COMPUTE_W], m->params[i].offset + tp);
     if (!m->param_offload && m->fsdp == 1) return (const float *)m->gptr[GB_PARAMS] + m->params[i].offset + tp;
     /* parameter host offload / fsdp: the device window holding parameter i */
     const int64_t off = m->params[i].offset;
@@ -811,23 +886,20 @@ static mt_status MT_MUST_CHECK grad_windows_begin(mt_model *m) {
     return MT_OK;
 }
 
-/* y[N, out] = x[N, in] W^T + beta y, W [out, in] (HF nn.Linear). */
-static mt_status MT_MUST_CHECK linear_fwd(mt_backend *be, float *y, const float *x, const float *W, int64_t N,
-                       int64_t in, int64_t out, float beta) {
-    MT_TRY(be->ops->gemm(be, 0, 1, N, out, in, 1.0f, x, in, W, in, beta, y, out));
-    return MT_OK;
+/* y[N, out] = x[N, in] W^T + beta y, W [out, in] (HF nn.Linear); all of m->dt. */
+static mt_status MT_MUST_CHECK linear_fwd(const mt_model *m, void *y, const void *x, const void *W, int64_t N,
+                                          int64_t in, int64_t out, float beta) {
+    return m->be->ops->gemm(m->be, 0, 1, N, out, in, 1.0f, x, in, W, in, m->dt, beta, y, out, m->dt);
 }
-/* dW[out, in] += dy[N, out]^T x[N, in] */
-static mt_status MT_MUST_CHECK linear_bwd_w(mt_backend *be, float *dW, const float *dy, const float *x, int64_t N,
-                         int64_t in, int64_t out) {
-    MT_TRY(be->ops->gemm(be, 1, 0, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW, in));
-    return MT_OK;
+/* dW[out, in] (fp32) += dy[N, out]^T x[N, in] */
+static mt_status MT_MUST_CHECK linear_bwd_w(const mt_model *m, float *dW, const void *dy, const void *x, int64_t N,
+                                            int64_t in, int64_t out) {
+    return m->be->ops->gemm(m->be, 1, 0, out, in, N, 1.0f, dy, out, x, in, m->dt, 1.0f, dW, in, MT_F32);
 }
 /* dx[N, in] = dy[N, out] W + beta dx */
-static mt_status MT_MUST_CHECK linear_bwd_x(mt_backend *be, float *dx, const float *dy, const float *W, int64_t N,
-                         int64_t in, int64_t out, float beta) {
-    MT_TRY(be->ops->gemm(be, 0, 0, N, in, out, 1.0f, dy, out, W, in, beta, dx, in));
-    return MT_OK;
+static mt_status MT_MUST_CHECK linear_bwd_x(const mt_model *m, void *dx, const void *dy, const void *W, int64_t N,
+                                            int64_t in, int64_t out, float beta) {
+    return m->be->ops->gemm(m->be, 0, 0, N, in, out, 1.0f, dy, out, W, in, m->dt, beta, dx, in, m->dt);
 }
 
 /* ---- tensor parallelism (Megatron-LM: Shoeybi et al. 2019, section 3) ----
@@ -839,7 +911,7 @@ static mt_status MT_MUST_CHECK linear_bwd_x(mt_backend *be, float *dx, const flo
  * is a partial sum, all-reduced before the norm's backward; the row-parallel input
  * gradient is local. With one rank these are exactly linear_fwd/_bwd_w/_bwd_x. */
 
-static void tp_sum(mt_model *m, float *x, int64_t n) {
+static void tp_sum(mt_model *m, void *x, int64_t n) {
     if (m->tp > 1 && m->tp_status == MT_OK) m->tp_status = mt_comm_all_reduce(m->tp_comm, x, n, MT_COMM_F32);
 }
 
@@ -860,15 +932,27 @@ static void tp_sum(mt_model *m, float *x, int64_t n) {
 
 /* full[N, D]: this rank's rows [row0, row0 + rows) already written there; under
  * sequence parallelism all-gather the other ranks' rows (no-op otherwise). */
-static void sp_gather(mt_model *m, float *full) {
+static void sp_gather(mt_model *m, void *full) {
     if (!m->sp || m->tp_status != MT_OK) return;
-    m->tp_status = mt_comm_all_gather(m->tp_comm, full + seq_row0(m) * m->D, full, m->sp_counts, MT_COMM_F32);
+    m->tp_status = mt_comm_all_gather(m->tp_comm, AT(m, full, seq_row0(m) * m->D), full, m->sp_counts, MT_COMM_F32);
 }
 
 /* full[N, D] = RMSNorm(x) where x holds this rank's residual rows (all rows without
  * sequence parallelism); rstd gets this rank's rows' statistics. */
-static mt_status MT_MUST_CHECK norm_gather(mt_model *m, float *full, float *rstd, const float *x, int wi) {
-    MT_TRY(m->be->ops->rmsnorm_fwd(m->be, full + seq_row0(m) * m->D, rstd, x, PW(m, wi), seq_rows(m), m->D, m->eps, m->w_off));
+static mt_status MT_MUST_CHECK norm_gather(mt_model *m, void *full, float *rstd, const void *x, int wi) {
+    MT_TRY(m->be->ops->rmsnorm_fwd(m->be, AT(m, full, seq_row0(m) * m->D), rstd, x, PW(m, wi), seq_rows(m), m->D, m->eps,
+                                   m->w_off, m->dt));
+    sp_gather(m, full);
+    return MT_OK;
+}
+
+/* h = x + r on this rank's residual rows (one rounding), and full[N, D] = RMSNorm(h)
+ * gathered as norm_gather does: the residual add fused into the norm (ops.h
+ * add_rmsnorm_fwd), bitwise the copy + axpy + norm_gather it replaces. */
+static mt_status MT_MUST_CHECK add_norm_gather(mt_model *m, void *h, void *full, float *rstd, const void *x,
+                                               const void *r, int wi) {
+    MT_TRY(m->be->ops->add_rmsnorm_fwd(m->be, h, AT(m, full, seq_row0(m) * m->D), rstd, x, r, PW(m, wi), seq_rows(m),
+                                       m->D, m->eps, m->w_off, m->dt));
     sp_gather(m, full);
     return MT_OK;
 }
@@ -876,7 +960,7 @@ static mt_status MT_MUST_CHECK norm_gather(mt_model *m, float *full, float *rstd
 /* The partial input gradient d[N, D] of the column-parallel GEMMs summed over the
  * tensor group: all-reduced in place (returns d), or under sequence parallelism
  * reduce-scattered into this rank's rows of part[seq_rows, D] (returns part). */
-static const float *tp_sum_input_grad(mt_model *m, float *d, float *part) {
+static const void *tp_sum_input_grad(mt_model *m, void *d, void *part) {
     if (!m->sp) {
         tp_sum(m, d, m->N * m->D);
         return d;
@@ -889,35 +973,35 @@ static const float *tp_sum_input_grad(mt_model *m, float *d, float *part) {
  * parameter pi with row stride ldw. y has N rows, or seq_rows under sequence
  * parallelism (the sum reduce-scattered). full [N, D] scratch is needed under sequence
  * parallelism; part [N, D] (sequence parallel: [seq_rows, D]) when beta != 0 and tp > 1. */
-static mt_status MT_MUST_CHECK row_fwd(mt_model *m, float *y, const float *x, int pi, int64_t in_l, int64_t ldw, float beta,
-                    float *full, float *part) {
+static mt_status MT_MUST_CHECK row_fwd(mt_model *m, void *y, const void *x, int pi, int64_t in_l, int64_t ldw,
+                                       float beta, void *full, void *part) {
     mt_backend *be = m->be;
     const int64_t N = m->N, D = m->D;
-    if (m->tp == 1) {
-        MT_TRY(be->ops->gemm(be, 0, 1, N, D, in_l, 1.0f, x, in_l, PW(m, pi), ldw, beta, y, D));
-        return MT_OK;
-    }
-    float *dst = beta == 0.0f ? y : part;
+    if (m->tp == 1)
+        return be->ops->gemm(be, 0, 1, N, D, in_l, 1.0f, x, in_l, PW(m, pi), ldw, m->dt, beta, y, D, m->dt);
+    void *dst = beta == 0.0f ? y : part;
     if (m->sp) {
-        MT_TRY(be->ops->gemm(be, 0, 1, N, D, in_l, 1.0f, x, in_l, PW(m, pi), ldw, 0.0f, full, D));
+        MT_TRY(be->ops->gemm(be, 0, 1, N, D, in_l, 1.0f, x, in_l, PW(m, pi), ldw, m->dt, 0.0f, full, D, m->dt));
         if (m->tp_status == MT_OK)
             m->tp_status = mt_comm_reduce_scatter(m->tp_comm, full, dst, m->sp_counts, MT_COMM_F32);
     } else {
-        MT_TRY(be->ops->gemm(be, 0, 1, N, D, in_l, 1.0f, x, in_l, PW(m, pi), ldw, 0.0f, dst, D));
+        MT_TRY(be->ops->gemm(be, 0, 1, N, D, in_l, 1.0f, x, in_l, PW(m, pi), ldw, m->dt, 0.0f, dst, D, m->dt));
         tp_sum(m, dst, N * D);
     }
-    if (beta != 0.0f) MT_TRY(be->ops->axpy(be, y, part, 1.0f, seq_rows(m) * D));
+    if (beta != 0.0f) MT_TRY(be->ops->axpy(be, y, part, 1.0f, seq_rows(m) * D, m->dt));
     return MT_OK;
 }
-/* dW_slice[D, in_l] (row stride ldw) += dy[N, D]^T x[N, in_l] */
-static mt_status MT_MUST_CHECK row_bwd_w(mt_model *m, int pi, const float *dy, const float *x, int64_t in_l, int64_t ldw) {
-    MT_TRY(m->be->ops->gemm(m->be, 1, 0, m->D, in_l, m->N, 1.0f, dy, m->D, x, in_l, 1.0f, GW(m, pi), ldw));
-    return MT_OK;
+/* dW_slice[D, in_l] (fp32, row stride ldw) += dy[N, D]^T x[N, in_l] */
+static mt_status MT_MUST_CHECK row_bwd_w(mt_model *m, int pi, const void *dy, const void *x, int64_t in_l,
+                                         int64_t ldw) {
+    return m->be->ops->gemm(m->be, 1, 0, m->D, in_l, m->N, 1.0f, dy, m->D, x, in_l, m->dt, 1.0f, GW(m, pi), ldw,
+                            MT_F32);
 }
 /* dx[N, in_l] = dy[N, D] W_slice + beta dx */
-static mt_status MT_MUST_CHECK row_bwd_x(mt_model *m, float *dx, const float *dy, int pi, int64_t in_l, int64_t ldw, float beta) {
-    MT_TRY(m->be->ops->gemm(m->be, 0, 0, m->N, in_l, m->D, 1.0f, dy, m->D, PW(m, pi), ldw, beta, dx, in_l));
-    return MT_OK;
+static mt_status MT_MUST_CHECK row_bwd_x(mt_model *m, void *dx, const void *dy, int pi, int64_t in_l, int64_t ldw,
+                                         float beta) {
+    return m->be->ops->gemm(m->be, 0, 0, m->N, in_l, m->D, 1.0f, dy, m->D, PW(m, pi), ldw, m->dt, beta, dx, in_l,
+                            m->dt);
 }
 
 static mt_attn_args attn_args(const mt_model *m, int64_t l) {
@@ -931,6 +1015,7 @@ static mt_attn_args attn_args(const mt_model *m, int64_t l) {
     a.scale = mt_model_attn_scale(&m->cfg);
     a.softcap = m->cfg.attn_logits_soft_cap;
     a.window = mt_model_layer_is_local(&m->cfg, l) ? m->cfg.sliding_window_size : 0;
+    a.dtype = m->dt;
     a.q_pos = NULL;
     a.k_pos = NULL;
     return a;
@@ -975,7 +1060,7 @@ static mt_status cp_add_to_plan(mt_model *m, mt_plan *plan, int first, int last)
         MT_TRY(mt_plan_add(plan, "cp.k_segment_ids", MT_MEM_COMM, (size_t)(m->B * m->Tg) * sizeof(int32_t), first,
                            last, &m->cp_id[CP_KSEG]));
     if (!m->cp_ring) {
-        const size_t full = (size_t)(m->B * m->Tg * m->KVD) * f4;
+        const size_t full = (size_t)(m->B * m->Tg * m->KVD) * m->es;
         static const char *const names[5] = {"cp.gather_stage", "cp.k_full", "cp.v_full", "cp.dk_full",
                                              "cp.dv_full"};
         for (int i = 0; i < 5; i++) MT_TRY(mt_plan_add(plan, names[i], MT_MEM_COMM, full, first, last, &m->cp_id[i]));
@@ -984,8 +1069,8 @@ static mt_status cp_add_to_plan(mt_model *m, mt_plan *plan, int first, int last)
     static const char *const rn[8] = {"cp.ring.k0", "cp.ring.v0", "cp.ring.k1", "cp.ring.v1",
                                       "cp.ring.dk0", "cp.ring.dv0", "cp.ring.dk1", "cp.ring.dv1"};
     for (int i = 0; i < 8; i++)
-        MT_TRY(mt_plan_add(plan, rn[i], MT_MEM_COMM, (size_t)(m->N * m->KVD) * f4, first, last, &m->cp_id[CP_RK0 + i]));
-    MT_TRY(mt_plan_add(plan, "cp.ring.block_out", MT_MEM_COMM, (size_t)(m->N * m->QD) * f4, first, last,
+        MT_TRY(mt_plan_add(plan, rn[i], MT_MEM_COMM, (size_t)(m->N * m->KVD) * m->es, first, last, &m->cp_id[CP_RK0 + i]));
+    MT_TRY(mt_plan_add(plan, "cp.ring.block_out", MT_MEM_COMM, (size_t)(m->N * m->QD) * m->es, first, last,
                        &m->cp_id[CP_ROUT]));
     return mt_plan_add(plan, "cp.ring.block_lse", MT_MEM_COMM, (size_t)(m->B * m->H * m->T) * f4, first, last,
                        &m->cp_id[CP_RLSE]);
@@ -1001,7 +1086,7 @@ static mt_status cp_add_to_plan(mt_model *m, mt_plan *plan, int first, int last)
  * per-block dq (summed here) and dK/dV, which travel with the block and are sent
  * home after the last step. */
 
-static void cp_ring_pass(mt_model *m, float *const *send, float *const *recv, int nbuf) {
+static void cp_ring_pass(mt_model *m, void *const *send, void *const *recv, int nbuf) {
     const int C = m->cp, r = m->cp_rank;
     for (int i = 0; i < nbuf && m->tp_status == MT_OK; i++)
         m->tp_status = mt_comm_sendrecv(m->cp_comm, send[i], (r + 1) % C, recv[i], (r + C - 1) % C,
@@ -1010,11 +1095,11 @@ static void cp_ring_pass(mt_model *m, float *const *send, float *const *recv, in
 
 /* out/lse (running, [B, Tq, H, Dh] / [B, H, Tq]) merged with one block's ob/lb. */
 
-static mt_status MT_MUST_CHECK cp_ring_fwd(mt_model *m, mt_attn_args *args, float *out, float *lse, const float *q, const float *k,
-                        const float *v) {
+static mt_status MT_MUST_CHECK cp_ring_fwd(mt_model *m, mt_attn_args *args, void *out, float *lse, const void *q,
+                                           const void *k, const void *v) {
     const int C = m->cp, r = m->cp_rank;
-    const size_t kvb = (size_t)(m->N * m->KVD) * sizeof(float);
-    float *kb[2] = {m->cp_buf[CP_RK0], m->cp_buf[CP_RK1]}, *vb[2] = {m->cp_buf[CP_RV0], m->cp_buf[CP_RV1]};
+    const size_t kvb = (size_t)(m->N * m->KVD) * m->es;
+    void *kb[2] = {m->cp_buf[CP_RK0], m->cp_buf[CP_RK1]}, *vb[2] = {m->cp_buf[CP_RV0], m->cp_buf[CP_RV1]};
     MT_TRY(m->be->ops->copy(m->be, kb[0], k, kvb));
     MT_TRY(m->be->ops->copy(m->be, vb[0], v, kvb));
     for (int s = 0; s < C; s++) {
@@ -1025,24 +1110,25 @@ static mt_status MT_MUST_CHECK cp_ring_fwd(mt_model *m, mt_attn_args *args, floa
             MT_TRY(m->be->ops->attention_fwd(m->be, args, out, lse, q, kb[cur], vb[cur]));
         } else {
             MT_TRY(m->be->ops->attention_fwd(m->be, args, m->cp_buf[CP_ROUT], m->cp_buf[CP_RLSE], q, kb[cur], vb[cur]));
-            MT_TRY(m->be->ops->attn_merge(m->be, out, lse, m->cp_buf[CP_ROUT], m->cp_buf[CP_RLSE], m->B, m->T, m->H, m->Dh));
+            MT_TRY(m->be->ops->attn_merge(m->be, out, lse, m->cp_buf[CP_ROUT], m->cp_buf[CP_RLSE], m->B, m->T, m->H, m->Dh, m->dt));
         }
         if (s + 1 < C) {
-            float *snd[2] = {kb[cur], vb[cur]}, *rcv[2] = {kb[!cur], vb[!cur]};
+            void *snd[2] = {kb[cur], vb[cur]}, *rcv[2] = {kb[!cur], vb[!cur]};
             cp_ring_pass(m, snd, rcv, 2);
         }
     }
     return MT_OK;
 }
 
-static mt_status MT_MUST_CHECK cp_ring_bwd(mt_model *m, mt_attn_args *args, float *dq, float *dk, float *dv, const float *dout,
-                        const float *q, const float *k, const float *v, const float *out, const float *lse) {
+static mt_status MT_MUST_CHECK cp_ring_bwd(mt_model *m, mt_attn_args *args, void *dq, void *dk, void *dv,
+                                           const void *dout, const void *q, const void *k, const void *v,
+                                           const void *out, const float *lse) {
     const int C = m->cp, r = m->cp_rank;
     const int64_t nq = m->N * m->QD, nkv = m->N * m->KVD;
-    const size_t kvb = (size_t)nkv * sizeof(float);
-    float *kb[2] = {m->cp_buf[CP_RK0], m->cp_buf[CP_RK1]}, *vb[2] = {m->cp_buf[CP_RV0], m->cp_buf[CP_RV1]};
-    float *dkb[2] = {m->cp_buf[CP_RDK0], m->cp_buf[CP_RDK1]}, *dvb[2] = {m->cp_buf[CP_RDV0], m->cp_buf[CP_RDV1]};
-    float *dqs = m->cp_buf[CP_ROUT];
+    const size_t kvb = (size_t)nkv * m->es;
+    void *kb[2] = {m->cp_buf[CP_RK0], m->cp_buf[CP_RK1]}, *vb[2] = {m->cp_buf[CP_RV0], m->cp_buf[CP_RV1]};
+    void *dkb[2] = {m->cp_buf[CP_RDK0], m->cp_buf[CP_RDK1]}, *dvb[2] = {m->cp_buf[CP_RDV0], m->cp_buf[CP_RDV1]};
+    void *dqs = m->cp_buf[CP_ROUT];
     MT_TRY(m->be->ops->copy(m->be, kb[0], k, kvb));
     MT_TRY(m->be->ops->copy(m->be, vb[0], v, kvb));
     MT_TRY(m->be->ops->zero(m->be, dkb[0], kvb));
@@ -1055,51 +1141,51 @@ static mt_status MT_MUST_CHECK cp_ring_bwd(mt_model *m, mt_attn_args *args, floa
         if (m->packing) args->k_seg = (const int32_t *)m->cp_buf[CP_KSEG] + (int64_t)src * m->N;
         /* dk, dv (the caller's outputs) serve as this block's scratch */
         MT_TRY(m->be->ops->attention_bwd(m->be, args, s == 0 ? dq : dqs, dk, dv, dout, q, kb[cur], vb[cur], out, lse));
-        if (s > 0) MT_TRY(m->be->ops->axpy(m->be, dq, dqs, 1.0f, nq));
-        MT_TRY(m->be->ops->axpy(m->be, dkb[cur], dk, 1.0f, nkv));
-        MT_TRY(m->be->ops->axpy(m->be, dvb[cur], dv, 1.0f, nkv));
+        if (s > 0) MT_TRY(m->be->ops->axpy(m->be, dq, dqs, 1.0f, nq, m->dt));
+        MT_TRY(m->be->ops->axpy(m->be, dkb[cur], dk, 1.0f, nkv, m->dt));
+        MT_TRY(m->be->ops->axpy(m->be, dvb[cur], dv, 1.0f, nkv, m->dt));
         if (s + 1 < C) {
-            float *snd[4] = {kb[cur], vb[cur], dkb[cur], dvb[cur]}, *rcv[4] = {kb[!cur], vb[!cur], dkb[!cur], dvb[!cur]};
+            void *snd[4] = {kb[cur], vb[cur], dkb[cur], dvb[cur]}, *rcv[4] = {kb[!cur], vb[!cur], dkb[!cur], dvb[!cur]};
             cp_ring_pass(m, snd, rcv, 4);
         }
     }
     /* the block now here belongs to rank r + 1: send its gradients home, receive ours */
-    float *snd[2] = {dkb[cur], dvb[cur]}, *rcv[2] = {dk, dv};
+    void *snd[2] = {dkb[cur], dvb[cur]}, *rcv[2] = {dk, dv};
     cp_ring_pass(m, snd, rcv, 2);
     return MT_OK;
 }
 
 /* full[B, Tg, KVD] (rank-major chunks reordered per sequence) = gather of x[B, 2Tc, KVD]. */
-static mt_status MT_MUST_CHECK cp_gather(mt_model *m, float *full, const float *x) {
+static mt_status MT_MUST_CHECK cp_gather(mt_model *m, void *full, const void *x) {
     const int64_t C = m->cp, B = m->B, Tl = m->T, KVD = m->KVD, blk = B * Tl * KVD;
-    float *stage = m->cp_buf[CP_STAGE];
+    void *stage = m->cp_buf[CP_STAGE];
     int64_t counts[C];
     for (int64_t r = 0; r < C; r++) counts[r] = blk;
     if (m->tp_status == MT_OK) m->tp_status = mt_comm_all_gather(m->cp_comm, x, stage, counts, MT_COMM_F32);
     for (int64_t r = 0; r < C; r++)
         for (int64_t b = 0; b < B; b++)
-            MT_TRY(m->be->ops->copy(m->be, full + (b * m->Tg + r * Tl) * KVD, stage + r * blk + b * Tl * KVD,
-                         (size_t)(Tl * KVD) * sizeof(float)));
+            MT_TRY(m->be->ops->copy(m->be, AT(m, full, (b * m->Tg + r * Tl) * KVD), AT(m, stage, r * blk + b * Tl * KVD),
+                                    (size_t)(Tl * KVD) * m->es));
     return MT_OK;
 }
 
 /* x[B, 2Tc, KVD] = this rank's rows of the group's sum of full[B, Tg, KVD]. */
-static mt_status MT_MUST_CHECK cp_scatter(mt_model *m, float *x, const float *full) {
+static mt_status MT_MUST_CHECK cp_scatter(mt_model *m, void *x, const void *full) {
     const int64_t C = m->cp, B = m->B, Tl = m->T, KVD = m->KVD, blk = B * Tl * KVD;
-    float *stage = m->cp_buf[CP_STAGE];
+    void *stage = m->cp_buf[CP_STAGE];
     int64_t counts[C];
     for (int64_t r = 0; r < C; r++) {
         counts[r] = blk;
         for (int64_t b = 0; b < B; b++)
-            MT_TRY(m->be->ops->copy(m->be, stage + r * blk + b * Tl * KVD, full + (b * m->Tg + r * Tl) * KVD,
-                         (size_t)(Tl * KVD) * sizeof(float)));
+            MT_TRY(m->be->ops->copy(m->be, AT(m, stage, r * blk + b * Tl * KVD), AT(m, full, (b * m->Tg + r * Tl) * KVD),
+                                    (size_t)(Tl * KVD) * m->es));
     }
     if (m->tp_status == MT_OK) m->tp_status = mt_comm_reduce_scatter(m->cp_comm, stage, x, counts, MT_COMM_F32);
     return MT_OK;
 }
 
-static mt_status MT_MUST_CHECK cp_attention_fwd(mt_model *m, int64_t l, float *out, float *lse, const float *q, const float *k,
-                             const float *v) {
+static mt_status MT_MUST_CHECK cp_attention_fwd(mt_model *m, int64_t l, void *out, float *lse, const void *q,
+                                                const void *k, const void *v) {
     mt_attn_args args = attn_args(m, l);
     if (m->packing) args.q_seg = args.k_seg = m->gptr[GB_SEGMENTS]; /* k_seg: see the CP cases */
     if (m->cp == 1) {
@@ -1120,8 +1206,9 @@ static mt_status MT_MUST_CHECK cp_attention_fwd(mt_model *m, int64_t l, float *o
     return MT_OK;
 }
 
-static mt_status MT_MUST_CHECK cp_attention_bwd(mt_model *m, int64_t l, float *dq, float *dk, float *dv, const float *dout,
-                             const float *q, const float *k, const float *v, const float *out, const float *lse) {
+static mt_status MT_MUST_CHECK cp_attention_bwd(mt_model *m, int64_t l, void *dq, void *dk, void *dv,
+                                                const void *dout, const void *q, const void *k, const void *v,
+                                                const void *out, const float *lse) {
     mt_attn_args args = attn_args(m, l);
     if (m->packing) args.q_seg = args.k_seg = m->gptr[GB_SEGMENTS];
     if (m->cp == 1) {
@@ -1173,26 +1260,26 @@ static mt_status check_ids(const mt_model *m, const int32_t *ids, const char *wh
 
 /* Where tensor j of layer l is during the forward (fwd = 1) or the backward (0):
  * its own plan entry when kept, else the layer-sized remat scratch. */
-static void layer_ptrs(const mt_model *m, int64_t l, int fwd, float *a[MT_LT_COUNT]) {
+static void layer_ptrs(const mt_model *m, int64_t l, int fwd, void *a[MT_LT_COUNT]) {
     for (int j = 0; j < MT_LT_COUNT; j++)
         a[j] = m->lid[l][j] >= 0 ? m->lptr[l][j] : (fwd ? m->rs_fwd[j] : m->rs_bwd[j]);
 }
 
 /* After the forward of layer l: copy its offloaded tensors to the host pool. */
-static mt_status MT_MUST_CHECK layer_offload(mt_model *m, int64_t l, float *a[MT_LT_COUNT]) {
+static mt_status MT_MUST_CHECK layer_offload(mt_model *m, int64_t l, void *a[MT_LT_COUNT]) {
     if (!m->has_offload) return MT_OK;
     for (int j = 0; j < MT_LT_COUNT; j++)
         if (m->hid[l][j] >= 0)
-            MT_TRY(m->be->ops->copy_to_host(m->be, m->hptr[l][j], a[j], (size_t)layer_act_elems(m, j) * sizeof(float)));
+            MT_TRY(m->be->ops->copy_to_host(m->be, m->hptr[l][j], a[j], layer_act_bytes(m, j)));
     return MT_OK;
 }
 
 /* Before the backward of layer l: bring its offloaded tensors back. */
-static mt_status MT_MUST_CHECK layer_restore(mt_model *m, int64_t l, float *a[MT_LT_COUNT]) {
+static mt_status MT_MUST_CHECK layer_restore(mt_model *m, int64_t l, void *a[MT_LT_COUNT]) {
     if (!m->has_offload) return MT_OK;
     for (int j = 0; j < MT_LT_COUNT; j++)
         if (m->hid[l][j] >= 0)
-            MT_TRY(m->be->ops->copy_to_device(m->be, a[j], m->hptr[l][j], (size_t)layer_act_elems(m, j) * sizeof(float)));
+            MT_TRY(m->be->ops->copy_to_device(m->be, a[j], m->hptr[l][j], layer_act_bytes(m, j)));
     return MT_OK;
 }
 
@@ -1204,53 +1291,51 @@ static int la_is_remat(const mt_model *m, int j) {
 static mt_status MT_MUST_CHECK layer_forward(mt_model *m, int64_t l) {
     mt_backend *be = m->be;
     const layer_params *lp = &m->lp[l];
-    float *a[MT_LT_COUNT];
+    void *a[MT_LT_COUNT];
     layer_ptrs(m, l, 1, a);
     const int64_t N = m->N, D = m->D, F = m->F, H = m->H, Hkv = m->Hkv, Dh = m->Dh;
     const int64_t QD = m->QD, KVD = m->KVD;
     const int64_t Ns = seq_rows(m); /* residual rows (sequence parallelism: N / tp) */
-    const size_t ND = (size_t)(Ns * D) * sizeof(float);
-    float *nrm = m->gptr[GB_FWD_NORM], *res = m->gptr[GB_FWD_RESID];
-    float *tmp = m->gptr[GB_FWD_TMP], *glu = m->gptr[GB_FWD_GLU];
+    const size_t ND = (size_t)(Ns * D) * m->es;
+    void *nrm = m->gptr[GB_FWD_NORM], *res = m->gptr[GB_FWD_RESID];
+    void *tmp = m->gptr[GB_FWD_TMP], *glu = m->gptr[GB_FWD_GLU];
     const int32_t *pos = rope_positions(m);
     const float *inv_freq = layer_inv_freq(m, l);
-    const float *x = a[MT_LT_DECODER_LAYER_INPUT];
-    float *y = l + 1 < m->cfg.num_decoder_layers ? m->lptr[l + 1][MT_LT_DECODER_LAYER_INPUT] : m->gptr[GB_FINAL_INPUT];
+    const void *x = a[MT_LT_DECODER_LAYER_INPUT];
+    void *y = l + 1 < m->cfg.num_decoder_layers ? m->lptr[l + 1][MT_LT_DECODER_LAYER_INPUT] : m->gptr[GB_FINAL_INPUT];
 
     /* attention block */
     MT_TRY(norm_gather(m, nrm, a[MT_LT_INPUT_NORM_RSTD], x, lp->in_norm));
     if (m->cfg.use_qk_norm) {
-        MT_TRY(linear_fwd(be, tmp, nrm, PW(m, lp->q), N, D, QD, 0.0f));
-        MT_TRY(be->ops->rmsnorm_fwd(be, a[MT_LT_QUERY_PROJ], a[MT_LT_QUERY_NORM_RSTD], tmp, PW(m, lp->q_norm), N * H, Dh, m->eps, m->w_off));
-        MT_TRY(linear_fwd(be, tmp, nrm, PW(m, lp->k), N, D, KVD, 0.0f));
-        MT_TRY(be->ops->rmsnorm_fwd(be, a[MT_LT_KEY_PROJ], a[MT_LT_KEY_NORM_RSTD], tmp, PW(m, lp->k_norm), N * Hkv, Dh, m->eps, m->w_off));
+        MT_TRY(linear_fwd(m, tmp, nrm, PW(m, lp->q), N, D, QD, 0.0f));
+        MT_TRY(be->ops->rmsnorm_fwd(be, a[MT_LT_QUERY_PROJ], a[MT_LT_QUERY_NORM_RSTD], tmp, PW(m, lp->q_norm), N * H, Dh, m->eps, m->w_off, m->dt));
+        MT_TRY(linear_fwd(m, tmp, nrm, PW(m, lp->k), N, D, KVD, 0.0f));
+        MT_TRY(be->ops->rmsnorm_fwd(be, a[MT_LT_KEY_PROJ], a[MT_LT_KEY_NORM_RSTD], tmp, PW(m, lp->k_norm), N * Hkv, Dh, m->eps, m->w_off, m->dt));
     } else {
-        MT_TRY(linear_fwd(be, a[MT_LT_QUERY_PROJ], nrm, PW(m, lp->q), N, D, QD, 0.0f));
-        MT_TRY(linear_fwd(be, a[MT_LT_KEY_PROJ], nrm, PW(m, lp->k), N, D, KVD, 0.0f));
+        MT_TRY(linear_fwd(m, a[MT_LT_QUERY_PROJ], nrm, PW(m, lp->q), N, D, QD, 0.0f));
+        MT_TRY(linear_fwd(m, a[MT_LT_KEY_PROJ], nrm, PW(m, lp->k), N, D, KVD, 0.0f));
     }
-    MT_TRY(be->ops->rope_fwd(be, a[MT_LT_QUERY_PROJ], pos, inv_freq, N, H, Dh));
-    MT_TRY(be->ops->rope_fwd(be, a[MT_LT_KEY_PROJ], pos, inv_freq, N, Hkv, Dh));
-    MT_TRY(linear_fwd(be, a[MT_LT_VALUE_PROJ], nrm, PW(m, lp->v), N, D, KVD, 0.0f));
+    MT_TRY(be->ops->rope_fwd(be, a[MT_LT_QUERY_PROJ], pos, inv_freq, N, H, Dh, m->dt));
+    MT_TRY(be->ops->rope_fwd(be, a[MT_LT_KEY_PROJ], pos, inv_freq, N, Hkv, Dh, m->dt));
+    MT_TRY(linear_fwd(m, a[MT_LT_VALUE_PROJ], nrm, PW(m, lp->v), N, D, KVD, 0.0f));
     MT_TRY(cp_attention_fwd(m, l, a[MT_LT_CONTEXT], a[MT_LT_CONTEXT_LSE], a[MT_LT_QUERY_PROJ], a[MT_LT_KEY_PROJ], a[MT_LT_VALUE_PROJ]));
     MT_TRY(row_fwd(m, a[MT_LT_OUT_PROJ], a[MT_LT_CONTEXT], lp->o, QD, m->QDg, 0.0f, tmp, NULL));
-    MT_TRY(be->ops->copy(be, res, x, ND));
+    const void *attn_out = a[MT_LT_OUT_PROJ];
     if (m->cfg.use_post_attn_norm) {
-        MT_TRY(be->ops->rmsnorm_fwd(be, tmp, a[MT_LT_POST_ATTN_NORM_RSTD], a[MT_LT_OUT_PROJ], PW(m, lp->post_attn_norm), Ns, D, m->eps, m->w_off));
-        MT_TRY(be->ops->axpy(be, res, tmp, 1.0f, Ns * D));
-    } else {
-        MT_TRY(be->ops->axpy(be, res, a[MT_LT_OUT_PROJ], 1.0f, Ns * D));
+        MT_TRY(be->ops->rmsnorm_fwd(be, tmp, a[MT_LT_POST_ATTN_NORM_RSTD], a[MT_LT_OUT_PROJ], PW(m, lp->post_attn_norm), Ns, D, m->eps, m->w_off, m->dt));
+        attn_out = tmp;
     }
 
-    /* MLP block */
-    MT_TRY(norm_gather(m, nrm, a[MT_LT_PRE_MLP_NORM_RSTD], res, lp->pre_mlp_norm));
-    MT_TRY(linear_fwd(be, a[MT_LT_MLPWI_0], nrm, PW(m, lp->gate), N, D, F, 0.0f));
-    MT_TRY(linear_fwd(be, a[MT_LT_MLPWI_1], nrm, PW(m, lp->up), N, D, F, 0.0f));
-    MT_TRY(be->ops->glu_fwd(be, glu, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation));
+    /* MLP block: h = x + attention output, fused with the pre-MLP norm */
+    MT_TRY(add_norm_gather(m, res, nrm, a[MT_LT_PRE_MLP_NORM_RSTD], x, attn_out, lp->pre_mlp_norm));
+    MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_0], nrm, PW(m, lp->gate), N, D, F, 0.0f));
+    MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_1], nrm, PW(m, lp->up), N, D, F, 0.0f));
+    MT_TRY(be->ops->glu_fwd(be, glu, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
     MT_TRY(be->ops->copy(be, y, res, ND));
     if (m->cfg.use_post_ffw_norm) {
         MT_TRY(row_fwd(m, a[MT_LT_MLPWO], glu, lp->down, F, m->Fg, 0.0f, nrm, NULL));
-        MT_TRY(be->ops->rmsnorm_fwd(be, tmp, a[MT_LT_POST_FFW_NORM_RSTD], a[MT_LT_MLPWO], PW(m, lp->post_ffw_norm), Ns, D, m->eps, m->w_off));
-        MT_TRY(be->ops->axpy(be, y, tmp, 1.0f, Ns * D));
+        MT_TRY(be->ops->rmsnorm_fwd(be, tmp, a[MT_LT_POST_FFW_NORM_RSTD], a[MT_LT_MLPWO], PW(m, lp->post_ffw_norm), Ns, D, m->eps, m->w_off, m->dt));
+        MT_TRY(be->ops->axpy(be, y, tmp, 1.0f, Ns * D, m->dt));
     } else {
         MT_TRY(row_fwd(m, y, glu, lp->down, F, m->Fg, 1.0f, nrm, tmp));
     }
@@ -1261,34 +1346,34 @@ static mt_status MT_MUST_CHECK layer_forward(mt_model *m, int64_t l) {
 /* Start of the backward of layer l, attention half: recompute the attention tensors
  * that were not kept, from decoder_layer_input, with the forward's exact op sequence
  * (so bitwise the forward's values). Uses nrm and w0 as temporaries. */
-static mt_status MT_MUST_CHECK layer_recompute_attn(mt_model *m, int64_t l, float *a[MT_LT_COUNT]) {
+static mt_status MT_MUST_CHECK layer_recompute_attn(mt_model *m, int64_t l, void *a[MT_LT_COUNT]) {
     mt_backend *be = m->be;
     const layer_params *lp = &m->lp[l];
     const int64_t N = m->N, D = m->D, H = m->H, Hkv = m->Hkv, Dh = m->Dh, QD = m->QD, KVD = m->KVD;
     const int rq = la_is_remat(m, MT_LT_QUERY_PROJ), rk = la_is_remat(m, MT_LT_KEY_PROJ), rv = la_is_remat(m, MT_LT_VALUE_PROJ);
     const int32_t *pos = rope_positions(m);
     const float *inv_freq = layer_inv_freq(m, l);
-    float *nrm = m->gptr[GB_BWD_NORM], *tmp = m->gptr[GB_BWD_W0];
+    void *nrm = m->gptr[GB_BWD_NORM], *tmp = m->gptr[GB_BWD_W0];
     if (rq || rk || rv) MT_TRY(norm_gather(m, nrm, a[MT_LT_INPUT_NORM_RSTD], a[MT_LT_DECODER_LAYER_INPUT], lp->in_norm));
     if (rq) {
         if (m->cfg.use_qk_norm) {
-            MT_TRY(linear_fwd(be, tmp, nrm, PW(m, lp->q), N, D, QD, 0.0f));
-            MT_TRY(be->ops->rmsnorm_fwd(be, a[MT_LT_QUERY_PROJ], a[MT_LT_QUERY_NORM_RSTD], tmp, PW(m, lp->q_norm), N * H, Dh, m->eps, m->w_off));
+            MT_TRY(linear_fwd(m, tmp, nrm, PW(m, lp->q), N, D, QD, 0.0f));
+            MT_TRY(be->ops->rmsnorm_fwd(be, a[MT_LT_QUERY_PROJ], a[MT_LT_QUERY_NORM_RSTD], tmp, PW(m, lp->q_norm), N * H, Dh, m->eps, m->w_off, m->dt));
         } else {
-            MT_TRY(linear_fwd(be, a[MT_LT_QUERY_PROJ], nrm, PW(m, lp->q), N, D, QD, 0.0f));
+            MT_TRY(linear_fwd(m, a[MT_LT_QUERY_PROJ], nrm, PW(m, lp->q), N, D, QD, 0.0f));
         }
-        MT_TRY(be->ops->rope_fwd(be, a[MT_LT_QUERY_PROJ], pos, inv_freq, N, H, Dh));
+        MT_TRY(be->ops->rope_fwd(be, a[MT_LT_QUERY_PROJ], pos, inv_freq, N, H, Dh, m->dt));
     }
     if (rk) {
         if (m->cfg.use_qk_norm) {
-            MT_TRY(linear_fwd(be, tmp, nrm, PW(m, lp->k), N, D, KVD, 0.0f));
-            MT_TRY(be->ops->rmsnorm_fwd(be, a[MT_LT_KEY_PROJ], a[MT_LT_KEY_NORM_RSTD], tmp, PW(m, lp->k_norm), N * Hkv, Dh, m->eps, m->w_off));
+            MT_TRY(linear_fwd(m, tmp, nrm, PW(m, lp->k), N, D, KVD, 0.0f));
+            MT_TRY(be->ops->rmsnorm_fwd(be, a[MT_LT_KEY_PROJ], a[MT_LT_KEY_NORM_RSTD], tmp, PW(m, lp->k_norm), N * Hkv, Dh, m->eps, m->w_off, m->dt));
         } else {
-            MT_TRY(linear_fwd(be, a[MT_LT_KEY_PROJ], nrm, PW(m, lp->k), N, D, KVD, 0.0f));
+            MT_TRY(linear_fwd(m, a[MT_LT_KEY_PROJ], nrm, PW(m, lp->k), N, D, KVD, 0.0f));
         }
-        MT_TRY(be->ops->rope_fwd(be, a[MT_LT_KEY_PROJ], pos, inv_freq, N, Hkv, Dh));
+        MT_TRY(be->ops->rope_fwd(be, a[MT_LT_KEY_PROJ], pos, inv_freq, N, Hkv, Dh, m->dt));
     }
-    if (rv) MT_TRY(linear_fwd(be, a[MT_LT_VALUE_PROJ], nrm, PW(m, lp->v), N, D, KVD, 0.0f));
+    if (rv) MT_TRY(linear_fwd(m, a[MT_LT_VALUE_PROJ], nrm, PW(m, lp->v), N, D, KVD, 0.0f));
     if (la_is_remat(m, MT_LT_CONTEXT)) {
         MT_TRY(cp_attention_fwd(m, l, a[MT_LT_CONTEXT], a[MT_LT_CONTEXT_LSE], a[MT_LT_QUERY_PROJ], a[MT_LT_KEY_PROJ], a[MT_LT_VALUE_PROJ]));
     }
@@ -1298,15 +1383,15 @@ static mt_status MT_MUST_CHECK layer_recompute_attn(mt_model *m, int64_t l, floa
 
 /* MLP half: given n2 = pre-MLP norm(h) in nrm, recompute mlpwi_0, mlpwi_1 and (with a
  * post-MLP norm) mlpwo when they were not kept. Uses glu and full [N, D] as temporaries. */
-static mt_status MT_MUST_CHECK layer_recompute_mlp(mt_model *m, int64_t l, float *a[MT_LT_COUNT], const float *nrm, float *glu,
-                                float *full) {
+static mt_status MT_MUST_CHECK layer_recompute_mlp(mt_model *m, int64_t l, void *a[MT_LT_COUNT], const void *nrm,
+                                                   void *glu, void *full) {
     mt_backend *be = m->be;
     const layer_params *lp = &m->lp[l];
     const int64_t N = m->N, D = m->D, F = m->F;
-    if (la_is_remat(m, MT_LT_MLPWI_0)) MT_TRY(linear_fwd(be, a[MT_LT_MLPWI_0], nrm, PW(m, lp->gate), N, D, F, 0.0f));
-    if (la_is_remat(m, MT_LT_MLPWI_1)) MT_TRY(linear_fwd(be, a[MT_LT_MLPWI_1], nrm, PW(m, lp->up), N, D, F, 0.0f));
+    if (la_is_remat(m, MT_LT_MLPWI_0)) MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_0], nrm, PW(m, lp->gate), N, D, F, 0.0f));
+    if (la_is_remat(m, MT_LT_MLPWI_1)) MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_1], nrm, PW(m, lp->up), N, D, F, 0.0f));
     if (la_is_remat(m, MT_LT_MLPWO)) {
-        MT_TRY(be->ops->glu_fwd(be, glu, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation));
+        MT_TRY(be->ops->glu_fwd(be, glu, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
         MT_TRY(row_fwd(m, a[MT_LT_MLPWO], glu, lp->down, F, m->Fg, 0.0f, full, NULL));
     }
     return MT_OK;
@@ -1317,98 +1402,96 @@ static mt_status MT_MUST_CHECK layer_recompute_mlp(mt_model *m, int64_t l, float
 static mt_status MT_MUST_CHECK layer_backward(mt_model *m, int64_t l) {
     mt_backend *be = m->be;
     const layer_params *lp = &m->lp[l];
-    float *a[MT_LT_COUNT];
+    void *a[MT_LT_COUNT];
     layer_ptrs(m, l, 0, a);
     MT_TRY(layer_restore(m, l, a));
     MT_TRY(layer_recompute_attn(m, l, a));
     const int64_t N = m->N, D = m->D, F = m->F, H = m->H, Hkv = m->Hkv, Dh = m->Dh;
     const int64_t QD = m->QD, KVD = m->KVD;
     const int64_t Ns = seq_rows(m), s0 = seq_row0(m); /* residual rows (sequence parallelism) */
-    const size_t ND = (size_t)(Ns * D) * sizeof(float);
+    const size_t ND = (size_t)(Ns * D) * m->es;
     const float eps = m->eps, off = m->w_off;
-    float *G = m->gptr[GB_RESID_GRAD];
-    float *nrm = m->gptr[GB_BWD_NORM], *res = m->gptr[GB_BWD_RESID];
-    float *d1 = m->gptr[GB_BWD_D1], *d2 = m->gptr[GB_BWD_D2];
-    float *w0 = m->gptr[GB_BWD_W0], *w1 = m->gptr[GB_BWD_W1], *w2 = m->gptr[GB_BWD_W2];
-    float *w3 = m->gptr[GB_BWD_W3], *w4 = m->gptr[GB_BWD_W4];
+    void *G = m->gptr[GB_RESID_GRAD];
+    void *nrm = m->gptr[GB_BWD_NORM], *res = m->gptr[GB_BWD_RESID];
+    void *d1 = m->gptr[GB_BWD_D1], *d2 = m->gptr[GB_BWD_D2];
+    void *w0 = m->gptr[GB_BWD_W0], *w1 = m->gptr[GB_BWD_W1], *w2 = m->gptr[GB_BWD_W2];
+    void *w3 = m->gptr[GB_BWD_W3], *w4 = m->gptr[GB_BWD_W4];
     const int32_t *pos = rope_positions(m);
     const float *inv_freq = layer_inv_freq(m, l);
-    const float *x = a[MT_LT_DECODER_LAYER_INPUT];
+    const void *x = a[MT_LT_DECODER_LAYER_INPUT];
 
     /* ---- MLP block: y = h + [post_ffw](down(act(g) u)) ---- */
     /* recompute h = x + [post_attn](o) and n2 = norm(h), then the MLP tensors not kept */
-    MT_TRY(be->ops->copy(be, res, x, ND));
+    const void *attn_out = a[MT_LT_OUT_PROJ];
     if (m->cfg.use_post_attn_norm) {
-        MT_TRY(be->ops->rmsnorm_fwd(be, d2, a[MT_LT_POST_ATTN_NORM_RSTD], a[MT_LT_OUT_PROJ], PW(m, lp->post_attn_norm), Ns, D, eps, off));
-        MT_TRY(be->ops->axpy(be, res, d2, 1.0f, Ns * D));
-    } else {
-        MT_TRY(be->ops->axpy(be, res, a[MT_LT_OUT_PROJ], 1.0f, Ns * D));
+        MT_TRY(be->ops->rmsnorm_fwd(be, d2, a[MT_LT_POST_ATTN_NORM_RSTD], a[MT_LT_OUT_PROJ], PW(m, lp->post_attn_norm), Ns, D, eps, off, m->dt));
+        attn_out = d2;
     }
-    MT_TRY(norm_gather(m, nrm, a[MT_LT_PRE_MLP_NORM_RSTD], res, lp->pre_mlp_norm));
+    MT_TRY(add_norm_gather(m, res, nrm, a[MT_LT_PRE_MLP_NORM_RSTD], x, attn_out, lp->pre_mlp_norm));
     MT_TRY(layer_recompute_mlp(m, l, a, nrm, w0, d2));
     /* d(down_proj output) [N, D]: under sequence parallelism this rank's rows are
      * written into d1 and all-gathered */
-    const float *dmlp = G;
+    const void *dmlp = G;
     if (m->cfg.use_post_ffw_norm) {
-        MT_TRY(be->ops->zero(be, d1 + s0 * D, ND));
-        MT_TRY(be->ops->rmsnorm_bwd(be, d1 + s0 * D, GW(m, lp->post_ffw_norm), G, a[MT_LT_MLPWO], PW(m, lp->post_ffw_norm),
-                         a[MT_LT_POST_FFW_NORM_RSTD], Ns, D, off));
+        MT_TRY(be->ops->zero(be, AT(m, d1, s0 * D), ND));
+        MT_TRY(be->ops->rmsnorm_bwd(be, AT(m, d1, s0 * D), GW(m, lp->post_ffw_norm), G, a[MT_LT_MLPWO], PW(m, lp->post_ffw_norm),
+                         a[MT_LT_POST_FFW_NORM_RSTD], Ns, D, off, m->dt));
         dmlp = d1;
     } else if (m->sp) {
-        MT_TRY(be->ops->copy(be, d1 + s0 * D, G, ND));
+        MT_TRY(be->ops->copy(be, AT(m, d1, s0 * D), G, ND));
         dmlp = d1;
     }
     sp_gather(m, d1);
-    MT_TRY(be->ops->glu_fwd(be, w0, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation));
+    MT_TRY(be->ops->glu_fwd(be, w0, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
     MT_TRY(row_bwd_w(m, lp->down, dmlp, w0, F, m->Fg));
     MT_TRY(row_bwd_x(m, w0, dmlp, lp->down, F, m->Fg, 0.0f)); /* d(act(g) u) */
-    MT_TRY(be->ops->glu_bwd(be, w1, w2, w0, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation));
-    MT_TRY(linear_bwd_w(be, GW(m, lp->gate), w1, nrm, N, D, F));
-    MT_TRY(linear_bwd_w(be, GW(m, lp->up), w2, nrm, N, D, F));
-    MT_TRY(linear_bwd_x(be, d2, w1, PW(m, lp->gate), N, D, F, 0.0f));
-    MT_TRY(linear_bwd_x(be, d2, w2, PW(m, lp->up), N, D, F, 1.0f));
+    MT_TRY(be->ops->glu_bwd(be, w1, w2, w0, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
+    MT_TRY(linear_bwd_w(m, GW(m, lp->gate), w1, nrm, N, D, F));
+    MT_TRY(linear_bwd_w(m, GW(m, lp->up), w2, nrm, N, D, F));
+    MT_TRY(linear_bwd_x(m, d2, w1, PW(m, lp->gate), N, D, F, 0.0f));
+    MT_TRY(linear_bwd_x(m, d2, w2, PW(m, lp->up), N, D, F, 1.0f));
     /* column-parallel gate/up: partial input gradient (d1 is free again) */
-    const float *dn2 = tp_sum_input_grad(m, d2, d1);
+    const void *dn2 = tp_sum_input_grad(m, d2, d1);
     MT_TRY(be->ops->rmsnorm_bwd(be, G, GW(m, lp->pre_mlp_norm), dn2, res, PW(m, lp->pre_mlp_norm), a[MT_LT_PRE_MLP_NORM_RSTD], Ns, D,
-                     off));
+                     off, m->dt));
 
     /* ---- attention block: h = x + [post_attn](o_proj(attn(...))) ---- */
-    const float *dattn = G;
+    const void *dattn = G;
     if (m->cfg.use_post_attn_norm) {
-        MT_TRY(be->ops->zero(be, d1 + s0 * D, ND));
-        MT_TRY(be->ops->rmsnorm_bwd(be, d1 + s0 * D, GW(m, lp->post_attn_norm), G, a[MT_LT_OUT_PROJ], PW(m, lp->post_attn_norm),
-                         a[MT_LT_POST_ATTN_NORM_RSTD], Ns, D, off));
+        MT_TRY(be->ops->zero(be, AT(m, d1, s0 * D), ND));
+        MT_TRY(be->ops->rmsnorm_bwd(be, AT(m, d1, s0 * D), GW(m, lp->post_attn_norm), G, a[MT_LT_OUT_PROJ], PW(m, lp->post_attn_norm),
+                         a[MT_LT_POST_ATTN_NORM_RSTD], Ns, D, off, m->dt));
         dattn = d1;
     } else if (m->sp) {
-        MT_TRY(be->ops->copy(be, d1 + s0 * D, G, ND));
+        MT_TRY(be->ops->copy(be, AT(m, d1, s0 * D), G, ND));
         dattn = d1;
     }
     sp_gather(m, d1);
     MT_TRY(row_bwd_w(m, lp->o, dattn, a[MT_LT_CONTEXT], QD, m->QDg));
     MT_TRY(row_bwd_x(m, w0, dattn, lp->o, QD, m->QDg, 0.0f)); /* dcontext */
     MT_TRY(cp_attention_bwd(m, l, w1, w2, w3, w0, a[MT_LT_QUERY_PROJ], a[MT_LT_KEY_PROJ], a[MT_LT_VALUE_PROJ], a[MT_LT_CONTEXT], a[MT_LT_CONTEXT_LSE]));
-    MT_TRY(be->ops->rope_bwd(be, w1, pos, inv_freq, N, H, Dh));
-    MT_TRY(be->ops->rope_bwd(be, w2, pos, inv_freq, N, Hkv, Dh));
+    MT_TRY(be->ops->rope_bwd(be, w1, pos, inv_freq, N, H, Dh, m->dt));
+    MT_TRY(be->ops->rope_bwd(be, w2, pos, inv_freq, N, Hkv, Dh, m->dt));
     MT_TRY(norm_gather(m, nrm, a[MT_LT_INPUT_NORM_RSTD], x, lp->in_norm)); /* recompute n1 */
-    const float *dq = w1, *dk = w2, *dv = w3;
+    const void *dq = w1, *dk = w2, *dv = w3;
     if (m->cfg.use_qk_norm) {
-        MT_TRY(linear_fwd(be, w0, nrm, PW(m, lp->q), N, D, QD, 0.0f)); /* q before q_norm */
-        MT_TRY(be->ops->zero(be, w4, (size_t)(N * QD) * sizeof(float)));
-        MT_TRY(be->ops->rmsnorm_bwd(be, w4, GW(m, lp->q_norm), w1, w0, PW(m, lp->q_norm), a[MT_LT_QUERY_NORM_RSTD], N * H, Dh, off));
-        MT_TRY(linear_fwd(be, w0, nrm, PW(m, lp->k), N, D, KVD, 0.0f)); /* k before k_norm */
-        MT_TRY(be->ops->zero(be, w1, (size_t)(N * KVD) * sizeof(float)));
-        MT_TRY(be->ops->rmsnorm_bwd(be, w1, GW(m, lp->k_norm), w2, w0, PW(m, lp->k_norm), a[MT_LT_KEY_NORM_RSTD], N * Hkv, Dh, off));
+        MT_TRY(linear_fwd(m, w0, nrm, PW(m, lp->q), N, D, QD, 0.0f)); /* q before q_norm */
+        MT_TRY(be->ops->zero(be, w4, (size_t)(N * QD) * m->es));
+        MT_TRY(be->ops->rmsnorm_bwd(be, w4, GW(m, lp->q_norm), w1, w0, PW(m, lp->q_norm), a[MT_LT_QUERY_NORM_RSTD], N * H, Dh, off, m->dt));
+        MT_TRY(linear_fwd(m, w0, nrm, PW(m, lp->k), N, D, KVD, 0.0f)); /* k before k_norm */
+        MT_TRY(be->ops->zero(be, w1, (size_t)(N * KVD) * m->es));
+        MT_TRY(be->ops->rmsnorm_bwd(be, w1, GW(m, lp->k_norm), w2, w0, PW(m, lp->k_norm), a[MT_LT_KEY_NORM_RSTD], N * Hkv, Dh, off, m->dt));
         dq = w4;
         dk = w1;
     }
-    MT_TRY(linear_bwd_w(be, GW(m, lp->q), dq, nrm, N, D, QD));
-    MT_TRY(linear_bwd_w(be, GW(m, lp->k), dk, nrm, N, D, KVD));
-    MT_TRY(linear_bwd_w(be, GW(m, lp->v), dv, nrm, N, D, KVD));
-    MT_TRY(linear_bwd_x(be, d2, dq, PW(m, lp->q), N, D, QD, 0.0f));
-    MT_TRY(linear_bwd_x(be, d2, dk, PW(m, lp->k), N, D, KVD, 1.0f));
-    MT_TRY(linear_bwd_x(be, d2, dv, PW(m, lp->v), N, D, KVD, 1.0f));
-    const float *dn1 = tp_sum_input_grad(m, d2, d1); /* column-parallel q/k/v: partial input gradient */
-    MT_TRY(be->ops->rmsnorm_bwd(be, G, GW(m, lp->in_norm), dn1, x, PW(m, lp->in_norm), a[MT_LT_INPUT_NORM_RSTD], Ns, D, off));
+    MT_TRY(linear_bwd_w(m, GW(m, lp->q), dq, nrm, N, D, QD));
+    MT_TRY(linear_bwd_w(m, GW(m, lp->k), dk, nrm, N, D, KVD));
+    MT_TRY(linear_bwd_w(m, GW(m, lp->v), dv, nrm, N, D, KVD));
+    MT_TRY(linear_bwd_x(m, d2, dq, PW(m, lp->q), N, D, QD, 0.0f));
+    MT_TRY(linear_bwd_x(m, d2, dk, PW(m, lp->k), N, D, KVD, 1.0f));
+    MT_TRY(linear_bwd_x(m, d2, dv, PW(m, lp->v), N, D, KVD, 1.0f));
+    const void *dn1 = tp_sum_input_grad(m, d2, d1); /* column-parallel q/k/v: partial input gradient */
+    MT_TRY(be->ops->rmsnorm_bwd(be, G, GW(m, lp->in_norm), dn1, x, PW(m, lp->in_norm), a[MT_LT_INPUT_NORM_RSTD], Ns, D, off, m->dt));
     return MT_OK;
 }
 
@@ -1460,9 +1543,12 @@ static mt_status MT_MUST_CHECK model_forward(mt_model *m, const int32_t *tokens)
     if (m->cp > 1) MT_TRY(be->ops->copy_to_device(be, m->cp_buf[CP_KPOS], m->cp_kpos_host, (size_t)m->Tg * sizeof(int32_t)));
     MT_TRY(be->ops->copy_to_device(be, m->gptr[GB_INV_FREQ], m->inv_freq_host, (size_t)m->Dh * sizeof(float)));
     MT_TRY(fetch_global(m));
+    if (m->dt != MT_F32) /* the compute copy from the fp32 master (mt_model_set_compute_rounding) */
+        MT_TRY(be->ops->from_f32(be, m->gptr[GB_COMPUTE_W], m->dt, m->gptr[GB_PARAMS], m->numel, 1, m->sr_seed,
+                                 (uint64_t)m->sr_t * (uint64_t)m->numel));
     const int64_t Ns = seq_rows(m), s0 = seq_row0(m); /* sequence parallelism: this rank's rows */
     MT_TRY(be->ops->embedding_fwd(be, m->lptr[0][MT_LT_DECODER_LAYER_INPUT], PW(m, m->p_embed), (const int32_t *)m->gptr[GB_TOKENS] + s0, Ns, D,
-                       m->emb_scale));
+                       m->emb_scale, m->dt));
     for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++) {
         MT_TRY(fetch_layer(m, l));
         prefetch_layer(m, l + 1); /* fsdp: layer l + 1's all-gather overlaps layer l */
@@ -1470,13 +1556,13 @@ static mt_status MT_MUST_CHECK model_forward(mt_model *m, const int32_t *tokens)
     }
     /* the loss needs every row's hidden state (each tensor rank computes its vocabulary
      * slice of all rows): under sequence parallelism all-gathered */
-    MT_TRY(be->ops->rmsnorm_fwd(be, (float *)m->gptr[GB_FINAL_HIDDEN] + s0 * D, m->gptr[GB_FINAL_RSTD], m->gptr[GB_FINAL_INPUT],
-                     PW(m, m->p_final_norm), Ns, D, m->eps, m->w_off));
+    MT_TRY(be->ops->rmsnorm_fwd(be, AT(m, m->gptr[GB_FINAL_HIDDEN], s0 * D), m->gptr[GB_FINAL_RSTD], m->gptr[GB_FINAL_INPUT],
+                     PW(m, m->p_final_norm), Ns, D, m->eps, m->w_off, m->dt));
     sp_gather(m, m->gptr[GB_FINAL_HIDDEN]);
     return MT_OK;
 }
 
-static const float *unembedding(const mt_model *m) {
+static const void *unembedding(const mt_model *m) {
     return PW(m, m->cfg.logits_via_embedding ? m->p_embed : m->p_lm_head);
 }
 
@@ -1501,14 +1587,17 @@ static mt_status backward_from_final_hidden(mt_model *m) {
     mt_backend *be = m->be;
     const int64_t D = m->D, Ns = seq_rows(m), s0 = seq_row0(m);
     m->fwd_kept = 0;
-    float *G = m->gptr[GB_RESID_GRAD];
-    MT_TRY(be->ops->zero(be, G, (size_t)(Ns * D) * sizeof(float)));
+    void *G = m->gptr[GB_RESID_GRAD];
+    MT_TRY(be->ops->zero(be, G, (size_t)(Ns * D) * m->es));
     /* dloss/dfinal_hidden [N, D] is the same on every tensor rank; under sequence
      * parallelism each rank takes its rows */
-    MT_TRY(be->ops->rmsnorm_bwd(be, G, GW(m, m->p_final_norm), (const float *)m->gptr[GB_FINAL_HIDDEN_GRAD] + s0 * D,
-                     m->gptr[GB_FINAL_INPUT], PW(m, m->p_final_norm), m->gptr[GB_FINAL_RSTD], Ns, D, m->w_off));
+    MT_TRY(be->ops->rmsnorm_bwd(be, G, GW(m, m->p_final_norm), AT(m, m->gptr[GB_FINAL_HIDDEN_GRAD], s0 * D),
+                     m->gptr[GB_FINAL_INPUT], PW(m, m->p_final_norm), m->gptr[GB_FINAL_RSTD], Ns, D, m->w_off, m->dt));
+    /* The sink's work on a window (parallel/zero1.c: an op, or a collective that the
+     * communicator orders after the compute stream with events) is queued after the
+     * backward that wrote it and before the next write: no host wait here (a step reads
+     * the device only for its loss and norm: tests/test_emu_syncs.c). */
     if (m->sink) { /* model.norm and lm_head are complete (phase L + 1): hand the tail window over */
-        MT_TRY(be->ops->sync(be));
         MT_TRY(m->sink(m->sink_ctx, m->tail_off, m->numel - m->tail_off, m->gwin[2]));
     }
     for (int64_t l = m->cfg.num_decoder_layers - 1; l >= 0; l--) {
@@ -1518,7 +1607,6 @@ static mt_status backward_from_final_hidden(mt_model *m) {
         MT_TRY(layer_backward(m, l));
         if (m->sink) { /* layer l's gradient is complete: hand its window over */
             MT_TRY(m->tp_status);
-            MT_TRY(be->ops->sync(be));
             MT_TRY(m->sink(m->sink_ctx, m->params[m->lp[l].in_norm].offset, m->layer_numel, m->gwin[0]));
         }
     }
@@ -1530,14 +1618,17 @@ static mt_status backward_from_final_hidden(mt_model *m) {
         MT_TRY(be->ops->zero(be, m->gwin[1], (size_t)m->params[m->p_embed].numel * sizeof(float)));
     if (m->tp_rank == 0 || m->sp)
         MT_TRY(be->ops->embedding_bwd(be, GW(m, m->p_embed), G, (const int32_t *)m->gptr[GB_TOKENS] + s0, Ns, m->V, D,
-                           m->emb_scale));
-    MT_TRY(be->ops->sync(be));
-    if (m->sink) MT_TRY(m->sink(m->sink_ctx, 0, m->params[m->p_embed].numel, m->gwin[1]));
+                           m->emb_scale, m->dt));
+    if (m->sink) { /* the embedding's gradient is complete: hand its window over */
+        MT_TRY(m->sink(m->sink_ctx, 0, m->params[m->p_embed].numel, m->gwin[1]));
+    }
     return MT_OK;
 }
 
+/* The forward (and with `backward` the backward) of one micro-batch, its loss sum and
+ * labelled count ADDED to the step statistics (GB_STEP_STATS [0], [1]). */
 static mt_status forward_loss(mt_model *m, const int32_t *tokens, const int32_t *labels, float dscale,
-                              int backward, double *loss_sum, int64_t *count) {
+                              int backward) {
     MT_TRY(check_ready(m, backward ? "mt_model_forward_backward" : "mt_model_loss"));
     MT_TRY(packing_upload(m, tokens)); /* from the whole window, before the rank's rows are taken */
     tokens = cp_select(m, tokens, m->cp_tok);
@@ -1556,26 +1647,31 @@ static mt_status forward_loss(mt_model *m, const int32_t *tokens, const int32_t 
     mt_tiled_loss_args la = {.N = N, .D = D, .V = m->V, .num_tiles = m->tiles,
                              .softcap = m->cfg.final_logits_soft_cap, .ignore_index = MT_IGNORE_LABEL,
                              .dscale = dscale};
-    double ls = 0.0;
-    int64_t cnt = 0;
-    float *dh = backward ? m->gptr[GB_FINAL_HIDDEN_GRAD] : NULL;
+    double *stats = m->gptr[GB_STEP_STATS];
+    void *dh = backward ? m->gptr[GB_FINAL_HIDDEN_GRAD] : NULL;
     float *dW = NULL;
     if (backward) {
         MT_TRY(grad_windows_begin(m));
         dW = GW(m, m->cfg.logits_via_embedding ? m->p_embed : m->p_lm_head);
     }
     if (m->tp > 1) { /* vocab-parallel: this rank's rows [v0, v0 + Vl) of the unembedding */
+        /* its loss is summed on the host (parallel/vocab_loss.c), then added to the stats */
+        double ls = 0.0, acc[2];
+        int64_t cnt = 0;
         const mt_vocab_loss_args va = {.N = N, .D = D, .v0 = m->v0, .Vl = m->Vl, .num_tiles = m->tiles,
                                        .softcap = la.softcap, .ignore_index = la.ignore_index, .dscale = dscale};
-        MT_TRY(mt_vocab_parallel_loss(be, m->tp_comm, &va, m->gptr[GB_FINAL_HIDDEN], unembedding(m) + m->v0 * D,
+        MT_TRY(mt_vocab_parallel_loss(be, m->tp_comm, &va, m->gptr[GB_FINAL_HIDDEN],
+                                      (const float *)unembedding(m) + m->v0 * D, /* fp32 (dtype checked at planning) */
                                       m->gptr[GB_LABELS], m->gptr[GB_LOSS_TILE], dh, dW ? dW + m->v0 * D : NULL,
                                       &ls, &cnt));
+        MT_TRY(be->ops->copy_to_host(be, acc, stats, sizeof acc));
+        acc[0] += ls;
+        acc[1] += (double)cnt;
+        MT_TRY(be->ops->copy_to_device(be, stats, acc, sizeof acc));
     } else {
-        MT_TRY(mt_tiled_loss(be, &la, m->gptr[GB_FINAL_HIDDEN], unembedding(m), m->gptr[GB_LABELS],
-                      m->gptr[GB_LOSS_TILE], dh, dW, &ls, &cnt));
+        MT_TRY(mt_tiled_loss(be, &la, m->gptr[GB_FINAL_HIDDEN], unembedding(m), m->dt, m->gptr[GB_LABELS],
+                             m->gptr[GB_LOSS_TILE], m->gptr[GB_LOSS_DTILE], dh, dW, stats));
     }
-    if (loss_sum) *loss_sum = ls;
-    if (count) *count = cnt;
     if (!backward) {
         m->fwd_kept = 1; /* mt_model_backward_hidden may follow */
         return MT_OK;
@@ -1583,14 +1679,31 @@ static mt_status forward_loss(mt_model *m, const int32_t *tokens, const int32_t 
     return backward_from_final_hidden(m);
 }
 
+/* Zero the loss statistics, run forward_loss, read them (one synchronising copy). */
+static mt_status loss_read(mt_model *m, const int32_t *tokens, const int32_t *labels, float dscale, int backward,
+                           double *loss_sum, int64_t *count) {
+    MT_TRY(check_ready(m, backward ? "mt_model_forward_backward" : "mt_model_loss"));
+    double acc[2] = {0.0, 0.0};
+    MT_TRY(m->be->ops->copy_to_device(m->be, m->gptr[GB_STEP_STATS], acc, sizeof acc));
+    MT_TRY(forward_loss(m, tokens, labels, dscale, backward));
+    MT_TRY(m->be->ops->copy_to_host(m->be, acc, m->gptr[GB_STEP_STATS], sizeof acc));
+    if (loss_sum) *loss_sum = acc[0];
+    if (count) *count = (int64_t)acc[1];
+    return MT_OK;
+}
+
 mt_status mt_model_forward_backward(mt_model *m, const int32_t *tokens, const int32_t *labels,
                                     float dscale, double *loss_sum, int64_t *count) {
-    return forward_loss(m, tokens, labels, dscale, 1, loss_sum, count);
+    return loss_read(m, tokens, labels, dscale, 1, loss_sum, count);
+}
+
+mt_status mt_model_forward_backward_acc(mt_model *m, const int32_t *tokens, const int32_t *labels, float dscale) {
+    return forward_loss(m, tokens, labels, dscale, 1);
 }
 
 mt_status mt_model_loss(mt_model *m, const int32_t *tokens, const int32_t *labels, double *loss_sum,
                         int64_t *count) {
-    return forward_loss(m, tokens, labels, 1.0f, 0, loss_sum, count);
+    return loss_read(m, tokens, labels, 1.0f, 0, loss_sum, count);
 }
 
 mt_status mt_model_hidden(mt_model *m, const int32_t *tokens, float *hidden) {
@@ -1605,7 +1718,10 @@ mt_status mt_model_hidden(mt_model *m, const int32_t *tokens, float *hidden) {
     m->fwd_kept = 0;
     MT_TRY(model_forward(m, tokens));
     MT_TRY(m->tp_status); /* tensor parallel: the row-parallel all-reduces */
-    MT_TRY(m->be->ops->copy_to_host(m->be, hidden, m->gptr[GB_FINAL_HIDDEN], (size_t)(m->N * m->D) * sizeof(float)));
+    const int64_t n = m->N * m->D;
+    MT_TRY(m->be->ops->copy_to_host(m->be, hidden, m->gptr[GB_FINAL_HIDDEN], (size_t)n * m->es));
+    if (m->dt == MT_BF16) /* widen in place from the end: element i's bf16 bits lie at or below its float */
+        for (int64_t i = n - 1; i >= 0; i--) hidden[i] = mt_bf16_to_f32(((const mt_bf16 *)hidden)[i]);
     m->fwd_kept = 1; /* mt_model_backward_hidden may follow */
     return MT_OK;
 }
@@ -1619,7 +1735,17 @@ mt_status mt_model_backward_hidden(mt_model *m, const float *dhidden) {
     if (!m->fwd_kept)
         return mt_set_error(MT_ERR_INVALID, "mt_model_backward_hidden: no forward to differentiate (call "
                             "mt_model_hidden or mt_model_loss first; a backward consumes the forward)");
-    MT_TRY(m->be->ops->copy_to_device(m->be, m->gptr[GB_FINAL_HIDDEN_GRAD], dhidden, (size_t)(m->N * m->D) * sizeof(float)));
+    const int64_t n = m->N * m->D;
+    if (m->dt == MT_BF16) { /* rounded to the activation dtype (RNE), as the loss's dh would be */
+        mt_bf16 *h = malloc((size_t)n * sizeof(mt_bf16));
+        if (!h) return mt_set_error(MT_ERR_OOM, "mt_model_backward_hidden: out of memory");
+        mt_f32_to_bf16_array(h, dhidden, (size_t)n);
+        const mt_status st = m->be->ops->copy_to_device(m->be, m->gptr[GB_FINAL_HIDDEN_GRAD], h, (size_t)n * m->es);
+        free(h);
+        MT_TRY(st);
+    } else {
+        MT_TRY(m->be->ops->copy_to_device(m->be, m->gptr[GB_FINAL_HIDDEN_GRAD], dhidden, (size_t)n * sizeof(float)));
+    }
     m->tp_status = MT_OK;
     MT_TRY(grad_windows_begin(m));
     return backward_from_final_hidden(m);
@@ -1637,14 +1763,15 @@ mt_status mt_model_logits(mt_model *m, const int32_t *tokens, float *logits) {
     mt_backend *be = m->be;
     const int64_t N = m->N, D = m->D, V = m->V;
     MT_TRY(model_forward(m, tokens));
-    const float *h = m->gptr[GB_FINAL_HIDDEN];
+    const void *h = m->gptr[GB_FINAL_HIDDEN];
     float *tile = m->gptr[GB_LOSS_TILE];
     const float cap = m->cfg.final_logits_soft_cap;
     for (int64_t t = 0; t < m->tiles; t++) {
         /* the row split of kernels/tiled_loss.h */
         const int64_t r0 = t * N / m->tiles, r1 = (t + 1) * N / m->tiles, R = r1 - r0;
         if (R <= 0) continue;
-        MT_TRY(be->ops->gemm(be, 0, 1, R, V, D, 1.0f, h + r0 * D, D, unembedding(m), D, 0.0f, tile, V));
+        MT_TRY(be->ops->gemm(be, 0, 1, R, V, D, 1.0f, AT(m, h, r0 * D), D, unembedding(m), D, m->dt, 0.0f, tile, V,
+                             MT_F32));
         float *dst = logits + r0 * V;
         MT_TRY(be->ops->copy_to_host(be, dst, tile, (size_t)(R * V) * sizeof(float)));
         if (cap > 0.0f)
@@ -1712,6 +1839,9 @@ mt_status mt_model_set_decode(mt_model *m, int on) {
     if (on && m->B != 1)
         return mt_set_error(MT_ERR_INVALID, "mt_model_set_decode: the KV cache holds one sequence (batch %lld, "
                             "must be 1)", (long long)m->B);
+    if (on && m->dt != MT_F32)
+        return mt_set_error(MT_ERR_UNSUPPORTED, "mt_model_set_decode: incremental decoding computes in float32 "
+                            "(the model's dtype is %s)", mt_dtype_name(m->dt));
     m->decode = on != 0;
     return MT_OK;
 }
@@ -1741,19 +1871,19 @@ static mt_status MT_MUST_CHECK decode_layer(mt_model *m, int64_t l, int64_t t) {
     const float *inv_freq = (const float *)b[DEC_INV_FREQ] + (mt_model_layer_is_local(&m->cfg, l) ? Dh / 2 : 0);
 
     /* attention block */
-    MT_TRY(be->ops->rmsnorm_fwd(be, nrm, rstd, x, PW(m, lp->in_norm), 1, D, m->eps, m->w_off));
+    MT_TRY(be->ops->rmsnorm_fwd(be, nrm, rstd, x, PW(m, lp->in_norm), 1, D, m->eps, m->w_off, MT_F32));
     if (m->cfg.use_qk_norm) {
-        MT_TRY(linear_fwd(be, tmp, nrm, PW(m, lp->q), 1, D, QD, 0.0f));
-        MT_TRY(be->ops->rmsnorm_fwd(be, q, rstd, tmp, PW(m, lp->q_norm), H, Dh, m->eps, m->w_off));
-        MT_TRY(linear_fwd(be, tmp, nrm, PW(m, lp->k), 1, D, KVD, 0.0f));
-        MT_TRY(be->ops->rmsnorm_fwd(be, kc + t * KVD, rstd, tmp, PW(m, lp->k_norm), Hkv, Dh, m->eps, m->w_off));
+        MT_TRY(linear_fwd(m, tmp, nrm, PW(m, lp->q), 1, D, QD, 0.0f));
+        MT_TRY(be->ops->rmsnorm_fwd(be, q, rstd, tmp, PW(m, lp->q_norm), H, Dh, m->eps, m->w_off, MT_F32));
+        MT_TRY(linear_fwd(m, tmp, nrm, PW(m, lp->k), 1, D, KVD, 0.0f));
+        MT_TRY(be->ops->rmsnorm_fwd(be, kc + t * KVD, rstd, tmp, PW(m, lp->k_norm), Hkv, Dh, m->eps, m->w_off, MT_F32));
     } else {
-        MT_TRY(linear_fwd(be, q, nrm, PW(m, lp->q), 1, D, QD, 0.0f));
-        MT_TRY(linear_fwd(be, kc + t * KVD, nrm, PW(m, lp->k), 1, D, KVD, 0.0f));
+        MT_TRY(linear_fwd(m, q, nrm, PW(m, lp->q), 1, D, QD, 0.0f));
+        MT_TRY(linear_fwd(m, kc + t * KVD, nrm, PW(m, lp->k), 1, D, KVD, 0.0f));
     }
-    MT_TRY(be->ops->rope_fwd(be, q, pos + t, inv_freq, 1, H, Dh));
-    MT_TRY(be->ops->rope_fwd(be, kc + t * KVD, pos + t, inv_freq, 1, Hkv, Dh));
-    MT_TRY(linear_fwd(be, vc + t * KVD, nrm, PW(m, lp->v), 1, D, KVD, 0.0f));
+    MT_TRY(be->ops->rope_fwd(be, q, pos + t, inv_freq, 1, H, Dh, MT_F32));
+    MT_TRY(be->ops->rope_fwd(be, kc + t * KVD, pos + t, inv_freq, 1, Hkv, Dh, MT_F32));
+    MT_TRY(linear_fwd(m, vc + t * KVD, nrm, PW(m, lp->v), 1, D, KVD, 0.0f));
     mt_attn_args a = attn_args(m, l);
     const int64_t k0 = a.window > 0 && t - a.window + 1 > 0 ? t - a.window + 1 : 0;
     a.Tq = 1;
@@ -1761,25 +1891,25 @@ static mt_status MT_MUST_CHECK decode_layer(mt_model *m, int64_t l, int64_t t) {
     a.q_pos = pos + t;
     a.k_pos = pos + k0;
     MT_TRY(be->ops->attention_fwd(be, &a, b[DEC_CTX], b[DEC_LSE], q, kc + k0 * KVD, vc + k0 * KVD));
-    MT_TRY(linear_fwd(be, out, b[DEC_CTX], PW(m, lp->o), 1, QD, D, 0.0f));
+    MT_TRY(linear_fwd(m, out, b[DEC_CTX], PW(m, lp->o), 1, QD, D, 0.0f));
     if (m->cfg.use_post_attn_norm) {
-        MT_TRY(be->ops->rmsnorm_fwd(be, tmp, rstd, out, PW(m, lp->post_attn_norm), 1, D, m->eps, m->w_off));
-        MT_TRY(be->ops->axpy(be, x, tmp, 1.0f, D));
+        MT_TRY(be->ops->rmsnorm_fwd(be, tmp, rstd, out, PW(m, lp->post_attn_norm), 1, D, m->eps, m->w_off, MT_F32));
+        MT_TRY(be->ops->axpy(be, x, tmp, 1.0f, D, MT_F32));
     } else {
-        MT_TRY(be->ops->axpy(be, x, out, 1.0f, D));
+        MT_TRY(be->ops->axpy(be, x, out, 1.0f, D, MT_F32));
     }
 
     /* MLP block */
-    MT_TRY(be->ops->rmsnorm_fwd(be, nrm, rstd, x, PW(m, lp->pre_mlp_norm), 1, D, m->eps, m->w_off));
-    MT_TRY(linear_fwd(be, b[DEC_GATE], nrm, PW(m, lp->gate), 1, D, F, 0.0f));
-    MT_TRY(linear_fwd(be, b[DEC_UP], nrm, PW(m, lp->up), 1, D, F, 0.0f));
-    MT_TRY(be->ops->glu_fwd(be, glu, b[DEC_GATE], b[DEC_UP], F, m->cfg.mlp_activation));
+    MT_TRY(be->ops->rmsnorm_fwd(be, nrm, rstd, x, PW(m, lp->pre_mlp_norm), 1, D, m->eps, m->w_off, MT_F32));
+    MT_TRY(linear_fwd(m, b[DEC_GATE], nrm, PW(m, lp->gate), 1, D, F, 0.0f));
+    MT_TRY(linear_fwd(m, b[DEC_UP], nrm, PW(m, lp->up), 1, D, F, 0.0f));
+    MT_TRY(be->ops->glu_fwd(be, glu, b[DEC_GATE], b[DEC_UP], F, m->cfg.mlp_activation, MT_F32));
     if (m->cfg.use_post_ffw_norm) {
-        MT_TRY(linear_fwd(be, out, glu, PW(m, lp->down), 1, F, D, 0.0f));
-        MT_TRY(be->ops->rmsnorm_fwd(be, tmp, rstd, out, PW(m, lp->post_ffw_norm), 1, D, m->eps, m->w_off));
-        MT_TRY(be->ops->axpy(be, x, tmp, 1.0f, D));
+        MT_TRY(linear_fwd(m, out, glu, PW(m, lp->down), 1, F, D, 0.0f));
+        MT_TRY(be->ops->rmsnorm_fwd(be, tmp, rstd, out, PW(m, lp->post_ffw_norm), 1, D, m->eps, m->w_off, MT_F32));
+        MT_TRY(be->ops->axpy(be, x, tmp, 1.0f, D, MT_F32));
     } else {
-        MT_TRY(linear_fwd(be, x, glu, PW(m, lp->down), 1, F, D, 1.0f));
+        MT_TRY(linear_fwd(m, x, glu, PW(m, lp->down), 1, F, D, 1.0f));
     }
     return MT_OK;
 }
@@ -1802,11 +1932,11 @@ mt_status mt_model_decode_step(mt_model *m, int32_t token, float *logits) {
         MT_TRY(be->ops->copy_to_device(be, m->dec_buf[DEC_INV_FREQ], m->inv_freq_host, (size_t)m->Dh * sizeof(float)));
     }
     MT_TRY(be->ops->copy_to_device(be, m->dec_buf[DEC_TOKEN], &token, sizeof(int32_t)));
-    MT_TRY(be->ops->embedding_fwd(be, m->dec_buf[DEC_X], PW(m, m->p_embed), m->dec_buf[DEC_TOKEN], 1, D, m->emb_scale));
+    MT_TRY(be->ops->embedding_fwd(be, m->dec_buf[DEC_X], PW(m, m->p_embed), m->dec_buf[DEC_TOKEN], 1, D, m->emb_scale, MT_F32));
     for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++) MT_TRY(decode_layer(m, l, t));
     MT_TRY(be->ops->rmsnorm_fwd(be, m->dec_buf[DEC_NORM], m->dec_buf[DEC_RSTD], m->dec_buf[DEC_X], PW(m, m->p_final_norm), 1, D,
-                     m->eps, m->w_off));
-    MT_TRY(linear_fwd(be, m->dec_buf[DEC_LOGITS], m->dec_buf[DEC_NORM], unembedding(m), 1, D, V, 0.0f));
+                     m->eps, m->w_off, MT_F32));
+    MT_TRY(linear_fwd(m, m->dec_buf[DEC_LOGITS], m->dec_buf[DEC_NORM], unembedding(m), 1, D, V, 0.0f));
     MT_TRY(be->ops->copy_to_host(be, logits, m->dec_buf[DEC_LOGITS], (size_t)V * sizeof(float)));
     const float cap = m->cfg.final_logits_soft_cap; /* as mt_model_logits */
     if (cap > 0.0f)

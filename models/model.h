@@ -107,6 +107,30 @@ typedef mt_status (*mt_grad_sink_fn)(void *ctx, int64_t offset, int64_t numel, f
  * MT_ERR_OOM. */
 mt_status mt_model_set_grad_sink(mt_model *m, mt_grad_sink_fn fn, void *ctx);
 
+/* Compute dtype, before planning: MT_F32 (default) or MT_BF16, mixed precision as in
+ * Micikevicius et al. 2018 ("Mixed Precision Training") with bf16: the plan then holds
+ * a bf16 compute copy of the parameters ("params.compute", numel x 2 bytes) next to
+ * the fp32 master ("params"), which every forward refreshes from the master with
+ * stochastic rounding (be->ops->from_f32, key mt_model_set_compute_rounding); every
+ * activation, saved tensor and activation gradient is bf16 (norm statistics, the
+ * attention logsumexp and the loss tile's logits stay fp32, plus a bf16 dlogits tile
+ * "loss_tile.dlogits"); parameter gradients are fp32 (GEMMs write them in fp32).
+ * kernels/ops.h says where each op rounds. bf16 with tensor or context parallelism,
+ * fsdp or parameter host offload, and decoding, are refused (MT_ERR_UNSUPPORTED) at
+ * planning / mt_model_set_decode.
+ * Errors: MT_ERR_INVALID (NULL model, after planning, a dtype other than these two),
+ * MT_ERR_UNSUPPORTED (a decode model). */
+mt_status mt_model_set_dtype(mt_model *m, mt_dtype dt);
+mt_dtype mt_model_dtype(const mt_model *m);
+
+/* The key of the compute copy's stochastic rounding (dtype bfloat16): element i of the
+ * flat parameter buffer is rounded with the Philox bits of (seed, offset t * numel + i)
+ * (kernels/ops.h from_f32), so the compute weights are a pure function of the master
+ * weights, seed and t. The trainer passes its seed and the number of updates applied so
+ * far (0 before the first), so a resumed run refreshes them bitwise as the uninterrupted
+ * one. Default (0, 0). No effect with float32. */
+void mt_model_set_compute_rounding(mt_model *m, uint64_t seed, int64_t t);
+
 /* Parameter host offload (parameter_memory_host_offload), before planning: the flat
  * parameter buffer (mt_model_params) lives in the host pool (mt_model_add_to_host_plan,
  * "params") and the device arena holds two layer windows ("params.window.layer0/1",
@@ -264,6 +288,19 @@ mt_status mt_model_init_params(mt_model *m, uint64_t seed);
  * Errors: MT_ERR_INVALID naming a token or label outside [0, vocab_size). */
 mt_status mt_model_forward_backward(mt_model *m, const int32_t *tokens, const int32_t *labels,
                                     float dscale, double *loss_sum, int64_t *count);
+
+/* The step statistics in backend memory: double[MT_MODEL_STATS] (plan entry
+ * "step_stats", live the whole step) = {loss sum, labelled count, gradient sum of
+ * squares, spare}. mt_model_forward_backward_acc ADDS a micro-batch's loss and count
+ * to [0] and [1] without any host synchronisation; the trainer zeroes them at the start
+ * of a step, accumulates the gradient norm's squares into [2] (be->ops->sumsq) and
+ * reads all of them with one copy_to_host per step. NULL before mt_model_bind. */
+#define MT_MODEL_STATS 4
+double *mt_model_step_stats(mt_model *m);
+
+/* mt_model_forward_backward without the read: the loss sum and count are added to
+ * mt_model_step_stats [0] and [1] (backend memory). Errors: as mt_model_forward_backward. */
+mt_status mt_model_forward_backward_acc(mt_model *m, const int32_t *tokens, const int32_t *labels, float dscale);
 
 /* Forward and loss only (evaluation). Same outputs, gradients untouched. */
 mt_status mt_model_loss(mt_model *m, const int32_t *tokens, const int32_t *labels,

@@ -28,7 +28,7 @@ mt_status mt_vocab_parallel_loss(mt_backend *be, mt_comm *comm, const mt_vocab_l
         const int64_t r0 = t * N / T, r1 = (t + 1) * N / T, R = r1 - r0;
         if (R == 0) continue;
         const float *ht = h + r0 * D;
-        MT_TRY(be->ops->gemm(be, 0, 1, R, Vl, D, 1.0f, ht, D, W_l, D, 0.0f, tile, Vl));
+        MT_TRY(be->ops->gemm(be, 0, 1, R, Vl, D, 1.0f, ht, D, W_l, D, MT_F32, 0.0f, tile, Vl, MT_F32));
         for (int64_t r = 0; r < R; r++) {
             float *z = tile + r * Vl, m = -INFINITY;
             for (int64_t j = 0; j < Vl; j++) {
@@ -70,8 +70,8 @@ mt_status mt_vocab_parallel_loss(mt_backend *be, mt_comm *comm, const mt_vocab_l
             }
         }
         if (!dh) continue;
-        MT_TRY(be->ops->gemm(be, 0, 0, R, D, Vl, 1.0f, tile, Vl, W_l, D, 0.0f, dh + r0 * D, D));
-        if (dW_l) MT_TRY(be->ops->gemm(be, 1, 0, Vl, D, R, 1.0f, tile, Vl, ht, D, 1.0f, dW_l, D));
+        MT_TRY(be->ops->gemm(be, 0, 0, R, D, Vl, 1.0f, tile, Vl, W_l, D, MT_F32, 0.0f, dh + r0 * D, D, MT_F32));
+        if (dW_l) MT_TRY(be->ops->gemm(be, 1, 0, Vl, D, R, 1.0f, tile, Vl, ht, D, MT_F32, 1.0f, dW_l, D, MT_F32));
     }
     free(mx);
     free(sz);

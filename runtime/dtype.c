@@ -4,9 +4,6 @@
 
 #include "runtime/rng.h"
 
-/* Philox stream reserved for stochastic rounding of arrays ("SR"). */
-#define MT_SR_STREAM 0x5352u
-
 /* Parallelise element loops only above this many elements. */
 #define MT_DTYPE_PAR_MIN 65536
 

@@ -66,6 +66,10 @@ static inline mt_bf16 mt_f32_to_bf16_sr(float f, uint32_t rand16) {
     return (mt_bf16)(u >> 16);
 }
 
+/* The Philox stream of stochastic rounding (mt_rng_u32x4's `stream`, runtime/rng.h):
+ * every backend draws its bits from (seed, MT_SR_STREAM, (offset + i) / 4). */
+#define MT_SR_STREAM 0x5352u
+
 /* Array conversions, n elements. The _sr variant draws its random bits from
  * Philox(seed, offset + i), so the result is independent of thread count. */
 void mt_f32_to_bf16_array(mt_bf16 *dst, const float *src, size_t n);

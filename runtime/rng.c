@@ -1,50 +1,24 @@
 /* runtime/rng.c: Philox4x32-10 and the samplers built on it (see rng.h).
  *
  * The round function, multipliers and Weyl key increments are those of Random123's
- * philox.h (Salmon et al., SC'11): checked against Random123's kat_vectors in
- * tests/test_runtime.c. Samplers map element i to block i / 4, word i % 4, so each
- * element is a pure function of (seed, stream, i) and the loops can be split over
- * threads freely. */
+ * philox.h (Salmon et al., SC'11), written once as inline host/device functions in
+ * rng.h (the CUDA backend's stochastic rounding uses the same code): checked against
+ * Random123's kat_vectors in tests/test_runtime.c. Samplers map element i to block
+ * i / 4, word i % 4, so each element is a pure function of (seed, stream, i) and the
+ * loops can be split over threads freely. */
 #include "runtime/rng.h"
 
 #include <math.h>
-
-#define MT_PHILOX_M0 0xD2511F53u
-#define MT_PHILOX_M1 0xCD9E8D57u
-#define MT_PHILOX_W0 0x9E3779B9u
-#define MT_PHILOX_W1 0xBB67AE85u
 
 /* Parallelise only when there is enough work to pay for the thread start-up. */
 #define MT_RNG_PAR_MIN 65536
 
 void mt_philox4x32_10(const uint32_t counter[4], const uint32_t key[2], uint32_t out[4]) {
-    uint32_t c0 = counter[0], c1 = counter[1], c2 = counter[2], c3 = counter[3];
-    uint32_t k0 = key[0], k1 = key[1];
-    for (int r = 0; r < 10; r++) {
-        if (r > 0) { /* key bump before rounds 2..10 (philox4x32bumpkey) */
-            k0 += MT_PHILOX_W0;
-            k1 += MT_PHILOX_W1;
-        }
-        uint64_t p0 = (uint64_t)MT_PHILOX_M0 * c0;
-        uint64_t p1 = (uint64_t)MT_PHILOX_M1 * c2;
-        uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0;
-        uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
-        c0 = hi1 ^ c1 ^ k0;
-        c1 = lo1;
-        c2 = hi0 ^ c3 ^ k1;
-        c3 = lo0;
-    }
-    out[0] = c0;
-    out[1] = c1;
-    out[2] = c2;
-    out[3] = c3;
+    mt_philox4x32_10_inline(counter, key, out);
 }
 
 void mt_rng_u32x4(uint64_t seed, uint64_t stream, uint64_t index, uint32_t out[4]) {
-    const uint32_t ctr[4] = {(uint32_t)index, (uint32_t)(index >> 32), (uint32_t)stream,
-                             (uint32_t)(stream >> 32)};
-    const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
-    mt_philox4x32_10(ctr, key, out);
+    mt_rng_u32x4_inline(seed, stream, index, out);
 }
 
 float mt_rng_u01(uint32_t w) { return (float)(w >> 8) * (1.0f / 16777216.0f); }

@@ -4,8 +4,8 @@
 # refusals are made from the backend's capabilities (kernels/backend.h
 # mt_backend_kind_caps) before any device is probed, so they hold on a machine without
 # a GPU and in a build without CUDA alike: parameter_memory_host_offload,
-# optimizer_memory_host_offload, dtype=bfloat16, and (under mpirun) more than one rank.
-# Keys that now run entirely through ops (shard_optimizer_over_data, grad_dtype=bfloat16
+# optimizer_memory_host_offload, and (under mpirun) more than one rank. Keys that now
+# run entirely through ops (dtype=bfloat16, shard_optimizer_over_data, grad_dtype=bfloat16
 # with accumulation) are not refused for that reason: the run then fails only for want
 # of a device (exit 2, "backend=cuda"), or trains where one is visible.
 set -u
@@ -38,15 +38,14 @@ refused() {
 }
 refused parameter_memory_host_offload=true
 refused optimizer_memory_host_offload=true
-refused dtype=bfloat16
 
 # allowed through ops: without a device the only complaint is the device itself
-"$bin" train "$tmp/cfg/run.yml" backend=cuda shard_optimizer_over_data=true grad_dtype=bfloat16 \
+"$bin" train "$tmp/cfg/run.yml" backend=cuda dtype=bfloat16 shard_optimizer_over_data=true grad_dtype=bfloat16 \
     gradient_accumulation_steps=2 > "$tmp/out.log" 2> "$tmp/err.log"
 rc=$?
 if [ "$rc" -ne 0 ]; then
-    grep -q "shard_optimizer_over_data\|grad_dtype" "$tmp/err.log" &&
-        fail "ZeRO-1 / bf16 accumulation refused on cuda: $(cat "$tmp/err.log")"
+    grep -q "shard_optimizer_over_data\|dtype" "$tmp/err.log" &&
+        fail "bf16 / ZeRO-1 / bf16 accumulation refused on cuda: $(cat "$tmp/err.log")"
     grep -q "backend=cuda" "$tmp/err.log" || fail "no-device message: $(cat "$tmp/err.log")"
     [ "$rc" -eq 2 ] || fail "no device: exit $rc, want 2"
 fi

@@ -113,13 +113,15 @@ for lay in "ici_fsdp_parallelism=-1" "ici_fsdp_parallelism=-1 ici_tensor_paralle
 done
 # data 2 x fsdp 4 on 8 devices: the trainer's plan, its optimizer state
 # 1/8 of AdamW's 8 bytes per parameter (shards nested in the fsdp shards, rank 0's
-# sub-shard ceil(ceil(N / 4) / 2) floats)
+# sub-shard ceil(ceil(N / 4) / 2) floats) plus the AdamW segment table, 24 bytes per
+# parameter tensor (train/optimizer.h; 32 layers of 2 norms and 7 matrices, embedding,
+# final norm, lm_head)
 "$bin" plan "$base" $nodata model_name=llama3.1-8b max_target_length=2048 num_devices=8 ici_data_parallelism=2 \
     ici_fsdp_parallelism=4 --json > d2f4.json 2> err || fail "plan data 2 x fsdp 4: $(cat err)"
 $py -c "
 import json; p = json.load(open('d2f4.json')); n = p['num_params']
 assert p['mesh']['data'] == 2 and p['mesh']['fsdp'] == 4, p['mesh']
-assert p['per_device']['optimizer'] == 8 * -(-(-(-n // 4)) // 2), (p['per_device']['optimizer'], n)
+assert p['per_device']['optimizer'] == 8 * -(-(-(-n // 4)) // 2) + 24 * (9 * 32 + 3), (p['per_device']['optimizer'], n)
 " || fail "plan data 2 x fsdp 4: $(head -c 600 d2f4.json)"
 
 # --- an unknown model_name names each directory searched once, no configs/configs ---

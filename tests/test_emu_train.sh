@@ -6,6 +6,8 @@
 #    embedding) on backend=cuda and backend=cpu: every step's loss within the bound below;
 #    3 steps of configs/models/llama3-tiny.yml (GQA 8/2, head_dim 32, llama3 RoPE) and
 #    gemma-tiny.yml (MQA, head_dim 64) likewise;
+#  - 60 steps of the tiny Llama with dtype=bfloat16 on cuda within the band of float32 on
+#    cpu (tests/test_bf16_train.sh derives the band);
 #  - save and resume on cuda: resuming from step_5 gives steps 6..10 bitwise;
 #  - a kernel that faults (CUDAEMU_FAIL_KERNEL) makes `train` exit 1 naming the kernel,
 #    and leaves no checkpoint half-written.
@@ -98,6 +100,14 @@ for m in llama3-tiny gemma-tiny; do
     mt_train "$m-cuda" "${args[@]}" backend=cuda || continue
     compare "$m-cpu" "$m-cuda" 3 4 8192
 done
+
+# 1b. dtype=bfloat16 on cuda (bf16 kernels, bf16 cuBLASLt GEMMs) against float32 on cpu,
+# 60 steps of the tiny Llama: the band of tests/test_bf16_train.sh (which derives it),
+# windows of 10 steps (tests/loss_band.py).
+mt_train bf16-f32 model_name=tiny-llama backend=cpu steps=60 &&
+mt_train bf16-cuda model_name=tiny-llama backend=cuda dtype=bfloat16 steps=60 &&
+{ python3 tests/loss_band.py "$tmp/out/bf16-f32/metrics.jsonl" "$tmp/out/bf16-cuda/metrics.jsonl" 60 10 0.3 ||
+      fail "cuda bf16 left the band of cpu float32"; }
 
 # 2. Save and resume on cuda: steps 6..10 of a resumed run bitwise those of the whole run.
 mt_train whole backend=cuda steps=10 checkpoint_period=5 || exit 1

@@ -86,7 +86,7 @@ static void gemm_case(int ta, int tb, int64_t M, int64_t N, int64_t K, float alp
             sa = fabs(alpha) * sa + (beta != 0.0f ? fabs(beta * (double)C[i * ldc + j]) : 0.0);
             absmax = sa > absmax ? sa : absmax;
         }
-    TU_OK(be()->ops->gemm(be(), ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc));
+    TU_OK(be()->ops->gemm(be(), ta, tb, M, N, K, alpha, A, lda, B, ldb, MT_F32, beta, C, ldc, MT_F32));
     for (int64_t i = 0; i < M; i++)
         for (int64_t j = 0; j < N; j++) got[i * N + j] = C[i * ldc + j];
     /* Each entry is alpha (K-term fp32 dot product) + beta c: K products and sums, the
@@ -115,10 +115,10 @@ Test(ops_gemm, all_transposes_against_fp64) {
 
 Test(ops_gemm, empty_k_scales_c) {
     float C[6] = {1, 2, 3, 4, 5, 6}, A[1] = {0}, B[1] = {0};
-    TU_OK(be()->ops->gemm(be(), 0, 0, 2, 3, 0, 1.0f, A, 1, B, 3, 0.5f, C, 3));
+    TU_OK(be()->ops->gemm(be(), 0, 0, 2, 3, 0, 1.0f, A, 1, B, 3, MT_F32, 0.5f, C, 3, MT_F32));
     for (int i = 0; i < 6; i++) cr_expect(C[i] == 0.5f * (float)(i + 1));
     float D[6] = {NAN, NAN, NAN, NAN, NAN, NAN};
-    TU_OK(be()->ops->gemm(be(), 0, 0, 2, 3, 0, 1.0f, A, 1, B, 3, 0.0f, D, 3));
+    TU_OK(be()->ops->gemm(be(), 0, 0, 2, 3, 0, 1.0f, A, 1, B, 3, MT_F32, 0.0f, D, 3, MT_F32));
     for (int i = 0; i < 6; i++) cr_expect(D[i] == 0.0f);
 }
 
@@ -154,7 +154,7 @@ Test(ops_embedding, forward_exact_and_backward_fd) {
     tu_fill_normal(&r, dtable0, V * D, 1.0);
     memcpy(dtable, dtable0, (size_t)(V * D) * sizeof(float));
 
-    TU_OK(be()->ops->embedding_fwd(be(), out, table, tok, N, D, scale));
+    TU_OK(be()->ops->embedding_fwd(be(), out, table, tok, N, D, scale, MT_F32));
     /* One fp32 multiply per element: the result must be the correctly rounded product. */
     int exact = 1;
     for (int64_t n = 0; n < N; n++)
@@ -162,7 +162,7 @@ Test(ops_embedding, forward_exact_and_backward_fd) {
             exact &= out[n * D + d] == (float)((double)scale * (double)table[tok[n] * D + d]);
     cr_expect(exact, "embedding_fwd is the rounded product scale * row");
 
-    TU_OK(be()->ops->embedding_bwd(be(), dtable, dout, tok, N, V, D, scale));
+    TU_OK(be()->ops->embedding_bwd(be(), dtable, dout, tok, N, V, D, scale, MT_F32));
     emb_ctx c = {tok, N, D, scale, tu_to_double(table, V * D), tu_to_double(dout, N * D)};
     double *fd = tu_dalloc(V * D), *want = tu_dalloc(V * D);
     int64_t *idx = calloc((size_t)(V * D), sizeof(int64_t));
@@ -234,7 +234,7 @@ static void rmsnorm_case(int64_t N, int64_t D, float eps, float w_off) {
     memcpy(dx, dx0, (size_t)(N * D) * sizeof(float));
     memcpy(dw, dw0, (size_t)D * sizeof(float));
 
-    TU_OK(be()->ops->rmsnorm_fwd(be(), y, rstd, x, w, N, D, eps, w_off));
+    TU_OK(be()->ops->rmsnorm_fwd(be(), y, rstd, x, w, N, D, eps, w_off, MT_F32));
     rms_ctx c = {N, D, eps, w_off, tu_to_double(x, N * D), tu_to_double(w, D),
                  tu_to_double(dy, N * D)};
     double *yr = tu_dalloc(N * D), *rr = tu_dalloc(N);
@@ -248,7 +248,7 @@ static void rmsnorm_case(int64_t N, int64_t D, float eps, float w_off) {
     snprintf(what, sizeof what, "rmsnorm_fwd rstd N=%ld D=%ld", (long)N, (long)D);
     EXPECT_ERR(what, tu_rel_err(rstd, rr, N), GAMMA(2));
 
-    TU_OK(be()->ops->rmsnorm_bwd(be(), dx, dw, dy, x, w, rstd, N, D, w_off));
+    TU_OK(be()->ops->rmsnorm_bwd(be(), dx, dw, dy, x, w, rstd, N, D, w_off, MT_F32));
     double *fdx = tu_dalloc(N * D), *fdw = tu_dalloc(D), *want = tu_dalloc(N * D);
     int64_t *idx = calloc((size_t)(N * D), sizeof(int64_t));
     tu_fd_grad(rms_loss, &c, c.x, N * D, fdx, idx, 0, &r);
@@ -311,6 +311,13 @@ Test(ops_rmsnorm, llama_and_gemma_forms) {
     rmsnorm_case(50, 100, 1e-6f, 1.0f); /* Gemma scale (1 + w), several column blocks */
 }
 
+/* The residual add fused into the norm (ops.h add_rmsnorm_fwd) is bitwise the unfused
+ * ops, which rmsnorm_case and the axpy test hold to the fp64 references. */
+Test(ops_rmsnorm, fused_residual_add) {
+    tu_check_add_rmsnorm(be(), MT_F32);
+    tu_check_add_rmsnorm(be(), MT_BF16);
+}
+
 /* ------------------------------------------------------------------ rope */
 
 typedef struct rope_ctx {
@@ -359,7 +366,7 @@ static void rope_case(int64_t N, int64_t H, int64_t Dh) {
     double *want = tu_dalloc(n), *fd = tu_dalloc(n);
     int64_t *idx = calloc((size_t)n, sizeof(int64_t));
     rope_ref(&c, want);
-    TU_OK(be()->ops->rope_fwd(be(), x, pos, inv, N, H, Dh));
+    TU_OK(be()->ops->rope_fwd(be(), x, pos, inv, N, H, Dh, MT_F32));
     char what[64];
     /* The angle theta = float(pos) * inv_freq is one fp32 product, in the kernel and in
      * the reference alike (as HF), so it carries no difference; computed in fp64 instead
@@ -378,7 +385,7 @@ static void rope_case(int64_t N, int64_t H, int64_t Dh) {
     snprintf(what, sizeof what, "rope_fwd Dh=%ld / bound", (long)Dh);
     EXPECT_ERR(what, tu_bound_ratio(x, want, bnd, n), 1.0);
     tu_fd_grad(rope_loss, &c, c.x, n, fd, idx, 0, &r);
-    TU_OK(be()->ops->rope_bwd(be(), dy, pos, inv, N, H, Dh));
+    TU_OK(be()->ops->rope_bwd(be(), dy, pos, inv, N, H, Dh, MT_F32));
     for (int64_t i = 0; i < n; i++) bndb[i] += FD_REL * tu_max_abs(fd, n);
     snprintf(what, sizeof what, "rope_bwd Dh=%ld vs fd / bound", (long)Dh);
     EXPECT_ERR(what, tu_bound_ratio(dy, fd, bndb, n), 1.0);
@@ -439,7 +446,7 @@ static void glu_case(mt_activation act) {
     double *want = tu_dalloc(n), *fdg = tu_dalloc(n), *fdu = tu_dalloc(n);
     int64_t *idx = calloc((size_t)n, sizeof(int64_t));
     for (int64_t i = 0; i < n; i++) want[i] = act_ref(c.g[i], act) * c.u[i];
-    TU_OK(be()->ops->glu_fwd(be(), h, g, u, n, act));
+    TU_OK(be()->ops->glu_fwd(be(), h, g, u, n, act, MT_F32));
     const char *name = act == MT_ACT_SILU ? "silu" : "gelu_tanh";
     char what[64];
     /* vmath.h's exp is within 2 ulp of the rounded value (Test vmath: 2.5 ulp of the
@@ -464,7 +471,7 @@ static void glu_case(mt_activation act) {
     }
     snprintf(what, sizeof what, "glu_fwd %s / bound", name);
     EXPECT_ERR(what, tu_bound_ratio(h, want, bh, n), 1.0);
-    TU_OK(be()->ops->glu_bwd(be(), dg, du, dh, g, u, n, act));
+    TU_OK(be()->ops->glu_bwd(be(), dg, du, dh, g, u, n, act, MT_F32));
     tu_fd_grad(glu_loss, &c, c.g, n, fdg, idx, 0, &r);
     tu_fd_grad(glu_loss, &c, c.u, n, fdu, idx, 0, &r);
     for (int64_t i = 0; i < n; i++) {
@@ -529,55 +536,6 @@ static double xent_loss(void *p) {
     return c->dscale * L;
 }
 
-/* Derived bounds for one xent_tile call (the analysis of tests/test_tiled_loss.c, with
- * the logits exact here): per labelled row of fp64 logits x (the kernel's fp32 values),
- * z = cap tanh(x / cap) or x, p = softmax(z), dz = dz/dx:
- *  - z: x inv_cap (inv_cap = fl(1/cap) and the product: 2u relative, which tanh does not
- *    amplify since a sech^2 a <= tanh a), tanh (8u), the product by cap (u): ez = 11u |z|.
- *  - log-sum-exp: the logit errors weighted by p (dlse = sum p ez), each term's fp32
- *    z - max (u |z - max|) and exp (2 ulp of the rounded value, 2.5 of the exact: 5u;
- *    Test vmath), the fp64 sum and log (< 1e-13):
- *    es = sum p (u |z - max| + 5u) + 1e-13; row loss within dlse + es + ez_label.
- *  - gradient dscale (p - onehot) dz: p carries ez + dlse (the shift), es, its own
- *    u |z - max| + 5u, 1/sum and the product (2u): rp; dz = 1 - th^2, th = z inv_cap,
- *    moves by 2 |th| ez / cap + 6u absolute (edz); the label's p - 1, the products by
- *    dz and dscale: 3u. eg = |dscale| (p rp |dz| + |p - onehot| (edz + 3u |dz|)).
- * Writes eg[R * V] (0 on ignored rows) and returns the bound on the summed loss. */
-static double xent_bounds(const double *x, const int32_t *labels, int32_t ignore, int64_t R, int64_t V,
-                          double cap, double dscale, double *eg) {
-    const double u = U32;
-    double lb = 1e-15 * (double)R;
-    double *z = tu_dalloc(V), *p = tu_dalloc(V);
-    for (int64_t r = 0; r < R; r++) {
-        if (labels[r] == ignore) {
-            for (int64_t j = 0; j < V; j++) eg[r * V + j] = 0.0;
-            continue;
-        }
-        double mx = -INFINITY, s = 0.0, dlse = 0.0, es = 1e-13;
-        for (int64_t j = 0; j < V; j++) {
-            z[j] = cap > 0 ? cap * tanh(x[r * V + j] / cap) : x[r * V + j];
-            mx = z[j] > mx ? z[j] : mx;
-        }
-        for (int64_t j = 0; j < V; j++) s += exp(z[j] - mx);
-        for (int64_t j = 0; j < V; j++) {
-            p[j] = exp(z[j] - mx) / s;
-            dlse += p[j] * (cap > 0 ? 11 * u * fabs(z[j]) : 0.0);
-            es += p[j] * (u * fabs(z[j] - mx) + 5 * u);
-        }
-        const int32_t l = labels[r];
-        lb += dlse + es + (cap > 0 ? 11 * u * fabs(z[l]) : 0.0);
-        for (int64_t j = 0; j < V; j++) {
-            const double ez = cap > 0 ? 11 * u * fabs(z[j]) : 0.0, th = cap > 0 ? z[j] / cap : 0.0;
-            const double dz = 1.0 - th * th, edz = cap > 0 ? 2 * fabs(th) * ez / cap + 6 * u : 0.0;
-            const double rp = ez + dlse + es + u * fabs(z[j] - mx) + 7 * u;
-            eg[r * V + j] = fabs(dscale) * (p[j] * rp * fabs(dz) + fabs(p[j] - (j == l)) * (edz + 3 * u * fabs(dz)));
-        }
-    }
-    free(z);
-    free(p);
-    return lb;
-}
-
 static void xent_case(float cap, double std) {
     tu_rng r = {(uint64_t)(cap * 10) + 5};
     const int64_t R = 7, V = 37;
@@ -590,15 +548,15 @@ static void xent_case(float cap, double std) {
     tu_fill_normal(&r, x, R * V, std);
     const float dscale = 0.25f;
     xent_ctx c = {R, V, cap, dscale, labels, ignore, tu_to_double(x, R * V)};
-    double loss = 1.5; /* += into existing totals */
-    int64_t count = 3;
-    TU_OK(be()->ops->xent_tile(be(), x, labels, R, V, cap, ignore, dscale, &loss, &count));
-    cr_expect(count == 3 + 5, "count adds the labelled rows");
+    double stats[2] = {1.5, 3.0}; /* += into existing totals (loss sum, count) */
+    TU_OK(be()->ops->xent_tile(be(), x, x, MT_F32, labels, R, V, cap, ignore, dscale, stats));
+    const double loss = stats[0];
+    cr_expect(stats[1] == 3 + 5, "count adds the labelled rows");
     const double want = xent_loss(&c) / dscale;
-    /* Bounds derived in xent_bounds; the loss relative to |want|, each dlogit entry
+    /* Bounds derived in tu_xent_bounds (tests/test_ops_util.h); the loss relative to |want|, each dlogit entry
      * against its own bound plus the finite difference's allowance. */
     double *eg = tu_dalloc(R * V);
-    const double lb = xent_bounds(c.x, labels, ignore, R, V, cap, dscale, eg);
+    const double lb = tu_xent_bounds(c.x, labels, ignore, R, V, cap, dscale, eg);
     char what[64];
     snprintf(what, sizeof what, "xent_tile loss cap=%g", cap);
     EXPECT_ERR(what, fabs((loss - 1.5) - want) / fabs(want), lb / fabs(want));
@@ -636,13 +594,13 @@ Test(ops_xent, large_vocab) {
         for (int64_t j = 0; j < V; j++) want[i * V + j] = exp(xr[j] - mx) / s - (j == labels[i]);
         Lw += mx + log(s) - xr[labels[i]];
     }
-    double loss = 0.0;
-    int64_t count = 0;
-    /* xent_bounds' analysis (no cap, dscale 1); exact zeros allowed 1e-30. */
+    double stats[2] = {0.0, 0.0};
+    /* tu_xent_bounds' analysis (no cap, dscale 1); exact zeros allowed 1e-30. */
     double *eg = tu_dalloc(R * V), *xd = tu_to_double(x, R * V);
-    const double lb = xent_bounds(xd, labels, -1, R, V, 0.0, 1.0, eg);
-    TU_OK(be()->ops->xent_tile(be(), x, labels, R, V, 0.0f, -1, 1.0f, &loss, &count));
-    cr_expect(count == 3);
+    const double lb = tu_xent_bounds(xd, labels, -1, R, V, 0.0, 1.0, eg);
+    TU_OK(be()->ops->xent_tile(be(), x, x, MT_F32, labels, R, V, 0.0f, -1, 1.0f, stats));
+    const double loss = stats[0];
+    cr_expect(stats[1] == 3);
     for (int64_t i = 0; i < R * V; i++) eg[i] += 1e-30;
     EXPECT_ERR("xent_tile loss V=50000", fabs(loss - Lw) / Lw, lb / Lw);
     EXPECT_ERR("xent_tile dlogits V=50000 / bound", tu_bound_ratio(x, want, eg, R * V), 1.0);
@@ -663,7 +621,7 @@ Test(ops_elementwise, axpy_scale_sumsq) {
     memcpy(y, y0, (size_t)n * sizeof(float));
     double *want = tu_dalloc(n);
     for (int64_t i = 0; i < n; i++) want[i] = (double)y0[i] + 0.3 * (double)x[i];
-    TU_OK(be()->ops->axpy(be(), y, x, 0.3f, n));
+    TU_OK(be()->ops->axpy(be(), y, x, 0.3f, n, MT_F32));
     /* y + a x, one product and one sum in fp32 (or one FMA), with a = 0.3f within u of 0.3:
      * |error| <= gamma_3 (|y| + |0.3 x|), i.e. gamma_3 max(|y| + 0.3 |x|) / max|want| of
      * the max (that ratio, a property of the data, computed here). */
@@ -671,7 +629,7 @@ Test(ops_elementwise, axpy_scale_sumsq) {
     for (int64_t i = 0; i < n; i++) ab = fmax(ab, fabs((double)y0[i]) + 0.3 * fabs((double)x[i]));
     EXPECT_ERR("axpy", tu_rel_err(y, want, n), GAMMA(3) * ab / tu_max_abs(want, n));
     for (int64_t i = 0; i < n; i++) want[i] = (double)y[i] * -1.7;
-    TU_OK(be()->ops->scale(be(), y, -1.7f, n));
+    TU_OK(be()->ops->scale(be(), y, -1.7f, n, MT_F32));
     /* one fp32 product, with -1.7f within u of -1.7: gamma_2 of each entry. */
     EXPECT_ERR("scale", tu_rel_err(y, want, n), GAMMA(2));
     double s = 0.0;
@@ -681,6 +639,11 @@ Test(ops_elementwise, axpy_scale_sumsq) {
      * within 2 n 2^-53 = 2.2e-11 of each other. */
     EXPECT_ERR("sumsq", fabs(tu_sumsq(be(), x, n) - s) / s, 2.0 * (double)n * 0x1p-53);
     cr_expect(tu_sumsq(be(), x, 0) == 0.0);
+    /* "+=": the tensor's fp64 sum is added to the accumulator last (one fp64 add; the
+     * CPU backend's memory is host memory) */
+    double acc = 2.5;
+    TU_OK(be()->ops->sumsq(be(), x, n, &acc));
+    cr_expect(acc == 2.5 + tu_sumsq(be(), x, n), "sumsq adds its sum to acc[0]");
     free(x);
     free(y);
     free(y0);
@@ -696,11 +659,12 @@ Test(ops_adamw, five_steps_against_fp64_formula) {
     float *p = tu_falloc(n), *g = tu_falloc(n), *m = tu_falloc(n), *v = tu_falloc(n);
     double *pd = tu_dalloc(n), *md = tu_dalloc(n), *vd = tu_dalloc(n);
     double *ep = tu_dalloc(n), *em = tu_dalloc(n), *ev = tu_dalloc(n); /* error bounds */
+    const mt_adamw_segment all = {0, n, 1, 0}; /* one segment, weight decay on */
     tu_fill_normal(&r, p, n, 1.0);
     for (int64_t i = 0; i < n; i++) pd[i] = p[i];
     for (int64_t t = 1; t <= 5; t++) {
         tu_fill_normal(&r, g, n, 1.0);
-        TU_OK(be()->ops->adamw(be(), p, g, m, v, n, lr, b1, b2, eps, wd, gs, t));
+        TU_OK(be()->ops->adamw(be(), p, g, m, v, &all, 1, lr, b1, b2, eps, wd, gs, t));
         /* the formula of ops.h, in fp64 with the same fp32 hyperparameter values */
         const double B1 = b1, B2 = b2, u = U32;
         for (int64_t i = 0; i < n; i++) {
@@ -748,6 +712,97 @@ Test(ops_adamw, five_steps_against_fp64_formula) {
     free(vd);
 }
 
+/* A table of runs with mixed decay flags, gaps between them (never touched), adjacent
+ * runs, an empty run, and runs longer than the op's parallel threshold and its blocks
+ * of 8192 (kernels/cpu/adamw.c: AVX2 body and scalar tail in several threads). */
+static const mt_adamw_segment ADAM_SEGS[] = {
+    {0, 37, 1, 0},      {37, 1000, 0, 0},    {1100, 40001, 1, 0}, {41101, 8, 0, 0},
+    {41200, 13, 1, 0},  {41213, 0, 1, 0},    {41213, 3, 0, 0},    {41300, 20483, 0, 0},
+};
+#define ADAM_NSEGS ((int)(sizeof ADAM_SEGS / sizeof ADAM_SEGS[0]))
+#define ADAM_N ((int64_t)62000) /* past the last segment's end 61783: a tail gap */
+
+/* ops.h's formula as the kernel evaluates it, element by element in fp32 (this file is
+ * ISO C: no contraction into fused multiply-adds), in the kernel's operation order. */
+static void adamw_expr(float *p, const float *g, float *m, float *v, int64_t i, float lr, float b1, float b2,
+                       float eps, float wd, float gs, int64_t t) {
+    const float inv_bc1 = (float)(1.0 / (1.0 - pow((double)b1, (double)t)));
+    const float inv_bc2 = (float)(1.0 / (1.0 - pow((double)b2, (double)t)));
+    const float gi = gs * g[i];
+    const float mi = b1 * m[i] + (1.0f - b1) * gi;
+    const float vi = b2 * v[i] + (1.0f - b2) * (gi * gi);
+    m[i] = mi;
+    v[i] = vi;
+    const float pi = p[i];
+    const float upd = (mi * inv_bc1) / (sqrtf(vi * inv_bc2) + eps);
+    p[i] = pi - lr * (upd + wd * pi);
+}
+
+/* One call over the table == one call per segment, bitwise, over 3 steps; elements in
+ * no segment keep their bits; each element is the fp32 expression above with the decay
+ * of its segment (the arithmetic is the per-tensor op's: segmentation changes nothing). */
+Test(ops_adamw, segments_are_bitwise_separate_calls) {
+    tu_rng r = {12};
+    const int64_t n = ADAM_N;
+    const float lr = 3e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.7f;
+    float *p[3], *m[3], *v[3], *g = tu_falloc(n); /* [0]: one call, [1]: per segment, [2]: the expression */
+    float *p0 = tu_falloc(n), *m0 = tu_falloc(n), *v0 = tu_falloc(n);
+    tu_fill_normal(&r, p0, n, 1.0);
+    tu_fill_normal(&r, m0, n, 0.01);
+    for (int64_t i = 0; i < n; i++) v0[i] = fabsf(m0[i]) * 0.1f;
+    for (int k = 0; k < 3; k++) {
+        p[k] = tu_falloc(n), m[k] = tu_falloc(n), v[k] = tu_falloc(n);
+        memcpy(p[k], p0, (size_t)n * 4), memcpy(m[k], m0, (size_t)n * 4), memcpy(v[k], v0, (size_t)n * 4);
+    }
+    for (int64_t t = 1; t <= 3; t++) {
+        tu_fill_normal(&r, g, n, 1.0);
+        TU_OK(be()->ops->adamw(be(), p[0], g, m[0], v[0], ADAM_SEGS, ADAM_NSEGS, lr, b1, b2, eps, wd, gs, t));
+        for (int s = 0; s < ADAM_NSEGS; s++) {
+            TU_OK(be()->ops->adamw(be(), p[1], g, m[1], v[1], &ADAM_SEGS[s], 1, lr, b1, b2, eps, wd, gs, t));
+            for (int64_t i = ADAM_SEGS[s].offset; i < ADAM_SEGS[s].offset + ADAM_SEGS[s].numel; i++)
+                adamw_expr(p[2], g, m[2], v[2], i, lr, b1, b2, eps, ADAM_SEGS[s].decay ? wd : 0.0f, gs, t);
+        }
+    }
+    int64_t covered = 0;
+    for (int s = 0; s < ADAM_NSEGS; s++) covered += ADAM_SEGS[s].numel;
+    int64_t moved = 0;
+    for (int64_t i = 0; i < n; i++) moved += memcmp(&p[0][i], &p0[i], 4) != 0;
+    cr_expect_eq(moved, covered, "%lld parameters changed, the segments hold %lld", (long long)moved,
+                 (long long)covered);
+    const char *what[3] = {"p", "m", "v"};
+    for (int k = 1; k < 3; k++)
+        for (int a = 0; a < 3; a++) {
+            const float *x = a == 0 ? p[0] : a == 1 ? m[0] : v[0], *y = a == 0 ? p[k] : a == 1 ? m[k] : v[k];
+            int64_t bad = 0, first = -1;
+            for (int64_t i = 0; i < n; i++)
+                if (memcmp(&x[i], &y[i], 4) != 0 && bad++ == 0) first = i;
+            cr_expect_eq(bad, 0, "adamw %s: %lld elements differ from %s, first %lld: %a vs %a", what[a],
+                         (long long)bad, k == 1 ? "the per-segment calls" : "the fp32 expression", (long long)first,
+                         first >= 0 ? x[first] : 0.0f, first >= 0 ? y[first] : 0.0f);
+        }
+    for (int k = 0; k < 3; k++) free(p[k]), free(m[k]), free(v[k]);
+    free(g), free(p0), free(m0), free(v0);
+}
+
+/* A table the op cannot run (ops.h: sorted, disjoint, numel >= 0) is refused before any
+ * element moves; an empty table does nothing. */
+Test(ops_adamw, malformed_tables_are_refused) {
+    float p[16] = {1.0f}, g[16] = {1.0f}, m[16] = {0}, v[16] = {0};
+    const mt_adamw_segment overlap[2] = {{0, 8, 1, 0}, {7, 4, 1, 0}};
+    const mt_adamw_segment unsorted[2] = {{8, 4, 1, 0}, {0, 4, 1, 0}};
+    const mt_adamw_segment negative[1] = {{0, -1, 1, 0}};
+    cr_expect_eq(be()->ops->adamw(be(), p, g, m, v, overlap, 2, 0.1f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1),
+                 MT_ERR_INVALID);
+    cr_expect_eq(be()->ops->adamw(be(), p, g, m, v, unsorted, 2, 0.1f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1),
+                 MT_ERR_INVALID);
+    cr_expect_eq(be()->ops->adamw(be(), p, g, m, v, negative, 1, 0.1f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1),
+                 MT_ERR_INVALID);
+    cr_expect_eq(be()->ops->adamw(be(), p, g, m, v, NULL, 2, 0.1f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1),
+                 MT_ERR_INVALID);
+    TU_OK(be()->ops->adamw(be(), p, g, m, v, NULL, 0, 0.1f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, 1));
+    cr_expect(p[0] == 1.0f && m[0] == 0.0f && v[0] == 0.0f, "a refused or empty call changed p[0], m[0] or v[0]");
+}
+
 /* ------------------------------------------------------------------ determinism */
 
 /* Sizes above the ops' parallel thresholds, run with 1 and with 2 OpenMP threads: the
@@ -772,14 +827,14 @@ Test(ops_determinism, thread_count_does_not_change_bits) {
         dw[t] = tu_falloc(D);
         dt[t] = tu_falloc(V * D);
         lg[t] = tu_falloc(N * D);
-        TU_OK(be()->ops->rmsnorm_fwd(be(), y, rs, x, w, N, D, 1e-6f, 1.0f));
-        TU_OK(be()->ops->rmsnorm_bwd(be(), dx[t], dw[t], dy, x, w, rs, N, D, 1.0f));
-        TU_OK(be()->ops->embedding_bwd(be(), dt[t], dy, tok, N, V, D, 3.0f));
+        TU_OK(be()->ops->rmsnorm_fwd(be(), y, rs, x, w, N, D, 1e-6f, 1.0f, MT_F32));
+        TU_OK(be()->ops->rmsnorm_bwd(be(), dx[t], dw[t], dy, x, w, rs, N, D, 1.0f, MT_F32));
+        TU_OK(be()->ops->embedding_bwd(be(), dt[t], dy, tok, N, V, D, 3.0f, MT_F32));
         ss[t] = tu_sumsq(be(), x, N * D);
         memcpy(lg[t], x, (size_t)(N * D) * sizeof(float));
-        int64_t cnt = 0;
-        loss[t] = 0.0;
-        TU_OK(be()->ops->xent_tile(be(), lg[t], lab, N, D, 0.0f, -1, 0.1f, &loss[t], &cnt));
+        double stats[2] = {0.0, 0.0};
+        TU_OK(be()->ops->xent_tile(be(), lg[t], lg[t], MT_F32, lab, N, D, 0.0f, -1, 0.1f, stats));
+        loss[t] = stats[0];
     }
     cr_expect(tu_bitwise_equal(dx[0], dx[1], N * D), "rmsnorm_bwd dx");
     cr_expect(tu_bitwise_equal(dw[0], dw[1], D), "rmsnorm_bwd dw");

@@ -20,7 +20,8 @@ Test(backend, registry_and_caps) {
     cr_assert_eq(be, mt_cpu_backend());
     cr_expect_eq(be->caps.device_memory, 0);
     cr_expect(mt_backend_has_dtype(&be->caps, MT_F32));
-    cr_expect(!mt_backend_has_dtype(&be->caps, MT_BF16));
+    cr_expect(mt_backend_has_dtype(&be->caps, MT_BF16));
+    cr_expect(!mt_backend_has_dtype(&be->caps, MT_F16));
     cr_expect_eq(be->caps.multi_rank, 1);
     cr_expect_eq(be->caps.host_offload, 1);
     cr_expect(!(be->caps.peak_flops > 0.0));
@@ -77,7 +78,7 @@ Test(ops_attn_merge, against_fp64_and_edge_rows) {
     lse[13] = 80.0f, lseb[13] = -80.0f; /* one side negligible */
     memcpy(out0, out, (size_t)n * sizeof(float));
     memcpy(lse0, lse, (size_t)rows * sizeof(float));
-    TU_OK(cpu()->ops->attn_merge(cpu(), out, lse, outb, lseb, B, T, H, Dh));
+    TU_OK(cpu()->ops->attn_merge(cpu(), out, lse, outb, lseb, B, T, H, Dh, MT_F32));
     double o[16], l;
     for (int64_t row = 0; row < rows; row++) {
         const int64_t b = row / (H * T), h = (row / T) % H, i = row % T;
@@ -101,7 +102,7 @@ Test(ops_attn_merge, against_fp64_and_edge_rows) {
     /* merging with an empty block is the identity (bitwise) */
     for (int64_t i = 0; i < rows; i++) lseb[i] = -INFINITY;
     memcpy(out0, out, (size_t)n * sizeof(float));
-    TU_OK(cpu()->ops->attn_merge(cpu(), out, lse, outb, lseb, B, T, H, Dh));
+    TU_OK(cpu()->ops->attn_merge(cpu(), out, lse, outb, lseb, B, T, H, Dh, MT_F32));
     cr_expect(memcmp(out, out0, (size_t)n * sizeof(float)) == 0);
     free(out), free(outb), free(out0), free(lse), free(lseb), free(lse0);
 }

@@ -6,6 +6,7 @@
 #include "tests/test_backend_util.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -88,8 +89,8 @@ Test(clip, global_norm_and_scale) {
         g[i] = (float)(0.37 * sin(1.3 * i + 0.2) * (i % 3 + 1));
         ss += (long double)g[i] * g[i];
     }
-    double norm = 0.0;
-    cr_assert_eq(mt_grad_global_norm(be, g, table, 2, &norm), MT_OK);
+    double norm = 0.0, acc = 0.0; /* acc: the sumsq accumulator (host memory is the CPU backend's) */
+    cr_assert_eq(mt_grad_global_norm(be, g, table, 2, &acc, &norm), MT_OK);
     /* fp64 sum of 44 squares of floats: relative error ~ 44 * 2^-53. */
     cr_assert_float_eq(norm, (double)sqrtl(ss), 1e-14 * norm);
     cr_expect_eq(mt_clip_scale(norm, 0.0), 1.0, "threshold 0 = off");
@@ -97,9 +98,9 @@ Test(clip, global_norm_and_scale) {
     const double thr = norm / 3.0;
     double sc = mt_clip_scale(norm, thr);
     cr_expect_float_eq(sc, 1.0 / 3.0, 1e-15);
-    TU_OK(be->ops->scale(be, g, (float)sc, NUMEL));
+    TU_OK(be->ops->scale(be, g, (float)sc, NUMEL, MT_F32));
     double clipped = 0.0;
-    cr_assert_eq(mt_grad_global_norm(be, g, table, 2, &clipped), MT_OK);
+    cr_assert_eq(mt_grad_global_norm(be, g, table, 2, &acc, &clipped), MT_OK);
     /* Scaling in float32 rounds each element once: relative error <= 2^-24 per
      * element, so the norm is within ~1.2e-7 relative; allow 2e-7. */
     cr_expect_float_eq(clipped, thr, 2e-7 * thr, "clipped norm %.9g vs threshold %.9g", clipped, thr);
@@ -126,11 +127,13 @@ Test(adamw, parameter_table) {
     mt_adamw_init(&opt, be, NUMEL, 0.9, 0.95, 1e-8, 0.1);
     mt_plan *plan = NULL;
     cr_assert_eq(mt_plan_new(&plan), MT_OK);
-    cr_assert_eq(mt_adamw_add_to_plan(&opt, plan, 4), MT_OK);
+    cr_assert_eq(mt_adamw_add_to_plan(&opt, plan, 4, 2), MT_OK);
     cr_assert_eq(mt_plan_finalize(plan), MT_OK);
     size_t cat[MT_MEM_CATEGORY_COUNT];
     mt_plan_total_by_category(plan, cat);
-    cr_expect_eq(cat[MT_MEM_OPTIMIZER], 2 * NUMEL * sizeof(float));
+    /* m and v, and the table of at most 2 segments (24 bytes each) */
+    cr_expect_eq(sizeof(mt_adamw_segment), 24);
+    cr_expect_eq(cat[MT_MEM_OPTIMIZER], 2 * NUMEL * sizeof(float) + 2 * sizeof(mt_adamw_segment));
     mt_arena arena;
     cr_assert_eq(mt_arena_create(&arena, plan, NULL, NULL, NULL), MT_OK);
     cr_assert_eq(mt_adamw_bind(&opt, &arena, plan), MT_OK);
@@ -151,6 +154,112 @@ Test(adamw, parameter_table) {
     for (int i = 0; i < NUMEL; i++)
         cr_expect_float_eq(p[i], pr[i], 2e-6, "p[%d] = %.9g, reference %.9g", i, p[i], pr[i]);
     cr_expect_eq(mt_adamw_step(&opt, table, 2, p, g, 0.1f, 1.0f, 0), MT_ERR_INVALID, "t must be >= 1");
+    mt_arena_destroy(&arena);
+    mt_plan_free(plan);
+}
+
+/* ---- one op call per step: the segment table ---- */
+
+/* The CPU backend with adamw and copy_to_device counted, the last table kept. */
+static int g_adamw_calls, g_uploads;
+static mt_adamw_segment g_seen[16];
+static int g_nseen;
+static mt_backend *g_inner;
+static mt_status count_adamw(mt_backend *be, float *p, const float *g, float *m, float *v, const mt_adamw_segment *segs,
+                             int nsegs, float lr, float b1, float b2, float eps, float wd, float gs, int64_t t) {
+    (void)be;
+    g_adamw_calls++;
+    g_nseen = nsegs < 16 ? nsegs : 16;
+    memcpy(g_seen, segs, sizeof *segs * (size_t)g_nseen);
+    return g_inner->ops->adamw(g_inner, p, g, m, v, segs, nsegs, lr, b1, b2, eps, wd, gs, t);
+}
+static mt_status count_upload(mt_backend *be, void *dst, const void *src, size_t bytes) {
+    (void)be;
+    g_uploads++;
+    return g_inner->ops->copy_to_device(g_inner, dst, src, bytes);
+}
+
+/* Six tensors (a gap after the third; numel 0 for the fifth): runs of the same decay
+ * flag merge where one tensor ends at the next one's offset, nowhere else. */
+static mt_param_info tab6[6];
+static void make_tab6(void) {
+    const int64_t off[6] = {0, 10, 15, 20, 26, 26}, num[6] = {10, 5, 3, 6, 0, 4};
+    const int wd[6] = {1, 1, 0, 0, 1, 1};
+    memset(tab6, 0, sizeof tab6);
+    for (int i = 0; i < 6; i++) {
+        snprintf(tab6[i].name, sizeof tab6[i].name, "t%d", i);
+        tab6[i].ndim = 1, tab6[i].shape[0] = num[i];
+        tab6[i].offset = off[i], tab6[i].numel = num[i], tab6[i].weight_decay = wd[i];
+    }
+}
+#define NUMEL6 32
+
+Test(adamw, segments_merge_adjacent_tensors) {
+    make_tab6();
+    mt_adamw_segment s[6];
+    int n = -1;
+    cr_assert_eq(mt_adamw_segments(tab6, 6, s, &n), MT_OK, "%s", mt_last_error());
+    const mt_adamw_segment want[4] = {{0, 15, 1, 0}, {15, 3, 0, 0}, {20, 6, 0, 0}, {26, 4, 1, 0}};
+    cr_assert_eq(n, 4, "%d segments", n);
+    for (int i = 0; i < 4; i++)
+        cr_expect(s[i].offset == want[i].offset && s[i].numel == want[i].numel && s[i].decay == want[i].decay &&
+                      s[i].reserved == 0,
+                  "segment %d: [%lld, +%lld) decay %d", i, (long long)s[i].offset, (long long)s[i].numel, s[i].decay);
+    /* out of order, overlapping, negative: refused, naming the tensor */
+    mt_param_info bad[2] = {tab6[1], tab6[0]};
+    cr_expect_eq(mt_adamw_segments(bad, 2, s, &n), MT_ERR_INVALID);
+    cr_expect(strstr(mt_last_error(), "'t0'") != NULL, "%s", mt_last_error());
+    bad[0] = tab6[0], bad[1] = tab6[1];
+    bad[1].offset = 9;
+    cr_expect_eq(mt_adamw_segments(bad, 2, s, &n), MT_ERR_INVALID);
+    bad[1].offset = 10, bad[1].numel = -1;
+    cr_expect_eq(mt_adamw_segments(bad, 2, s, &n), MT_ERR_INVALID);
+}
+
+/* mt_adamw_step makes one upload and one adamw call for the whole table, and its
+ * parameters, moments and untouched gap are bitwise those of one call per tensor. */
+Test(adamw, one_op_call_per_step) {
+    make_tab6();
+    g_inner = mt_cpu_backend();
+    mt_ops tab = *g_inner->ops;
+    tab.adamw = count_adamw;
+    tab.copy_to_device = count_upload;
+    mt_backend counted = *g_inner;
+    counted.ops = &tab;
+    mt_adamw opt;
+    mt_adamw_init(&opt, &counted, NUMEL6, 0.9, 0.95, 1e-8, 0.1);
+    mt_plan *plan = NULL;
+    cr_assert_eq(mt_plan_new(&plan), MT_OK);
+    cr_assert_eq(mt_adamw_add_to_plan(&opt, plan, 1, 6), MT_OK);
+    cr_assert_eq(mt_plan_finalize(plan), MT_OK);
+    mt_arena arena;
+    cr_assert_eq(mt_arena_create(&arena, plan, NULL, NULL, NULL), MT_OK);
+    cr_assert_eq(mt_adamw_bind(&opt, &arena, plan), MT_OK);
+    float p[NUMEL6], g[NUMEL6], pr[NUMEL6], mr[NUMEL6] = {0}, vr[NUMEL6] = {0};
+    for (int i = 0; i < NUMEL6; i++) pr[i] = p[i] = (float)(0.5 * cos(0.7 * i));
+    for (int64_t t = 1; t <= 3; t++) {
+        for (int i = 0; i < NUMEL6; i++) g[i] = (float)(0.1 * sin(0.9 * i + (double)t));
+        g_adamw_calls = g_uploads = 0;
+        cr_assert_eq(mt_adamw_step(&opt, tab6, 6, p, g, 1e-2f, 0.5f, t), MT_OK, "%s", mt_last_error());
+        cr_expect_eq(g_adamw_calls, 1, "step %lld: %d adamw calls", (long long)t, g_adamw_calls);
+        cr_expect_eq(g_uploads, 1, "step %lld: %d uploads", (long long)t, g_uploads);
+        cr_expect_eq(g_nseen, 4, "step %lld: %d segments", (long long)t, g_nseen);
+        for (int i = 0; i < 6; i++) { /* the per-tensor calls of before */
+            const mt_adamw_segment one = {tab6[i].offset, tab6[i].numel, tab6[i].weight_decay, 0};
+            TU_OK(g_inner->ops->adamw(g_inner, pr, g, mr, vr, &one, 1, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t));
+        }
+    }
+    cr_expect(memcmp(p, pr, sizeof p) == 0, "parameters differ from the per-tensor calls");
+    cr_expect(memcmp(opt.m, mr, sizeof mr) == 0 && memcmp(opt.v, vr, sizeof vr) == 0,
+              "moments differ from the per-tensor calls");
+    cr_expect(p[18] == (float)(0.5 * cos(0.7 * 18)) && p[19] == (float)(0.5 * cos(0.7 * 19)),
+              "the gap [18, 20) moved");
+    /* more segments than the plan's table holds: refused, nothing called */
+    mt_adamw small = opt;
+    small.max_segments = 3;
+    g_adamw_calls = 0;
+    cr_expect_eq(mt_adamw_step(&small, tab6, 6, p, g, 1e-2f, 0.5f, 4), MT_ERR_INVALID);
+    cr_expect_eq(g_adamw_calls, 0);
     mt_arena_destroy(&arena);
     mt_plan_free(plan);
 }

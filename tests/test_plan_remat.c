@@ -3,7 +3,8 @@
  * Backward memory is bounded by construction: planning 2, 8 and 35 layers, each added
  * layer must add exactly its kept tensors (aligned plan entries "layers.<l>.*") plus
  * its parameter state (parameters, gradients, AdamW m and v: 4 x 4 bytes per
- * parameter, the layer's parameter count computed here from the shapes), and the
+ * parameter, the layer's parameter count computed here from the shapes; the AdamW
+ * segment table, 24 bytes per parameter tensor, grows with it in one entry), and the
  * recompute scratch must not change with depth. The host pool grows by exactly the
  * offloaded bytes of one layer. And the plan is what `train` allocates: the trainer's
  * arena (and host pool) equal mt_memory_plan_rank's peaks for several configs,
@@ -58,17 +59,24 @@ static const mt_remat_action k_mix[MT_RT_COUNT] = {MT_RA_DEVICE, MT_RA_OFFLOAD, 
 
 typedef struct depth_point {
     size_t peak, host_peak, scratch, layer0_aligned, layer0_host;
+    size_t segs_aligned; /* the AdamW segment table (train/optimizer.h), aligned */
 } depth_point;
+
+/* Bytes of the AdamW segment table of a Llama (train/optimizer.h: 24 bytes per
+ * parameter tensor of the whole model, on every rank): 2 norms and 7 matrices per
+ * layer, embedding, final norm and lm_head. */
+static size_t llama_seg_bytes(const mt_model_config *m) { return 24 * (size_t)(9 * m->num_decoder_layers + 3); }
 
 static depth_point plan_at(mt_train_config *c, int64_t L) {
     c->model.num_decoder_layers = L;
     mt_memory_report r;
     mt_plan *p = NULL, *h = NULL;
     cr_assert_eq(mt_memory_plan_rank(c, &r, &p, &h), MT_OK, "%s", mt_last_error());
-    depth_point d = {r.peak, mt_plan_peak(h), r.total.recompute_scratch, 0, 0};
+    depth_point d = {r.peak, mt_plan_peak(h), r.total.recompute_scratch, 0, 0, 0};
     for (int i = 0; i < mt_plan_count(p); i++) {
         const mt_plan_entry *e = mt_plan_entry_get(p, i);
         if (strncmp(e->name, "layers.0.", 9) == 0) d.layer0_aligned += al(e->bytes);
+        if (strcmp(e->name, "optimizer.segments") == 0) d.segs_aligned = al(e->bytes);
     }
     for (int i = 0; i < mt_plan_count(h); i++) {
         const mt_plan_entry *e = mt_plan_entry_get(h, i);
@@ -85,10 +93,13 @@ static void check_depths(mt_decoder_block blk, int k, const mt_remat_action *cus
     set_policy(&c, k, custom);
     depth_point d2 = plan_at(&c, 2), d8 = plan_at(&c, 8), d35 = plan_at(&c, 35);
     const size_t per_layer = d2.layer0_aligned + 16 * (size_t)layer_params(&c.model);
-    cr_expect_eq(d8.peak - d2.peak, 6 * per_layer, "%s: 2 -> 8 layers adds %zu, expected 6 x %zu", what,
-                 d8.peak - d2.peak, per_layer);
-    cr_expect_eq(d35.peak - d8.peak, 27 * per_layer, "%s: 8 -> 35 layers adds %zu, expected 27 x %zu", what,
-                 d35.peak - d8.peak, per_layer);
+    cr_expect(d2.segs_aligned > 0 && d8.segs_aligned > d2.segs_aligned, "%s: no AdamW segment table", what);
+    cr_expect_eq(d8.peak - d2.peak, 6 * per_layer + d8.segs_aligned - d2.segs_aligned,
+                 "%s: 2 -> 8 layers adds %zu, expected 6 x %zu + the segment table's %zu", what, d8.peak - d2.peak,
+                 per_layer, d8.segs_aligned - d2.segs_aligned);
+    cr_expect_eq(d35.peak - d8.peak, 27 * per_layer + d35.segs_aligned - d8.segs_aligned,
+                 "%s: 8 -> 35 layers adds %zu, expected 27 x %zu + the segment table's %zu", what,
+                 d35.peak - d8.peak, per_layer, d35.segs_aligned - d8.segs_aligned);
     cr_expect_eq(d2.scratch, d35.scratch, "%s: recompute scratch %zu at 2 layers, %zu at 35", what, d2.scratch,
                  d35.scratch);
     cr_expect_eq(d8.scratch, d35.scratch, "%s: recompute scratch changes with depth", what);
@@ -303,7 +314,7 @@ Test(plan_remat, num_devices_shards_parameter_state) {
     cr_expect_eq(r1.total.params, 4 * numel);
     cr_expect_eq(r8.total.params, 4 * (shard + 2 * lp + glob),
                  "params %zu: shard %zu + 2 layers of %zu + global %zu floats", r8.total.params, shard, lp, glob);
-    cr_expect_eq(r8.total.optimizer, 2 * 4 * shard);
+    cr_expect_eq(r8.total.optimizer, 2 * 4 * shard + llama_seg_bytes(m));
     cr_expect_leq(r8.total.grads, r1.total.grads);
     for (int t = 0; t < MT_RT_COUNT; t++) cr_expect_eq(r8.total.saved[t], r1.total.saved[t]);
     /* optimizer on the host */
@@ -346,7 +357,8 @@ Test(plan_remat, fsdp_with_data_or_context_is_the_trainers_plan) {
     cr_expect_eq(rm.dims[1], 4);
     cr_expect_eq(rm.total.params, 4 * (fshard + 2 * lp + glob), "params %zu: shard %zu + 2 layers of %zu + global %zu",
                  rm.total.params, fshard, lp, glob);
-    cr_expect_eq(rm.total.optimizer, 2 * 4 * sub, "optimizer %zu: 2 moments x %zu floats", rm.total.optimizer, sub);
+    cr_expect_eq(rm.total.optimizer, 2 * 4 * sub + llama_seg_bytes(m),
+                 "optimizer %zu: 2 moments x %zu floats and the segment table", rm.total.optimizer, sub);
     /* context x fsdp: the same shards */
     c.ici_data_parallelism = 1;
     c.ici_context_parallelism = 2;
@@ -360,7 +372,7 @@ Test(plan_remat, fsdp_with_data_or_context_is_the_trainers_plan) {
     c.ici_context_parallelism = 1;
     c.ici_fsdp_parallelism = 1;
     cr_assert_eq(mt_memory_plan_rank(&c, &r1, NULL, NULL), MT_OK, "%s", mt_last_error());
-    cr_expect_eq(r1.total.optimizer, 2 * 4 * numel);
+    cr_expect_eq(r1.total.optimizer, 2 * 4 * numel + llama_seg_bytes(m));
     /* data x fsdp with parameter host offload */
     c.num_devices = 8;
     c.ici_data_parallelism = 2;
@@ -387,8 +399,8 @@ Test(plan_remat, zero1_job_is_the_trainers_plan) {
     cr_expect_eq(r4.dims[0], 4);
     cr_expect_eq(r4.dims[1], 1);
     const size_t numel = (size_t)r1.num_params;
-    cr_expect_eq(r4.total.optimizer, 2 * ((numel + 3) / 4) * 4, "optimizer %zu for %zu params", r4.total.optimizer,
-                 numel);
+    cr_expect_eq(r4.total.optimizer, 2 * ((numel + 3) / 4) * 4 + llama_seg_bytes(&c.model),
+                 "optimizer %zu for %zu params", r4.total.optimizer, numel);
     cr_expect_eq(r4.total.params, r1.total.params);
 }
 

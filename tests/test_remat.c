@@ -88,7 +88,7 @@ static void run(const mt_model_config *c, const mt_remat_policy *pol, run_out *o
     cr_assert_eq(mt_model_add_to_plan(m, p), MT_OK, "%s", mt_last_error());
     mt_adamw opt;
     mt_adamw_init(&opt, be, mt_model_numel(m), 0.9, 0.95, 1e-8, 0.1);
-    cr_assert_eq(mt_adamw_add_to_plan(&opt, p, mt_model_phase_count(m)), MT_OK);
+    cr_assert_eq(mt_adamw_add_to_plan(&opt, p, mt_model_phase_count(m), mt_model_param_count(m)), MT_OK);
     cr_assert_eq(mt_model_add_to_host_plan(m, h), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_plan_finalize(p), MT_OK);
     cr_assert_eq(mt_plan_finalize(h), MT_OK);

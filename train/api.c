@@ -104,6 +104,7 @@ static mt_status build_standalone(mt_session *s) {
     MT_TRY(mt_model_create(&s->own_model, &c->model, s->be, c->per_device_batch_size, c->max_target_length,
                            c->num_vocab_tiling));
     MT_TRY(mt_memory_apply_remat(c, s->own_model));
+    mt_model_set_compute_rounding(s->own_model, (uint64_t)c->seed, 0);
     MT_TRY(mt_plan_new(&s->own_plan));
     MT_TRY(mt_model_add_to_plan(s->own_model, s->own_plan));
     MT_TRY(mt_plan_finalize(s->own_plan));
@@ -397,31 +398,35 @@ mt_status mt_session_tiled_loss(mt_session *s, const float *hidden, const int32_
     mt_backend *be = s->be;
     const size_t hbytes = (size_t)(rows * D) * sizeof(float);
     const size_t tbytes = (size_t)(mt_tiled_loss_tile_rows(rows, a.num_tiles) * V) * sizeof(float);
-    void *h = NULL, *tile = NULL, *lab = NULL, *dh = NULL;
+    void *h = NULL, *tile = NULL, *lab = NULL, *dh = NULL, *stats = NULL;
     mt_status st = be->ops->alloc(be, hbytes, &h);
     if (st == MT_OK) st = be->ops->alloc(be, tbytes, &tile);
     if (st == MT_OK) st = be->ops->alloc(be, (size_t)rows * sizeof(int32_t), &lab);
+    if (st == MT_OK) st = be->ops->alloc(be, 2 * sizeof(double), &stats);
     if (st == MT_OK && need_dh) st = be->ops->alloc(be, hbytes, &dh);
     if (st != MT_OK) {
         st = mt_set_error(st, "mt_session_tiled_loss: cannot allocate %zu bytes of scratch: %s",
-                          2 * hbytes + tbytes + (size_t)rows * sizeof(int32_t), mt_last_error());
+                          2 * hbytes + tbytes + (size_t)rows * sizeof(int32_t) + 2 * sizeof(double),
+                          mt_last_error());
     } else {
-        double ls = 0.0;
-        int64_t cnt = 0;
+        double acc[2] = {0.0, 0.0}; /* loss sum, labelled count (xent_tile's stats) */
         st = be->ops->copy_to_device(be, h, hidden, hbytes);
         if (st == MT_OK) st = be->ops->copy_to_device(be, lab, labels, (size_t)rows * sizeof(int32_t));
-        if (st == MT_OK) st = mt_tiled_loss(be, &a, h, W, lab, tile, dh, dW, &ls, &cnt);
-        if (st == MT_OK) st = be->ops->sync(be);
+        if (st == MT_OK) st = be->ops->copy_to_device(be, stats, acc, sizeof acc);
+        /* fp32 on the fp32 master weights, whatever the session's compute dtype */
+        if (st == MT_OK) st = mt_tiled_loss(be, &a, h, W, MT_F32, lab, tile, NULL, dh, dW, stats);
+        if (st == MT_OK) st = be->ops->copy_to_host(be, acc, stats, sizeof acc);
         if (st == MT_OK && dhidden) st = be->ops->copy_to_host(be, dhidden, dh, hbytes);
         if (st == MT_OK) {
-            *loss_sum = ls;
-            *count = cnt;
+            *loss_sum = acc[0];
+            *count = (int64_t)acc[1];
         }
     }
     if (h) be->ops->release(be, h);
     if (tile) be->ops->release(be, tile);
     if (lab) be->ops->release(be, lab);
     if (dh) be->ops->release(be, dh);
+    if (stats) be->ops->release(be, stats);
     return st;
 }
 

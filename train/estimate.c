@@ -176,9 +176,10 @@ static double recompute_flops(const mt_model_config *m, int64_t T, int t) {
     }
 }
 
-/* Bytes of named tensor t of one layer (what the model's plan saves for it). */
-static double tensor_bytes(const mt_model_config *m, int64_t B, int64_t T, int t) {
-    const double N = (double)(B * T), f4 = 4.0;
+/* Bytes of named tensor t of one layer (what the model's plan saves for it): es bytes
+ * per element of the activation dtype, the attention logsumexp in fp32. */
+static double tensor_bytes(const mt_model_config *m, int64_t B, int64_t T, int t, double es) {
+    const double N = (double)(B * T), f4 = es;
     const double D = (double)m->emb_dim, QD = (double)(m->num_query_heads * m->head_dim);
     const double KVD = (double)(m->num_kv_heads * m->head_dim), F = (double)m->mlp_dim;
     switch (t) {
@@ -186,7 +187,7 @@ static double tensor_bytes(const mt_model_config *m, int64_t B, int64_t T, int t
     case MT_RT_QUERY_PROJ: return N * QD * f4;
     case MT_RT_KEY_PROJ:
     case MT_RT_VALUE_PROJ: return N * KVD * f4;
-    case MT_RT_CONTEXT: return (N * QD + (double)B * (double)m->num_query_heads * (double)T) * f4;
+    case MT_RT_CONTEXT: return N * QD * f4 + (double)B * (double)m->num_query_heads * (double)T * 4.0;
     case MT_RT_OUT_PROJ: return N * D * f4;
     case MT_RT_MLPWI_0:
     case MT_RT_MLPWI_1: return N * F * f4;
@@ -215,7 +216,8 @@ double mt_step_model_seconds(const mt_train_config *cfg, const mt_step_model *sm
     for (int t = 1; t < MT_RT_COUNT; t++) {
         if (pol.action[t] == MT_RA_REMAT) per_tok += L * recompute_flops(m, (int64_t)Tfull, t);
         if (pol.action[t] == MT_RA_OFFLOAD)
-            off_bytes += 2.0 * L * tensor_bytes(m, lc.per_device_batch_size, lc.max_target_length, t);
+            off_bytes += 2.0 * L * tensor_bytes(m, lc.per_device_batch_size, lc.max_target_length, t,
+                                                (double)mt_dtype_size(cfg->dtype));
     }
     off_bytes *= (double)cfg->gradient_accumulation_steps;
     const double Fs = dims[MT_AXIS_FSDP], Dp = dims[MT_AXIS_DATA], Tn = dims[MT_AXIS_TENSOR];
@@ -478,7 +480,7 @@ static mt_status searched_tensors(const mt_train_config *cfg, const int fixed[MT
     int *order = q->order, n = 0;
     double sz[MT_RT_COUNT];
     for (int t = 1; t < MT_RT_COUNT; t++) {
-        sz[t] = tensor_bytes(&cfg->model, 1, cfg->max_target_length, t);
+        sz[t] = tensor_bytes(&cfg->model, 1, cfg->max_target_length, t, (double)mt_dtype_size(cfg->dtype));
         if (fixed && fixed[t]) continue;
         if (sz[t] <= 0) {
             user.action[t] = MT_RA_REMAT;

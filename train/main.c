@@ -559,114 +559,15 @@ static int cmd_plan(int argc, char **argv) {
     mt_remat_policy pol;
     st = mt_memory_remat_policy(&cfg, &pol);
     if (st != MT_OK) return fail(st);
-    mt_report_plan(&cfg, &r, plan, host, &pol, json);
+    st = mt_report_plan(&cfg, &r, plan, host, &pol, json);
     mt_plan_free(plan);
     mt_plan_free(host);
-    return 0;
+    return st == MT_OK ? 0 : fail(st);
 }
-
-#define MT_COMMANDS_FILE "remat_commands_from_estimator.txt"
 
 /* argv[0] as the user invoked meshtrain (set by main): estimate's command lines start
  * with it, so they run as written from the directory estimate ran in. */
 static const char *g_prog = "meshtrain";
-
-/* s as one shell word: unchanged when it holds only characters no shell treats
- * specially, else in single quotes (each ' written as '\''). Returns 0 when buf was
- * too small. */
-static int shell_word(char *buf, size_t n, const char *s) {
-    int plain = s[0] != '\0';
-    for (const char *c = s; *c && plain; c++)
-        plain = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
-                strchr("_-./:=+,@%", *c) != NULL;
-    size_t used = 0;
-    if (!plain) buf[used++] = '\'';
-    for (const char *c = s; *c; c++) {
-        if (used + 6 >= n) return 0;
-        if (!plain && *c == '\'') {
-            memcpy(buf + used, "'\\''", 4);
-            used += 4;
-        } else {
-            buf[used++] = *c;
-        }
-    }
-    if (!plain) buf[used++] = '\'';
-    buf[used] = '\0';
-    return 1;
-}
-
-/* The runnable `train` command of an estimate row: prog (the binary's path as the
- * user invoked it: relative to the current directory, or a name found on PATH, so
- * the line runs as written from where estimate ran), CONFIG, the user's overrides
- * without the keys it sets itself (hbm_gib dropped; batch, remat, num_devices, ici_*),
- * then the row's batch and custom policy, num_devices (> 1) and the resolved mesh
- * (plan/estimate read all ici_* = 1 as fsdp over num_devices; train needs the axes
- * spelled out), under `mpirun -np N` for more than one device. Words a shell would
- * split or expand are single-quoted. Returns 0 when buf was too small. */
-static int estimate_command(char *buf, size_t n, const char *prog, const char *path, int argc, char **argv,
-                            const mt_train_config *cfg, const int dims[4], const mt_estimate_row *row) {
-    size_t used = 0;
-    char word[2048];
-#define CMD_ADD(...)                                                            \
-    do {                                                                        \
-        int w_ = snprintf(buf + used, n - used, __VA_ARGS__);                   \
-        if (w_ < 0 || (size_t)w_ >= n - used) return 0;                         \
-        used += (size_t)w_;                                                     \
-    } while (0)
-    buf[0] = '\0';
-    if (cfg->num_devices > 1) CMD_ADD("mpirun -np %" PRId64 " ", cfg->num_devices);
-    if (!shell_word(word, sizeof word, prog)) return 0;
-    CMD_ADD("%s train", word);
-    if (!shell_word(word, sizeof word, path)) return 0;
-    CMD_ADD(" %s", word);
-    static const char *const own[] = {"hbm_gib", "num_devices", "per_device_batch_size", "remat_policy",
-                                      "ici_data_parallelism", "ici_fsdp_parallelism", "ici_context_parallelism",
-                                      "ici_tensor_parallelism", NULL};
-    for (int k = 1; k < argc; k++) {
-        const char *eq = strchr(argv[k], '=');
-        if (!eq) continue;
-        size_t kl = (size_t)(eq - argv[k]);
-        char key[64];
-        snprintf(key, sizeof key, "%.*s", (int)(kl < 63 ? kl : 63), argv[k]);
-        mt_remat_tensor t;
-        int skip = mt_remat_tensor_parse(key, &t) == MT_OK;
-        for (int i = 0; own[i] && !skip; i++) skip = strcmp(key, own[i]) == 0;
-        if (skip) continue;
-        if (!shell_word(word, sizeof word, argv[k])) return 0;
-        CMD_ADD(" %s", word);
-    }
-    CMD_ADD(" per_device_batch_size=%" PRId64 " remat_policy=custom", row->batch);
-    for (int t = 0; t < MT_RT_COUNT; t++) {
-        if (t == MT_RT_MLPWO && !cfg->model.use_post_ffw_norm) continue; /* never saved: nothing to choose */
-        CMD_ADD(" %s=%s", mt_remat_tensor_name((mt_remat_tensor)t), mt_remat_action_name(row->policy.action[t]));
-    }
-    if (cfg->num_devices > 1) CMD_ADD(" num_devices=%" PRId64, cfg->num_devices); /* = the world: train accepts it */
-    CMD_ADD(" ici_data_parallelism=%d ici_fsdp_parallelism=%d ici_context_parallelism=%d ici_tensor_parallelism=%d",
-            dims[0], dims[1], dims[2], dims[3]);
-#undef CMD_ADD
-    return 1;
-}
-
-/* ./remat_commands_from_estimator.txt: a header line (CONFIG path, budget, mesh) and
- * cmds[0..n), written whole to a temporary name and renamed into place, so that a
- * failure leaves any earlier file as it was. Errors: MT_ERR_IO. */
-static mt_status write_commands_file(const char *path, const mt_train_config *cfg, const int dims[4],
-                                     char (*cmds)[MT_REPORT_COMMAND_MAX], int n) {
-    const char *tmp = MT_COMMANDS_FILE ".tmp";
-    FILE *f = fopen(tmp, "w");
-    if (!f) return mt_set_error(MT_ERR_IO, "cannot write %s in the current directory", tmp);
-    fprintf(f, "# meshtrain estimate %s: hbm_gib=%g, %" PRId64 " device(s) = data %d x fsdp %d x context %d x tensor "
-            "%d; ranked by modelled tokens/s; each line runs as written from the directory estimate ran in%s\n",
-            path, cfg->hbm_gib, cfg->num_devices, dims[0], dims[1], dims[2], dims[3],
-            cfg->num_devices > 1 ? " (mpirun -np N)" : "");
-    for (int i = 0; i < n; i++) fprintf(f, "%s\n", cmds[i]);
-    const int werr = ferror(f);
-    if (fclose(f) != 0 || werr || rename(tmp, MT_COMMANDS_FILE) != 0) {
-        remove(tmp);
-        return mt_set_error(MT_ERR_IO, "cannot write ./%s", MT_COMMANDS_FILE);
-    }
-    return MT_OK;
-}
 
 /* `meshtrain estimate`: batch size and remat policy for a memory budget. The commands
  * file is written whole to a temporary name and renamed on success; a failed estimate
@@ -733,31 +634,28 @@ static int cmd_estimate(int argc, char **argv) {
     }
     if (st != MT_OK) {
         int code = fail(st);
-        FILE *old = fopen(MT_COMMANDS_FILE, "r");
+        FILE *old = fopen(MT_REPORT_COMMANDS_FILE, "r");
         if (old) { /* left as it was: bad input loses nothing */
             fclose(old);
             fprintf(stderr, "meshtrain: note: ./%s is from an earlier estimate, not this one (left unchanged)\n",
-                    MT_COMMANDS_FILE);
+                    MT_REPORT_COMMANDS_FILE);
         }
         return code;
     }
     /* every command first (the file and --json print the same lines) */
     char (*cmds)[MT_REPORT_COMMAND_MAX] = calloc((size_t)res.nrows, sizeof *cmds);
-    int ok = cmds != NULL;
-    for (int i = 0; ok && i < res.nrows; i++)
-        ok = estimate_command(cmds[i], sizeof cmds[i], prog, path, argc, argv, &cfg, r0.dims, &res.rows[i]);
-    st = ok ? write_commands_file(path, &cfg, r0.dims, cmds, res.nrows)
-            : mt_set_error(MT_ERR_INVALID, "estimate: a command line is over 4096 bytes");
-    if (st != MT_OK) {
-        free(cmds);
-        mt_estimate_result_free(&res);
-        return fail(st);
-    }
-    mt_report_estimate(&cfg, &r0, &res, &sm, (const char (*)[MT_REPORT_COMMAND_MAX])cmds, MT_COMMANDS_FILE,
-                       any_fixed, json); /* C11: a pointer to array gains const only by a cast */
+    /* C11: a pointer to array gains const only by a cast */
+    const char (*ccmds)[MT_REPORT_COMMAND_MAX] = (const char (*)[MT_REPORT_COMMAND_MAX])cmds;
+    st = cmds ? MT_OK : mt_set_error(MT_ERR_OOM, "estimate: out of memory");
+    for (int i = 0; st == MT_OK && i < res.nrows; i++)
+        st = mt_report_estimate_command(cmds[i], sizeof cmds[i], prog, path, argc, argv, &cfg, r0.dims,
+                                        &res.rows[i]);
+    if (st == MT_OK) st = mt_report_write_commands_file(path, &cfg, r0.dims, ccmds, res.nrows);
+    if (st == MT_OK)
+        st = mt_report_estimate(&cfg, &r0, &res, &sm, ccmds, MT_REPORT_COMMANDS_FILE, any_fixed, json);
     free(cmds);
     mt_estimate_result_free(&res);
-    return 0;
+    return st == MT_OK ? 0 : fail(st);
 }
 
 int main(int argc, char **argv) {

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "train/json.h"
+
 double mt_flops_per_token(const mt_model_config *c, int64_t seq) {
     const double n = (double)mt_model_num_parameters(c);
     const double n_emb = (double)c->vocab_size * (double)c->emb_dim;
@@ -21,40 +23,29 @@ double mt_mfu(double flops_per_token, double tokens_per_s, double peak_flops) {
     return flops_per_token * tokens_per_s / peak_flops;
 }
 
-/* JSON has no NaN/Inf: write null for them. */
-static int put_num(char *buf, size_t n, size_t *used, const char *key, double v) {
-    int w = isfinite(v) ? snprintf(buf + *used, n - *used, ", \"%s\": %.17g", key, v)
-                        : snprintf(buf + *used, n - *used, ", \"%s\": null", key);
-    if (w < 0 || (size_t)w >= n - *used) return -1;
-    *used += (size_t)w;
-    return 0;
-}
-
 int mt_metrics_format_json(const mt_step_metrics *m, char *buf, size_t n) {
-    size_t used = 0;
-    int w = snprintf(buf, n, "{\"step\": %lld", (long long)m->step);
-    if (w < 0 || (size_t)w >= n) return -1;
-    used = (size_t)w;
+    cJSON *row = cJSON_CreateObject();
+    int bad = mt_json_add_int(row, "step", m->step);
     if (m->has_train) {
-        if (put_num(buf, n, &used, "loss", m->loss) || put_num(buf, n, &used, "lr", m->lr) ||
-            put_num(buf, n, &used, "grad_norm", m->grad_norm))
-            return -1;
-        w = snprintf(buf + used, n - used, ", \"tokens\": %lld", (long long)m->tokens);
-        if (w < 0 || (size_t)w >= n - used) return -1;
-        used += (size_t)w;
-        if (put_num(buf, n, &used, "tokens_per_s", m->tokens_per_s) ||
-            put_num(buf, n, &used, "step_ms", m->step_ms) || put_num(buf, n, &used, "mfu", m->mfu))
-            return -1;
+        bad |= mt_json_add_double(row, "loss", m->loss, "%.17g");
+        bad |= mt_json_add_double(row, "lr", m->lr, "%.17g");
+        bad |= mt_json_add_double(row, "grad_norm", m->grad_norm, "%.17g");
+        bad |= mt_json_add_int(row, "tokens", m->tokens);
+        bad |= mt_json_add_double(row, "tokens_per_s", m->tokens_per_s, "%.17g");
+        bad |= mt_json_add_double(row, "step_ms", m->step_ms, "%.17g");
+        bad |= mt_json_add_double(row, "mfu", m->mfu, "%.17g");
     }
     if (m->has_eval) {
-        if (put_num(buf, n, &used, "val_loss", m->val_loss)) return -1;
-        w = snprintf(buf + used, n - used, ", \"val_tokens\": %lld", (long long)m->val_tokens);
-        if (w < 0 || (size_t)w >= n - used) return -1;
-        used += (size_t)w;
+        bad |= mt_json_add_double(row, "val_loss", m->val_loss, "%.17g");
+        bad |= mt_json_add_int(row, "val_tokens", m->val_tokens);
     }
-    w = snprintf(buf + used, n - used, "}");
-    if (w < 0 || (size_t)w >= n - used) return -1;
-    return (int)(used + (size_t)w);
+    char *line = bad ? NULL : mt_json_line(row);
+    cJSON_Delete(row);
+    const size_t len = line ? strlen(line) : 0;
+    const int fits = line && len < n;
+    if (fits) memcpy(buf, line, len + 1);
+    free(line);
+    return fits ? (int)len : -1;
 }
 
 struct mt_metrics_writer {
@@ -80,7 +71,8 @@ mt_status mt_metrics_open(mt_metrics_writer **out, const char *path, int append)
 mt_status mt_metrics_write(mt_metrics_writer *w, const mt_step_metrics *m) {
     char line[1024];
     if (mt_metrics_format_json(m, line, sizeof line) < 0)
-        return mt_set_error(MT_ERR_RUNTIME, "metrics: line too long");
+        return mt_set_error(MT_ERR_RUNTIME, "metrics: cannot format the row of step %lld (out of memory)",
+                            (long long)m->step);
     if (fprintf(w->f, "%s\n", line) < 0 || fflush(w->f) != 0)
         return mt_set_error(MT_ERR_RUNTIME, "cannot write metrics file '%s': %s", w->path, strerror(errno));
     return MT_OK;

@@ -5,8 +5,11 @@
  *                 "step_ms", "mfu"}
  *   evaluation:  "val_loss" and "val_tokens" added to the row of the step it follows;
  *                the evaluation before training is the row {"step": 0, "val_loss", ...}.
+ * Each row is a cJSON object (train/json.h: keys in this order, `"key": value` layout).
  * Doubles are printed with %.17g, so a value reads back bitwise (resume checks compare
- * the text). "mfu" is null when no peak FLOP/s is known for the backend: the CPU
+ * the text); a NaN or infinite value is null, since JSON has neither (mfu without a
+ * peak, a val_loss over no tokens).
+ * "mfu" is null when no peak FLOP/s is known for the backend: the CPU
  * backend prints null (a nominal CPU peak would make the number meaningless across
  * machines); the peak is the backend's capability (kernels/backend.h caps.peak_flops). */
 #ifndef MT_TRAIN_METRICS_H
@@ -50,7 +53,7 @@ double mt_flops_per_token(const mt_model_config *c, int64_t seq);
 double mt_mfu(double flops_per_token, double tokens_per_s, double peak_flops);
 
 /* Format one metrics.jsonl line (without the newline) into buf.
- * Returns the length, or -1 if it did not fit in n bytes. */
+ * Returns the length, or -1 if it did not fit in n bytes or memory ran out. */
 int mt_metrics_format_json(const mt_step_metrics *m, char *buf, size_t n);
 
 typedef struct mt_metrics_writer mt_metrics_writer;

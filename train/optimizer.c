@@ -2,6 +2,7 @@
 #include "train/optimizer.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MT_PI 3.14159265358979323846
@@ -31,13 +32,12 @@ double mt_lr_schedule_at(const mt_lr_schedule *sch, int64_t s) {
     return sch->peak * a + final_lr * (1.0 - a);
 }
 
-mt_status mt_grad_global_norm(mt_backend *be, const float *grads, const mt_param_info *params, int n, double *norm) {
+mt_status mt_grad_global_norm(mt_backend *be, const float *grads, const mt_param_info *params, int n, double *acc,
+                              double *norm) {
+    MT_TRY(be->ops->zero(be, acc, sizeof(double)));
+    for (int i = 0; i < n; i++) MT_TRY(be->ops->sumsq(be, grads + params[i].offset, params[i].numel, acc));
     double ss = 0.0;
-    for (int i = 0; i < n; i++) {
-        double part;
-        MT_TRY(be->ops->sumsq(be, grads + params[i].offset, params[i].numel, &part));
-        ss += part;
-    }
+    MT_TRY(be->ops->copy_to_host(be, &ss, acc, sizeof ss));
     *norm = sqrt(ss);
     return MT_OK;
 }
@@ -56,23 +56,55 @@ void mt_adamw_init(mt_adamw *o, mt_backend *be, int64_t numel, double b1, double
     o->b2 = (float)b2;
     o->eps = (float)eps;
     o->weight_decay = (float)weight_decay;
-    o->plan_m = o->plan_v = -1;
+    o->plan_m = o->plan_v = o->plan_segs = -1;
 }
 
-mt_status mt_adamw_add_to_plan(mt_adamw *o, mt_plan *plan, int num_phases) {
+mt_status mt_adamw_add_to_plan(mt_adamw *o, mt_plan *plan, int num_phases, int max_tensors) {
+    if (max_tensors < 0) return mt_set_error(MT_ERR_INVALID, "adamw: %d tensors", max_tensors);
     const size_t bytes = (size_t)o->numel * sizeof(float);
     const int last = num_phases > 0 ? num_phases - 1 : 0;
     MT_TRY(mt_plan_add(plan, "optimizer.adam_m", MT_MEM_OPTIMIZER, bytes, 0, last, &o->plan_m));
     MT_TRY(mt_plan_add(plan, "optimizer.adam_v", MT_MEM_OPTIMIZER, bytes, 0, last, &o->plan_v));
+    MT_TRY(mt_plan_add(plan, "optimizer.segments", MT_MEM_OPTIMIZER, (size_t)max_tensors * sizeof(mt_adamw_segment),
+                       0, last, &o->plan_segs));
+    o->max_segments = max_tensors;
     return MT_OK;
 }
 
 mt_status mt_adamw_bind(mt_adamw *o, const mt_arena *arena, const mt_plan *plan) {
     o->m = mt_arena_ptr(arena, plan, o->plan_m);
     o->v = mt_arena_ptr(arena, plan, o->plan_v);
-    if (!o->m || !o->v) return mt_set_error(MT_ERR_INVALID, "adamw: moments are not in the plan");
+    o->segs = mt_arena_ptr(arena, plan, o->plan_segs);
+    if (!o->m || !o->v || !o->segs)
+        return mt_set_error(MT_ERR_INVALID, "adamw: the moments or the segment table are not in the plan");
     MT_TRY(o->be->ops->zero(o->be, o->m, (size_t)o->numel * sizeof(float)));
     MT_TRY(o->be->ops->zero(o->be, o->v, (size_t)o->numel * sizeof(float)));
+    return MT_OK;
+}
+
+mt_status mt_adamw_segments(const mt_param_info *params, int n, mt_adamw_segment *out, int *nsegs) {
+    int k = 0;
+    int64_t end = 0; /* end of the previous tensor */
+    for (int i = 0; i < n; i++) {
+        const mt_param_info *pi = &params[i];
+        if (pi->offset < 0 || pi->numel < 0 || pi->offset > INT64_MAX - pi->numel || pi->offset < end)
+            return mt_set_error(MT_ERR_INVALID, "adamw: tensor '%s' [%lld, +%lld) is negative, or overlaps or "
+                                "precedes the tensor before it (the table must be sorted by offset)", pi->name,
+                                (long long)pi->offset, (long long)pi->numel);
+        end = pi->offset + pi->numel;
+        if (pi->numel == 0) continue;
+        const int32_t decay = pi->weight_decay ? 1 : 0;
+        if (k > 0 && out[k - 1].decay == decay && out[k - 1].offset + out[k - 1].numel == pi->offset) {
+            out[k - 1].numel += pi->numel;
+            continue;
+        }
+        out[k].offset = pi->offset;
+        out[k].numel = pi->numel;
+        out[k].decay = decay;
+        out[k].reserved = 0;
+        k++;
+    }
+    *nsegs = k;
     return MT_OK;
 }
 
@@ -84,9 +116,20 @@ mt_status mt_adamw_step(mt_adamw *o, const mt_param_info *params, int n, float *
         if (pi->offset < 0 || pi->numel < 0 || pi->offset + pi->numel > o->numel)
             return mt_set_error(MT_ERR_INVALID, "adamw: tensor '%s' [%lld, +%lld) outside the %lld moments",
                                 pi->name, (long long)pi->offset, (long long)pi->numel, (long long)o->numel);
-        const float wd = pi->weight_decay ? o->weight_decay : 0.0f;
-        MT_TRY(o->be->ops->adamw(o->be, p + pi->offset, g + pi->offset, o->m + pi->offset, o->v + pi->offset, pi->numel, lr,
-                      o->b1, o->b2, o->eps, wd, grad_scale, t));
     }
-    return MT_OK;
+    if (n <= 0) return MT_OK;
+    mt_adamw_segment *segs = malloc(sizeof *segs * (size_t)n);
+    if (!segs) return mt_set_error(MT_ERR_OOM, "adamw: out of memory for %d segments", n);
+    int ns = 0;
+    mt_status st = mt_adamw_segments(params, n, segs, &ns);
+    if (st == MT_OK && ns > o->max_segments)
+        st = mt_set_error(MT_ERR_INVALID, "adamw: %d segments, the plan's table holds %d", ns, o->max_segments);
+    /* from pageable memory: queued without waiting for the device, the buffer free at once */
+    if (st == MT_OK && ns > 0)
+        st = o->be->ops->copy_to_device(o->be, o->segs, segs, sizeof *segs * (size_t)ns);
+    free(segs);
+    if (st == MT_OK && ns > 0)
+        st = o->be->ops->adamw(o->be, p, g, o->m, o->v, o->segs, ns, lr, o->b1, o->b2, o->eps, o->weight_decay,
+                               grad_scale, t);
+    return st;
 }

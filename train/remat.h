@@ -17,10 +17,11 @@ extern "C" {
  * Errors: MT_ERR_INVALID (decoder_layer_input not device). */
 mt_status mt_memory_remat_policy(const mt_train_config *cfg, mt_remat_policy *out);
 
-/* mt_model_set_remat(model, mt_memory_remat_policy(cfg)),
- * mt_model_set_packing(model, cfg->packing, cfg->packing_separator_id) and
- * mt_model_set_param_offload(model, cfg->parameter_memory_host_offload): the config's
- * settings that shape the model's plan. Errors: those of the four calls. */
+/* mt_model_set_dtype(model, cfg->dtype), mt_model_set_remat(model,
+ * mt_memory_remat_policy(cfg)), mt_model_set_packing(model, cfg->packing,
+ * cfg->packing_separator_id) and mt_model_set_param_offload(model,
+ * cfg->parameter_memory_host_offload): the config's settings that shape the model's
+ * plan. Errors: those of the five calls. */
 mt_status mt_memory_apply_remat(const mt_train_config *cfg, mt_model *model);
 
 #ifdef __cplusplus

@@ -3,7 +3,10 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "train/json.h"
 
 static const char *const k_axes[4] = {"data", "fsdp", "context", "tensor"};
 
@@ -14,16 +17,23 @@ void mt_report_human_bytes(double b, char *buf, size_t n) {
     snprintf(buf, n, i ? "%.2f %s" : "%.0f %s", b, u[i]);
 }
 
-/* A JSON string literal of s (quotes, backslashes and control bytes escaped). */
-static void print_json_str(const char *s) {
-    putchar('"');
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\') printf("\\%c", ch);
-        else if (ch < 0x20) printf("\\u%04x", ch);
-        else putchar(ch);
-    }
-    putchar('"');
+/* doc (built without error when bad is 0) on one line of stdout (train/json.h), then
+ * freed. Errors: MT_ERR_OOM, MT_ERR_RUNTIME (stdout cannot be written), naming what. */
+static mt_status print_doc(cJSON *doc, int bad, const char *what) {
+    char *line = bad ? NULL : mt_json_line(doc);
+    cJSON_Delete(doc);
+    if (!line) return mt_set_error(MT_ERR_OOM, "%s --json: out of memory", what);
+    const int werr = printf("%s\n", line) < 0 || fflush(stdout) != 0;
+    free(line);
+    return werr ? mt_set_error(MT_ERR_RUNTIME, "%s --json: cannot write to stdout", what) : MT_OK;
+}
+
+/* "mesh": {"data": d, "fsdp": f, "context": c, "tensor": t} added to doc. */
+static int json_mesh(cJSON *doc, const int dims[4]) {
+    cJSON *mesh = mt_json_add_object(doc, "mesh");
+    int bad = mesh == NULL;
+    for (int a = 0; a < 4; a++) bad |= mt_json_add_int(mesh, k_axes[a], dims[a]);
+    return bad;
 }
 
 /* ------------------------------------------------------------------ plan ---- */
@@ -58,61 +68,73 @@ static size_t rows_sum(const mt_memory_rows *r) {
 
 /* `"key": {...}` of the table's top rows under their JSON names (layer_kept: added
  * when non-NULL), and of the saved activations per named tensor. */
-static void print_json_rows(const char *key, const mt_memory_rows *r, const size_t *layer_kept) {
-    printf(", \"%s\": {\"parameters\": %zu, \"gradients_and_accumulators\": %zu, \"optimizer\": %zu"
-           ", \"saved_activations\": %zu, \"recompute_scratch\": %zu, \"scratch\": %zu, \"loss_tile\": %zu"
-           ", \"communication\": %zu, \"workspace\": %zu",
-           key, r->params, r->grads, r->optimizer, saved_sum(r), r->recompute_scratch, r->scratch, r->loss_tile,
-           r->comm, r->workspace);
-    if (layer_kept) printf(", \"layer_kept\": %zu", *layer_kept);
-    printf("}");
+static int json_rows(cJSON *doc, const char *key, const mt_memory_rows *r, const size_t *layer_kept) {
+    cJSON *o = mt_json_add_object(doc, key);
+    int bad = mt_json_add_size(o, "parameters", r->params);
+    bad |= mt_json_add_size(o, "gradients_and_accumulators", r->grads);
+    bad |= mt_json_add_size(o, "optimizer", r->optimizer);
+    bad |= mt_json_add_size(o, "saved_activations", saved_sum(r));
+    bad |= mt_json_add_size(o, "recompute_scratch", r->recompute_scratch);
+    bad |= mt_json_add_size(o, "scratch", r->scratch);
+    bad |= mt_json_add_size(o, "loss_tile", r->loss_tile);
+    bad |= mt_json_add_size(o, "communication", r->comm);
+    bad |= mt_json_add_size(o, "workspace", r->workspace);
+    if (layer_kept) bad |= mt_json_add_size(o, "layer_kept", *layer_kept);
+    return bad;
 }
 
-static void print_json_saved(const char *key, const mt_memory_rows *r) {
-    printf(", \"%s\": {", key);
+static int json_saved(cJSON *doc, const char *key, const mt_memory_rows *r) {
+    cJSON *o = mt_json_add_object(doc, key);
+    int bad = 0;
     for (int t = 0; t < MT_RT_COUNT; t++)
-        printf("%s\"%s\": %zu", t ? ", " : "", mt_remat_tensor_name((mt_remat_tensor)t), r->saved[t]);
-    printf(", \"other\": %zu}", r->saved_other);
+        bad |= mt_json_add_size(o, mt_remat_tensor_name((mt_remat_tensor)t), r->saved[t]);
+    return bad | mt_json_add_size(o, "other", r->saved_other);
 }
 
-static void plan_json(const mt_train_config *cfg, const mt_memory_report *r, const mt_plan *plan,
-                      const mt_plan *host, const mt_remat_policy *pol) {
+static mt_status plan_json(const mt_train_config *cfg, const mt_memory_report *r, const mt_plan *plan,
+                           const mt_plan *host, const mt_remat_policy *pol) {
     size_t live[MT_MEM_CATEGORY_COUNT], total[MT_MEM_CATEGORY_COUNT];
     mt_plan_live_by_category(plan, live, NULL);
     mt_plan_total_by_category(plan, total);
-    printf("{\"model_name\": ");
-    print_json_str(cfg->model.model_name);
-    printf(", \"num_params\": %" PRId64 ", \"per_device_batch_size\": %" PRId64 ", \"max_target_length\": %" PRId64
-           ", \"gradient_accumulation_steps\": %" PRId64 ", \"num_vocab_tiling\": %" PRId64
-           ", \"grad_dtype\": \"%s\", \"remat_policy\": \"%s\", \"num_devices\": %" PRId64 ", \"mesh\": {",
-           r->num_params, cfg->per_device_batch_size, cfg->max_target_length, cfg->gradient_accumulation_steps,
-           cfg->num_vocab_tiling, mt_dtype_name(cfg->grad_dtype),
-           mt_remat_policy_name((mt_remat_policy_kind)cfg->remat_policy), cfg->num_devices);
-    for (int a = 0; a < 4; a++) printf("%s\"%s\": %d", a ? ", " : "", k_axes[a], r->dims[a]);
-    printf("}, \"entries\": %d, \"peak_phase\": %d, \"peak_bytes\": %zu, \"live_at_peak_bytes\": %zu",
-           mt_plan_count(plan), r->peak_phase, r->peak, r->live_at_peak);
+    cJSON *doc = cJSON_CreateObject();
+    int bad = mt_json_add_string(doc, "model_name", cfg->model.model_name);
+    bad |= mt_json_add_int(doc, "num_params", r->num_params);
+    bad |= mt_json_add_int(doc, "per_device_batch_size", cfg->per_device_batch_size);
+    bad |= mt_json_add_int(doc, "max_target_length", cfg->max_target_length);
+    bad |= mt_json_add_int(doc, "gradient_accumulation_steps", cfg->gradient_accumulation_steps);
+    bad |= mt_json_add_int(doc, "num_vocab_tiling", cfg->num_vocab_tiling);
+    bad |= mt_json_add_string(doc, "dtype", mt_dtype_name(cfg->dtype));
+    bad |= mt_json_add_string(doc, "grad_dtype", mt_dtype_name(cfg->grad_dtype));
+    bad |= mt_json_add_string(doc, "remat_policy", mt_remat_policy_name((mt_remat_policy_kind)cfg->remat_policy));
+    bad |= mt_json_add_int(doc, "num_devices", cfg->num_devices);
+    bad |= json_mesh(doc, r->dims);
+    bad |= mt_json_add_int(doc, "entries", mt_plan_count(plan));
+    bad |= mt_json_add_int(doc, "peak_phase", r->peak_phase);
+    bad |= mt_json_add_size(doc, "peak_bytes", r->peak);
+    bad |= mt_json_add_size(doc, "live_at_peak_bytes", r->live_at_peak);
     /* per_device / saved: all entries of each row (any lifetime); the _live_at_peak
      * twins: the entries live at peak_phase (they add up to live_at_peak_bytes) */
-    print_json_rows("per_device", &r->total, &r->layer_kept);
-    print_json_rows("per_device_live_at_peak", &r->live, NULL);
-    print_json_saved("saved", &r->total);
-    print_json_saved("saved_live_at_peak", &r->live);
-    printf(", \"remat\": {");
+    bad |= json_rows(doc, "per_device", &r->total, &r->layer_kept);
+    bad |= json_rows(doc, "per_device_live_at_peak", &r->live, NULL);
+    bad |= json_saved(doc, "saved", &r->total);
+    bad |= json_saved(doc, "saved_live_at_peak", &r->live);
+    cJSON *remat = mt_json_add_object(doc, "remat");
     for (int t = 0; t < MT_RT_COUNT; t++)
-        printf("%s\"%s\": \"%s\"", t ? ", " : "", mt_remat_tensor_name((mt_remat_tensor)t),
-               mt_remat_action_name(pol->action[t]));
-    printf("}, \"host\": {\"activations\": %zu, \"parameters\": %zu, \"optimizer\": %zu, \"total\": %zu, "
-           "\"pool_bytes\": %zu}",
-           r->host_activations, r->host_params, r->host_optimizer, r->host_total, mt_plan_peak(host));
+        bad |= mt_json_add_string(remat, mt_remat_tensor_name((mt_remat_tensor)t),
+                                  mt_remat_action_name(pol->action[t]));
+    cJSON *h = mt_json_add_object(doc, "host");
+    bad |= mt_json_add_size(h, "activations", r->host_activations);
+    bad |= mt_json_add_size(h, "parameters", r->host_params);
+    bad |= mt_json_add_size(h, "optimizer", r->host_optimizer);
+    bad |= mt_json_add_size(h, "total", r->host_total);
+    bad |= mt_json_add_size(h, "pool_bytes", mt_plan_peak(host));
     const char *which[2] = {"live_at_peak", "total"};
     for (int w = 0; w < 2; w++) {
-        printf(", \"%s\": {", which[w]);
+        cJSON *o = mt_json_add_object(doc, which[w]);
         for (int c = 0; c < MT_MEM_CATEGORY_COUNT; c++)
-            printf("%s\"%s\": %zu", c ? ", " : "", mt_mem_category_name((mt_mem_category)c),
-                   w ? total[c] : live[c]);
-        printf("}");
+            bad |= mt_json_add_size(o, mt_mem_category_name((mt_mem_category)c), w ? total[c] : live[c]);
     }
-    printf("}\n");
+    return print_doc(doc, bad, "plan");
 }
 
 /* The saved-activation rows of the table: one per named tensor, with its action. */
@@ -135,9 +157,9 @@ static void plan_table_saved(const mt_train_config *cfg, const mt_memory_report 
 static void plan_table(const mt_train_config *cfg, const mt_memory_report *r, const mt_remat_policy *pol) {
     const mt_memory_rows *rt = &r->total, *rl = &r->live;
     printf("memory plan of one device: %s, %.3fM params, batch %" PRId64 " x seq %" PRId64 ", %" PRId64
-           " micro-batches, grad_dtype %s, %" PRId64 " vocab tiles, remat_policy %s\n",
+           " micro-batches, dtype %s, grad_dtype %s, %" PRId64 " vocab tiles, remat_policy %s\n",
            cfg->model.model_name, (double)r->num_params / 1e6, cfg->per_device_batch_size, cfg->max_target_length,
-           cfg->gradient_accumulation_steps, mt_dtype_name(cfg->grad_dtype), cfg->num_vocab_tiling,
+           cfg->gradient_accumulation_steps, mt_dtype_name(cfg->dtype), mt_dtype_name(cfg->grad_dtype), cfg->num_vocab_tiling,
            mt_remat_policy_name((mt_remat_policy_kind)cfg->remat_policy));
     printf("mesh: %" PRId64 " device(s) = data %d x fsdp %d x context %d x tensor %d (rank 0: exactly what "
            "`train` allocates)\n", cfg->num_devices, r->dims[0], r->dims[1], r->dims[2], r->dims[3]);
@@ -148,7 +170,7 @@ static void plan_table(const mt_train_config *cfg, const mt_memory_report *r, co
     print_bytes_row("parameters", &rl->params, &rt->params,
                     cfg->parameter_memory_host_offload ? "(layer window; rest on host)" : "");
     print_bytes_row("gradients and accumulators", &rl->grads, &rt->grads, "");
-    print_bytes_row("optimizer (AdamW m, v)", &rl->optimizer, &rt->optimizer, "");
+    print_bytes_row("optimizer (AdamW m, v, segments)", &rl->optimizer, &rt->optimizer, "");
     print_bytes_row("saved activations", &ssl, &sst, "");
     plan_table_saved(cfg, r, pol);
     print_bytes_row("  norm statistics, step inputs, final norm", &rl->saved_other, &rt->saved_other, "");
@@ -168,10 +190,11 @@ static void plan_table(const mt_train_config *cfg, const mt_memory_report *r, co
     print_bytes_row("host offload total", NULL, &r->host_total, "");
 }
 
-void mt_report_plan(const mt_train_config *cfg, const mt_memory_report *r, const mt_plan *plan,
-                    const mt_plan *host, const mt_remat_policy *pol, int json) {
-    if (json) plan_json(cfg, r, plan, host, pol);
-    else plan_table(cfg, r, pol);
+mt_status mt_report_plan(const mt_train_config *cfg, const mt_memory_report *r, const mt_plan *plan,
+                         const mt_plan *host, const mt_remat_policy *pol, int json) {
+    if (json) return plan_json(cfg, r, plan, host, pol);
+    plan_table(cfg, r, pol);
+    return MT_OK;
 }
 
 /* -------------------------------------------------------------- estimate ---- */
@@ -183,39 +206,49 @@ static const char *estimate_action(const mt_train_config *cfg, const mt_estimate
     return mt_remat_action_name(row->policy.action[t]);
 }
 
-static void estimate_json(const mt_train_config *cfg, const mt_memory_report *r0, const mt_estimate_result *res,
-                          const mt_step_model *sm, const char (*commands)[MT_REPORT_COMMAND_MAX],
-                          const char *commands_file) {
+static mt_status estimate_json(const mt_train_config *cfg, const mt_memory_report *r0,
+                               const mt_estimate_result *res, const mt_step_model *sm,
+                               const char (*commands)[MT_REPORT_COMMAND_MAX], const char *commands_file) {
     const int cpu = cfg->backend == MT_BACKEND_CPU; /* the step model is a GPU's */
-    printf("{\"model_name\": ");
-    print_json_str(cfg->model.model_name);
-    printf(", \"num_params\": %" PRId64 ", \"max_target_length\": %" PRId64 ", \"gradient_accumulation_steps\": %"
-           PRId64 ", \"num_devices\": %" PRId64 ", \"mesh\": {", r0->num_params, cfg->max_target_length,
-           cfg->gradient_accumulation_steps, cfg->num_devices);
-    for (int a = 0; a < 4; a++) printf("%s\"%s\": %d", a ? ", " : "", k_axes[a], r0->dims[a]);
-    printf("}, \"hbm_gib\": %.17g, \"budget_bytes\": %zu, \"mode\": \"%s\", \"plans_evaluated\": %d"
-           ", \"search_seconds\": %.6f, \"step_model\": {\"device_flops\": %.6g, \"host_bytes_per_s\": %.6g"
-           ", \"link_bytes_per_s\": %.6g, \"device\": ",
-           cfg->hbm_gib, res->budget, res->mode == 1 ? "pareto" : "fixed_batch", res->plans, res->seconds,
-           sm->device_flops, sm->host_bw, sm->link_bw);
-    print_json_str(sm->device);
-    printf(", \"applies_to_backend\": %s}, \"commands_file\": \"%s\", \"rows\": [", cpu ? "false" : "true",
-           commands_file);
+    cJSON *doc = cJSON_CreateObject();
+    int bad = mt_json_add_string(doc, "model_name", cfg->model.model_name);
+    bad |= mt_json_add_int(doc, "num_params", r0->num_params);
+    bad |= mt_json_add_int(doc, "max_target_length", cfg->max_target_length);
+    bad |= mt_json_add_int(doc, "gradient_accumulation_steps", cfg->gradient_accumulation_steps);
+    bad |= mt_json_add_int(doc, "num_devices", cfg->num_devices);
+    bad |= json_mesh(doc, r0->dims);
+    bad |= mt_json_add_double(doc, "hbm_gib", cfg->hbm_gib, "%.17g");
+    bad |= mt_json_add_size(doc, "budget_bytes", res->budget);
+    bad |= mt_json_add_string(doc, "mode", res->mode == 1 ? "pareto" : "fixed_batch");
+    bad |= mt_json_add_int(doc, "plans_evaluated", res->plans);
+    bad |= mt_json_add_double(doc, "search_seconds", res->seconds, "%.6f");
+    cJSON *m = mt_json_add_object(doc, "step_model");
+    bad |= mt_json_add_double(m, "device_flops", sm->device_flops, "%.6g");
+    bad |= mt_json_add_double(m, "host_bytes_per_s", sm->host_bw, "%.6g");
+    bad |= mt_json_add_double(m, "link_bytes_per_s", sm->link_bw, "%.6g");
+    bad |= mt_json_add_string(m, "device", sm->device);
+    bad |= mt_json_add_bool(m, "applies_to_backend", !cpu);
+    bad |= mt_json_add_string(doc, "commands_file", commands_file);
+    cJSON *rows = mt_json_add_array(doc, "rows");
+    bad |= rows == NULL;
     for (int i = 0; i < res->nrows; i++) {
         const mt_estimate_row *row = &res->rows[i];
-        printf("%s{\"rank\": %d, \"per_device_batch_size\": %" PRId64 ", \"device_bytes\": %zu, \"host_bytes\": "
-               "%zu, \"step_s\": %.9g, \"tokens_per_s_per_device\": %.9g, \"remat\": {", i ? ", " : "", i + 1,
-               row->batch, row->peak, row->host, row->step_s, row->tokens_per_s);
+        cJSON *o = mt_json_add_object(rows, NULL);
+        bad |= mt_json_add_int(o, "rank", i + 1);
+        bad |= mt_json_add_int(o, "per_device_batch_size", row->batch);
+        bad |= mt_json_add_size(o, "device_bytes", row->peak);
+        bad |= mt_json_add_size(o, "host_bytes", row->host);
+        bad |= mt_json_add_double(o, "step_s", row->step_s, "%.9g");
+        bad |= mt_json_add_double(o, "tokens_per_s_per_device", row->tokens_per_s, "%.9g");
+        cJSON *remat = mt_json_add_object(o, "remat");
         for (int t = 0; t < MT_RT_COUNT; t++) {
             const char *act = estimate_action(cfg, row, t);
-            printf("%s\"%s\": \"%s\"", t ? ", " : "", mt_remat_tensor_name((mt_remat_tensor)t),
-                   strcmp(act, "-") == 0 ? "never_saved" : act);
+            bad |= mt_json_add_string(remat, mt_remat_tensor_name((mt_remat_tensor)t),
+                                      strcmp(act, "-") == 0 ? "never_saved" : act);
         }
-        printf("}, \"command\": ");
-        print_json_str(commands[i]);
-        printf("}");
+        bad |= mt_json_add_string(o, "command", commands[i]);
     }
-    printf("]}\n");
+    return print_doc(doc, bad, "estimate");
 }
 
 static void estimate_table(const mt_train_config *cfg, const mt_memory_report *r0, const mt_estimate_result *res,
@@ -255,9 +288,107 @@ static void estimate_table(const mt_train_config *cfg, const mt_memory_report *r
     printf("wrote %d command(s) to ./%s\n", res->nrows, commands_file);
 }
 
-void mt_report_estimate(const mt_train_config *cfg, const mt_memory_report *r0, const mt_estimate_result *res,
-                        const mt_step_model *sm, const char (*commands)[MT_REPORT_COMMAND_MAX],
-                        const char *commands_file, int any_fixed, int json) {
-    if (json) estimate_json(cfg, r0, res, sm, commands, commands_file);
-    else estimate_table(cfg, r0, res, sm, commands_file, any_fixed);
+mt_status mt_report_estimate(const mt_train_config *cfg, const mt_memory_report *r0, const mt_estimate_result *res,
+                             const mt_step_model *sm, const char (*commands)[MT_REPORT_COMMAND_MAX],
+                             const char *commands_file, int any_fixed, int json) {
+    if (json) return estimate_json(cfg, r0, res, sm, commands, commands_file);
+    estimate_table(cfg, r0, res, sm, commands_file, any_fixed);
+    return MT_OK;
+}
+
+/* ------------------------------------------------------ estimate commands ---- */
+
+/* s as one shell word: unchanged when it holds only characters no shell treats
+ * specially, else in single quotes (each ' written as '\''). Returns 0 when buf was
+ * too small. */
+static int shell_word(char *buf, size_t n, const char *s) {
+    int plain = s[0] != '\0';
+    for (const char *c = s; *c && plain; c++)
+        plain = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+                strchr("_-./:=+,@%", *c) != NULL;
+    size_t used = 0;
+    if (!plain) buf[used++] = '\'';
+    for (const char *c = s; *c; c++) {
+        if (used + 6 >= n) return 0;
+        if (!plain && *c == '\'') {
+            memcpy(buf + used, "'\\''", 4);
+            used += 4;
+        } else {
+            buf[used++] = *c;
+        }
+    }
+    if (!plain) buf[used++] = '\'';
+    buf[used] = '\0';
+    return 1;
+}
+
+/* mt_report_estimate_command's line into buf[n]: 1, or 0 when buf was too small. */
+static int command_line(char *buf, size_t n, const char *prog, const char *path, int argc, char *const *argv,
+                        const mt_train_config *cfg, const int dims[4], const mt_estimate_row *row) {
+    size_t used = 0;
+    char word[2048];
+#define CMD_ADD(...)                                                            \
+    do {                                                                        \
+        int w_ = snprintf(buf + used, n - used, __VA_ARGS__);                   \
+        if (w_ < 0 || (size_t)w_ >= n - used) return 0;                         \
+        used += (size_t)w_;                                                     \
+    } while (0)
+    buf[0] = '\0';
+    if (cfg->num_devices > 1) CMD_ADD("mpirun -np %" PRId64 " ", cfg->num_devices);
+    if (!shell_word(word, sizeof word, prog)) return 0;
+    CMD_ADD("%s train", word);
+    if (!shell_word(word, sizeof word, path)) return 0;
+    CMD_ADD(" %s", word);
+    static const char *const own[] = {"hbm_gib", "num_devices", "per_device_batch_size", "remat_policy",
+                                      "ici_data_parallelism", "ici_fsdp_parallelism", "ici_context_parallelism",
+                                      "ici_tensor_parallelism", NULL};
+    for (int k = 1; k < argc; k++) {
+        const char *eq = strchr(argv[k], '=');
+        if (!eq) continue;
+        size_t kl = (size_t)(eq - argv[k]);
+        char key[64];
+        snprintf(key, sizeof key, "%.*s", (int)(kl < 63 ? kl : 63), argv[k]);
+        mt_remat_tensor t;
+        int skip = mt_remat_tensor_parse(key, &t) == MT_OK;
+        for (int i = 0; own[i] && !skip; i++) skip = strcmp(key, own[i]) == 0;
+        if (skip) continue;
+        if (!shell_word(word, sizeof word, argv[k])) return 0;
+        CMD_ADD(" %s", word);
+    }
+    CMD_ADD(" per_device_batch_size=%" PRId64 " remat_policy=custom", row->batch);
+    for (int t = 0; t < MT_RT_COUNT; t++) {
+        if (t == MT_RT_MLPWO && !cfg->model.use_post_ffw_norm) continue; /* never saved: nothing to choose */
+        CMD_ADD(" %s=%s", mt_remat_tensor_name((mt_remat_tensor)t), mt_remat_action_name(row->policy.action[t]));
+    }
+    if (cfg->num_devices > 1) CMD_ADD(" num_devices=%" PRId64, cfg->num_devices); /* = the world: train accepts it */
+    CMD_ADD(" ici_data_parallelism=%d ici_fsdp_parallelism=%d ici_context_parallelism=%d ici_tensor_parallelism=%d",
+            dims[0], dims[1], dims[2], dims[3]);
+#undef CMD_ADD
+    return 1;
+}
+
+mt_status mt_report_estimate_command(char *buf, size_t n, const char *prog, const char *path, int argc,
+                                     char *const *argv, const mt_train_config *cfg, const int dims[4],
+                                     const mt_estimate_row *row) {
+    if (command_line(buf, n, prog, path, argc, argv, cfg, dims, row)) return MT_OK;
+    if (n) buf[0] = '\0';
+    return mt_set_error(MT_ERR_INVALID, "estimate: a command line is over %zu bytes", n);
+}
+
+mt_status mt_report_write_commands_file(const char *path, const mt_train_config *cfg, const int dims[4],
+                                        const char (*cmds)[MT_REPORT_COMMAND_MAX], int n) {
+    const char *tmp = MT_REPORT_COMMANDS_FILE ".tmp";
+    FILE *f = fopen(tmp, "w");
+    if (!f) return mt_set_error(MT_ERR_IO, "cannot write %s in the current directory", tmp);
+    fprintf(f, "# meshtrain estimate %s: hbm_gib=%g, %" PRId64 " device(s) = data %d x fsdp %d x context %d x tensor "
+            "%d; ranked by modelled tokens/s; each line runs as written from the directory estimate ran in%s\n",
+            path, cfg->hbm_gib, cfg->num_devices, dims[0], dims[1], dims[2], dims[3],
+            cfg->num_devices > 1 ? " (mpirun -np N)" : "");
+    for (int i = 0; i < n; i++) fprintf(f, "%s\n", cmds[i]);
+    const int werr = ferror(f);
+    if (fclose(f) != 0 || werr || rename(tmp, MT_REPORT_COMMANDS_FILE) != 0) {
+        remove(tmp);
+        return mt_set_error(MT_ERR_IO, "cannot write ./%s", MT_REPORT_COMMANDS_FILE);
+    }
+    return MT_OK;
 }

@@ -112,8 +112,10 @@ static mt_status chunked_pass(mt_trainer *t, float inv, double *norm, float lr, 
     mt_param_info *rel = malloc(sizeof(mt_param_info) * (size_t)(np > 0 ? np : 1));
     if (!rel) return mt_set_error(MT_ERR_OOM, "trainer: out of memory");
     float *params = mt_model_params(t->model);
+    double *acc = mt_model_step_stats(t->model) + 2; /* the squares' sum (model.h) */
     double ss = 0.0;
     mt_status st = MT_OK;
+    if (norm) st = t->be->ops->zero(t->be, acc, sizeof(double));
     for (int i0 = 0; st == MT_OK && i0 < np;) {
         const int64_t a = sp[i0].offset;
         int i1 = i0 + 1;
@@ -122,14 +124,11 @@ static mt_status chunked_pass(mt_trainer *t, float inv, double *norm, float lr, 
         float *buf = NULL;
         st = mt_grad_sync_read(&t->gs, a, n, &buf);
         if (st != MT_OK) break;
-        st = t->be->ops->scale(t->be, buf, inv, n);
+        st = t->be->ops->scale(t->be, buf, inv, n, MT_F32);
         if (st != MT_OK) break;
         if (norm) {
-            for (int i = i0; st == MT_OK && i < i1; i++) {
-                double part = 0.0;
-                st = t->be->ops->sumsq(t->be, buf + (sp[i].offset - a), sp[i].numel, &part);
-                ss += part;
-            }
+            for (int i = i0; st == MT_OK && i < i1; i++)
+                st = t->be->ops->sumsq(t->be, buf + (sp[i].offset - a), sp[i].numel, acc);
         } else if (host) {
             st = t->be->ops->copy_to_host(t->be, host + a, buf, (size_t)n * sizeof(float));
         } else {
@@ -146,6 +145,7 @@ static mt_status chunked_pass(mt_trainer *t, float inv, double *norm, float lr, 
         i0 = i1;
     }
     free(rel);
+    if (norm && st == MT_OK) st = t->be->ops->copy_to_host(t->be, &ss, acc, sizeof ss);
     if (norm) *norm = sqrt(ss);
     return st;
 }
@@ -157,21 +157,24 @@ mt_status mt_trainer_step(mt_trainer *t, mt_step_metrics *m) {
     const size_t gbytes = (size_t)t->numel * sizeof(float);
     mt_comm *dp = t->mesh->grad;
     const uint64_t bytes0 = mt_mesh_bytes_total(t->mesh);
-    double loss_sum = 0.0;
-    int64_t count = 0;
+    double *stats = mt_model_step_stats(t->model);
+    /* bf16 compute weights: rounded from the master with the key of this update */
+    mt_model_set_compute_rounding(t->model, (uint64_t)t->cfg.seed, t->step);
     if (grads) MT_TRY(be->ops->zero(be, grads, gbytes));
+    MT_TRY(be->ops->zero(be, stats, MT_MODEL_STATS * sizeof(double)));
     for (int64_t mb = 0; mb < t->cfg.gradient_accumulation_steps; mb++) {
         mt_grad_sync_set_microbatch(&t->gs, mb);
         MT_TRY(mt_data_next(t->train, t->tokens, t->labels));
-        double ls = 0.0;
-        int64_t c = 0;
-        MT_TRY(mt_model_forward_backward(t->model, t->tokens, t->labels, 1.0f, &ls, &c));
-        loss_sum += ls;
-        count += c;
+        /* adds the loss and count to stats, no host synchronisation */
+        MT_TRY(mt_model_forward_backward_acc(t->model, t->tokens, t->labels, 1.0f));
         int zero = 0;
         MT_TRY(mt_grad_sync_microbatch(&t->gs, grads, mb, &zero));
         if (zero && grads && mb + 1 < t->cfg.gradient_accumulation_steps) MT_TRY(be->ops->zero(be, grads, gbytes));
     }
+    double acc[2]; /* the step's first read of the device: loss sum and labelled count */
+    MT_TRY(be->ops->copy_to_host(be, acc, stats, sizeof acc));
+    double loss_sum = acc[0];
+    int64_t count = (int64_t)acc[1];
     MT_TRY(mt_comm_all_reduce(dp, &loss_sum, 1, MT_COMM_F64));
     MT_TRY(mt_comm_all_reduce(dp, &count, 1, MT_COMM_I64));
     if (count <= 0)
@@ -184,8 +187,8 @@ mt_status mt_trainer_step(mt_trainer *t, mt_step_metrics *m) {
     t->last_inv_count = inv;
     t->chunked_grad = g == NULL;
     if (g) {
-        MT_TRY(be->ops->scale(be, g, inv, mt_grad_sync_opt_numel(&t->gs)));
-        MT_TRY(mt_grad_global_norm(be, g, t->sparams, t->nsparams, &norm));
+        MT_TRY(be->ops->scale(be, g, inv, mt_grad_sync_opt_numel(&t->gs), MT_F32));
+        MT_TRY(mt_grad_global_norm(be, g, t->sparams, t->nsparams, stats + 2, &norm));
     } else {
         MT_TRY(chunked_pass(t, inv, &norm, 0.0f, 0.0f, NULL));
     }
@@ -209,7 +212,11 @@ mt_status mt_trainer_step(mt_trainer *t, mt_step_metrics *m) {
         MT_TRY(chunked_pass(t, inv, NULL, (float)lr, (float)clip, NULL));
     MT_TRY(mt_grad_sync_gather_params(&t->gs, params));
     t->last_step_bytes = mt_mesh_bytes_total(t->mesh) - bytes0;
-    MT_TRY(be->ops->sync(be));
+    /* No wait for the update: the next step's first read (or a checkpoint's copy) waits
+     * for it, so the loss and norm reads are the step's only synchronisations
+     * (tests/test_emu_syncs.c). step_ms then covers this step's forward, backward and
+     * norm plus the previous step's update, which its first read waited for: the same
+     * total over a run, the update counted one step later. */
     t->step++;
     const double dt = mt_time_now() - t0;
     t->time_sum += dt;
@@ -238,6 +245,7 @@ mt_status mt_trainer_evaluate(mt_trainer *t, double *val_loss, int64_t *val_toke
     /* each validation window at most once (a wrap would count tokens twice) */
     const int64_t windows = mt_data_windows_per_epoch(t->val);
     const int64_t n = t->cfg.eval_steps < windows ? t->cfg.eval_steps : windows;
+    mt_model_set_compute_rounding(t->model, (uint64_t)t->cfg.seed, t->step); /* the weights the next step sees */
     for (int64_t i = 0; i < n; i++) {
         MT_TRY(mt_data_next(t->val, t->tokens, t->labels));
         double ls = 0.0;

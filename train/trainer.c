@@ -36,8 +36,8 @@
 mt_status mt_trainer_check_caps(const mt_train_config *cfg, const mt_backend_caps *caps, const char *backend) {
     if (!mt_backend_has_dtype(caps, cfg->dtype))
         return mt_set_error(MT_ERR_UNSUPPORTED,
-                            "dtype=%s is not supported on the %s backend (float32 only; "
-                            "use dtype=float32)",
+                            "dtype=%s is not supported on the %s backend (use dtype=float32 or "
+                            "dtype=bfloat16)",
                             mt_dtype_name(cfg->dtype), backend);
     if (cfg->weight_dtype != MT_F32)
         return mt_set_error(MT_ERR_UNSUPPORTED,
@@ -225,7 +225,7 @@ static mt_status build_plan(const mt_train_config *cfg, mt_backend *be, mt_model
                       cfg->adam_weight_decay);
         /* optimizer_memory_host_offload: the moments live in the host pool (host plan) */
         st = mt_adamw_add_to_plan(opt, cfg->optimizer_memory_host_offload ? host : *plan,
-                                  mt_model_phase_count(*model));
+                                  mt_model_phase_count(*model), mt_model_param_count(*model));
     }
     if (st == MT_OK) st = mt_plan_finalize(*plan);
     if (st != MT_OK) {

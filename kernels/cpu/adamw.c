@@ -1,4 +1,5 @@
-/* kernels/cpu/adamw.c: one AdamW step over a flat fp32 parameter shard.
+/* kernels/cpu/adamw.c: one AdamW step over the segments of a flat fp32 parameter shard
+ * (ops.h adamw: a table of runs, each with its weight-decay flag).
  *
  * p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p) with bias-corrected moments
  * (Loshchilov & Hutter 2019, as torch.optim.AdamW: the decay uses the old p, and is
@@ -70,19 +71,11 @@ __attribute__((target("avx2"))) static void adamw_avx2(float *restrict p, const 
 }
 #endif
 
-mt_status mt_cpu_adamw(mt_backend *be, float *restrict p, const float *restrict g, float *restrict m,
-                  float *restrict v, int64_t n, float lr, float b1, float b2, float eps, float wd,
-                  float grad_scale, int64_t t) {
-    (void)be;
-    const float inv_bc1 = (float)(1.0 / (1.0 - pow((double)b1, (double)t)));
-    const float inv_bc2 = (float)(1.0 / (1.0 - pow((double)b2, (double)t)));
-    const adamw_consts k = {lr, b1, b2, 1.0f - b1, 1.0f - b2, eps, wd, grad_scale, inv_bc1, inv_bc2};
-#ifdef MT_ADAMW_AVX2
-    /* reads the CPU model that libgcc fills in at load time (no write, no race) */
-    const int avx2 = __builtin_cpu_supports("avx2");
-#else
-    const int avx2 = 0;
-#endif
+/* One segment: elements [0, n) of p, g, m, v with constants k, split across threads in
+ * fixed blocks of MT_ADAMW_BLOCK (the same elements get the same bits whatever the
+ * split: the update is elementwise). */
+static void adamw_range(float *restrict p, const float *restrict g, float *restrict m, float *restrict v,
+                        int64_t n, const adamw_consts *k, int avx2) {
     const int64_t nblk = (n + MT_ADAMW_BLOCK - 1) / MT_ADAMW_BLOCK;
 #pragma omp parallel for schedule(static) if (n >= MT_CPU_PAR_MIN)
     for (int64_t b = 0; b < nblk; b++) {
@@ -90,12 +83,39 @@ mt_status mt_cpu_adamw(mt_backend *be, float *restrict p, const float *restrict 
         const int64_t len = n - i0 < MT_ADAMW_BLOCK ? n - i0 : MT_ADAMW_BLOCK;
 #ifdef MT_ADAMW_AVX2
         if (avx2) {
-            adamw_avx2(p + i0, g + i0, m + i0, v + i0, len, &k);
+            adamw_avx2(p + i0, g + i0, m + i0, v + i0, len, k);
             continue;
         }
 #endif
         (void)avx2;
-        adamw_scalar(p + i0, g + i0, m + i0, v + i0, 0, len, &k);
+        adamw_scalar(p + i0, g + i0, m + i0, v + i0, 0, len, k);
+    }
+}
+
+mt_status mt_cpu_adamw(mt_backend *be, float *p, const float *g, float *m, float *v, const mt_adamw_segment *segs,
+                       int nsegs, float lr, float b1, float b2, float eps, float wd, float grad_scale, int64_t t) {
+    (void)be;
+    if (nsegs < 0 || (nsegs > 0 && !segs))
+        return mt_set_error(MT_ERR_INVALID, "adamw: %d segments at %p", nsegs, (const void *)segs);
+    for (int s = 0; s < nsegs; s++) /* sorted, disjoint, in range of int64 (ops.h) */
+        if (segs[s].offset < 0 || segs[s].numel < 0 || segs[s].offset > INT64_MAX - segs[s].numel ||
+            (s > 0 && segs[s].offset < segs[s - 1].offset + segs[s - 1].numel))
+            return mt_set_error(MT_ERR_INVALID, "adamw: segment %d [%lld, +%lld) is negative, or starts before "
+                                "the end of the segment before it", s, (long long)segs[s].offset,
+                                (long long)segs[s].numel);
+    const float inv_bc1 = (float)(1.0 / (1.0 - pow((double)b1, (double)t)));
+    const float inv_bc2 = (float)(1.0 / (1.0 - pow((double)b2, (double)t)));
+#ifdef MT_ADAMW_AVX2
+    /* reads the CPU model that libgcc fills in at load time (no write, no race) */
+    const int avx2 = __builtin_cpu_supports("avx2");
+#else
+    const int avx2 = 0;
+#endif
+    for (int s = 0; s < nsegs; s++) {
+        const adamw_consts k = {lr, b1, b2, 1.0f - b1, 1.0f - b2, eps, segs[s].decay ? wd : 0.0f, grad_scale,
+                                inv_bc1, inv_bc2};
+        const int64_t o = segs[s].offset;
+        adamw_range(p + o, g + o, m + o, v + o, segs[s].numel, &k, avx2);
     }
     return MT_OK;
 }

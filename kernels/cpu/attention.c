@@ -37,12 +37,24 @@
  *           plenty of tasks).
  * by_kv is used when B * Hkv covers the threads. Both add the same products in the same
  * order (dq over increasing key blocks; dk/dv over heads of the group, then increasing
- * query blocks), so the choice, and hence the thread count, never changes a bit. */
+ * query blocks), so the choice, and hence the thread count, never changes a bit.
+ * bf16 (mt_attn_args.dtype, cpu_dtype.h): q, k, v, dout and out are widened exactly as
+ * they are loaded into the fp32 blocks above (the forward then also widens each value
+ * block, which fp32 reads in place); scores, max, sums and every accumulator are fp32,
+ * and each output (out, dq, dk, dv) is rounded once when it is stored. Inside, the
+ * operands that FlashAttention-2's bf16 kernels feed to the tensor cores are rounded to
+ * bf16 (to nearest even) where ops.h says: the forward's P = exp(s - m) after the online
+ * softmax has added it to l and before P @ V; the backward's recomputed P = exp(s - lse)
+ * before dV += P^T dO, and dS = P (dP - D) (times the soft-cap derivative, from the fp32
+ * P) before dQ += dS K and dK += dS^T (scale q) (att_bwd_pair). The backward runs the
+ * split schedule only, since by_kv adds dq straight into the output tensor, which a bf16
+ * dq cannot hold; the result is therefore again fixed by the shapes. */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/cpu_dtype.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/vmath.h"
 
@@ -59,6 +71,7 @@ typedef struct att_geom {
     int64_t window;
     const int32_t *q_pos, *k_pos;
     const int32_t *q_seg, *k_seg; /* [B, Tq] / [B, Tk] or NULL (no document masking) */
+    mt_dtype dt;                  /* of q, k, v, out, dout, dq, dk, dv */
 } att_geom;
 
 static att_geom att_geom_make(const mt_attn_args *a) {
@@ -82,6 +95,7 @@ static att_geom att_geom_make(const mt_attn_args *a) {
     g.k_pos = a->k_pos;
     g.q_seg = a->q_seg && a->k_seg ? a->q_seg : NULL;
     g.k_seg = a->q_seg && a->k_seg ? a->k_seg : NULL;
+    g.dt = a->dtype;
     return g;
 }
 
@@ -482,20 +496,27 @@ static void att_probs(float *P, const float *S, const float *lse, int64_t nq) {
     att_probs_plain(P, S, lse, nq);
 }
 
-/* Copy key rows [j0, j0+nk) of head hk: transposed into Xt[Dh][BK] (zero-padded to
- * BK columns) when Xt is non-NULL, row-major into X[nk][Dh] when X is non-NULL. */
+/* Copy key rows [j0, j0+nk) of head hk (src of g->dt, widened to fp32): transposed
+ * into Xt[Dh][BK] (zero-padded to BK columns) when Xt is non-NULL, row-major into
+ * X[nk][Dh] when X is non-NULL. */
 static void att_load_keys(const att_geom *g, float *restrict Xt, float *restrict X,
-                          const float *src, int64_t b, int64_t hk, int64_t j0, int64_t nk) {
+                          const void *src, int64_t b, int64_t hk, int64_t j0, int64_t nk) {
     const int64_t Dh = g->Dh;
     for (int64_t j = 0; j < nk; j++) {
-        const float *restrict s = src + ((b * g->Tk + j0 + j) * g->Hkv + hk) * Dh;
-        if (X) memcpy(X + j * Dh, s, (size_t)Dh * sizeof(float));
+        const int64_t off = ((b * g->Tk + j0 + j) * g->Hkv + hk) * Dh;
+        if (X) mt_cpu_load(X + j * Dh, src, off, Dh, g->dt);
         if (Xt)
-            for (int64_t d = 0; d < Dh; d++) Xt[d * MT_ATT_BK + j] = s[d];
+            for (int64_t d = 0; d < Dh; d++) Xt[d * MT_ATT_BK + j] = mt_cpu_ld(src, off + d, g->dt);
     }
     if (Xt)
         for (int64_t d = 0; d < Dh; d++)
             for (int64_t j = nk; j < MT_ATT_BK; j++) Xt[d * MT_ATT_BK + j] = 0.0f;
+}
+
+/* x[0, n) = x rounded to bf16 (nearest even) and widened back: a tensor-core operand of
+ * the bf16 path (ops.h attention_fwd / attention_bwd). */
+static void att_round_bf16(float *restrict x, int64_t n) {
+    for (int64_t e = 0; e < n; e++) x[e] = mt_bf16_to_f32(mt_f32_to_bf16(x[e]));
 }
 
 /* Fill n floats with NaN: the visible result of a failed scratch allocation (the op has
@@ -514,6 +535,7 @@ static void att_fill_nan(float *x, int64_t n) {
 
 typedef struct att_fwd_scratch {
     float *Qs, *Kt, *S, *O, *m, *l;
+    float *Vb; /* bf16 only: one value block [BK][Dh], widened */
     /* key-block cache: Kt is nkb blocks of [Dh][BK] when kcache is set, else one block;
      * block kb holds (b, hk) = (kc_b, kc_hk) when have[kb] is set */
     int kcache;
@@ -528,8 +550,8 @@ static float *att_scratch_alloc(size_t floats) {
 
 MT_CPU_SIMD_CLONES /* the softmax loops: 8-wide exp where the CPU has AVX2 */
 static void att_fwd_task(const att_geom *g, att_fwd_scratch *sc, int64_t b, int64_t h,
-                         int64_t qb, float *out, float *lse, const float *q, const float *k,
-                         const float *v) {
+                         int64_t qb, void *out, float *lse, const void *q, const void *k,
+                         const void *v) {
     const int64_t Dh = g->Dh, i0 = qb * g->bq;
     const int64_t nq = g->Tq - i0 < g->bq ? g->Tq - i0 : g->bq;
     const int64_t hk = h / g->G;
@@ -537,10 +559,10 @@ static void att_fwd_task(const att_geom *g, att_fwd_scratch *sc, int64_t b, int6
     float *restrict S = sc->S;
 
     for (int64_t i = 0; i < nq; i++) {
-        const float *restrict src = q + (b * g->Tq + i0 + i) * g->q_rs + h * Dh;
         const float scale = g->scale;
+        mt_cpu_load(Qs + i * Dh, q, (b * g->Tq + i0 + i) * g->q_rs + h * Dh, Dh, g->dt);
 #pragma omp simd
-        for (int64_t d = 0; d < Dh; d++) Qs[i * Dh + d] = scale * src[d];
+        for (int64_t d = 0; d < Dh; d++) Qs[i * Dh + d] = scale * Qs[i * Dh + d];
         m[i] = -INFINITY;
         l[i] = 0.0f;
     }
@@ -567,33 +589,44 @@ static void att_fwd_task(const att_geom *g, att_fwd_scratch *sc, int64_t b, int6
         att_scores(S, Qs, Kt, nq, Dh);
         att_cap_mask(g, S, b, i0, nq, j0, nk, kind);
         att_online_softmax(S, m, l, O, nq, Dh);
-        att_acc_rows(O, Dh, S, v + ((b * g->Tk + j0) * g->Hkv + hk) * Dh, g->k_rs, nq, nk, Dh);
+        if (g->dt == MT_F32) {
+            att_acc_rows(O, Dh, S, (const float *)v + ((b * g->Tk + j0) * g->Hkv + hk) * Dh, g->k_rs, nq, nk, Dh);
+        } else {
+            /* P to bf16 (after l took the fp32 values), the value block widened */
+            att_round_bf16(S, nq * MT_ATT_BK);
+            att_load_keys(g, NULL, sc->Vb, v, b, hk, j0, nk);
+            att_acc_rows(O, Dh, S, sc->Vb, Dh, nq, nk, Dh);
+        }
     }
 
     for (int64_t i = 0; i < nq; i++) {
-        float *restrict o = out + (b * g->Tq + i0 + i) * g->q_rs + h * Dh;
+        const int64_t off = (b * g->Tq + i0 + i) * g->q_rs + h * Dh;
         float *L = lse + (b * g->H + h) * g->Tq + i0 + i;
         if (l[i] == 0.0f) {
-            for (int64_t d = 0; d < Dh; d++) o[d] = 0.0f;
+            mt_cpu_fill(out, off, 0.0f, Dh, g->dt);
             *L = -INFINITY;
         } else {
             const float inv = 1.0f / l[i];
+            float *restrict o = O + i * Dh;
 #pragma omp simd
-            for (int64_t d = 0; d < Dh; d++) o[d] = O[i * Dh + d] * inv;
+            for (int64_t d = 0; d < Dh; d++) o[d] = o[d] * inv;
+            mt_cpu_store(out, off, o, Dh, g->dt);
             *L = m[i] + logf(l[i]);
         }
     }
 }
 
-mt_status mt_cpu_attention_fwd(mt_backend *be, const mt_attn_args *a, float *out, float *lse, const float *q,
-                          const float *k, const float *v) {
+mt_status mt_cpu_attention_fwd(mt_backend *be, const mt_attn_args *a, void *out, float *lse, const void *q,
+                               const void *k, const void *v) {
     (void)be;
+    MT_TRY(mt_cpu_check_dtype("attention_fwd", a->dtype));
     const att_geom g = att_geom_make(a);
     if (g.B <= 0 || g.Tq <= 0 || g.H <= 0) return MT_OK;
     const int64_t ntask = g.B * g.H * g.nqb;
     const int kcache = g.Dh * g.nkb * MT_ATT_BK <= MT_ATT_KCACHE;
     const int64_t kt = kcache ? g.Dh * g.nkb * MT_ATT_BK : g.Dh * MT_ATT_BK;
-    const size_t per = (size_t)(g.bq * g.Dh * 2 + kt + g.bq * MT_ATT_BK + g.bq * 2 +
+    const int64_t vb = g.dt == MT_F32 ? 0 : g.Dh * MT_ATT_BK; /* widened value block */
+    const size_t per = (size_t)(g.bq * g.Dh * 2 + kt + g.bq * MT_ATT_BK + g.bq * 2 + vb +
                                 (kcache ? g.nkb / 4 + 1 : 0) + 64);
     int failed = 0;
 #pragma omp parallel
@@ -613,7 +646,8 @@ mt_status mt_cpu_attention_fwd(mt_backend *be, const mt_attn_args *a, float *out
             sc.l = sc.m + g.bq;
             sc.kcache = kcache;
             sc.kc_b = -1; /* no block cached yet */
-            sc.have = (unsigned char *)(sc.l + g.bq);
+            sc.Vb = sc.l + g.bq;
+            sc.have = (unsigned char *)(sc.Vb + vb);
         }
         /* Later query blocks see more keys under a causal mask: hand them out first. */
 #pragma omp for schedule(dynamic, 1)
@@ -625,7 +659,7 @@ mt_status mt_cpu_attention_fwd(mt_backend *be, const mt_attn_args *a, float *out
         free(buf);
     }
     if (failed) {
-        att_fill_nan(out, g.B * g.Tq * g.q_rs);
+        mt_cpu_fill(out, 0, NAN, g.B * g.Tq * g.q_rs, g.dt);
         att_fill_nan(lse, g.B * g.H * g.Tq);
     }
     return MT_OK;
@@ -637,6 +671,7 @@ typedef struct att_bwd_scratch {
     float *Qs, *dO, *dQ, *lse, *Di; /* query block: scaled q, dout, dq accumulator */
     float *Kt, *Kb, *Vt, *dK, *dV;  /* key block */
     float *S, *P, *dS;              /* [bq][BK] */
+    float *Ow;                      /* bf16 only: one row of out, widened */
     /* by_kv only, when it fits in MT_ATT_KCACHE floats: the loaded query blocks (Qs, dO,
      * lse, Di) of every (head of the group, query block) of the current (b, kv head),
      * so each is loaded once per task instead of once per key block; NULL otherwise */
@@ -649,7 +684,7 @@ static int64_t att_qslot(const att_geom *g) { return g->bq * (2 * g->Dh + 2); }
 
 static size_t att_bwd_floats(const att_geom *g) {
     return (size_t)(g->bq * g->Dh * 3 + g->bq * 2 + g->Dh * MT_ATT_BK * 5 +
-                    g->bq * MT_ATT_BK * 3 + 64);
+                    g->bq * MT_ATT_BK * 3 + g->Dh + 64);
 }
 
 static void att_bwd_carve(const att_geom *g, float *buf, att_bwd_scratch *sc) {
@@ -667,23 +702,38 @@ static void att_bwd_carve(const att_geom *g, float *buf, att_bwd_scratch *sc) {
     sc->dS = sc->P + ss;
     sc->lse = sc->dS + ss;
     sc->Di = sc->lse + g->bq;
+    sc->Ow = sc->Di + g->bq;
 }
 
-/* Load query block qb of head h: scaled q, dout, lse and D_i = <dout_i, out_i>. */
+/* Load query block qb of head h: scaled q, dout, lse and D_i = <dout_i, out_i> (q, dout
+ * and out of g->dt, widened). */
 static void att_bwd_load_q(const att_geom *g, const att_bwd_scratch *sc, int64_t b, int64_t h,
-                           int64_t i0, int64_t nq, const float *q, const float *dout,
-                           const float *out, const float *lse) {
+                           int64_t i0, int64_t nq, const void *q, const void *dout,
+                           const void *out, const float *lse) {
     const int64_t Dh = g->Dh;
     for (int64_t i = 0; i < nq; i++) {
         const int64_t off = (b * g->Tq + i0 + i) * g->q_rs + h * Dh;
-        const float *restrict qs = q + off, *restrict dos = dout + off, *restrict os = out + off;
         float *restrict Qs = sc->Qs + i * Dh, *restrict dO = sc->dO + i * Dh;
         float di = 0.0f;
+        if (g->dt == MT_F32) {
+            const float *restrict qs = (const float *)q + off, *restrict dos = (const float *)dout + off,
+                                  *restrict os = (const float *)out + off;
 #pragma omp simd reduction(+ : di)
-        for (int64_t d = 0; d < Dh; d++) {
-            Qs[d] = g->scale * qs[d];
-            dO[d] = dos[d];
-            di += dos[d] * os[d];
+            for (int64_t d = 0; d < Dh; d++) {
+                Qs[d] = g->scale * qs[d];
+                dO[d] = dos[d];
+                di += dos[d] * os[d];
+            }
+        } else {
+            float *restrict os = sc->Ow;
+            mt_cpu_load(Qs, q, off, Dh, g->dt);
+            mt_cpu_load(dO, dout, off, Dh, g->dt);
+            mt_cpu_load(os, out, off, Dh, g->dt);
+#pragma omp simd reduction(+ : di)
+            for (int64_t d = 0; d < Dh; d++) {
+                Qs[d] = g->scale * Qs[d];
+                di += dO[d] * os[d];
+            }
         }
         sc->Di[i] = di;
         sc->lse[i] = lse[(b * g->H + h) * g->Tq + i0 + i];
@@ -692,8 +742,8 @@ static void att_bwd_load_q(const att_geom *g, const att_bwd_scratch *sc, int64_t
 
 /* Load key block [j0, j0+nk) of kv head hk: Kt and Vt transposed, Kb row-major. */
 static void att_bwd_load_kv(const att_geom *g, const att_bwd_scratch *sc, int64_t b,
-                            int64_t hk, int64_t j0, int64_t nk, const float *k,
-                            const float *v) {
+                            int64_t hk, int64_t j0, int64_t nk, const void *k,
+                            const void *v) {
     att_load_keys(g, sc->Kt, sc->Kb, k, b, hk, j0, nk);
     att_load_keys(g, sc->Vt, NULL, v, b, hk, j0, nk);
 }
@@ -701,16 +751,19 @@ static void att_bwd_load_kv(const att_geom *g, const att_bwd_scratch *sc, int64_
 /* One (query block, key block) pair of algorithm 2: recompute P = exp(s - lse), then
  * dV += P^T dO and dK += dS^T (scale q) into the key-block accumulators when dkv is set,
  * and dq[i, :] += dS K (unscaled; rows strided by dq_rs) when dq is non-NULL, where
- * dS = P (dP - D_i) times the soft-cap derivative 1 - (s_capped / cap)^2. */
+ * dS = P (dP - D_i) times the soft-cap derivative 1 - (s_capped / cap)^2. With bf16
+ * (ops.h attention_bwd) dS is formed from the fp32 P, then P and dS are each rounded to
+ * bf16 before their products; fp32 keeps both unrounded (and its order: dV first). */
 MT_CPU_SIMD_CLONES /* the exp and dS loops: 8-wide where the CPU has AVX2 */
 static void att_bwd_pair(const att_geom *g, const att_bwd_scratch *sc, int64_t b, int64_t i0, int64_t nq,
                          int64_t j0, int64_t nk, int kind, int dkv, float *dq, int64_t dq_rs) {
     const int64_t Dh = g->Dh;
+    const int bf16 = g->dt != MT_F32;
     float *restrict S = sc->S, *restrict P = sc->P, *restrict dS = sc->dS;
     att_scores(S, sc->Qs, sc->Kt, nq, Dh);
     att_cap_mask(g, S, b, i0, nq, j0, nk, kind);
     att_probs(P, S, sc->lse, nq);
-    if (dkv) att_acc_cols(sc->dV, P, sc->dO, nq, nk, Dh);
+    if (dkv && !bf16) att_acc_cols(sc->dV, P, sc->dO, nq, nk, Dh);
     att_scores(dS, sc->dO, sc->Vt, nq, Dh); /* dP */
     const float cap = g->softcap, inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
     for (int64_t i = 0; i < nq; i++) {
@@ -730,23 +783,32 @@ static void att_bwd_pair(const att_geom *g, const att_bwd_scratch *sc, int64_t b
             for (int64_t j = 0; j < MT_ATT_BK; j++) ds[j] = p[j] * (ds[j] - di);
         }
     }
+    if (bf16) { /* the tensor-core operands: P after dS took its fp32 value, and dS */
+        if (dkv) {
+            att_round_bf16(P, nq * MT_ATT_BK);
+            att_acc_cols(sc->dV, P, sc->dO, nq, nk, Dh);
+        }
+        att_round_bf16(dS, nq * MT_ATT_BK);
+    }
     if (dq) att_acc_rows(dq, dq_rs, dS, sc->Kb, Dh, nq, nk, Dh);
     if (dkv) att_acc_cols(sc->dK, dS, sc->Qs, nq, nk, Dh);
 }
 
-/* Store key-block accumulators into dk/dv rows [j0, j0+nk) of kv head hk. */
-static void att_bwd_store_kv(const att_geom *g, const att_bwd_scratch *sc, float *dk, float *dv,
+/* Store key-block accumulators into dk/dv rows [j0, j0+nk) of kv head hk (g->dt: a bf16
+ * row rounded once). */
+static void att_bwd_store_kv(const att_geom *g, const att_bwd_scratch *sc, void *dk, void *dv,
                              int64_t b, int64_t hk, int64_t j0, int64_t nk) {
     for (int64_t j = 0; j < nk; j++) {
         const int64_t off = (b * g->Tk + j0 + j) * g->k_rs + hk * g->Dh;
-        memcpy(dk + off, sc->dK + j * g->Dh, (size_t)g->Dh * sizeof(float));
-        memcpy(dv + off, sc->dV + j * g->Dh, (size_t)g->Dh * sizeof(float));
+        mt_cpu_store(dk, off, sc->dK + j * g->Dh, g->Dh, g->dt);
+        mt_cpu_store(dv, off, sc->dV + j * g->Dh, g->Dh, g->dt);
     }
 }
 
 typedef struct att_bwd_io {
-    float *dq, *dk, *dv;
-    const float *dout, *q, *k, *v, *out, *lse;
+    void *dq, *dk, *dv; /* of g->dt; dq is accumulated in place (fp32 only) by by_kv */
+    const void *dout, *q, *k, *v, *out;
+    const float *lse;
 } att_bwd_io;
 
 /* dk/dv of key block kb of (b, hk): sum over the group's heads, then query blocks. With
@@ -778,24 +840,25 @@ static void att_bwd_key_block(const att_geom *g, const att_bwd_scratch *sc,
             } else {
                 att_bwd_load_q(g, &qs, b, h, i0, nq, io->q, io->dout, io->out, io->lse);
             }
-            float *dq = dq_direct ? io->dq + (b * g->Tq + i0) * g->q_rs + h * g->Dh : NULL;
+            float *dq = dq_direct ? (float *)io->dq + (b * g->Tq + i0) * g->q_rs + h * g->Dh : NULL;
             att_bwd_pair(g, &qs, b, i0, nq, j0, nk, kind, 1, dq, g->q_rs);
         }
     }
     att_bwd_store_kv(g, sc, io->dk, io->dv, b, hk, j0, nk);
 }
 
-/* by_kv schedule: everything for (b, hk). */
+/* by_kv schedule (fp32 only: dq is summed in the output tensor): everything for (b, hk). */
 static void att_bwd_by_kv(const att_geom *g, const att_bwd_scratch *sc, const att_bwd_io *io,
                           int64_t b, int64_t hk) {
     const int64_t Dh = g->Dh;
+    float *dq = io->dq;
     if (sc->Qc) memset(sc->qhave, 0, (size_t)(g->G * g->nqb));
     for (int64_t i = 0; i < g->Tq; i++)
-        memset(io->dq + (b * g->Tq + i) * g->q_rs + hk * g->G * Dh, 0,
+        memset(dq + (b * g->Tq + i) * g->q_rs + hk * g->G * Dh, 0,
                (size_t)(g->G * Dh) * sizeof(float));
     for (int64_t kb = 0; kb < g->nkb; kb++) att_bwd_key_block(g, sc, io, b, hk, kb, 1);
     for (int64_t i = 0; i < g->Tq; i++) {
-        float *restrict r = io->dq + (b * g->Tq + i) * g->q_rs + hk * g->G * Dh;
+        float *restrict r = dq + (b * g->Tq + i) * g->q_rs + hk * g->G * Dh;
         for (int64_t d = 0; d < g->G * Dh; d++) r[d] = r[d] * g->scale;
     }
 }
@@ -816,19 +879,21 @@ static void att_bwd_query_block(const att_geom *g, const att_bwd_scratch *sc,
         att_bwd_pair(g, sc, b, i0, nq, j0, nk, kind, 0, sc->dQ, Dh);
     }
     for (int64_t i = 0; i < nq; i++) {
-        float *restrict r = io->dq + (b * g->Tq + i0 + i) * g->q_rs + h * Dh;
-        for (int64_t d = 0; d < Dh; d++) r[d] = sc->dQ[i * Dh + d] * g->scale;
+        float *restrict r = sc->dQ + i * Dh;
+        for (int64_t d = 0; d < Dh; d++) r[d] = r[d] * g->scale;
+        mt_cpu_store(io->dq, (b * g->Tq + i0 + i) * g->q_rs + h * Dh, r, Dh, g->dt);
     }
 }
 
-mt_status mt_cpu_attention_bwd(mt_backend *be, const mt_attn_args *a, float *dq, float *dk, float *dv,
-                          const float *dout, const float *q, const float *k, const float *v,
-                          const float *out, const float *lse) {
+mt_status mt_cpu_attention_bwd(mt_backend *be, const mt_attn_args *a, void *dq, void *dk, void *dv,
+                               const void *dout, const void *q, const void *k, const void *v, const void *out,
+                               const float *lse) {
     (void)be;
+    MT_TRY(mt_cpu_check_dtype("attention_bwd", a->dtype));
     const att_geom g = att_geom_make(a);
     if (g.B <= 0 || g.H <= 0) return MT_OK;
     const att_bwd_io io = {dq, dk, dv, dout, q, k, v, out, lse};
-    const int by_kv = g.B * g.Hkv >= (int64_t)omp_get_max_threads();
+    const int by_kv = g.dt == MT_F32 && g.B * g.Hkv >= (int64_t)omp_get_max_threads();
     const int64_t qc = g.G * g.nqb * att_qslot(&g);
     const int qcache = by_kv && qc <= MT_ATT_KCACHE;
     const size_t per = att_bwd_floats(&g) + (qcache ? (size_t)(qc + g.G * g.nqb / 4 + 1) : 0);
@@ -868,9 +933,9 @@ mt_status mt_cpu_attention_bwd(mt_backend *be, const mt_attn_args *a, float *dq,
         free(buf);
     }
     if (failed) {
-        att_fill_nan(dq, g.B * g.Tq * g.q_rs);
-        att_fill_nan(dk, g.B * g.Tk * g.k_rs);
-        att_fill_nan(dv, g.B * g.Tk * g.k_rs);
+        mt_cpu_fill(dq, 0, NAN, g.B * g.Tq * g.q_rs, g.dt);
+        mt_cpu_fill(dk, 0, NAN, g.B * g.Tk * g.k_rs, g.dt);
+        mt_cpu_fill(dv, 0, NAN, g.B * g.Tk * g.k_rs, g.dt);
     }
     return MT_OK;
 }

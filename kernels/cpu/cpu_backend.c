@@ -51,6 +51,14 @@ mt_status mt_cpu_sync(mt_backend *be) {
     return MT_OK;
 }
 
+/* The CPU's gemm needs no workspace (caps.workspace_bytes 0; its bf16 operands are
+ * widened in a fixed per-thread scratch, kernels/cpu/gemm.c): accepted and unused. */
+mt_status mt_cpu_set_workspace(mt_backend *be, void *ws, size_t bytes) {
+    (void)be;
+    if (bytes > 0 && !ws) return mt_set_error(MT_ERR_INVALID, "cpu: set_workspace: %zu bytes at NULL", bytes);
+    return MT_OK;
+}
+
 static void cpu_free(mt_backend *be) { (void)be; /* the process-wide object stays */ }
 
 static const mt_ops mt_cpu_ops_table = {
@@ -62,10 +70,12 @@ static const mt_ops mt_cpu_ops_table = {
     .copy = mt_cpu_copy,
     .zero = mt_cpu_zero,
     .sync = mt_cpu_sync,
+    .set_workspace = mt_cpu_set_workspace,
     .gemm = mt_cpu_gemm,
     .embedding_fwd = mt_cpu_embedding_fwd,
     .embedding_bwd = mt_cpu_embedding_bwd,
     .rmsnorm_fwd = mt_cpu_rmsnorm_fwd,
+    .add_rmsnorm_fwd = mt_cpu_add_rmsnorm_fwd,
     .rmsnorm_bwd = mt_cpu_rmsnorm_bwd,
     .rope_fwd = mt_cpu_rope_fwd,
     .rope_bwd = mt_cpu_rope_bwd,
@@ -80,12 +90,13 @@ static const mt_ops mt_cpu_ops_table = {
     .sumsq = mt_cpu_sumsq,
     .grad_accumulate = mt_cpu_grad_accumulate,
     .to_f32 = mt_cpu_to_f32,
+    .from_f32 = mt_cpu_from_f32,
     .adamw = mt_cpu_adamw,
 };
 
-/* Host memory; float32 compute; peak FLOP/s unknown (MFU is NaN on the CPU). */
+/* Host memory; float32 and bfloat16 compute; peak FLOP/s unknown (MFU is NaN on the CPU). */
 #define MT_CPU_CAPS                                                                       \
-    {.device_memory = 0, .compute_dtypes = 1u << MT_F32,                                   \
+    {.device_memory = 0, .compute_dtypes = (1u << MT_F32) | (1u << MT_BF16),              \
      .grad_dtypes = (1u << MT_F32) | (1u << MT_BF16), .peak_flops = 0.0, .multi_rank = 1, \
      .host_offload = 1}
 

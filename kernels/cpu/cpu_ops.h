@@ -3,9 +3,19 @@
  * Each function implements the mt_ops entry of the same name; shapes, dtypes and the
  * math are documented once, in kernels/ops.h. cpu_backend.c assembles them into the
  * backend object of mt_cpu_backend(). Each takes the backend first (unused: the CPU
- * backend has no context) and returns MT_OK unless an argument is invalid. Threading is OpenMP inside each op; no op calls
- * CBLAS from inside a parallel region (OpenBLAS's own threads would oversubscribe).
- * Every reduction has an order fixed by the shapes alone, never by the thread count. */
+ * backend has no context) and returns MT_OK unless an argument is invalid (a dtype other
+ * than MT_F32 or MT_BF16 is MT_ERR_INVALID naming the op and the dtype) or the scratch
+ * that bf16 data is widened into cannot be allocated (MT_ERR_OOM: rmsnorm's rows, gemm's
+ * panels).
+ * Threading is OpenMP inside each op; no op calls CBLAS from inside a parallel region
+ * (OpenBLAS's own threads would oversubscribe). Every reduction has an order fixed by
+ * the shapes alone, never by the thread count, for either dtype.
+ *
+ * Dtypes: each op's MT_F32 path is its fp32 code, bitwise what it computed before
+ * dtypes existed. MT_BF16 runs the same fp32 code on exactly widened copies of the bf16
+ * inputs and rounds each bf16 output once (cpu_dtype.h); where an op departs from that
+ * (attention's bf16 P, gemm's K blocks, attention_bwd's schedule) its file says so
+ * (tests/test_ops_bf16.c and tests/test_ops_attention.c check both). */
 #ifndef MT_KERNELS_CPU_CPU_OPS_H
 #define MT_KERNELS_CPU_CPU_OPS_H
 
@@ -33,65 +43,84 @@ mt_status mt_cpu_release(mt_backend *be, void *p);
 mt_status mt_cpu_copy(mt_backend *be, void *dst, const void *src, size_t bytes);
 mt_status mt_cpu_zero(mt_backend *be, void *p, size_t bytes);
 mt_status mt_cpu_sync(mt_backend *be);
+mt_status mt_cpu_set_workspace(mt_backend *be, void *ws, size_t bytes);
 
 /* gemm.c */
-/* The OpenBLAS kernel set in use ("SkylakeX (chosen from CPU features)"), loading the
- * library if needed, or the load error. Static storage; for logs and benchmarks. */
+/* The libraries behind mt_cpu_gemm (docs/cpu_gemm.md): AUTO picks from the CPU's
+ * features (oneDNN's brgemm matmul for bf16 operands where it has bf16 instructions,
+ * OpenBLAS otherwise) unless MT_CPU_GEMM=openblas|onednn is set in the environment. */
+typedef enum { MT_CPU_GEMM_AUTO = 0, MT_CPU_GEMM_OPENBLAS = 1, MT_CPU_GEMM_ONEDNN = 2 } mt_cpu_gemm_lib;
+/* What each dtype's GEMMs run on, loading the libraries if needed, e.g. "float32:
+ * OpenBLAS SkylakeX (chosen from CPU features); bfloat16: oneDNN 2.6.3 matmul on
+ * avx512_core_bf16", with the load errors where a library is missing. Static storage;
+ * for logs and benchmarks. */
 const char *mt_cpu_gemm_kernel(void);
 mt_status mt_cpu_gemm(mt_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                 const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
-                 int64_t ldc);
+                      const void *A, int64_t lda, const void *B, int64_t ldb, mt_dtype ab_dt, float beta, void *C,
+                      int64_t ldc, mt_dtype c_dt);
+/* mt_cpu_gemm (ops.h's gemm) through lib: AUTO is mt_cpu_gemm itself; OPENBLAS never
+ * uses oneDNN (bf16 operands widened for cblas_sgemm); ONEDNN uses oneDNN's brgemm
+ * matmul, for fp32 operands too, and fails with MT_ERR_UNSUPPORTED where oneDNN is
+ * missing or has no brgemm kernel for the call (AVX2-only CPUs, strided operands),
+ * C untouched. For benchmarks and tests comparing the two. */
+mt_status mt_cpu_gemm_with(mt_cpu_gemm_lib lib, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                           float alpha, const void *A, int64_t lda, const void *B, int64_t ldb, mt_dtype ab_dt,
+                           float beta, void *C, int64_t ldc, mt_dtype c_dt);
 
 /* embedding.c */
-mt_status mt_cpu_embedding_fwd(mt_backend *be, float *out, const float *table, const int32_t *tokens, int64_t N,
-                          int64_t D, float scale);
-mt_status mt_cpu_embedding_bwd(mt_backend *be, float *dtable, const float *dout, const int32_t *tokens, int64_t N,
-                          int64_t V, int64_t D, float scale);
+mt_status mt_cpu_embedding_fwd(mt_backend *be, void *out, const void *table, const int32_t *tokens, int64_t N,
+                               int64_t D, float scale, mt_dtype dt);
+mt_status mt_cpu_embedding_bwd(mt_backend *be, float *dtable, const void *dout, const int32_t *tokens, int64_t N,
+                               int64_t V, int64_t D, float scale, mt_dtype dt);
 
 /* rmsnorm.c */
-mt_status mt_cpu_rmsnorm_fwd(mt_backend *be, float *y, float *rstd, const float *x, const float *w, int64_t N,
-                        int64_t D, float eps, float w_offset);
-mt_status mt_cpu_rmsnorm_bwd(mt_backend *be, float *dx, float *dw, const float *dy, const float *x, const float *w,
-                        const float *rstd, int64_t N, int64_t D, float w_offset);
+mt_status mt_cpu_rmsnorm_fwd(mt_backend *be, void *y, float *rstd, const void *x, const void *w, int64_t N,
+                             int64_t D, float eps, float w_offset, mt_dtype dt);
+mt_status mt_cpu_rmsnorm_bwd(mt_backend *be, void *dx, float *dw, const void *dy, const void *x, const void *w,
+                             const float *rstd, int64_t N, int64_t D, float w_offset, mt_dtype dt);
+mt_status mt_cpu_add_rmsnorm_fwd(mt_backend *be, void *h, void *y, float *rstd, const void *x, const void *r,
+                                 const void *w, int64_t N, int64_t D, float eps, float w_offset, mt_dtype dt);
 
 /* rope.c */
-mt_status mt_cpu_rope_fwd(mt_backend *be, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t H,
-                     int64_t Dh);
-mt_status mt_cpu_rope_bwd(mt_backend *be, float *dx, const int32_t *pos, const float *inv_freq, int64_t N, int64_t H,
-                     int64_t Dh);
+mt_status mt_cpu_rope_fwd(mt_backend *be, void *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t H,
+                          int64_t Dh, mt_dtype dt);
+mt_status mt_cpu_rope_bwd(mt_backend *be, void *dx, const int32_t *pos, const float *inv_freq, int64_t N, int64_t H,
+                          int64_t Dh, mt_dtype dt);
 
 /* attention.c */
-mt_status mt_cpu_attention_fwd(mt_backend *be, const mt_attn_args *a, float *out, float *lse, const float *q,
-                          const float *k, const float *v);
-mt_status mt_cpu_attention_bwd(mt_backend *be, const mt_attn_args *a, float *dq, float *dk, float *dv,
-                          const float *dout, const float *q, const float *k, const float *v,
-                          const float *out, const float *lse);
+mt_status mt_cpu_attention_fwd(mt_backend *be, const mt_attn_args *a, void *out, float *lse, const void *q,
+                               const void *k, const void *v);
+mt_status mt_cpu_attention_bwd(mt_backend *be, const mt_attn_args *a, void *dq, void *dk, void *dv,
+                               const void *dout, const void *q, const void *k, const void *v, const void *out,
+                               const float *lse);
 
 /* glu.c */
-mt_status mt_cpu_glu_fwd(mt_backend *be, float *h, const float *gate, const float *up, int64_t count,
-                    mt_activation act);
-mt_status mt_cpu_glu_bwd(mt_backend *be, float *dgate, float *dup, const float *dh, const float *gate,
-                    const float *up, int64_t count, mt_activation act);
+mt_status mt_cpu_glu_fwd(mt_backend *be, void *h, const void *gate, const void *up, int64_t count,
+                         mt_activation act, mt_dtype dt);
+mt_status mt_cpu_glu_bwd(mt_backend *be, void *dgate, void *dup, const void *dh, const void *gate, const void *up,
+                         int64_t count, mt_activation act, mt_dtype dt);
 
 /* xent.c */
-mt_status mt_cpu_xent_tile(mt_backend *be, float *logits, const int32_t *labels, int64_t R, int64_t V, float softcap,
-                      int32_t ignore_index, float dscale, double *loss_sum, int64_t *count);
+mt_status mt_cpu_xent_tile(mt_backend *be, float *logits, void *dlogits, mt_dtype ddt, const int32_t *labels,
+                           int64_t R, int64_t V, float softcap, int32_t ignore_index, float dscale, double *stats);
 
 /* elementwise.c */
-mt_status mt_cpu_axpy(mt_backend *be, float *y, const float *x, float alpha, int64_t n);
-mt_status mt_cpu_scale(mt_backend *be, float *x, float alpha, int64_t n);
-mt_status mt_cpu_sumsq(mt_backend *be, const float *x, int64_t n, double *out);
+mt_status mt_cpu_axpy(mt_backend *be, void *y, const void *x, float alpha, int64_t n, mt_dtype dt);
+mt_status mt_cpu_scale(mt_backend *be, void *x, float alpha, int64_t n, mt_dtype dt);
+mt_status mt_cpu_sumsq(mt_backend *be, const float *x, int64_t n, double *acc);
 
 /* attn_merge.c */
-mt_status mt_cpu_attn_merge(mt_backend *be, float *out, float *lse, const float *out_b, const float *lse_b,
-                            int64_t B, int64_t T, int64_t H, int64_t Dh);
+mt_status mt_cpu_attn_merge(mt_backend *be, void *out, float *lse, const void *out_b, const float *lse_b,
+                            int64_t B, int64_t T, int64_t H, int64_t Dh, mt_dtype dt);
 
 /* convert.c */
 mt_status mt_cpu_grad_accumulate(mt_backend *be, void *acc, mt_dtype dtype, const float *x, int64_t n, int first);
 mt_status mt_cpu_to_f32(mt_backend *be, float *dst, const void *src, mt_dtype dtype, int64_t n);
+mt_status mt_cpu_from_f32(mt_backend *be, void *dst, mt_dtype dtype, const float *src, int64_t n, int stochastic,
+                          uint64_t seed, uint64_t offset);
 
 /* adamw.c */
-mt_status mt_cpu_adamw(mt_backend *be, float *p, const float *g, float *m, float *v, int64_t n, float lr, float b1,
-                  float b2, float eps, float wd, float grad_scale, int64_t t);
+mt_status mt_cpu_adamw(mt_backend *be, float *p, const float *g, float *m, float *v, const mt_adamw_segment *segs,
+                       int nsegs, float lr, float b1, float b2, float eps, float wd, float grad_scale, int64_t t);
 
 #endif

@@ -5,7 +5,11 @@
  *   u = sqrt(2/pi) (g + 0.044715 g^3),
  *   gelu'(g) = (1 + t)/2 + g/2 (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 g^2), t = tanh(u).
  * One elementwise pass per call, in fixed blocks across threads; exp and tanh come from
- * vmath.h so the loop vectorises, 8-wide in the AVX2 clone (MT_CPU_SIMD_CLONES). */
+ * vmath.h so the loop vectorises, 8-wide in the AVX2 clone (MT_CPU_SIMD_CLONES).
+ * bf16 (cpu_dtype.h): a block is done in pieces of MT_GLU_WIDE elements, each input
+ * widened into fp32 on the stack, computed by the same block function and each output
+ * rounded once. */
+#include "kernels/cpu/cpu_dtype.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/vmath.h"
 
@@ -14,6 +18,7 @@
 #define MT_GELU_C 0.044715f
 
 #define MT_GLU_BLOCK ((int64_t)4096) /* elements per work item */
+#define MT_GLU_WIDE ((int64_t)512)   /* bf16 elements widened at once (5 x 2 KiB of stack) */
 
 /* Elements [0, n) of the forward (MT_CPU_SIMD_CLONES: 8-wide where the CPU has AVX2). */
 MT_CPU_SIMD_CLONES
@@ -65,26 +70,65 @@ static void glu_bwd_block(float *restrict dgate, float *restrict dup, const floa
     }
 }
 
-mt_status mt_cpu_glu_fwd(mt_backend *be, float *h, const float *gate, const float *up, int64_t count,
-                    mt_activation act) {
+/* Elements [i0, i0 + n) of the forward for tensors of dt. */
+static void glu_fwd_range(void *h, const void *gate, const void *up, int64_t i0, int64_t n, mt_activation act,
+                          mt_dtype dt) {
+    if (dt == MT_F32) {
+        glu_fwd_block((float *)h + i0, (const float *)gate + i0, (const float *)up + i0, n, act);
+        return;
+    }
+    float hw[MT_GLU_WIDE], gw[MT_GLU_WIDE], uw[MT_GLU_WIDE];
+    for (int64_t j = i0; j < i0 + n; j += MT_GLU_WIDE) {
+        const int64_t m = i0 + n - j < MT_GLU_WIDE ? i0 + n - j : MT_GLU_WIDE;
+        mt_cpu_load(gw, gate, j, m, dt);
+        mt_cpu_load(uw, up, j, m, dt);
+        glu_fwd_block(hw, gw, uw, m, act);
+        mt_cpu_store(h, j, hw, m, dt);
+    }
+}
+
+/* Elements [i0, i0 + n) of the backward for tensors of dt. */
+static void glu_bwd_range(void *dgate, void *dup, const void *dh, const void *gate, const void *up, int64_t i0,
+                          int64_t n, mt_activation act, mt_dtype dt) {
+    if (dt == MT_F32) {
+        glu_bwd_block((float *)dgate + i0, (float *)dup + i0, (const float *)dh + i0, (const float *)gate + i0,
+                      (const float *)up + i0, n, act);
+        return;
+    }
+    float dgw[MT_GLU_WIDE], duw[MT_GLU_WIDE], dhw[MT_GLU_WIDE], gw[MT_GLU_WIDE], uw[MT_GLU_WIDE];
+    for (int64_t j = i0; j < i0 + n; j += MT_GLU_WIDE) {
+        const int64_t m = i0 + n - j < MT_GLU_WIDE ? i0 + n - j : MT_GLU_WIDE;
+        mt_cpu_load(dhw, dh, j, m, dt);
+        mt_cpu_load(gw, gate, j, m, dt);
+        mt_cpu_load(uw, up, j, m, dt);
+        glu_bwd_block(dgw, duw, dhw, gw, uw, m, act);
+        mt_cpu_store(dgate, j, dgw, m, dt);
+        mt_cpu_store(dup, j, duw, m, dt);
+    }
+}
+
+mt_status mt_cpu_glu_fwd(mt_backend *be, void *h, const void *gate, const void *up, int64_t count,
+                         mt_activation act, mt_dtype dt) {
     (void)be;
+    MT_TRY(mt_cpu_check_dtype("glu_fwd", dt));
     const int64_t nblk = (count + MT_GLU_BLOCK - 1) / MT_GLU_BLOCK;
 #pragma omp parallel for schedule(static) if (count >= MT_CPU_PAR_MIN)
     for (int64_t b = 0; b < nblk; b++) {
         const int64_t i0 = b * MT_GLU_BLOCK, n = count - i0 < MT_GLU_BLOCK ? count - i0 : MT_GLU_BLOCK;
-        glu_fwd_block(h + i0, gate + i0, up + i0, n, act);
+        glu_fwd_range(h, gate, up, i0, n, act, dt);
     }
     return MT_OK;
 }
 
-mt_status mt_cpu_glu_bwd(mt_backend *be, float *dgate, float *dup, const float *dh, const float *gate, const float *up,
-                    int64_t count, mt_activation act) {
+mt_status mt_cpu_glu_bwd(mt_backend *be, void *dgate, void *dup, const void *dh, const void *gate, const void *up,
+                         int64_t count, mt_activation act, mt_dtype dt) {
     (void)be;
+    MT_TRY(mt_cpu_check_dtype("glu_bwd", dt));
     const int64_t nblk = (count + MT_GLU_BLOCK - 1) / MT_GLU_BLOCK;
 #pragma omp parallel for schedule(static) if (count >= MT_CPU_PAR_MIN)
     for (int64_t b = 0; b < nblk; b++) {
         const int64_t i0 = b * MT_GLU_BLOCK, n = count - i0 < MT_GLU_BLOCK ? count - i0 : MT_GLU_BLOCK;
-        glu_bwd_block(dgate + i0, dup + i0, dh + i0, gate + i0, up + i0, n, act);
+        glu_bwd_range(dgate, dup, dh, gate, up, i0, n, act, dt);
     }
     return MT_OK;
 }

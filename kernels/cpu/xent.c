@@ -1,4 +1,4 @@
-/* kernels/cpu/xent.c: softmax cross-entropy on one tile of logit rows, gradient in place.
+/* kernels/cpu/xent.c: softmax cross-entropy on one tile of logit rows and its gradient.
  *
  * Per labelled row, three vectorised passes over the V logits (a row of 32k floats stays
  * in L2 across them):
@@ -10,9 +10,13 @@
  * each element gets the same value. The row function has an AVX2 clone
  * (MT_CPU_SIMD_CLONES). Rows are split into a fixed number of chunks (independent of the
  * thread count) whose fp64 loss sums are added in chunk order, so the loss is bitwise
- * reproducible. */
+ * reproducible; the tile's sum and count are added to the caller's stats[0] and stats[1].
+ * The gradient is always computed in place in the fp32 logits row; a separate dlogits
+ * (fp32, or bf16: each element rounded once) then receives a copy of the row, and the
+ * logits are left as scratch. */
 #include <math.h>
 
+#include "kernels/cpu/cpu_dtype.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/vmath.h"
 
@@ -71,9 +75,13 @@ static double xent_row(float *restrict z, int32_t label, int64_t V, float cap, f
     return loss;
 }
 
-mt_status mt_cpu_xent_tile(mt_backend *be, float *logits, const int32_t *labels, int64_t R, int64_t V, float softcap,
-                      int32_t ignore_index, float dscale, double *loss_sum, int64_t *count) {
+mt_status mt_cpu_xent_tile(mt_backend *be, float *logits, void *dlogits, mt_dtype ddt, const int32_t *labels,
+                           int64_t R, int64_t V, float softcap, int32_t ignore_index, float dscale, double *stats) {
     (void)be;
+    MT_TRY(mt_cpu_check_dtype("xent_tile", ddt));
+    if (ddt == MT_BF16 && dlogits == (void *)logits)
+        return mt_set_error(MT_ERR_INVALID, "cpu xent_tile: bfloat16 dlogits must be a buffer apart from logits");
+    const int in_place = dlogits == (void *)logits; /* fp32 only */
     double part[MT_XENT_CHUNKS];
     int64_t cnt[MT_XENT_CHUNKS];
     const int64_t nch = R < MT_XENT_CHUNKS ? R : MT_XENT_CHUNKS;
@@ -84,11 +92,15 @@ mt_status mt_cpu_xent_tile(mt_backend *be, float *logits, const int32_t *labels,
         for (int64_t r = R * c / nch; r < R * (c + 1) / nch; r++) {
             float *row = logits + r * V;
             if (labels[r] == ignore_index) {
-                for (int64_t j = 0; j < V; j++) row[j] = 0.0f;
+                if (in_place)
+                    for (int64_t j = 0; j < V; j++) row[j] = 0.0f;
+                else
+                    mt_cpu_fill(dlogits, r * V, 0.0f, V, ddt);
                 continue;
             }
             s += xent_row(row, labels[r], V, softcap, dscale);
             k++;
+            if (!in_place) mt_cpu_store(dlogits, r * V, row, V, ddt);
         }
         part[c] = s;
         cnt[c] = k;
@@ -99,7 +111,7 @@ mt_status mt_cpu_xent_tile(mt_backend *be, float *logits, const int32_t *labels,
         total += part[c];
         n += cnt[c];
     }
-    *loss_sum += total;
-    *count += n;
+    stats[0] += total;
+    stats[1] += (double)n;
     return MT_OK;
 }

@@ -1,4 +1,4 @@
-/* kernels/cuda/attention.cu: block-wise attention with an online softmax, fp32
+/* kernels/cuda/attention.cu: block-wise attention with an online softmax, fp32 compute
  * (Dao, "FlashAttention-2", 2023, algorithms 1 and 2; semantics in ops.h mt_attn_args).
  *
  * Why this shape: it is the simplest kernel that keeps no [Tq, Tk] matrix, handles
@@ -23,10 +23,19 @@
  *   per (16 keys, kv head, batch) looping over the group's query heads in order and
  *   query tiles of 32 in increasing order, lane = query: P_ij and dS_ij are recomputed
  *   and broadcast by shuffle. No atomics anywhere, so results are bitwise reproducible.
+ * - Dtypes (a->dtype): q, k, v, out, dout, dq, dk, dv are float or bfloat16, each kernel a
+ *   template on that type S. Tiles are widened to fp32 as they are staged, so scores,
+ *   max, sum, D_i and every accumulator are fp32 as for MT_F32; with bfloat16 the
+ *   operands FlashAttention-2's bf16 kernels feed to the tensor cores are rounded to bf16
+ *   (mt_round_as) where ops.h says: the forward's probabilities before the P @ V product
+ *   (the sum l uses the fp32 ones), the backward's recomputed P_ij before dv += P^T dout
+ *   and dS_ij (formed from the fp32 P) before dq += dS k and dk += dS^T (scale q); every
+ *   output is rounded once when it is written (common.cuh mt_st). lse and D_i stay fp32.
  * UNVERIFIED on a device (written without a GPU; tests/test_gpu_ops.c checks it
  * against kernels/cpu/attention.c). */
 #include <math.h>
 
+#include "kernels/cuda/attention_mma.cuh" /* bf16: the tensor-core kernels */
 #include "kernels/cuda/common.cuh"
 
 #define AT_WARPS 4
@@ -62,15 +71,16 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-/* Stage rows [r0, r0 + nrows) of a [B, T, heads, Dh] tensor's head `hh` into dst with
- * row stride ld, times mul; rows past T are zero. */
-__device__ __forceinline__ void att_stage(float *dst, int ld, const float *src, const att_p &p, int64_t b,
-                                          int64_t T, int64_t heads, int64_t hh, int64_t r0, int nrows, float mul) {
+/* Stage rows [r0, r0 + nrows) of a [B, T, heads, Dh] tensor's head `hh` (float or
+ * bfloat16, widened) into dst (fp32) with row stride ld, times mul; rows past T are zero. */
+template <typename S>
+__device__ __forceinline__ void att_stage(float *dst, int ld, const S *src, const att_p &p, int64_t b, int64_t T,
+                                          int64_t heads, int64_t hh, int64_t r0, int nrows, float mul) {
     const int Dh = (int)p.Dh;
     for (int idx = threadIdx.x; idx < nrows * Dh; idx += blockDim.x) {
         const int r = idx / Dh, d = idx % Dh;
         const int64_t t = r0 + r;
-        dst[r * ld + d] = t < T ? mul * src[((b * T + t) * heads + hh) * p.Dh + d] : 0.0f;
+        dst[r * ld + d] = t < T ? mul * mt_ld(src, ((b * T + t) * heads + hh) * p.Dh + d) : 0.0f;
     }
 }
 
@@ -117,8 +127,9 @@ __device__ __forceinline__ float att_cap(const att_p &p, float s, float *t_out) 
     return s;
 }
 
-__global__ void __launch_bounds__(AT_THREADS) att_fwd_kernel(att_p p, float *out, float *lse, const float *q,
-                                                             const float *k, const float *v) {
+template <typename S>
+__global__ void __launch_bounds__(AT_THREADS) att_fwd_kernel(att_p p, S *out, float *lse, const S *q, const S *k,
+                                                             const S *v) {
     extern __shared__ float sm[];
     const int Dh = (int)p.Dh, ldk = Dh + 1;
     float *sQ = sm;                   /* [BQ][Dh], scaled */
@@ -163,11 +174,12 @@ __global__ void __launch_bounds__(AT_THREADS) att_fwd_kernel(att_p p, float *out
             const float mnew = fmaxf(m[rr], warp_max(s));
             if (mnew == -INFINITY) continue; /* nothing allowed yet for this row */
             const float pj = ok ? expf(s - mnew) : 0.0f;
+            const float pv = mt_round_as(q, pj); /* P as the P @ V operand: bf16 for bf16 */
             const float corr = expf(m[rr] - mnew); /* 0 when m was -inf */
             l[rr] = l[rr] * corr + warp_sum(pj);
             for (int c = 0; c < AT_NC; c++) acc[rr][c] *= corr;
             for (int jj = 0; jj < AT_BK; jj++) {
-                const float pb = __shfl_sync(0xffffffffu, pj, jj);
+                const float pb = __shfl_sync(0xffffffffu, pv, jj);
                 for (int c = 0; c < AT_NC; c++) {
                     const int d = lane + 32 * c;
                     if (d < Dh) acc[rr][c] += pb * sV[jj * Dh + d];
@@ -180,33 +192,35 @@ __global__ void __launch_bounds__(AT_THREADS) att_fwd_kernel(att_p p, float *out
         const int64_t i = i0 + w * AT_RW + rr;
         if (i >= p.Tq) break;
         const float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
-        float *o = out + ((b * p.Tq + i) * p.H + h) * p.Dh;
+        S *o = out + ((b * p.Tq + i) * p.H + h) * p.Dh;
         for (int c = 0; c < AT_NC; c++) {
             const int d = lane + 32 * c;
-            if (d < Dh) o[d] = acc[rr][c] * inv;
+            if (d < Dh) mt_st(o, d, acc[rr][c] * inv);
         }
         if (lane == 0) lse[(b * p.H + h) * p.Tq + i] = l[rr] > 0.0f ? m[rr] + logf(l[rr]) : -INFINITY;
     }
 }
 
-/* Dv[b, h, i] = <dout_i, out_i>: one warp per (b, i, h) row. */
-__global__ void att_bwd_dot_kernel(att_p p, float *Dv, const float *dout, const float *out) {
+/* Dv[b, h, i] = <dout_i, out_i> (fp32): one warp per (b, i, h) row. */
+template <typename S>
+__global__ void att_bwd_dot_kernel(att_p p, float *Dv, const S *dout, const S *out) {
     const int64_t rows = p.B * p.Tq * p.H;
     const int lane = threadIdx.x & 31;
     for (int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; row < rows;
          row += ((int64_t)gridDim.x * blockDim.x) >> 5) {
-        const float *a = dout + row * p.Dh, *o = out + row * p.Dh;
+        const S *a = dout + row * p.Dh, *o = out + row * p.Dh;
         float s = 0.0f;
-        for (int64_t d = lane; d < p.Dh; d += 32) s += a[d] * o[d];
+        for (int64_t d = lane; d < p.Dh; d += 32) s += mt_ld(a, d) * mt_ld(o, d);
         s = warp_sum(s);
         const int64_t h = row % p.H, bi = row / p.H, i = bi % p.Tq, b = bi / p.Tq;
         if (lane == 0) Dv[(b * p.H + h) * p.Tq + i] = s;
     }
 }
 
-__global__ void __launch_bounds__(AT_THREADS) att_bwd_dq_kernel(att_p p, float *dq, const float *dout,
-                                                                const float *q, const float *k, const float *v,
-                                                                const float *lse, const float *Dv) {
+template <typename S>
+__global__ void __launch_bounds__(AT_THREADS) att_bwd_dq_kernel(att_p p, S *dq, const S *dout, const S *q,
+                                                                const S *k, const S *v, const float *lse,
+                                                                const float *Dv) {
     extern __shared__ float sm[];
     const int Dh = (int)p.Dh, ldk = Dh + 1;
     float *sQ = sm;                 /* [BQ][Dh], scaled */
@@ -256,6 +270,7 @@ __global__ void __launch_bounds__(AT_THREADS) att_bwd_dq_kernel(att_p p, float *
                 const float pr = expf(s - L[rr]);
                 ds = pr * (dp - Di[rr]);
                 if (p.softcap > 0.0f) ds *= 1.0f - t * t;
+                ds = mt_round_as(q, ds); /* dS as the dS K operand: bf16 for bf16 */
             }
             for (int jj = 0; jj < AT_BK; jj++) {
                 const float db = __shfl_sync(0xffffffffu, ds, jj);
@@ -269,17 +284,17 @@ __global__ void __launch_bounds__(AT_THREADS) att_bwd_dq_kernel(att_p p, float *
     for (int rr = 0; rr < AT_RW; rr++) {
         const int64_t i = i0 + w * AT_RW + rr;
         if (i >= p.Tq) break;
-        float *o = dq + ((b * p.Tq + i) * p.H + h) * p.Dh;
+        S *o = dq + ((b * p.Tq + i) * p.H + h) * p.Dh;
         for (int c = 0; c < AT_NC; c++) {
             const int d = lane + 32 * c;
-            if (d < Dh) o[d] = p.scale * acc[rr][c];
+            if (d < Dh) mt_st(o, d, p.scale * acc[rr][c]);
         }
     }
 }
 
-__global__ void __launch_bounds__(AT_THREADS) att_bwd_dkdv_kernel(att_p p, float *dk, float *dv,
-                                                                  const float *dout, const float *q,
-                                                                  const float *k, const float *v,
+template <typename S>
+__global__ void __launch_bounds__(AT_THREADS) att_bwd_dkdv_kernel(att_p p, S *dk, S *dv, const S *dout,
+                                                                  const S *q, const S *k, const S *v,
                                                                   const float *lse, const float *Dv) {
     extern __shared__ float sm[];
     const int Dh = (int)p.Dh, ldq = Dh + 1;
@@ -335,6 +350,9 @@ __global__ void __launch_bounds__(AT_THREADS) att_bwd_dkdv_kernel(att_p p, float
                     pr = expf(s - sL[lane]);
                     ds = pr * (dp - sD[lane]);
                     if (p.softcap > 0.0f) ds *= 1.0f - t * t;
+                    /* P and dS as the P^T dout and dS^T q operands (dS took the fp32 P) */
+                    pr = mt_round_as(q, pr);
+                    ds = mt_round_as(q, ds);
                 }
                 for (int ii = 0; ii < AT_BQ2; ii++) {
                     const float pb = __shfl_sync(0xffffffffu, pr, ii);
@@ -353,13 +371,13 @@ __global__ void __launch_bounds__(AT_THREADS) att_bwd_dkdv_kernel(att_p p, float
     for (int rr = 0; rr < AT_RW; rr++) {
         const int64_t j = j0 + w * AT_RW + rr;
         if (j >= p.Tk) break;
-        float *ok_ = dk + ((b * p.Tk + j) * p.Hkv + hk) * p.Dh;
-        float *ov = dv + ((b * p.Tk + j) * p.Hkv + hk) * p.Dh;
+        S *ok_ = dk + ((b * p.Tk + j) * p.Hkv + hk) * p.Dh;
+        S *ov = dv + ((b * p.Tk + j) * p.Hkv + hk) * p.Dh;
         for (int c = 0; c < AT_NC; c++) {
             const int d = lane + 32 * c;
             if (d < Dh) {
-                ok_[d] = adk[rr][c];
-                ov[d] = adv[rr][c];
+                mt_st(ok_, d, adk[rr][c]);
+                mt_st(ov, d, adv[rr][c]);
             }
         }
     }
@@ -401,52 +419,79 @@ static mt_status att_smem(mt_backend *be, K kernel, size_t bytes) {
     return MT_OK;
 }
 
-mt_status mt_cuda_attention_fwd(mt_backend *be, const mt_attn_args *a, float *out, float *lse, const float *q, const float *k,
-                           const float *v) {
-    MT_CUDA_ENTER(be);
-    if (a->B <= 0 || a->Tq <= 0 || a->H <= 0) return MT_OK;
-    MT_TRY(att_check(a));
-    const att_p p = att_params(a);
+template <typename S>
+static mt_status att_fwd_run(mt_backend *be, const att_p &p, S *out, float *lse, const S *q, const S *k,
+                             const S *v) {
     const size_t Dh = (size_t)p.Dh;
     const size_t smem = (AT_BQ * Dh + AT_BK * (Dh + 1) + AT_BK * Dh) * sizeof(float) +
                         (AT_BQ + AT_BK) * (sizeof(long long) + sizeof(int));
-    MT_TRY(att_smem(be, att_fwd_kernel, smem));
+    MT_TRY(att_smem(be, att_fwd_kernel<S>, smem));
     dim3 grid((unsigned)((p.Tq + AT_BQ - 1) / AT_BQ), (unsigned)p.H, (unsigned)p.B);
-    att_fwd_kernel<<<grid, AT_THREADS, smem>>>(p, out, lse, q, k, v);
+    att_fwd_kernel<S><<<grid, AT_THREADS, smem>>>(p, out, lse, q, k, v);
     MT_CUDA_LAUNCHED(be, "att_fwd_kernel");
     return MT_OK;
 }
 
-mt_status mt_cuda_attention_bwd(mt_backend *be, const mt_attn_args *a, float *dq, float *dk, float *dv, const float *dout,
-                           const float *q, const float *k, const float *v, const float *out, const float *lse) {
+mt_status mt_cuda_attention_fwd(mt_backend *be, const mt_attn_args *a, void *out, float *lse, const void *q,
+                                const void *k, const void *v) {
     MT_CUDA_ENTER(be);
-    if (a->B <= 0 || a->H <= 0) return MT_OK;
+    MT_TRY(mt_cuda_check_dtype(be, "attention_fwd", a->dtype));
+    if (mt_cuda_attention_mma_supported(a)) return mt_cuda_attention_mma_fwd(be, a, out, lse, q, k, v);
+    if (a->B <= 0 || a->Tq <= 0 || a->H <= 0) return MT_OK;
     MT_TRY(att_check(a));
     const att_p p = att_params(a);
+    if (a->dtype == MT_BF16)
+        return att_fwd_run(be, p, (__nv_bfloat16 *)out, lse, (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k,
+                           (const __nv_bfloat16 *)v);
+    return att_fwd_run(be, p, (float *)out, lse, (const float *)q, (const float *)k, (const float *)v);
+}
+
+template <typename S>
+static mt_status att_bwd_run(mt_backend *be, const att_p &p, S *dq, S *dk, S *dv, const S *dout, const S *q,
+                             const S *k, const S *v, const S *out, const float *lse) {
     const size_t Dh = (size_t)p.Dh;
     if (p.Tq <= 0 || p.Tk <= 0) { /* nothing attends: zero gradients */
-        if (p.Tq > 0) MT_CUDA_TRY(be, cudaMemsetAsync(dq, 0, (size_t)(p.B * p.Tq * p.H) * Dh * sizeof(float), 0));
+        if (p.Tq > 0) MT_CUDA_TRY(be, cudaMemsetAsync(dq, 0, (size_t)(p.B * p.Tq * p.H) * Dh * sizeof(S), 0));
         if (p.Tk > 0) {
-            MT_CUDA_TRY(be, cudaMemsetAsync(dk, 0, (size_t)(p.B * p.Tk * p.Hkv) * Dh * sizeof(float), 0));
-            MT_CUDA_TRY(be, cudaMemsetAsync(dv, 0, (size_t)(p.B * p.Tk * p.Hkv) * Dh * sizeof(float), 0));
+            MT_CUDA_TRY(be, cudaMemsetAsync(dk, 0, (size_t)(p.B * p.Tk * p.Hkv) * Dh * sizeof(S), 0));
+            MT_CUDA_TRY(be, cudaMemsetAsync(dv, 0, (size_t)(p.B * p.Tk * p.Hkv) * Dh * sizeof(S), 0));
         }
         return MT_OK;
     }
     float *Dv = NULL;
     MT_TRY(mt_cuda_scratch(be, MT_CUDA_SCRATCH_ATTN, (size_t)(p.B * p.H * p.Tq) * sizeof(float), (void **)&Dv));
-    att_bwd_dot_kernel<<<mt_cuda_blocks(p.B * p.Tq * p.H * 32, 256), 256>>>(p, Dv, dout, out);
+    att_bwd_dot_kernel<S><<<mt_cuda_blocks(p.B * p.Tq * p.H * 32, 256), 256>>>(p, Dv, dout, out);
     MT_CUDA_LAUNCHED(be, "att_bwd_dot_kernel");
     const size_t smem_dq = (2 * AT_BQ * Dh + 2 * AT_BK * (Dh + 1)) * sizeof(float) +
                            (AT_BQ + AT_BK) * (sizeof(long long) + sizeof(int));
-    MT_TRY(att_smem(be, att_bwd_dq_kernel, smem_dq));
+    MT_TRY(att_smem(be, att_bwd_dq_kernel<S>, smem_dq));
     dim3 gq((unsigned)((p.Tq + AT_BQ - 1) / AT_BQ), (unsigned)p.H, (unsigned)p.B);
-    att_bwd_dq_kernel<<<gq, AT_THREADS, smem_dq>>>(p, dq, dout, q, k, v, lse, Dv);
+    att_bwd_dq_kernel<S><<<gq, AT_THREADS, smem_dq>>>(p, dq, dout, q, k, v, lse, Dv);
     MT_CUDA_LAUNCHED(be, "att_bwd_dq_kernel");
     const size_t smem_kv = (2 * AT_BKV * Dh + 2 * AT_BQ2 * (Dh + 1) + 2 * AT_BQ2) * sizeof(float) +
                            (AT_BQ2 + AT_BKV) * (sizeof(long long) + sizeof(int));
-    MT_TRY(att_smem(be, att_bwd_dkdv_kernel, smem_kv));
+    MT_TRY(att_smem(be, att_bwd_dkdv_kernel<S>, smem_kv));
     dim3 gk((unsigned)((p.Tk + AT_BKV - 1) / AT_BKV), (unsigned)p.Hkv, (unsigned)p.B);
-    att_bwd_dkdv_kernel<<<gk, AT_THREADS, smem_kv>>>(p, dk, dv, dout, q, k, v, lse, Dv);
+    att_bwd_dkdv_kernel<S><<<gk, AT_THREADS, smem_kv>>>(p, dk, dv, dout, q, k, v, lse, Dv);
     MT_CUDA_LAUNCHED(be, "att_bwd_dkdv_kernel");
     return MT_OK;
+}
+
+mt_status mt_cuda_attention_bwd(mt_backend *be, const mt_attn_args *a, void *dq, void *dk, void *dv,
+                                const void *dout, const void *q, const void *k, const void *v, const void *out,
+                                const float *lse) {
+    MT_CUDA_ENTER(be);
+    MT_TRY(mt_cuda_check_dtype(be, "attention_bwd", a->dtype));
+    if (mt_cuda_attention_mma_supported(a))
+        return mt_cuda_attention_mma_bwd(be, a, dq, dk, dv, dout, q, k, v, out, lse);
+    if (a->B <= 0 || a->H <= 0) return MT_OK;
+    MT_TRY(att_check(a));
+    const att_p p = att_params(a);
+    if (a->dtype == MT_BF16) {
+        typedef __nv_bfloat16 S;
+        return att_bwd_run(be, p, (S *)dq, (S *)dk, (S *)dv, (const S *)dout, (const S *)q, (const S *)k,
+                           (const S *)v, (const S *)out, lse);
+    }
+    return att_bwd_run(be, p, (float *)dq, (float *)dk, (float *)dv, (const float *)dout, (const float *)q,
+                       (const float *)k, (const float *)v, (const float *)out, lse);
 }

@@ -9,7 +9,7 @@
  * (gemm.cu). A failure of the device (anything but a bad argument or an allocation
  * that did not fit) is sticky: it is kept in the context (mt_cuda_ctx) and every later
  * op returns it. Asynchronous faults surface at the next synchronising call
- * (copy_to_host, sync, sumsq, xent_tile), named by that call. Nothing exits or prints.
+ * (copy_to_host, sync), named by that call. Nothing exits or prints.
  *
  * Determinism: every reduction here has one owner per output and a fixed order that
  * depends only on the shapes (never on the device's SM count or on timing), and no
@@ -23,6 +23,7 @@
 #ifndef MT_KERNELS_CUDA_COMMON_CUH
 #define MT_KERNELS_CUDA_COMMON_CUH
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -42,6 +43,8 @@ typedef struct mt_cuda_ctx {
     char msg[512];                               /* its message */
     void *scratch[MT_CUDA_SCRATCH_COUNT];
     size_t scratch_bytes[MT_CUDA_SCRATCH_COUNT];
+    void *ws;        /* the GEMM workspace (set_workspace; the plan's memory), or NULL */
+    size_t ws_bytes;
 } mt_cuda_ctx;
 
 /* Record a failure of `what` (CUDA's text in msg) in the calling thread's error as
@@ -119,40 +122,105 @@ __device__ __forceinline__ float mt_block_max(float v, float *sh) {
     return sh[0];
 }
 
+/* ---- dtypes (ops.h "Dtypes") ----
+ * A `void *` tensor of an op holds MT_F32 (float) or MT_BF16 (__nv_bfloat16). Kernels
+ * are templates on the storage type T and see fp32 only through mt_ld / mt_st: mt_ld
+ * widens exactly, mt_st rounds once to nearest even with the bit operation of
+ * runtime/dtype.h mt_f32_to_bf16 (a NaN keeps its sign and payload, made quiet), so the
+ * bits equal the CPU backend's; cvt.rn.bf16.f32 would give the canonical NaN instead.
+ * For T = float both are plain loads and stores: MT_F32 computes what it did before. */
+
+/* runtime/dtype.h mt_f32_to_bf16: float32 -> bfloat16 bits, round to nearest even. */
+__device__ __forceinline__ uint16_t mt_cuda_f32_to_bf16(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* runtime/dtype.h mt_f32_to_bf16_sr: stochastic rounding, rand16 in [0, 65536). */
+__device__ __forceinline__ uint16_t mt_cuda_f32_to_bf16_sr(float f, uint32_t rand16) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7f800000u) == 0x7f800000u) return (uint16_t)((u >> 16) | ((u & 0x007fffffu) ? 0x0040u : 0u));
+    u += (rand16 & 0xffffu);
+    return (uint16_t)(u >> 16);
+}
+
+/* bfloat16 bits -> float32 (exact). */
+__device__ __forceinline__ float mt_cuda_bf16_to_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+__device__ __forceinline__ float mt_ld(const float *p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float mt_ld(const __nv_bfloat16 *p, int64_t i) {
+    return mt_cuda_bf16_to_f32(__bfloat16_as_ushort(p[i]));
+}
+__device__ __forceinline__ void mt_st(float *p, int64_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void mt_st(__nv_bfloat16 *p, int64_t i, float v) {
+    p[i] = __ushort_as_bfloat16(mt_cuda_f32_to_bf16(v));
+}
+/* v as the storage type would round it, back in fp32 (identity for float). */
+__device__ __forceinline__ float mt_round_as(const float *, float v) { return v; }
+__device__ __forceinline__ float mt_round_as(const __nv_bfloat16 *, float v) {
+    return mt_cuda_bf16_to_f32(mt_cuda_f32_to_bf16(v));
+}
+
+/* MT_OK when `dt` is a compute dtype of this backend (MT_F32, or MT_BF16 when
+ * caps.compute_dtypes has it); else MT_ERR_INVALID "cuda: <op>: dtype ..." (not sticky:
+ * nothing ran). */
+mt_status mt_cuda_check_dtype(const mt_backend *be, const char *op, mt_dtype dt);
+
+/* Launch `kernel<T>` for T = float (MT_F32) or __nv_bfloat16 (MT_BF16): the dtype
+ * switch of every op, in one place. Call only after mt_cuda_check_dtype. */
+#define MT_CUDA_DT_SWITCH(dt, T, ...)                                                     \
+    do {                                                                                  \
+        if ((dt) == MT_BF16) {                                                            \
+            typedef __nv_bfloat16 T;                                                      \
+            __VA_ARGS__;                                                                  \
+        } else {                                                                          \
+            typedef float T;                                                              \
+            __VA_ARGS__;                                                                  \
+        }                                                                                 \
+    } while (0)
+
 /* ---- the op implementations (one file each), same contracts as kernels/ops.h ---- */
 mt_status mt_cuda_gemm(mt_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                  const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
-                  int64_t ldc);
-mt_status mt_cuda_embedding_fwd(mt_backend *be, float *out, const float *table, const int32_t *tokens, int64_t N,
-                           int64_t D, float scale);
-mt_status mt_cuda_embedding_bwd(mt_backend *be, float *dtable, const float *dout, const int32_t *tokens, int64_t N,
-                           int64_t V, int64_t D, float scale);
-mt_status mt_cuda_rmsnorm_fwd(mt_backend *be, float *y, float *rstd, const float *x, const float *w, int64_t N,
-                         int64_t D, float eps, float w_offset);
-mt_status mt_cuda_rmsnorm_bwd(mt_backend *be, float *dx, float *dw, const float *dy, const float *x, const float *w,
-                         const float *rstd, int64_t N, int64_t D, float w_offset);
-mt_status mt_cuda_rope_fwd(mt_backend *be, float *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t H,
-                      int64_t Dh);
-mt_status mt_cuda_rope_bwd(mt_backend *be, float *dx, const int32_t *pos, const float *inv_freq, int64_t N, int64_t H,
-                      int64_t Dh);
-mt_status mt_cuda_attention_fwd(mt_backend *be, const mt_attn_args *a, float *out, float *lse, const float *q,
-                           const float *k, const float *v);
-mt_status mt_cuda_attention_bwd(mt_backend *be, const mt_attn_args *a, float *dq, float *dk, float *dv,
-                           const float *dout, const float *q, const float *k, const float *v,
-                           const float *out, const float *lse);
-mt_status mt_cuda_glu_fwd(mt_backend *be, float *h, const float *gate, const float *up, int64_t count, mt_activation act);
-mt_status mt_cuda_glu_bwd(mt_backend *be, float *dgate, float *dup, const float *dh, const float *gate, const float *up,
-                     int64_t count, mt_activation act);
-mt_status mt_cuda_xent_tile(mt_backend *be, float *logits, const int32_t *labels, int64_t R, int64_t V, float softcap,
-                       int32_t ignore_index, float dscale, double *loss_sum, int64_t *count);
-mt_status mt_cuda_axpy(mt_backend *be, float *y, const float *x, float alpha, int64_t n);
-mt_status mt_cuda_scale(mt_backend *be, float *x, float alpha, int64_t n);
-mt_status mt_cuda_sumsq(mt_backend *be, const float *x, int64_t n, double *out);
-mt_status mt_cuda_attn_merge(mt_backend *be, float *out, float *lse, const float *out_b, const float *lse_b,
-                             int64_t B, int64_t T, int64_t H, int64_t Dh);
+                       const void *A, int64_t lda, const void *B, int64_t ldb, mt_dtype ab_dt, float beta, void *C,
+                       int64_t ldc, mt_dtype c_dt);
+mt_status mt_cuda_embedding_fwd(mt_backend *be, void *out, const void *table, const int32_t *tokens, int64_t N,
+                                int64_t D, float scale, mt_dtype dt);
+mt_status mt_cuda_embedding_bwd(mt_backend *be, float *dtable, const void *dout, const int32_t *tokens, int64_t N,
+                                int64_t V, int64_t D, float scale, mt_dtype dt);
+mt_status mt_cuda_add_rmsnorm_fwd(mt_backend *be, void *h, void *y, float *rstd, const void *x, const void *r,
+                                  const void *w, int64_t N, int64_t D, float eps, float w_offset, mt_dtype dt);
+mt_status mt_cuda_rmsnorm_fwd(mt_backend *be, void *y, float *rstd, const void *x, const void *w, int64_t N,
+                              int64_t D, float eps, float w_offset, mt_dtype dt);
+mt_status mt_cuda_rmsnorm_bwd(mt_backend *be, void *dx, float *dw, const void *dy, const void *x, const void *w,
+                              const float *rstd, int64_t N, int64_t D, float w_offset, mt_dtype dt);
+mt_status mt_cuda_rope_fwd(mt_backend *be, void *x, const int32_t *pos, const float *inv_freq, int64_t N, int64_t H,
+                           int64_t Dh, mt_dtype dt);
+mt_status mt_cuda_rope_bwd(mt_backend *be, void *dx, const int32_t *pos, const float *inv_freq, int64_t N,
+                           int64_t H, int64_t Dh, mt_dtype dt);
+mt_status mt_cuda_attention_fwd(mt_backend *be, const mt_attn_args *a, void *out, float *lse, const void *q,
+                                const void *k, const void *v);
+mt_status mt_cuda_attention_bwd(mt_backend *be, const mt_attn_args *a, void *dq, void *dk, void *dv,
+                                const void *dout, const void *q, const void *k, const void *v, const void *out,
+                                const float *lse);
+mt_status mt_cuda_glu_fwd(mt_backend *be, void *h, const void *gate, const void *up, int64_t count,
+                          mt_activation act, mt_dtype dt);
+mt_status mt_cuda_glu_bwd(mt_backend *be, void *dgate, void *dup, const void *dh, const void *gate, const void *up,
+                          int64_t count, mt_activation act, mt_dtype dt);
+mt_status mt_cuda_xent_tile(mt_backend *be, float *logits, void *dlogits, mt_dtype ddt, const int32_t *labels,
+                            int64_t R, int64_t V, float softcap, int32_t ignore_index, float dscale,
+                            double *stats);
+mt_status mt_cuda_axpy(mt_backend *be, void *y, const void *x, float alpha, int64_t n, mt_dtype dt);
+mt_status mt_cuda_scale(mt_backend *be, void *x, float alpha, int64_t n, mt_dtype dt);
+mt_status mt_cuda_sumsq(mt_backend *be, const float *x, int64_t n, double *acc);
+mt_status mt_cuda_attn_merge(mt_backend *be, void *out, float *lse, const void *out_b, const float *lse_b,
+                             int64_t B, int64_t T, int64_t H, int64_t Dh, mt_dtype dt);
 mt_status mt_cuda_grad_accumulate(mt_backend *be, void *acc, mt_dtype dtype, const float *x, int64_t n, int first);
 mt_status mt_cuda_to_f32(mt_backend *be, float *dst, const void *src, mt_dtype dtype, int64_t n);
-mt_status mt_cuda_adamw(mt_backend *be, float *p, const float *g, float *m, float *v, int64_t n, float lr, float b1,
-                   float b2, float eps, float wd, float grad_scale, int64_t t);
+mt_status mt_cuda_from_f32(mt_backend *be, void *dst, mt_dtype dtype, const float *src, int64_t n, int stochastic,
+                           uint64_t seed, uint64_t offset);
+mt_status mt_cuda_adamw(mt_backend *be, float *p, const float *g, float *m, float *v, const mt_adamw_segment *segs,
+                        int nsegs, float lr, float b1, float b2, float eps, float wd, float grad_scale, int64_t t);
 
 #endif

@@ -4,8 +4,8 @@
  * mt_cuda_backend_available() probes once (cudaGetDeviceCount); mt_cuda_backend_create
  * refuses with MT_ERR_UNSUPPORTED when no device is visible, so a CUDA build still runs
  * CPU-only. Memory is cudaMalloc'd (which aligns to at least 256 bytes, as ops.h asks).
- * The table is fp32 end to end, like the CPU backend it is tested against; bf16 compute
- * weights and activations (issue 4) are a later step that adds entries. The
+ * Every op takes float32 or bfloat16 tensors (ops.h "Dtypes"; common.cuh mt_ld / mt_st),
+ * bfloat16 only when caps.compute_dtypes lists it (mt_cuda_check_dtype). The
  * capabilities live in the registry (kernels/backend.c mt_cuda_backend_caps).
  * Not thread-safe: one host thread drives one device (one process per GPU). */
 #include <stdio.h>
@@ -23,6 +23,14 @@ mt_status mt_cuda_fail(mt_backend *be, const char *what, const char *msg, int st
                  msg);
     }
     return mt_set_error(MT_ERR_RUNTIME, "cuda: %s: %s", what, msg);
+}
+
+mt_status mt_cuda_check_dtype(const mt_backend *be, const char *op, mt_dtype dt) {
+    if (dt == MT_F32 || (dt == MT_BF16 && mt_backend_has_dtype(&be->caps, MT_BF16))) return MT_OK;
+    if (dt == MT_BF16)
+        return mt_set_error(MT_ERR_INVALID, "cuda: %s: dtype bfloat16 is not a compute dtype of this backend "
+                            "(caps.compute_dtypes)", op);
+    return mt_set_error(MT_ERR_INVALID, "cuda: %s: dtype %s (float32 or bfloat16 only)", op, mt_dtype_name(dt));
 }
 
 mt_status mt_cuda_scratch(mt_backend *be, int slot, size_t bytes, void **out) {
@@ -69,9 +77,24 @@ static mt_status cu_release(mt_backend *be, void *p) {
     return MT_OK;
 }
 
+/* From pageable host memory (every caller's malloc'd buffers) cudaMemcpyAsync copies the
+ * data into a staging buffer before it returns, without waiting for the device (CUDA
+ * runtime API, "API synchronization behavior"): the host buffer may be reused at once,
+ * as ops.h asks, and a step's input uploads never make the host wait
+ * (tests/test_emu_syncs.c). Pinned memory would be read later by the copy engine, so
+ * from it the copy is the synchronous cudaMemcpy. */
 static mt_status cu_copy_to_device(mt_backend *be, void *dst, const void *src_host, size_t bytes) {
     MT_CUDA_ENTER(be);
-    if (bytes) MT_CUDA_TRY(be, cudaMemcpy(dst, src_host, bytes, cudaMemcpyHostToDevice));
+    if (!bytes) return MT_OK;
+    cudaPointerAttributes at;
+    if (cudaPointerGetAttributes(&at, src_host) != cudaSuccess) {
+        (void)cudaGetLastError(); /* an unknown pointer: treat it as pinned (the safe copy) */
+        at.type = cudaMemoryTypeHost;
+    }
+    if (at.type == cudaMemoryTypeUnregistered)
+        MT_CUDA_TRY(be, cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, 0));
+    else
+        MT_CUDA_TRY(be, cudaMemcpy(dst, src_host, bytes, cudaMemcpyHostToDevice));
     return MT_OK;
 }
 
@@ -113,6 +136,14 @@ static void cu_free(mt_backend *be) {
  * backend orders its communication stream against it with events (comm.h). */
 extern "C" void *mt_cuda_compute_stream(void) { return (void *)(cudaStream_t)0; }
 
+static mt_status cu_set_workspace(mt_backend *be, void *ws, size_t bytes) {
+    if (bytes > 0 && !ws) return mt_set_error(MT_ERR_INVALID, "cuda: set_workspace: %zu bytes at NULL", bytes);
+    mt_cuda_ctx *c = ctx_of(be);
+    c->ws = bytes > 0 ? ws : NULL;
+    c->ws_bytes = bytes;
+    return MT_OK;
+}
+
 static mt_ops make_table(void) {
     mt_ops t;
     t.free = cu_free;
@@ -123,10 +154,12 @@ static mt_ops make_table(void) {
     t.copy = cu_copy;
     t.zero = cu_zero;
     t.sync = cu_sync;
+    t.set_workspace = cu_set_workspace;
     t.gemm = mt_cuda_gemm;
     t.embedding_fwd = mt_cuda_embedding_fwd;
     t.embedding_bwd = mt_cuda_embedding_bwd;
     t.rmsnorm_fwd = mt_cuda_rmsnorm_fwd;
+    t.add_rmsnorm_fwd = mt_cuda_add_rmsnorm_fwd;
     t.rmsnorm_bwd = mt_cuda_rmsnorm_bwd;
     t.rope_fwd = mt_cuda_rope_fwd;
     t.rope_bwd = mt_cuda_rope_bwd;
@@ -141,6 +174,7 @@ static mt_ops make_table(void) {
     t.sumsq = mt_cuda_sumsq;
     t.grad_accumulate = mt_cuda_grad_accumulate;
     t.to_f32 = mt_cuda_to_f32;
+    t.from_f32 = mt_cuda_from_f32;
     t.adamw = mt_cuda_adamw;
     return t;
 }

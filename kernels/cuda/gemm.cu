@@ -1,18 +1,22 @@
-/* kernels/cuda/gemm.cu: C = alpha op(A) op(B) + beta C through cuBLASLt, fp32.
+/* kernels/cuda/gemm.cu: C = alpha op(A) op(B) + beta C through cuBLASLt.
  *
  * ops.h is row-major; cuBLASLt is column-major. A row-major [r, c] matrix with row
  * stride ld is the column-major [c, r] matrix with the same ld, i.e. its transpose, so
  * C = op(A) op(B) is computed as C^T = op(B)^T op(A)^T: cuBLASLt's first operand is
  * our B, its second our A, and the transpose flags carry over unchanged.
- * Compute type CUBLAS_COMPUTE_32F (no TF32) keeps fp32 parity with the CPU's sgemm;
- * bf16 inputs with fp32 accumulation and epilogues come with the bf16 step.
- * Descriptors and the heuristic's algorithm are cached per (shape, strides, flags,
- * pointer alignment): cuBLASLt assumes 256-byte aligned pointers unless told otherwise,
- * and a tile's rows (h + r0 * D) are not. cuBLAS gives bitwise-reproducible results for
+ * Dtypes (ops.h): A and B of ab_dt, C (and D, the same buffer) of c_dt, as cuBLASLt
+ * types CUDA_R_32F / CUDA_R_16BF: (fp32, fp32), (bf16, fp32) or (bf16, bf16). Compute
+ * type CUBLAS_COMPUTE_32F (no TF32) with fp32 scale type: fp32 products and sums (a
+ * bf16 x bf16 product is exact in fp32) and fp32 alpha/beta, a bf16 D rounded once at
+ * the end, as the CPU's widened sgemm does.
+ * Descriptors and the heuristic's algorithm are cached per (dtypes, shape, strides,
+ * flags, pointer alignment): cuBLASLt assumes 256-byte aligned pointers unless told
+ * otherwise, and a tile's rows (h + r0 * D) are not. cuBLAS gives bitwise-reproducible results for
  * a fixed algorithm on one GPU model (cuBLAS docs, "Results reproducibility"); the cached
  * algorithm makes the choice fixed within a process.
- * The workspace (32 MiB, the size NVIDIA recommends for Hopper) is allocated once here;
- * it should become a plan entry (issue 4).
+ * The workspace is the plan's (ops.h set_workspace: "workspace.gemm", caps.workspace_bytes =
+ * 32 MiB, the size NVIDIA recommends for Hopper in the cuBLAS docs, "cublasSetWorkspace");
+ * without one the algorithms are those that need none. Its size is part of the cache key.
  *
  * cuBLASLt is loaded with dlopen on the first GEMM, not linked: merely loading the
  * library costs about 148 MiB of resident memory (its relocated data), which every
@@ -70,10 +74,11 @@ static int lt_load(mt_backend *be) {
     return 1;
 }
 
-#define MT_GEMM_WS_BYTES ((size_t)32 << 20)
 #define MT_GEMM_CACHE 128
 
 typedef struct gemm_key {
+    size_t ws_bytes; /* the workspace the algorithm may use (set_workspace) */
+    int ab_dt, c_dt; /* mt_dtype of A/B and of C/D */
     int ta, tb;
     int64_t M, N, K, lda, ldb, ldc;
     int al_a, al_b, al_c;
@@ -89,7 +94,6 @@ typedef struct gemm_plan {
 } gemm_plan;
 
 static cublasLtHandle_t g_lt;
-static void *g_ws;
 static gemm_plan g_cache[MT_GEMM_CACHE];
 static int g_next; /* round-robin eviction */
 
@@ -102,12 +106,15 @@ static int g_next; /* round-robin eviction */
         }                                                                                 \
     } while (0)
 
-static int ptr_align(const void *p) {
+/* The largest power of two up to 256 dividing p, at least the element size `es`. */
+static int ptr_align(const void *p, int es) {
     uintptr_t a = (uintptr_t)p;
     int al = 256;
-    while (al > 4 && (a % (uintptr_t)al) != 0) al >>= 1;
+    while (al > es && (a % (uintptr_t)al) != 0) al >>= 1;
     return al;
 }
+
+static cudaDataType lt_type(int dt) { return dt == MT_BF16 ? CUDA_R_16BF : CUDA_R_32F; }
 
 static void plan_destroy(gemm_plan *p) {
     if (!p->used) return;
@@ -127,15 +134,6 @@ static gemm_plan *plan_get(mt_backend *be, const gemm_key *k) {
         if (!lt_load(be)) return NULL;
         LT_CHECK(lt.cublasLtCreate(&g_lt));
     }
-    if (!g_ws) {
-        cudaError_t e = cudaMalloc(&g_ws, MT_GEMM_WS_BYTES);
-        if (e != cudaSuccess) {
-            (void)cudaGetLastError(); /* did not fit: not sticky */
-            g_ws = NULL;
-            mt_cuda_fail(be, "cudaMalloc(gemm workspace, 32 MiB)", cudaGetErrorString(e), 0);
-            return NULL;
-        }
-    }
     gemm_plan *p = &g_cache[g_next];
     g_next = (g_next + 1) % MT_GEMM_CACHE;
     plan_destroy(p);
@@ -146,12 +144,13 @@ static gemm_plan *plan_get(mt_backend *be, const gemm_key *k) {
     LT_CHECK(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
     LT_CHECK(lt.cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
     /* stored column-major shapes: our B is [K, N] row-major -> [N, K] col-major (or [K, N]) */
-    LT_CHECK(lt.cublasLtMatrixLayoutCreate(&p->la, CUDA_R_32F, k->tb ? k->K : k->N, k->tb ? k->N : k->K, k->ldb));
-    LT_CHECK(lt.cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_32F, k->ta ? k->M : k->K, k->ta ? k->K : k->M, k->lda));
-    LT_CHECK(lt.cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, k->N, k->M, k->ldc));
+    const cudaDataType tab = lt_type(k->ab_dt), tc = lt_type(k->c_dt);
+    LT_CHECK(lt.cublasLtMatrixLayoutCreate(&p->la, tab, k->tb ? k->K : k->N, k->tb ? k->N : k->K, k->ldb));
+    LT_CHECK(lt.cublasLtMatrixLayoutCreate(&p->lb, tab, k->ta ? k->M : k->K, k->ta ? k->K : k->M, k->lda));
+    LT_CHECK(lt.cublasLtMatrixLayoutCreate(&p->lc, tc, k->N, k->M, k->ldc));
     cublasLtMatmulPreference_t pref;
     LT_CHECK(lt.cublasLtMatmulPreferenceCreate(&pref));
-    size_t ws = MT_GEMM_WS_BYTES;
+    size_t ws = k->ws_bytes;
     uint32_t aa = (uint32_t)k->al_b, ab = (uint32_t)k->al_a, ac = (uint32_t)k->al_c;
     lt.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
     lt.cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof(aa));
@@ -173,27 +172,37 @@ static gemm_plan *plan_get(mt_backend *be, const gemm_key *k) {
     return p;
 }
 
-__global__ void gemm_scale_kernel(float *C, int64_t M, int64_t N, int64_t ldc, float beta) {
+template <typename T>
+__global__ void gemm_scale_kernel(T *C, int64_t M, int64_t N, int64_t ldc, float beta) {
     const int64_t total = M * N;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
-        float *c = C + (i / N) * ldc + (i % N);
-        *c = beta == 0.0f ? 0.0f : beta * *c;
+        const int64_t at = (i / N) * ldc + (i % N);
+        mt_st(C, at, beta == 0.0f ? 0.0f : beta * mt_ld(C, at));
     }
 }
 
 mt_status mt_cuda_gemm(mt_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                  const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
-                  int64_t ldc) {
+                       const void *A, int64_t lda, const void *B, int64_t ldb, mt_dtype ab_dt, float beta, void *C,
+                       int64_t ldc, mt_dtype c_dt) {
     MT_CUDA_ENTER(be);
+    const int ok = (ab_dt == MT_F32 && c_dt == MT_F32) || (ab_dt == MT_BF16 && (c_dt == MT_F32 || c_dt == MT_BF16));
+    if (!ok)
+        return mt_set_error(MT_ERR_INVALID, "cuda: gemm: dtypes A/B %s, C %s (float32/float32, bfloat16/float32 "
+                            "or bfloat16/bfloat16)", mt_dtype_name(ab_dt), mt_dtype_name(c_dt));
+    MT_TRY(mt_cuda_check_dtype(be, "gemm", ab_dt));
+    MT_TRY(mt_cuda_check_dtype(be, "gemm", c_dt));
     if (M <= 0 || N <= 0) return MT_OK;
     if (K <= 0 || alpha == 0.0f) { /* C = beta C; C not read when beta == 0 */
-        gemm_scale_kernel<<<mt_cuda_blocks(M * N, 256), 256>>>(C, M, N, ldc, beta);
+        MT_CUDA_DT_SWITCH(c_dt, T, gemm_scale_kernel<T><<<mt_cuda_blocks(M * N, 256), 256>>>((T *)C, M, N, ldc, beta));
         MT_CUDA_LAUNCHED(be, "gemm_scale_kernel");
         return MT_OK;
     }
+    const int esab = ab_dt == MT_BF16 ? 2 : 4, esc = c_dt == MT_BF16 ? 2 : 4;
     gemm_key k;
     memset(&k, 0, sizeof(k)); /* padding bytes take part in memcmp */
+    k.ab_dt = (int)ab_dt;
+    k.c_dt = (int)c_dt;
     k.ta = trans_a != 0;
     k.tb = trans_b != 0;
     k.M = M;
@@ -202,14 +211,16 @@ mt_status mt_cuda_gemm(mt_backend *be, int trans_a, int trans_b, int64_t M, int6
     k.lda = lda;
     k.ldb = ldb;
     k.ldc = ldc;
-    k.al_a = ptr_align(A);
-    k.al_b = ptr_align(B);
-    k.al_c = ptr_align(C);
+    k.al_a = ptr_align(A, esab);
+    k.al_b = ptr_align(B, esab);
+    k.al_c = ptr_align(C, esc);
     k.beta_zero = beta == 0.0f;
+    const mt_cuda_ctx *c = (const mt_cuda_ctx *)be->ctx;
+    k.ws_bytes = c->ws ? c->ws_bytes : 0;
     gemm_plan *p = plan_get(be, &k);
     if (!p) return MT_ERR_RUNTIME; /* message recorded by plan_get */
     cublasStatus_t s = lt.cublasLtMatmul(g_lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, C, p->lc,
-                                      &p->algo, g_ws, MT_GEMM_WS_BYTES, 0);
+                                         &p->algo, k.ws_bytes ? c->ws : NULL, k.ws_bytes, 0);
     if (s != CUBLAS_STATUS_SUCCESS) return mt_cuda_fail(be, "cublasLtMatmul", lt.cublasLtGetStatusString(s), 1);
     return MT_OK;
 }

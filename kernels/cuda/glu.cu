@@ -2,7 +2,9 @@
  *
  * Elementwise and memory bound: a grid-stride loop, one element per thread per step.
  * silu and gelu_tanh use expf/tanhf (IEEE-accurate to a few ulp; no fast-math), so the
- * results agree with the CPU's vmath.h to a few ulp, not bitwise. */
+ * results agree with the CPU's vmath.h to a few ulp, not bitwise. Tensors are float or
+ * bfloat16 (common.cuh mt_ld / mt_st): widened, fp32 arithmetic, each output rounded
+ * once. */
 #include "kernels/cuda/common.cuh"
 
 #define MT_GLU_THREADS 256
@@ -21,39 +23,45 @@ __device__ __forceinline__ void glu_act(float x, int act, float *a, float *da) {
     }
 }
 
-__global__ void glu_fwd_kernel(float *h, const float *gate, const float *up, int64_t n, int act) {
+template <typename T>
+__global__ void glu_fwd_kernel(T *h, const T *gate, const T *up, int64_t n, int act) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float a, da;
-        glu_act(gate[i], act, &a, &da);
-        h[i] = a * up[i];
+        glu_act(mt_ld(gate, i), act, &a, &da);
+        mt_st(h, i, a * mt_ld(up, i));
     }
 }
 
-__global__ void glu_bwd_kernel(float *dgate, float *dup, const float *dh, const float *gate, const float *up,
-                               int64_t n, int act) {
+template <typename T>
+__global__ void glu_bwd_kernel(T *dgate, T *dup, const T *dh, const T *gate, const T *up, int64_t n, int act) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         float a, da;
-        glu_act(gate[i], act, &a, &da);
-        const float g = dh[i], u = up[i];
-        dgate[i] = g * u * da;
-        dup[i] = g * a;
+        glu_act(mt_ld(gate, i), act, &a, &da);
+        const float g = mt_ld(dh, i), u = mt_ld(up, i);
+        mt_st(dgate, i, g * u * da);
+        mt_st(dup, i, g * a);
     }
 }
 
-mt_status mt_cuda_glu_fwd(mt_backend *be, float *h, const float *gate, const float *up, int64_t count, mt_activation act) {
+mt_status mt_cuda_glu_fwd(mt_backend *be, void *h, const void *gate, const void *up, int64_t count,
+                          mt_activation act, mt_dtype dt) {
     MT_CUDA_ENTER(be);
+    MT_TRY(mt_cuda_check_dtype(be, "glu_fwd", dt));
     if (count <= 0) return MT_OK;
-    glu_fwd_kernel<<<mt_cuda_blocks(count, MT_GLU_THREADS), MT_GLU_THREADS>>>(h, gate, up, count, (int)act);
+    MT_CUDA_DT_SWITCH(dt, T, glu_fwd_kernel<T><<<mt_cuda_blocks(count, MT_GLU_THREADS), MT_GLU_THREADS>>>(
+                                 (T *)h, (const T *)gate, (const T *)up, count, (int)act));
     MT_CUDA_LAUNCHED(be, "glu_fwd_kernel");
     return MT_OK;
 }
 
-mt_status mt_cuda_glu_bwd(mt_backend *be, float *dgate, float *dup, const float *dh, const float *gate, const float *up,
-                     int64_t count, mt_activation act) {
+mt_status mt_cuda_glu_bwd(mt_backend *be, void *dgate, void *dup, const void *dh, const void *gate, const void *up,
+                          int64_t count, mt_activation act, mt_dtype dt) {
     MT_CUDA_ENTER(be);
+    MT_TRY(mt_cuda_check_dtype(be, "glu_bwd", dt));
     if (count <= 0) return MT_OK;
-    glu_bwd_kernel<<<mt_cuda_blocks(count, MT_GLU_THREADS), MT_GLU_THREADS>>>(dgate, dup, dh, gate, up, count,
-                                                                              (int)act);
+    MT_CUDA_DT_SWITCH(dt, T, glu_bwd_kernel<T><<<mt_cuda_blocks(count, MT_GLU_THREADS), MT_GLU_THREADS>>>(
+                                 (T *)dgate, (T *)dup, (const T *)dh, (const T *)gate, (const T *)up, count,
+                                 (int)act));
     MT_CUDA_LAUNCHED(be, "glu_bwd_kernel");
     return MT_OK;
 }

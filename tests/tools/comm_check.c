@@ -66,7 +66,7 @@ static float *upload(const float *host, int64_t n) {
     float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
     for (int64_t i = 0; i < n; i++) h[i] = 0.5f * host[i];
     if (n) TOOL_OK(g_ops->ops->copy_to_device(g_ops, d, h, (size_t)n * sizeof(float)));
-    if (n) TOOL_OK(g_ops->ops->scale(g_ops, d, 2.0f, n));
+    if (n) TOOL_OK(g_ops->ops->scale(g_ops, d, 2.0f, n, MT_F32));
     free(h);
     return d;
 }
@@ -74,7 +74,7 @@ static float *upload(const float *host, int64_t n) {
 /* host[n] = d[n] / 2 after a doubling kernel queued right after the collective. */
 static void download(float *host, float *d, int64_t n) {
     if (!n) return;
-    TOOL_OK(g_ops->ops->scale(g_ops, d, 2.0f, n));
+    TOOL_OK(g_ops->ops->scale(g_ops, d, 2.0f, n, MT_F32));
     TOOL_OK(g_ops->ops->copy_to_host(g_ops, host, d, (size_t)n * sizeof(float)));
     for (int64_t i = 0; i < n; i++) host[i] *= 0.5f;
 }

@@ -25,6 +25,7 @@
 #include "models/model.h"
 #include "runtime/plan.h"
 #include "runtime/rng.h"
+#include "train/optimizer.h"
 
 #define STEPS 5
 #define B 2
@@ -256,9 +257,23 @@ int main(int argc, char **argv) {
     }
     const float dscale = (float)(1.0 / (double)count);
 
-    /* 5 AdamW steps (torch.optim.AdamW semantics, be->ops->adamw); decay on matrices only */
+    /* 5 AdamW steps (torch.optim.AdamW semantics, be->ops->adamw over the parameter table's
+     * segments, train/optimizer.h); decay on matrices only */
     float *mom1 = tool_alloc(be, (size_t)numel * sizeof(float));
     float *mom2 = tool_alloc(be, (size_t)numel * sizeof(float));
+    mt_param_info *ptab = malloc(sizeof(mt_param_info) * (size_t)np);
+    mt_adamw_segment *htab = malloc(sizeof(mt_adamw_segment) * (size_t)np);
+    mt_adamw_segment *segs = tool_alloc(be, sizeof(mt_adamw_segment) * (size_t)np);
+    int nsegs = 0;
+    if (!ptab || !htab || !segs) {
+        fprintf(stderr, "model_dump: out of memory\n");
+        return 1;
+    }
+    for (int i = 0; i < np; i++) ptab[i] = *mt_model_param(m, i);
+    TOOL_OK(mt_adamw_segments(ptab, np, htab, &nsegs));
+    TOOL_OK(be->ops->copy_to_device(be, segs, htab, sizeof(mt_adamw_segment) * (size_t)nsegs));
+    free(ptab);
+    free(htab);
     TOOL_OK(be->ops->zero(be, mom1, (size_t)numel * sizeof(float)));
     TOOL_OK(be->ops->zero(be, mom2, (size_t)numel * sizeof(float)));
     float losses[STEPS];
@@ -280,12 +295,9 @@ int main(int argc, char **argv) {
                 rc |= write_bin(dir, name, grads + p->offset, (size_t)p->numel * sizeof(float));
             }
         }
-        for (int i = 0; i < np; i++) {
-            const mt_param_info *p = mt_model_param(m, i);
-            TOOL_OK(be->ops->adamw(be, params + p->offset, grads + p->offset, mom1 + p->offset, mom2 + p->offset, p->numel,
-                       k_lr, k_b1, k_b2, k_eps, p->weight_decay ? k_wd : 0.0f, 1.0f, step));
-        }
+        TOOL_OK(be->ops->adamw(be, params, grads, mom1, mom2, segs, nsegs, k_lr, k_b1, k_b2, k_eps, k_wd, 1.0f, step));
     }
+    be->ops->release(be, segs);
     rc |= write_bin(dir, "losses.bin", losses, sizeof(losses));
 
     cJSON *man = cJSON_CreateObject();

@@ -26,10 +26,16 @@ static inline void *tool_alloc(mt_backend *be, size_t bytes) {
     return be->ops->alloc(be, bytes, &p) == MT_OK ? p : NULL;
 }
 
-/* be->ops->sumsq's result (exits 1 on failure). */
+/* be->ops->sumsq's result (exits 1 on failure): accumulated into a zeroed double of be's
+ * memory and read back (the op adds to backend memory without synchronising). */
 static inline double tool_sumsq(mt_backend *be, const float *x, int64_t n) {
+    void *acc = NULL;
     double s = 0.0;
-    TOOL_OK(be->ops->sumsq(be, x, n, &s));
+    TOOL_OK(be->ops->alloc(be, sizeof s, &acc));
+    TOOL_OK(be->ops->zero(be, acc, sizeof s));
+    TOOL_OK(be->ops->sumsq(be, x, n, acc));
+    TOOL_OK(be->ops->copy_to_host(be, &s, acc, sizeof s));
+    be->ops->release(be, acc);
     return s;
 }
 
