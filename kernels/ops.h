@@ -30,7 +30,8 @@
  * (runtime/dtype.h mt_f32_to_bf16); "+=" into a bf16 output is round(float(old) + new),
  * one rounding. Both backends round at these same points, so they differ only by the
  * order of fp32 sums; the tests bound that difference from the term counts. With
- * MT_F32 every op computes exactly as it did before dtypes existed (bitwise).
+ * MT_F32 every op but gemm computes exactly as it did before dtypes existed (bitwise; the
+ * CPU gemm's library and tiling changed, docs/cpu_gemm.md).
  *
  * Shape letters: N token rows (batch x sequence, B*T), D d_model, V vocabulary,
  * H query heads, Hkv key/value heads, Dh head_dim, F mlp_dim, R rows of a loss tile.
@@ -149,7 +150,8 @@ typedef struct mt_ops {
      * (MT_F32, MT_F32), (MT_BF16, MT_F32) or (MT_BF16, MT_BF16); others MT_ERR_INVALID.
      * Products and sums in fp32 (a bf16 x bf16 product is exact in fp32); alpha, beta
      * and the old C (widened) applied in fp32; a bf16 C rounded once at the end.
-     * CPU: cblas_sgemm (bf16 operands widened block by block in a fixed scratch);
+     * CPU: oneDNN matmul or OpenBLAS sgemm on tiles, picked by CPU features (bf16
+     * operands widened exactly to fp32 unless the CPU has AMX; docs/cpu_gemm.md);
      * CUDA: cuBLASLt with CUBLAS_COMPUTE_32F (a failure names the cuBLASLt call and its
      * cublasLtGetStatusString). With beta == 0, C is not read (NaN in C does not
      * propagate). */

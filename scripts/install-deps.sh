@@ -11,7 +11,7 @@ packages=(
     libomp-dev                         # OpenMP (gcc uses its own libgomp; clang needs this)
     libopenblas-dev libopenblas-openmp-dev  # CBLAS for the CPU kernels; the OpenMP
                                        # build shares our thread pool (CMakeLists.txt)
-    libdnnl-dev                        # oneDNN: bf16 GEMMs on AVX512-BF16 / AMX CPUs
+    libdnnl-dev                        # oneDNN: fp32 GEMMs on AVX-512, bf16 on AMX
                                        # (kernels/cpu/gemm.c dlopens it; docs/cpu_gemm.md)
     libyaml-dev libcjson-dev           # config files, metrics / HF config.json
     libcriterion-dev                   # tests

@@ -7,9 +7,10 @@
  * than MT_F32 or MT_BF16 is MT_ERR_INVALID naming the op and the dtype) or the scratch
  * that bf16 data is widened into cannot be allocated (MT_ERR_OOM: rmsnorm's rows, gemm's
  * panels).
- * Threading is OpenMP inside each op; no op calls CBLAS from inside a parallel region
- * (OpenBLAS's own threads would oversubscribe). Every reduction has an order fixed by
- * the shapes alone, never by the thread count, for either dtype.
+ * Threading is OpenMP inside each op; gemm calls OpenBLAS single-threaded on tiles of C
+ * from inside its parallel region (OpenBLAS's own threading splits K by thread count:
+ * gemm.c). Every reduction has an order fixed by the shapes alone, never by the thread
+ * count, for either dtype.
  *
  * Dtypes: each op's MT_F32 path is its fp32 code, bitwise what it computed before
  * dtypes existed. MT_BF16 runs the same fp32 code on exactly widened copies of the bf16
@@ -46,23 +47,24 @@ mt_status mt_cpu_sync(mt_backend *be);
 mt_status mt_cpu_set_workspace(mt_backend *be, void *ws, size_t bytes);
 
 /* gemm.c */
-/* The libraries behind mt_cpu_gemm (docs/cpu_gemm.md): AUTO picks from the CPU's
- * features (oneDNN's brgemm matmul for bf16 operands where it has bf16 instructions,
- * OpenBLAS otherwise) unless MT_CPU_GEMM=openblas|onednn is set in the environment. */
+/* The libraries behind mt_cpu_gemm (gemm.c, docs/cpu_gemm.md): AUTO picks from the
+ * CPU's features (oneDNN's brgemm matmul for fp32 on AVX-512 and bf16 on AMX, OpenBLAS
+ * in tiles otherwise) unless MT_CPU_GEMM=openblas|onednn is set in the environment. */
 typedef enum { MT_CPU_GEMM_AUTO = 0, MT_CPU_GEMM_OPENBLAS = 1, MT_CPU_GEMM_ONEDNN = 2 } mt_cpu_gemm_lib;
 /* What each dtype's GEMMs run on, loading the libraries if needed, e.g. "float32:
- * OpenBLAS SkylakeX (chosen from CPU features); bfloat16: oneDNN 2.6.3 matmul on
- * avx512_core_bf16", with the load errors where a library is missing. Static storage;
- * for logs and benchmarks. */
+ * oneDNN 2.6.3 matmul (avx512_core_bf16); OpenBLAS SkylakeX (chosen from CPU features)
+ * in tiles for the rest; bfloat16: widened for OpenBLAS SkylakeX (...) in tiles (no
+ * AMX)", with the load error where a library is missing. Static storage; for logs and
+ * benchmarks. */
 const char *mt_cpu_gemm_kernel(void);
 mt_status mt_cpu_gemm(mt_backend *be, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                       const void *A, int64_t lda, const void *B, int64_t ldb, mt_dtype ab_dt, float beta, void *C,
                       int64_t ldc, mt_dtype c_dt);
-/* mt_cpu_gemm (ops.h's gemm) through lib: AUTO is mt_cpu_gemm itself; OPENBLAS never
- * uses oneDNN (bf16 operands widened for cblas_sgemm); ONEDNN uses oneDNN's brgemm
- * matmul, for fp32 operands too, and fails with MT_ERR_UNSUPPORTED where oneDNN is
- * missing or has no brgemm kernel for the call (AVX2-only CPUs, strided operands),
- * C untouched. For benchmarks and tests comparing the two. */
+/* mt_cpu_gemm (ops.h's gemm, same math, same bits for any thread count) through lib:
+ * AUTO is mt_cpu_gemm itself; OPENBLAS never uses oneDNN (bf16 operands widened for
+ * cblas_sgemm); ONEDNN uses oneDNN's brgemm matmul for either dtype and fails with
+ * MT_ERR_UNSUPPORTED, C untouched, where oneDNN is missing or has no brgemm kernel for
+ * the call (AVX2-only CPUs, strided operands). For benchmarks and tests comparing them. */
 mt_status mt_cpu_gemm_with(mt_cpu_gemm_lib lib, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
                            float alpha, const void *A, int64_t lda, const void *B, int64_t ldb, mt_dtype ab_dt,
                            float beta, void *C, int64_t ldc, mt_dtype c_dt);

@@ -10,8 +10,8 @@
  * plus OpenBLAS for what oneDNN's brgemm kernels refuse (strided operands: lda, ldb or
  * ldc larger than the row). AVX512-BF16 without AMX stays on widened fp32: vdpbf16ps
  * does half as many multiply-adds per cycle as fp32 FMA on the CPU measured (Emerald
- * Rapids), so oneDNN's AVX512-BF16 kernels ran at 40-48% of the fp32 FMA peak where
- * widened fp32 ran at 50-67%.
+ * Rapids), so oneDNN's AVX512-BF16 kernels ran at 43-48% of the fp32 FMA peak where
+ * widened fp32 ran at 50-77%.
  *
  * A tuned BLAS is the one CPU routine we do not write ourselves (STYLE.md). The wrapper
  * only adds what ops.h promises beyond CBLAS: empty shapes are no-ops, K == 0 scales C,
@@ -368,7 +368,7 @@ static struct {
     dnnl_engine_t engine;
     int avx512;     /* oneDNN has avx512_core brgemm kernels here (fp32) */
     int amx;        /* ... and AMX ones (bf16) */
-    char desc[160]; /* "oneDNN 2.6.3, avx512_core_bf16" or why oneDNN is not used */
+    char desc[160]; /* "oneDNN 2.6.3 matmul (avx512_core_bf16)" or why it is not used */
 } g_dnnl = {.once = PTHREAD_ONCE_INIT};
 
 static const char *dnnl_isa_name(dnnl_cpu_isa_t isa) {
