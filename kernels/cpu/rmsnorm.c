@@ -37,42 +37,6 @@ static void rms_fwd_row(float *restrict yr, float *restrict rstd, const float *r
     for (int64_t d = 0; d < D; d++) yr[d] = (xr[d] * r) * (w_offset + w[d]);
 }
 
-mt_status mt_cpu_rmsnorm_fwd(mt_backend *be, void *y, float *restrict rstd, const void *x, const void *w,
-                             int64_t N, int64_t D, float eps, float w_offset, mt_dtype dt) {
-    (void)be;
-    MT_TRY(mt_cpu_check_dtype("rmsnorm_fwd", dt));
-    if (dt == MT_F32) {
-        float *restrict yf = y;
-        const float *restrict xf = x, *restrict wf = w;
-#pragma omp parallel for schedule(static) if (N * D >= MT_CPU_PAR_MIN)
-        for (int64_t n = 0; n < N; n++) rms_fwd_row(yf + n * D, rstd + n, xf + n * D, wf, D, eps, w_offset);
-        return MT_OK;
-    }
-    int failed = 0;
-#pragma omp parallel if (N * D >= MT_CPU_PAR_MIN)
-    {
-        float *buf = malloc((size_t)(3 * D) * sizeof(float)); /* w, x row, y row */
-        if (!buf) {
-#pragma omp atomic write
-            failed = 1;
-        } else {
-            mt_cpu_load(buf, w, 0, D, dt);
-        }
-#pragma omp for schedule(static)
-        for (int64_t n = 0; n < N; n++) {
-            if (!buf) continue;
-            float *xr = buf + D, *yr = buf + 2 * D;
-            mt_cpu_load(xr, x, n * D, D, dt);
-            rms_fwd_row(yr, rstd + n, xr, buf, D, eps, w_offset);
-            mt_cpu_store(y, n * D, yr, D, dt);
-        }
-        free(buf);
-    }
-    if (failed) return mt_set_error(MT_ERR_OOM, "cpu rmsnorm_fwd: no scratch for bf16 rows of D = %lld",
-                                    (long long)D);
-    return MT_OK;
-}
-
 /* One row of the fused residual add: hr = xr + rr (fp32; hr may be xr). */
 MT_CPU_SIMD_CLONES
 static void add_row(float *hr, const float *xr, const float *restrict rr, int64_t D) {
@@ -80,17 +44,22 @@ static void add_row(float *hr, const float *xr, const float *restrict rr, int64_
     for (int64_t d = 0; d < D; d++) hr[d] = xr[d] + rr[d];
 }
 
-mt_status mt_cpu_add_rmsnorm_fwd(mt_backend *be, void *h, void *y, float *restrict rstd, const void *x, const void *r,
-                                 const void *w, int64_t N, int64_t D, float eps, float w_offset, mt_dtype dt) {
-    (void)be;
-    MT_TRY(mt_cpu_check_dtype("add_rmsnorm_fwd", dt));
+/* rmsnorm_fwd (r == NULL) and add_rmsnorm_fwd (h = x + r first, rounded to dt, then the
+ * norm of the rounded h): one row loop for both ops and both dtypes. */
+static mt_status fwd_rows(const char *op, void *h, void *y, float *restrict rstd, const void *x, const void *r,
+                          const void *w, int64_t N, int64_t D, float eps, float w_offset, mt_dtype dt) {
+    MT_TRY(mt_cpu_check_dtype(op, dt));
     if (dt == MT_F32) {
         float *hf = h, *restrict yf = y;
-        const float *xf = x, *restrict rf = r, *restrict wf = w;
+        const float *xf = x, *rf = r, *restrict wf = w;
 #pragma omp parallel for schedule(static) if (N * D >= MT_CPU_PAR_MIN)
         for (int64_t n = 0; n < N; n++) {
-            add_row(hf + n * D, xf + n * D, rf + n * D, D);
-            rms_fwd_row(yf + n * D, rstd + n, hf + n * D, wf, D, eps, w_offset);
+            const float *in = xf + n * D;
+            if (rf) {
+                add_row(hf + n * D, in, rf + n * D, D);
+                in = hf + n * D;
+            }
+            rms_fwd_row(yf + n * D, rstd + n, in, wf, D, eps, w_offset);
         }
         return MT_OK;
     }
@@ -109,18 +78,32 @@ mt_status mt_cpu_add_rmsnorm_fwd(mt_backend *be, void *h, void *y, float *restri
             if (!buf) continue;
             float *xr = buf + D, *rr = buf + 2 * D, *yr = buf + 3 * D;
             mt_cpu_load(xr, x, n * D, D, dt);
-            mt_cpu_load(rr, r, n * D, D, dt);
-            add_row(xr, xr, rr, D);
-            mt_cpu_store(h, n * D, xr, D, dt); /* h rounded once ... */
-            mt_cpu_load(xr, h, n * D, D, dt);  /* ... and normalised as rounded */
+            if (r) {
+                mt_cpu_load(rr, r, n * D, D, dt);
+                add_row(xr, xr, rr, D);
+                mt_cpu_store(h, n * D, xr, D, dt); /* h rounded once ... */
+                mt_cpu_load(xr, h, n * D, D, dt);  /* ... and normalised as rounded */
+            }
             rms_fwd_row(yr, rstd + n, xr, buf, D, eps, w_offset);
             mt_cpu_store(y, n * D, yr, D, dt);
         }
         free(buf);
     }
-    if (failed) return mt_set_error(MT_ERR_OOM, "cpu add_rmsnorm_fwd: no scratch for bf16 rows of D = %lld",
-                                    (long long)D);
+    if (failed) return mt_set_error(MT_ERR_OOM, "cpu %s: no scratch for bf16 rows of D = %lld", op, (long long)D);
     return MT_OK;
+}
+
+mt_status mt_cpu_rmsnorm_fwd(mt_backend *be, void *y, float *restrict rstd, const void *x, const void *w,
+                             int64_t N, int64_t D, float eps, float w_offset, mt_dtype dt) {
+    (void)be;
+    return fwd_rows("rmsnorm_fwd", NULL, y, rstd, x, NULL, w, N, D, eps, w_offset, dt);
+}
+
+mt_status mt_cpu_add_rmsnorm_fwd(mt_backend *be, void *h, void *y, float *restrict rstd, const void *x, const void *r,
+                                 const void *w, int64_t N, int64_t D, float eps, float w_offset, mt_dtype dt) {
+    (void)be;
+    if (!r) return mt_set_error(MT_ERR_INVALID, "cpu add_rmsnorm_fwd: r is NULL");
+    return fwd_rows("add_rmsnorm_fwd", h, y, rstd, x, r, w, N, D, eps, w_offset, dt);
 }
 
 /* One row of dx (added to dxr). */
