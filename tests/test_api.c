@@ -27,13 +27,6 @@
 static char g_dir[TU_TMPDIR_LEN];
 static char g_cfg[256];
 
-static void write_file(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    cr_assert_not_null(f, "cannot write %s", path);
-    fputs(text, f);
-    fclose(f);
-}
-
 /* A tiny llama (models/tiny.yml next to run.yml) and two shards of a noisy repeating
  * pattern (learnable: the loss must fall). */
 static void setup(void) {
@@ -42,7 +35,7 @@ static void setup(void) {
     snprintf(p, sizeof p, "%s/models", g_dir);
     cr_assert_eq(mkdir(p, 0755), 0);
     snprintf(p, sizeof p, "%s/models/tiny.yml", g_dir);
-    write_file(p, "decoder_block: llama2\nvocab_size: 64\nbase_emb_dim: 32\nbase_num_query_heads: 4\n"
+    tu_write_file(p, "decoder_block: llama2\nvocab_size: 64\nbase_emb_dim: 32\nbase_num_query_heads: 4\n"
                   "base_num_kv_heads: 2\nhead_dim: 8\nbase_mlp_dim: 64\nbase_num_decoder_layers: 2\n"
                   "mlp_activations: [\"silu\", \"linear\"]\nrope_max_timescale: 10000\n");
     snprintf(g_cfg, sizeof g_cfg, "%s/run.yml", g_dir);
@@ -52,7 +45,7 @@ static void setup(void) {
              "per_device_batch_size: 2\nmax_target_length: 16\nsteps: 30\nlearning_rate: 0.01\n"
              "warmup_steps_fraction: 0.1\neval_interval: 10\neval_steps: 2\nseed: 3\nnum_vocab_tiling: 3\n",
              g_dir, g_dir);
-    write_file(g_cfg, run);
+    tu_write_file(g_cfg, run);
     snprintf(p, sizeof p, "%s/data", g_dir);
     cr_assert_eq(mkdir(p, 0755), 0);
     uint32_t *tok = malloc(4000 * sizeof(uint32_t));

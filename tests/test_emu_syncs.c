@@ -56,13 +56,6 @@
 static char g_dir[TU_TMPDIR_LEN];
 static char g_cfg[256];
 
-static void write_file(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    cr_assert_not_null(f, "cannot write %s", path);
-    fputs(text, f);
-    fclose(f);
-}
-
 /* models/tiny3.yml (llama3-tiny's block: GQA, SwiGLU, untied, llama3 RoPE; smaller),
  * run.yml and a train shard of a noisy repeating pattern. */
 static void setup(void) {
@@ -71,7 +64,7 @@ static void setup(void) {
     snprintf(p, sizeof p, "%s/models", g_dir);
     cr_assert_eq(mkdir(p, 0755), 0);
     snprintf(p, sizeof p, "%s/models/tiny3.yml", g_dir);
-    write_file(p, "decoder_block: llama2\nvocab_size: 64\nbase_emb_dim: 32\nbase_num_query_heads: 4\n"
+    tu_write_file(p, "decoder_block: llama2\nvocab_size: 64\nbase_emb_dim: 32\nbase_num_query_heads: 4\n"
                   "base_num_kv_heads: 2\nhead_dim: 8\nbase_mlp_dim: 48\nbase_num_decoder_layers: 2\n"
                   "mlp_activations: [\"silu\", \"linear\"]\nlogits_via_embedding: false\n"
                   "rope_max_timescale: 500000\nrope_type: \"llama3\"\nrope_factor: 8.0\n"
@@ -83,7 +76,7 @@ static void setup(void) {
              "per_device_batch_size: 2\nmax_target_length: 16\nsteps: 10\nlearning_rate: 0.001\n"
              "warmup_steps_fraction: 0\neval_interval: 0\ncheckpoint_period: 0\nseed: 5\n",
              g_dir, g_dir);
-    write_file(g_cfg, run);
+    tu_write_file(g_cfg, run);
     snprintf(p, sizeof p, "%s/data", g_dir);
     cr_assert_eq(mkdir(p, 0755), 0);
     enum { NTOK = 4000 };

@@ -49,6 +49,13 @@ static inline char *tu_path_in(const char *dir, const char *name) {
     return p;
 }
 
+/* Write text to path (created or truncated); asserts success. */
+static inline void tu_write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f, "cannot write %s", path);
+    cr_assert(fputs(text, f) >= 0 && fclose(f) == 0, "cannot write %s", path);
+}
+
 /* ----------------------------------------------------------------- model shapes */
 
 /* Block blk's defaults (mt_model_config_defaults) with the given shape: vocabulary,
