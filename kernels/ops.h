@@ -267,6 +267,52 @@ typedef struct mt_ops {
                            int64_t R, int64_t V, float softcap, int32_t ignore_index, float dscale,
                            double *stats) MT_MUST_CHECK;
 
+    /* ---- vocab-parallel cross-entropy: xent_tile split around two all-reduces ----
+     * The three local phases of Megatron-LM's vocab-parallel cross-entropy
+     * (megatron/core/tensor_parallel/cross_entropy.py; Shoeybi et al. 2019; the math and
+     * the schedule in parallel/vocab_loss.h) on this rank's vocabulary slice
+     * [v0, v0 + Vl): z [R, Vl] fp32 is a tile of logits h W_l^T, labels [R] int32 are
+     * global ids. The caller all-reduces mx (max, R floats) between phases 1 and 2 and
+     * sz (sum, 2R doubles) between phases 2 and 3, so phase 3 sees the whole row. A row
+     * whose label is ignore_index has no loss and a zero gradient; other labels outside
+     * [0, V) are a caller error (the row's loss misses its label term). With a group of
+     * one (v0 = 0, Vl = V, no all-reduce) the three phases compute, element by element,
+     * the same fp32 and fp64 operations as xent_tile with in-place fp32 dlogits: the same
+     * row losses and dlogits (the CPU backend: bitwise; the CUDA backend: up to the order
+     * of its block reductions), the tile's loss sum possibly added in another order.
+     * All three: errors MT_ERR_INVALID for R < 0 or Vl < 1 (nothing runs); R == 0 does
+     * nothing. Deterministic (fixed reduction orders, no atomics); none synchronises. */
+    /* Phase 1. If softcap > 0, z = softcap * tanh(z / softcap) in place (fp32, as
+     * xent_tile); then mx[r] = max_j z[r, j] (mx [R] fp32, "="; exact in any order). */
+    mt_status (*vocab_tile_max)(mt_backend *be, float *z, int64_t R, int64_t Vl, float softcap,
+                                float *mx) MT_MUST_CHECK;
+    /* Phase 2, mx being the group's row max. sz [2R] fp64, "=":
+     *   sz[2r]     = sum_j exp(z[r, j] - mx[r]): the difference and each exp in fp32, the
+     *                sum in fp64 in an order fixed by Vl (and, on the CPU, by the vector
+     *                width of the code picked for the CPU at load time; never by threads):
+     *                each term errs by u |z - mx| + ~2.5 ulp of exp, the fp64 sum by
+     *                Vl 2^-53 of itself, so sz[2r] is within max_j (u |z - mx| + 5u) +
+     *                Vl 2^-53 of the exact sum, relative (u = 2^-24);
+     *   sz[2r + 1] = z[r, labels[r] - v0] (exact) when v0 <= labels[r] < v0 + Vl, else 0;
+     * both 0 on ignored rows. */
+    mt_status (*vocab_tile_sumexp)(mt_backend *be, const float *z, int64_t R, int64_t Vl, const float *mx,
+                                   const int32_t *labels, int64_t v0, int32_t ignore_index,
+                                   double *sz) MT_MUST_CHECK;
+    /* Phase 3, mx and sz being the group's (equal on every rank). For each labelled row
+     * (labels[r] != ignore_index), s = sz[2r]:
+     *   loss_r = mx[r] + log(s) - sz[2r + 1]  (fp64);
+     *   stats (backend memory, 2 doubles, "+=", xent_tile's): stats[0] += the sum of
+     *   loss_r over the tile's labelled rows in increasing r (fp64), stats[1] += their
+     *   count; every rank adds the same values.
+     * With write_grad != 0, z is overwritten by dlogits (fp32, "="):
+     *   z[r, j] = dscale (p - [v0 + j == labels[r]]) dz, p = exp(z[r, j] - mx[r]) * (float)(1 / s)
+     *   (the difference, exp and products in fp32), dz = 1 - (z[r, j] * (1 / softcap))^2
+     *   when softcap > 0 (z being the capped logit) else 1, and zero rows for ignored
+     *   labels. With write_grad == 0, z is not touched (loss only). */
+    mt_status (*vocab_tile_grad)(mt_backend *be, float *z, int64_t R, int64_t Vl, const float *mx, const double *sz,
+                                 const int32_t *labels, int64_t v0, int32_t ignore_index, float softcap, float dscale,
+                                 int write_grad, double *stats) MT_MUST_CHECK;
+
     /* ---- elementwise and reductions ---- */
     /* y[i] += alpha * x[i] (y and x of dt; fp32 arithmetic, one rounding) */
     mt_status (*axpy)(mt_backend *be, void *y, const void *x, float alpha, int64_t n, mt_dtype dt) MT_MUST_CHECK;

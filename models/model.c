@@ -50,6 +50,7 @@ enum {
     GB_STEP_STATS,           /* double[MT_MODEL_STATS] (mt_model_step_stats) */
     GB_COMPUTE_W,            /* dtype != float32: the compute copy of the parameters, [numel] of dt */
     GB_LOSS_DTILE,           /* dtype != float32: the loss tile's dlogits [rows, Vl] of dt */
+    GB_LOSS_VOCAB_STATS,     /* tp > 1: the vocab-parallel loss's all-reduce payloads (mt_vocab_loss_scratch_bytes) */
     GB_WORKSPACE,            /* the backend's GEMM workspace (caps.workspace_bytes; ops.h set_workspace) */
     GB_COUNT
 };
@@ -630,6 +631,9 @@ mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan) {
     if (m->dt != MT_F32) /* the dlogits operand of the loss tile's backward GEMMs (kernels/tiled_loss.h) */
         MT_TRY(plan_add(m, plan, GB_LOSS_DTILE, "loss_tile.dlogits", MT_MEM_LOSS_TILE,
                         (size_t)(mt_tiled_loss_tile_rows(N, m->tiles) * m->Vl) * es, loss, loss));
+    if (m->tp > 1) /* the vocab-parallel loss's row max and sums, all-reduced over the tensor group */
+        MT_TRY(plan_add(m, plan, GB_LOSS_VOCAB_STATS, "loss_tile.vocab_stats", MT_MEM_LOSS_TILE,
+                        mt_vocab_loss_scratch_bytes(N, m->tiles), loss, loss));
     MT_TRY(plan_add(m, plan, GB_RESID_GRAD, "residual_grad", MT_MEM_SCRATCH, (size_t)(Ns * D) * es, loss,
                     ph_embed_bwd(m)));
 
@@ -1655,19 +1659,12 @@ static mt_status forward_loss(mt_model *m, const int32_t *tokens, const int32_t 
         dW = GW(m, m->cfg.logits_via_embedding ? m->p_embed : m->p_lm_head);
     }
     if (m->tp > 1) { /* vocab-parallel: this rank's rows [v0, v0 + Vl) of the unembedding */
-        /* its loss is summed on the host (parallel/vocab_loss.c), then added to the stats */
-        double ls = 0.0, acc[2];
-        int64_t cnt = 0;
         const mt_vocab_loss_args va = {.N = N, .D = D, .v0 = m->v0, .Vl = m->Vl, .num_tiles = m->tiles,
                                        .softcap = la.softcap, .ignore_index = la.ignore_index, .dscale = dscale};
         MT_TRY(mt_vocab_parallel_loss(be, m->tp_comm, &va, m->gptr[GB_FINAL_HIDDEN],
                                       (const float *)unembedding(m) + m->v0 * D, /* fp32 (dtype checked at planning) */
-                                      m->gptr[GB_LABELS], m->gptr[GB_LOSS_TILE], dh, dW ? dW + m->v0 * D : NULL,
-                                      &ls, &cnt));
-        MT_TRY(be->ops->copy_to_host(be, acc, stats, sizeof acc));
-        acc[0] += ls;
-        acc[1] += (double)cnt;
-        MT_TRY(be->ops->copy_to_device(be, stats, acc, sizeof acc));
+                                      m->gptr[GB_LABELS], m->gptr[GB_LOSS_TILE], m->gptr[GB_LOSS_VOCAB_STATS], dh,
+                                      dW ? dW + m->v0 * D : NULL, stats));
     } else {
         MT_TRY(mt_tiled_loss(be, &la, m->gptr[GB_FINAL_HIDDEN], unembedding(m), m->dt, m->gptr[GB_LABELS],
                              m->gptr[GB_LOSS_TILE], m->gptr[GB_LOSS_DTILE], dh, dW, stats));

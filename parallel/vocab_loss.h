@@ -15,12 +15,19 @@
  * and after the last tile dh is all-reduced over the group (N x D floats), so the
  * gradient flows only into the rank's slice of W and every rank gets the full dh.
  * Per call the rank sends (T > 1) 2 (T-1)/T x (4 N + 16 N + 4 N D [backward]) bytes.
- * Buffers are host memory (MPI backend); a row whose label is ignore_index has no
- * loss and a zero gradient. */
+ * A row whose label is ignore_index has no loss and a zero gradient.
+ * Everything runs through the backend's ops (gemm and kernels/ops.h vocab_tile_max,
+ * vocab_tile_sumexp, vocab_tile_grad, which state the fp32 / fp64 split and the error of
+ * each phase) on backend memory, and the all-reduces take those buffers as they are
+ * (parallel/comm.h: device buffers go to NCCL, or are staged through the host): no host
+ * loop touches the tile, and nothing synchronises the device but the collectives'
+ * own staging. */
 #ifndef MT_PARALLEL_VOCAB_LOSS_H
 #define MT_PARALLEL_VOCAB_LOSS_H
 
+#include <stddef.h>
 #include <stdint.h>
+
 #include "kernels/backend.h"
 #include "parallel/comm.h"
 #include "runtime/status.h"
@@ -38,14 +45,25 @@ typedef struct mt_vocab_loss_args {
     float dscale;         /* loss cotangent */
 } mt_vocab_loss_args;
 
-/* h[N, D], W_l[Vl, D] (this rank's rows), labels[N] global ids -> *loss_sum, *count
- * (identical on every rank of the group). dh (may be NULL: loss only) gets
- * dscale dloss/dh (overwritten, full after the all-reduce); dW_l (may be NULL)
- * += dscale dloss/dW_l. tile: mt_tiled_loss_tile_rows(N, num_tiles) x Vl floats.
- * comm: the tensor group (NULL = one rank). Errors: those of the collectives, MT_ERR_OOM. */
-mt_status mt_vocab_parallel_loss(mt_backend *be, mt_comm *comm, const mt_vocab_loss_args *a, const float *h,
-                                 const float *W_l, const int32_t *labels, float *tile, float *dh, float *dW_l,
-                                 double *loss_sum, int64_t *count);
+/* Bytes of the scratch that mt_vocab_parallel_loss needs: the per-row all-reduce
+ * payloads of the largest tile, Rmax = mt_tiled_loss_tile_rows(N, num_tiles) rows:
+ * sz [2 Rmax] fp64 (sum of exps, label logit) followed by mx [Rmax] fp32 (row max),
+ * 20 Rmax bytes (the plan entry "loss_tile.vocab_stats" of models/model.c). 0 for N <= 0. */
+size_t mt_vocab_loss_scratch_bytes(int64_t N, int64_t num_tiles);
+
+/* h[N, D], W_l[Vl, D] (this rank's rows), labels[N] global ids -> stats[0] += the loss
+ * summed over the labelled rows (fp64), stats[1] += their count (stats: 2 doubles, the
+ * model's step statistics, "+=" as ops.h xent_tile; identical on every rank of the
+ * group; no host synchronisation: the caller reads stats once). dh (may be NULL: loss
+ * only) gets dscale dloss/dh (overwritten, full after the all-reduce); dW_l (may be
+ * NULL) += dscale dloss/dW_l. tile: mt_tiled_loss_tile_rows(N, num_tiles) x Vl floats;
+ * scratch: mt_vocab_loss_scratch_bytes(N, num_tiles) bytes, 8-byte aligned. Every
+ * pointer is backend memory; h, W_l, tile, dh and dW_l are fp32.
+ * comm: the tensor group (NULL = one rank). Errors: MT_ERR_INVALID (scratch or stats
+ * NULL), those of the ops (MT_ERR_RUNTIME on CUDA) and of the collectives. */
+MT_MUST_CHECK mt_status mt_vocab_parallel_loss(mt_backend *be, mt_comm *comm, const mt_vocab_loss_args *a,
+                                               const float *h, const float *W_l, const int32_t *labels, float *tile,
+                                               void *scratch, float *dh, float *dW_l, double *stats);
 
 #ifdef __cplusplus
 }

@@ -602,6 +602,164 @@ Test(gpu_ops, xent_tile, .init = setup) {
         }
 }
 
+/* The vocab-parallel phases (ops.h vocab_tile_max, vocab_tile_sumexp, vocab_tile_grad),
+ * each run on both backends from the SAME inputs (the CPU's outputs of the phase before,
+ * standing in for the all-reduced values), so each bound covers one phase's arithmetic:
+ *  - max: without a cap z is untouched and mx bitwise the CPU's (a max is exact); with
+ *    one, both compute a = x * fl(1 / cap) identically, then tanh (CPU mt_vtanhf within
+ *    8u of the exact, tu_xent_bounds; CUDA tanhf within 2 ulp <= 4u) and the product by
+ *    cap (u each side): |z_cuda - z_cpu| <= 14u |z|; mx is bitwise the max of CUDA's own z.
+ *  - sumexp: the fp32 differences z - mx are the same bits; exp errs by <= 5u (CPU) and
+ *    <= 4u (CUDA expf, 2 ulp) relative, each fp64 sum of Vl terms by Vl 2^-53 of itself:
+ *    |s_cuda - s_cpu| <= (9u + 2 Vl 2^-53) S, S the fp64 sum; the label logit bitwise.
+ *  - grad: 1 / s and the differences are the same bits; p = exp * (1/s) differs by
+ *    9u p (exp) + 2u p (the product, each side); each side rounds p - 1 at the label
+ *    (u |p - 1|) and the products by dscale and dz (2u |p - onehot| |dz|); dz = 1 - th^2
+ *    differs by <= u th^2 + 2u |dz| where nvcc fuses it into an FMA. So
+ *    |g_cuda - g_cpu| <= |dscale| (11u p |dz| + (6u + 2u [label]) a |dz| + u a th^2),
+ *    a = |p - onehot|, from fp64 p, dz, th. The row losses differ only by fp64 log
+ *    (<= 1 ulp each side: 2^-51 |log s|) and the roundings of the same-order row sums
+ *    (2^-52 of the running sum per add); the count exactly.
+ * The factor 1.01 covers second-order terms (< 1e-12 relative). Vl = 1000 (rank 1 of a
+ * group of 3: most labels belong to other ranks) strides a 512-thread block; Vl = 20
+ * runs one warp per row. A group of one on V = 1000 must give the bits of CUDA's
+ * xent_tile: the same pass functions and, for V >= 512, the same 512-thread blocks.
+ * ops.h: none synchronises (under the emulator: no device-to-host copy, no host wait);
+ * bad shapes are refused without making the backend's error sticky. */
+Test(gpu_ops, vocab_tile, .init = setup) {
+    tu_rng r = {61};
+    const int64_t R = 23;
+    const float dscale = 0.125f;
+    const double st0[2] = {0.5, 2.0}; /* "+=": the stats start here */
+    for (int shape = 0; shape < 2; shape++)
+        for (int capped = 0; capped < 2; capped++) {
+            const int64_t Vl = shape ? 20 : 1000, v0 = Vl, V = 3 * Vl;
+            const float cap = capped ? 30.0f : 0.0f;
+            int32_t lab[23];
+            for (int64_t i = 0; i < R; i++) lab[i] = (int32_t)tu_below(&r, V);
+            lab[0] = (int32_t)v0, lab[1] = (int32_t)(v0 + Vl - 1), lab[2] = (int32_t)(v0 - 1);
+            lab[3] = -1, lab[17] = -1;
+            float *x = randv(&r, R * Vl, 4.0);
+            int32_t *dl = up(lab, R, 4);
+            char what[96];
+
+            /* phase 1 */
+            float *zc = dupf(x, R * Vl), mc[23], mg[23];
+            TU_OK(C->ops->vocab_tile_max(C, zc, R, Vl, cap, mc));
+            float *dz = up(x, R * Vl, 4), *dm = tu_balloc(G, R * sizeof(float));
+            EXPECT_NO_HOST_WAIT("vocab_tile_max", G->ops->vocab_tile_max(G, dz, R, Vl, cap, dm));
+            float *zg = down(dz, R * Vl);
+            TU_OK(G->ops->copy_to_host(G, mg, dm, sizeof mg));
+            snprintf(what, sizeof what, "vocab_tile_max z Vl=%lld cap=%g", (long long)Vl, cap);
+            if (!capped) {
+                expect_bitwise(what, zg, x, R * Vl);
+                expect_bitwise("vocab_tile_max mx", mg, mc, R);
+            } else {
+                double *t = tolv(R * Vl);
+                for (int64_t i = 0; i < R * Vl; i++) t[i] = 1.01 * 14 * U32 * fabs(zc[i]) + 0x1p-149;
+                expect_close(what, zg, zc, t, R * Vl);
+                free(t);
+                for (int64_t i = 0; i < R; i++) {
+                    float m = -INFINITY;
+                    for (int64_t j = 0; j < Vl; j++) m = fmaxf(m, zg[i * Vl + j]);
+                    cr_expect(memcmp(&m, &mg[i], sizeof m) == 0, "vocab_tile_max row %lld: mx %.9g, max of z %.9g",
+                              (long long)i, mg[i], m);
+                }
+            }
+
+            /* phase 2, from the CPU's z and mx */
+            double sc[46], sg[46];
+            TU_OK(C->ops->vocab_tile_sumexp(C, zc, R, Vl, mc, lab, v0, -1, sc));
+            TU_OK(G->ops->copy_to_device(G, dz, zc, (size_t)(R * Vl) * sizeof(float)));
+            TU_OK(G->ops->copy_to_device(G, dm, mc, sizeof mc));
+            double *ds = tu_balloc(G, sizeof sg);
+            EXPECT_NO_HOST_WAIT("vocab_tile_sumexp", G->ops->vocab_tile_sumexp(G, dz, R, Vl, dm, dl, v0, -1, ds));
+            TU_OK(G->ops->copy_to_host(G, sg, ds, sizeof sg));
+            for (int64_t i = 0; i < R; i++) {
+                double S = 0.0;
+                for (int64_t j = 0; j < Vl; j++) S += exp((double)zc[i * Vl + j] - mc[i]);
+                const double b = lab[i] == -1 ? 0.0 : 1.01 * (9 * U32 + 2 * (double)Vl * 0x1p-53) * S;
+                cr_expect(fabs(sg[2 * i] - sc[2 * i]) <= b, "vocab_tile_sumexp Vl=%lld row %lld: %.17g vs %.17g "
+                          "(bound %.3g)", (long long)Vl, (long long)i, sg[2 * i], sc[2 * i], b);
+                cr_expect(memcmp(&sg[2 * i + 1], &sc[2 * i + 1], sizeof(double)) == 0,
+                          "vocab_tile_sumexp row %lld label logit %.17g vs %.17g", (long long)i, sg[2 * i + 1],
+                          sc[2 * i + 1]);
+            }
+
+            /* phase 3, from the CPU's z, mx and sz: loss only, then with the gradient */
+            double stc[2] = {st0[0], st0[1]}, stg[2], stn[2];
+            float *gc = dupf(zc, R * Vl);
+            TU_OK(C->ops->vocab_tile_grad(C, gc, R, Vl, mc, sc, lab, v0, -1, cap, dscale, 1, stc));
+            TU_OK(G->ops->copy_to_device(G, ds, sc, sizeof sc));
+            double *dst = up(st0, 2, sizeof(double));
+            EXPECT_NO_HOST_WAIT("vocab_tile_grad", G->ops->vocab_tile_grad(G, dz, R, Vl, dm, ds, dl, v0, -1, cap,
+                                                                          dscale, 0, dst));
+            float *keep = down(dz, R * Vl);
+            expect_bitwise("vocab_tile_grad write_grad=0 left z", keep, zc, R * Vl);
+            TU_OK(G->ops->copy_to_host(G, stn, dst, sizeof stn));
+            TU_OK(G->ops->copy_to_device(G, dst, st0, sizeof st0));
+            EXPECT_NO_HOST_WAIT("vocab_tile_grad", G->ops->vocab_tile_grad(G, dz, R, Vl, dm, ds, dl, v0, -1, cap,
+                                                                          dscale, 1, dst));
+            TU_OK(G->ops->copy_to_host(G, stg, dst, sizeof stg));
+            cr_expect(memcmp(stn, stg, sizeof stn) == 0, "vocab_tile_grad: the loss-only call added other stats");
+            double lb = 0.0, sl = fabs(st0[0]);
+            for (int64_t i = 0; i < R; i++)
+                if (lab[i] != -1) {
+                    lb += 0x1p-51 * fabs(log(sc[2 * i]));
+                    sl += fabs(mc[i] + log(sc[2 * i]) - sc[2 * i + 1]);
+                }
+            lb += (double)(R + 1) * 0x1p-52 * sl;
+            cr_expect_eq(stg[1], stc[1], "vocab count %.17g vs %.17g", stg[1], stc[1]);
+            cr_expect(fabs(stg[0] - stc[0]) <= lb, "vocab loss %.17g vs %.17g (bound %.3g)", stg[0], stc[0], lb);
+            float *gg = down(dz, R * Vl);
+            double *t = tolv(R * Vl);
+            for (int64_t i = 0; i < R; i++)
+                for (int64_t j = 0; j < Vl; j++) {
+                    const double z = zc[i * Vl + j], p = exp(z - mc[i]) / sc[2 * i];
+                    const int is_l = lab[i] == v0 + j;
+                    const double th = capped ? z / cap : 0.0, dzv = fabs(1.0 - th * th), a = fabs(p - is_l);
+                    t[i * Vl + j] = lab[i] == -1 ? 0.0
+                                                 : 1.01 * fabs(dscale) * U32 *
+                                                       (11 * p * dzv + (6 + 2 * is_l) * a * dzv + a * th * th);
+                }
+            snprintf(what, sizeof what, "vocab_tile_grad dlogits Vl=%lld cap=%g", (long long)Vl, cap);
+            expect_close(what, gg, gc, t, R * Vl);
+
+            /* bad shapes: refused, nothing written, the backend still usable */
+            cr_expect_eq(G->ops->vocab_tile_max(G, dz, -1, Vl, cap, dm), MT_ERR_INVALID);
+            cr_expect_eq(G->ops->vocab_tile_sumexp(G, dz, R, 0, dm, dl, v0, -1, ds), MT_ERR_INVALID);
+            cr_expect_eq(G->ops->vocab_tile_grad(G, dz, -2, Vl, dm, ds, dl, v0, -1, cap, dscale, 1, dst),
+                         MT_ERR_INVALID);
+            cr_expect(strstr(mt_last_error(), "vocab_tile_grad") != NULL, "message '%s'", mt_last_error());
+            TU_OK(G->ops->sync(G));
+
+            if (!shape) { /* a group of one on CUDA (labels in [0, Vl)): xent_tile's bits */
+                int32_t lab1[23];
+                for (int64_t i = 0; i < R; i++) lab1[i] = lab[i] == -1 ? -1 : (int32_t)(lab[i] % Vl);
+                TU_OK(G->ops->copy_to_device(G, dl, lab1, sizeof lab1));
+                float *xw = randv(&r, R * Vl, 4.0);
+                float *dx = up(xw, R * Vl, 4), *dy = up(xw, R * Vl, 4);
+                double sx[2] = {st0[0], st0[1]}, s1[2];
+                double *dsx = up(sx, 2, sizeof(double)), *ds1 = up(sx, 2, sizeof(double));
+                TU_OK(G->ops->xent_tile(G, dx, dx, MT_F32, dl, R, Vl, cap, -1, dscale, dsx));
+                TU_OK(G->ops->vocab_tile_max(G, dy, R, Vl, cap, dm));
+                TU_OK(G->ops->vocab_tile_sumexp(G, dy, R, Vl, dm, dl, 0, -1, ds));
+                TU_OK(G->ops->vocab_tile_grad(G, dy, R, Vl, dm, ds, dl, 0, -1, cap, dscale, 1, ds1));
+                float *a = down(dx, R * Vl), *b = down(dy, R * Vl);
+                TU_OK(G->ops->copy_to_host(G, sx, dsx, sizeof sx));
+                TU_OK(G->ops->copy_to_host(G, s1, ds1, sizeof s1));
+                expect_bitwise("vocab_tile_* group of one vs xent_tile dlogits", b, a, R * Vl);
+                cr_expect(memcmp(sx, s1, sizeof sx) == 0, "group of one: stats (%.17g, %g) vs xent_tile (%.17g, %g)",
+                          s1[0], s1[1], sx[0], sx[1]);
+                G->ops->release(G, dx), G->ops->release(G, dy), G->ops->release(G, dsx), G->ops->release(G, ds1);
+                free(xw), free(a), free(b);
+            }
+            G->ops->release(G, dz), G->ops->release(G, dm), G->ops->release(G, ds), G->ops->release(G, dst);
+            G->ops->release(G, dl);
+            free(x), free(zc), free(zg), free(gc), free(keep), free(gg), free(t);
+        }
+}
+
 Test(gpu_ops, elementwise, .init = setup) {
     tu_rng r = {7};
     const int64_t n = 100003;

@@ -610,6 +610,202 @@ Test(ops_xent, large_vocab) {
     free(want);
 }
 
+/* ------------------------------------------------------------------ vocab_tile_* */
+
+/* The vocab-parallel phases (ops.h vocab_tile_max, vocab_tile_sumexp, vocab_tile_grad) on
+ * a simulated tensor group of G ranks: rank g holds columns [g Vl, (g + 1) Vl) of the
+ * logits, the test plays the two all-reduces (max of mx, then the sum of sz in rank
+ * order, fp64). R = 11 rows and slices of Vl = 13 divide nothing; labels sit on slice
+ * edges, inside other ranks' slices and on ignored rows. Phases 1 and 2 are checked
+ * on their own, phase 3 through the assembled loss and gradient against the fp64
+ * reference of xent_tile's test (xent_loss and its finite differences). */
+typedef struct vocab_group {
+    int64_t R, G, Vl;
+    float *z[4], *mx[4];
+    double *sz[4];
+    float mxall[16];
+    double szall[32];
+} vocab_group;
+
+/* Phase 1 on every rank, then the all-reduce max; checks each rank's outputs:
+ * z against the fp64 soft-cap cap tanh(x / cap) within 11u |z| (x inv_cap 2u, tanh 8u,
+ * the product by cap u: tu_xent_bounds' ez; without a cap z is untouched, bitwise), and
+ * mx[r] == max_j z[r, j] of the op's own z, bitwise (a max is exact). */
+static void vocab_phase1(vocab_group *g, const float *x, int64_t V, float cap) {
+    const int64_t R = g->R, Vl = g->Vl;
+    double worst = 0.0;
+    for (int64_t k = 0; k < g->G; k++) {
+        for (int64_t r = 0; r < R; r++)
+            memcpy(g->z[k] + r * Vl, x + r * V + k * Vl, (size_t)Vl * sizeof(float));
+        TU_OK(be()->ops->vocab_tile_max(be(), g->z[k], R, Vl, cap, g->mx[k]));
+        for (int64_t r = 0; r < R; r++) {
+            float m = -INFINITY;
+            for (int64_t j = 0; j < Vl; j++) {
+                const double xv = x[r * V + k * Vl + j], zv = g->z[k][r * Vl + j];
+                const double want = cap > 0 ? cap * tanh(xv / cap) : xv;
+                const double e = fabs(zv - want) / (cap > 0 ? 11 * U32 * fabs(want) + 0x1p-149 : 0x1p-149);
+                worst = e > worst ? e : worst;
+                m = g->z[k][r * Vl + j] > m ? g->z[k][r * Vl + j] : m;
+            }
+            cr_expect(memcmp(&m, &g->mx[k][r], sizeof m) == 0, "rank %lld row %lld: mx %.9g, max of z %.9g",
+                      (long long)k, (long long)r, g->mx[k][r], m);
+        }
+    }
+    EXPECT_ERR(cap > 0 ? "vocab_tile_max capped z / bound" : "vocab_tile_max z / bound", worst, 1.0);
+    for (int64_t r = 0; r < R; r++) {
+        g->mxall[r] = -INFINITY;
+        for (int64_t k = 0; k < g->G; k++) g->mxall[r] = g->mx[k][r] > g->mxall[r] ? g->mx[k][r] : g->mxall[r];
+    }
+}
+
+/* Phase 2 on every rank, then the all-reduce sum (rank order); checks each rank's sz:
+ * sz[2r] against S = sum_j exp(z - mx) in fp64 from the op's own fp32 inputs: each term
+ * errs by u |z - mx| (the fp32 difference, moving exp by that much relative) + 5u (the
+ * fp32 exp: 2 ulp of the rounded value, 2.5 of the exact, tu_xent_bounds), the fp64 sum
+ * of Vl terms by Vl 2^-53 S; the factor 1.01 covers the second-order terms (~1e-12
+ * relative). sz[2r + 1] is the label's logit on its owner and 0 elsewhere, bitwise;
+ * ignored rows are (0, 0). */
+static void vocab_phase2(vocab_group *g, const int32_t *labels, int32_t ignore) {
+    const int64_t R = g->R, Vl = g->Vl;
+    double worst = 0.0;
+    for (int64_t k = 0; k < g->G; k++) {
+        const int64_t v0 = k * Vl;
+        TU_OK(be()->ops->vocab_tile_sumexp(be(), g->z[k], R, Vl, g->mxall, labels, v0, ignore, g->sz[k]));
+        for (int64_t r = 0; r < R; r++) {
+            const double *sz = g->sz[k] + 2 * r;
+            if (labels[r] == ignore) {
+                cr_expect(sz[0] == 0.0 && sz[1] == 0.0, "ignored row %lld: sz (%g, %g)", (long long)r, sz[0], sz[1]);
+                continue;
+            }
+            const float *z = g->z[k] + r * Vl;
+            const double m = g->mxall[r];
+            double S = 0.0, b = 0.0;
+            for (int64_t j = 0; j < Vl; j++) {
+                const double e = exp((double)z[j] - m);
+                S += e;
+                b += e * (U32 * fabs((double)z[j] - m) + 5 * U32);
+            }
+            b = 1.01 * (b + (double)Vl * 0x1p-53 * S);
+            const double e = fabs(sz[0] - S) / b;
+            worst = e > worst ? e : worst;
+            const int own = labels[r] >= v0 && labels[r] < v0 + Vl;
+            const double zl = own ? (double)z[labels[r] - v0] : 0.0;
+            cr_expect(memcmp(&sz[1], &zl, sizeof zl) == 0, "rank %lld row %lld label %d: sz[2r+1] %.17g, want %.17g",
+                      (long long)k, (long long)r, labels[r], sz[1], zl);
+        }
+    }
+    EXPECT_ERR("vocab_tile_sumexp sum / bound", worst, 1.0);
+    for (int64_t i = 0; i < 2 * R; i++) {
+        g->szall[i] = 0.0;
+        for (int64_t k = 0; k < g->G; k++) g->szall[i] += g->sz[k][i];
+    }
+}
+
+static void vocab_case(float cap, double std) {
+    tu_rng rng = {(uint64_t)(cap * 10) + 41};
+    vocab_group g = {.R = 11, .G = 3, .Vl = 13};
+    const int64_t R = g.R, Vl = g.Vl, V = g.G * Vl;
+    const int32_t ignore = -100;
+    int32_t labels[11];
+    for (int64_t i = 0; i < R; i++) labels[i] = (int32_t)tu_below(&rng, V);
+    labels[0] = 0;                    /* first column of rank 0 */
+    labels[1] = (int32_t)Vl;          /* first of rank 1 */
+    labels[4] = (int32_t)(2 * Vl - 1); /* last of rank 1 */
+    labels[6] = (int32_t)(V - 1);      /* last of rank 2 */
+    labels[3] = ignore;
+    labels[8] = ignore;
+    float *x = tu_falloc(R * V);
+    tu_fill_normal(&rng, x, R * V, std);
+    for (int64_t k = 0; k < g.G; k++) {
+        g.z[k] = tu_falloc(R * Vl);
+        g.mx[k] = tu_falloc(R);
+        g.sz[k] = tu_dalloc(2 * R);
+    }
+    vocab_phase1(&g, x, V, cap);
+    vocab_phase2(&g, labels, ignore);
+
+    /* phase 3: loss only first (z untouched, bitwise), then with the gradient */
+    const float dscale = 0.25f;
+    double st[4][2], st0[2] = {1.5, 3.0};
+    float *keep = tu_falloc(R * Vl);
+    memcpy(keep, g.z[1], (size_t)(R * Vl) * sizeof(float));
+    memcpy(st[3], st0, sizeof st0);
+    TU_OK(be()->ops->vocab_tile_grad(be(), g.z[1], R, Vl, g.mxall, g.szall, labels, Vl, ignore, cap, dscale, 0,
+                                     st[3]));
+    cr_expect(tu_bitwise_equal(keep, g.z[1], R * Vl), "write_grad = 0 left the tile alone");
+    float *dl = tu_falloc(R * V);
+    for (int64_t k = 0; k < g.G; k++) {
+        memcpy(st[k], st0, sizeof st0);
+        TU_OK(be()->ops->vocab_tile_grad(be(), g.z[k], R, Vl, g.mxall, g.szall, labels, k * Vl, ignore, cap, dscale,
+                                         1, st[k]));
+        cr_expect(memcmp(st[k], st[3], sizeof st0) == 0, "rank %lld adds other stats than the loss-only call",
+                  (long long)k);
+        for (int64_t r = 0; r < R; r++)
+            memcpy(dl + r * V + k * Vl, g.z[k] + r * Vl, (size_t)Vl * sizeof(float));
+    }
+    cr_expect(st[0][1] == 3 + 9, "count adds the labelled rows: %g", st[0][1]);
+
+    /* Against the fp64 reference with tu_xent_bounds (tests/test_ops_util.h): per element
+     * the phases compute xent_tile's fp32 operations (ops.h); the split only cuts the fp64
+     * sum of exps into G partial sums, G - 1 more fp64 additions, far inside the 1e-13
+     * that analysis allows for the fp64 sum and log. */
+    xent_ctx c = {R, V, cap, dscale, labels, ignore, tu_to_double(x, R * V)};
+    const double want = xent_loss(&c) / dscale;
+    double *eg = tu_dalloc(R * V);
+    const double lb = tu_xent_bounds(c.x, labels, ignore, R, V, cap, dscale, eg);
+    char what[64];
+    snprintf(what, sizeof what, "vocab_tile_* loss G=3 cap=%g", cap);
+    EXPECT_ERR(what, fabs((st[0][0] - 1.5) - want) / fabs(want), lb / fabs(want));
+    double *fd = tu_dalloc(R * V);
+    int64_t *idx = calloc((size_t)(R * V), sizeof(int64_t));
+    tu_fd_grad(xent_loss, &c, c.x, R * V, fd, idx, 0, &rng);
+    for (int64_t i = 0; i < R * V; i++) eg[i] += FD_REL * tu_max_abs(fd, R * V);
+    snprintf(what, sizeof what, "vocab_tile_* dlogits G=3 cap=%g vs fd / bound", cap);
+    EXPECT_ERR(what, tu_bound_ratio(dl, fd, eg, R * V), 1.0);
+    for (int64_t j = 0; j < V; j++) cr_expect(dl[3 * V + j] == 0.0f && dl[8 * V + j] == 0.0f);
+
+    /* A group of one (v0 = 0, Vl = V): xent_tile's bits (ops.h). R = 11 is below
+     * xent_tile's 64 row chunks, so its loss sum has the same order too. */
+    vocab_group one = {.R = R, .G = 1, .Vl = V};
+    one.z[0] = tu_falloc(R * V);
+    one.mx[0] = tu_falloc(R);
+    one.sz[0] = tu_dalloc(2 * R);
+    vocab_phase1(&one, x, V, cap);
+    vocab_phase2(&one, labels, ignore);
+    double s1[2] = {1.5, 3.0}, sx[2] = {1.5, 3.0};
+    TU_OK(be()->ops->vocab_tile_grad(be(), one.z[0], R, V, one.mxall, one.szall, labels, 0, ignore, cap, dscale, 1,
+                                     s1));
+    float *xt = tu_falloc(R * V);
+    memcpy(xt, x, (size_t)(R * V) * sizeof(float));
+    TU_OK(be()->ops->xent_tile(be(), xt, xt, MT_F32, labels, R, V, cap, ignore, dscale, sx));
+    cr_expect(tu_bitwise_equal(one.z[0], xt, R * V), "group of one: dlogits are not xent_tile's bits");
+    cr_expect(memcmp(s1, sx, sizeof s1) == 0, "group of one: stats (%.17g, %g) vs xent_tile (%.17g, %g)", s1[0],
+              s1[1], sx[0], sx[1]);
+    free(one.z[0]), free(one.mx[0]), free(one.sz[0]), free(xt);
+
+    for (int64_t k = 0; k < g.G; k++) free(g.z[k]), free(g.mx[k]), free(g.sz[k]);
+    free(x), free(keep), free(dl), free(eg), free(c.x), free(fd), free(idx);
+}
+
+Test(ops_vocab, three_ranks_plain) { vocab_case(0.0f, 2.0); }
+Test(ops_vocab, three_ranks_softcap) { vocab_case(5.0f, 4.0); }
+
+Test(ops_vocab, refusals_and_empty_tiles) {
+    float z[4] = {1, 2, 3, 4}, mx[2] = {7, 7};
+    double sz[4] = {9, 9, 9, 9}, st[2] = {1.0, 2.0};
+    int32_t lab[2] = {0, 1};
+    cr_expect_eq(be()->ops->vocab_tile_max(be(), z, -1, 2, 0.0f, mx), MT_ERR_INVALID);
+    cr_expect(strstr(mt_last_error(), "vocab_tile_max") != NULL, "message: %s", mt_last_error());
+    cr_expect_eq(be()->ops->vocab_tile_max(be(), z, 2, 0, 0.0f, mx), MT_ERR_INVALID);
+    cr_expect_eq(be()->ops->vocab_tile_sumexp(be(), z, -1, 2, mx, lab, 0, -1, sz), MT_ERR_INVALID);
+    cr_expect_eq(be()->ops->vocab_tile_grad(be(), z, 2, 0, mx, sz, lab, 0, -1, 0.0f, 1.0f, 1, st), MT_ERR_INVALID);
+    TU_OK(be()->ops->vocab_tile_max(be(), z, 0, 2, 0.0f, mx));
+    TU_OK(be()->ops->vocab_tile_sumexp(be(), z, 0, 2, mx, lab, 0, -1, sz));
+    TU_OK(be()->ops->vocab_tile_grad(be(), z, 0, 2, mx, sz, lab, 0, -1, 0.0f, 1.0f, 1, st));
+    cr_expect(mx[0] == 7 && sz[0] == 9 && st[0] == 1.0 && st[1] == 2.0 && z[0] == 1,
+              "a refused or empty call wrote its outputs");
+}
+
 /* ------------------------------------------------------------------ elementwise */
 
 Test(ops_elementwise, axpy_scale_sumsq) {
@@ -820,7 +1016,8 @@ Test(ops_determinism, thread_count_does_not_change_bits) {
     int32_t *lab = calloc((size_t)N, sizeof(int32_t));
     for (int64_t i = 0; i < N; i++) lab[i] = (int32_t)tu_below(&r, D);
     float *dx[2], *dw[2], *dt[2], *lg[2];
-    double ss[2], loss[2];
+    double ss[2], loss[2], *vs[2];
+    float *vz[2], *vm = tu_falloc(N);
     for (int t = 0; t < 2; t++) {
         omp_set_num_threads(t + 1);
         dx[t] = tu_falloc(N * D);
@@ -835,6 +1032,14 @@ Test(ops_determinism, thread_count_does_not_change_bits) {
         double stats[2] = {0.0, 0.0};
         TU_OK(be()->ops->xent_tile(be(), lg[t], lg[t], MT_F32, lab, N, D, 0.0f, -1, 0.1f, stats));
         loss[t] = stats[0];
+        /* the vocab-parallel phases on the same tile as the slice [D / 2, D / 2 + D) of a
+         * group's vocabulary (labels in and out of it), soft-capped */
+        vz[t] = tu_falloc(N * D);
+        vs[t] = tu_dalloc(2 * N + 2);
+        memcpy(vz[t], x, (size_t)(N * D) * sizeof(float));
+        TU_OK(be()->ops->vocab_tile_max(be(), vz[t], N, D, 3.0f, vm));
+        TU_OK(be()->ops->vocab_tile_sumexp(be(), vz[t], N, D, vm, lab, D / 2, -1, vs[t]));
+        TU_OK(be()->ops->vocab_tile_grad(be(), vz[t], N, D, vm, vs[t], lab, D / 2, -1, 3.0f, 0.1f, 1, vs[t] + 2 * N));
     }
     cr_expect(tu_bitwise_equal(dx[0], dx[1], N * D), "rmsnorm_bwd dx");
     cr_expect(tu_bitwise_equal(dw[0], dw[1], D), "rmsnorm_bwd dw");
@@ -842,7 +1047,12 @@ Test(ops_determinism, thread_count_does_not_change_bits) {
     cr_expect(memcmp(&ss[0], &ss[1], sizeof(double)) == 0, "sumsq");
     cr_expect(memcmp(&loss[0], &loss[1], sizeof(double)) == 0, "xent_tile loss");
     cr_expect(tu_bitwise_equal(lg[0], lg[1], N * D), "xent_tile dlogits");
+    cr_expect(memcmp(vs[0], vs[1], (size_t)(2 * N + 2) * sizeof(double)) == 0, "vocab_tile_sumexp sz, grad stats");
+    cr_expect(tu_bitwise_equal(vz[0], vz[1], N * D), "vocab_tile_grad dlogits");
+    free(vm);
     for (int t = 0; t < 2; t++) {
+        free(vz[t]);
+        free(vs[t]);
         free(dx[t]);
         free(dw[t]);
         free(dt[t]);

@@ -211,6 +211,12 @@ mt_status mt_cuda_glu_bwd(mt_backend *be, void *dgate, void *dup, const void *dh
 mt_status mt_cuda_xent_tile(mt_backend *be, float *logits, void *dlogits, mt_dtype ddt, const int32_t *labels,
                             int64_t R, int64_t V, float softcap, int32_t ignore_index, float dscale,
                             double *stats);
+mt_status mt_cuda_vocab_tile_max(mt_backend *be, float *z, int64_t R, int64_t Vl, float softcap, float *mx);
+mt_status mt_cuda_vocab_tile_sumexp(mt_backend *be, const float *z, int64_t R, int64_t Vl, const float *mx,
+                                    const int32_t *labels, int64_t v0, int32_t ignore_index, double *sz);
+mt_status mt_cuda_vocab_tile_grad(mt_backend *be, float *z, int64_t R, int64_t Vl, const float *mx, const double *sz,
+                                  const int32_t *labels, int64_t v0, int32_t ignore_index, float softcap,
+                                  float dscale, int write_grad, double *stats);
 mt_status mt_cuda_axpy(mt_backend *be, void *y, const void *x, float alpha, int64_t n, mt_dtype dt);
 mt_status mt_cuda_scale(mt_backend *be, void *x, float alpha, int64_t n, mt_dtype dt);
 mt_status mt_cuda_sumsq(mt_backend *be, const float *x, int64_t n, double *acc);

@@ -169,6 +169,9 @@ static mt_ops make_table(void) {
     t.glu_fwd = mt_cuda_glu_fwd;
     t.glu_bwd = mt_cuda_glu_bwd;
     t.xent_tile = mt_cuda_xent_tile;
+    t.vocab_tile_max = mt_cuda_vocab_tile_max;
+    t.vocab_tile_sumexp = mt_cuda_vocab_tile_sumexp;
+    t.vocab_tile_grad = mt_cuda_vocab_tile_grad;
     t.axpy = mt_cuda_axpy;
     t.scale = mt_cuda_scale;
     t.sumsq = mt_cuda_sumsq;
