@@ -125,3 +125,9 @@ endforeach()
 add_test(NAME test_gpu_attention_mma_emu_asan COMMAND test_gpu_attention_mma_emu_asan --jobs 1)
 set_tests_properties(test_gpu_attention_mma_emu_asan PROPERTIES LABELS emu TIMEOUT 900
   ENVIRONMENT "CUDAEMU_ORDER=random:7;CUDAEMU_QUIET=1;OMP_NUM_THREADS=1;ASAN_OPTIONS=detect_leaks=0")
+
+# tests/tools/mpi_layout.c on the emulated CUDA backend: the mesh layout suite under
+# mpirun with backend=cuda (tests/test_emu_mpi_layouts.sh).
+add_executable(mpi_layout_emu ${CMAKE_SOURCE_DIR}/tests/tools/mpi_layout.c)
+target_link_libraries(mpi_layout_emu PRIVATE meshtrain_emu)
+set_target_properties(mpi_layout_emu PROPERTIES LINKER_LANGUAGE CXX RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests/tools)

@@ -3,6 +3,7 @@
  * Lookup by the config's backend=auto|cpu|cuda. A build with CUDA (CMake's
  * MT_HAVE_CUDA) links kernels/cuda/cuda_backend.cu, which defines the CUDA backend's
  * constructor; without it the stub below answers "not built with CUDA". */
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/backend.h"
@@ -51,17 +52,40 @@ void mt_backend_free(mt_backend *be) {
     if (be) be->ops->free(be);
 }
 
+mt_status mt_backend_bind_device(mt_backend_kind kind, int local_rank, int local_size) {
+    if (kind == MT_BACKEND_CPU || (kind == MT_BACKEND_AUTO && !mt_cuda_backend_available())) return MT_OK;
+    return mt_cuda_bind_device(local_rank, local_size);
+}
+
+int mt_backend_is_device_ptr(const mt_backend *be, const void *p) {
+    return be && p && be->caps.device_memory && mt_cuda_is_device_ptr(p);
+}
+
+mt_status mt_backend_host_alloc(mt_backend *be, size_t bytes, void **out) {
+    *out = be && be->caps.device_memory ? mt_cuda_host_alloc(bytes) : malloc(bytes ? bytes : 1);
+    if (!*out) return mt_set_error(MT_ERR_OOM, "%s: cannot allocate %zu bytes of host memory", be ? be->name : "host",
+                                   bytes);
+    return MT_OK;
+}
+
+void mt_backend_host_free(mt_backend *be, void *p) {
+    if (be && be->caps.device_memory)
+        mt_cuda_host_free(p);
+    else
+        free(p);
+}
+
 /* The CUDA backend's capabilities, kept here (not in the .cu) so that start-up checks
  * made from the config give the same answer in every build, with or without CUDA.
- * multi_rank 0: the trainer's optimizer and checkpoint collectives still use host
- * buffers and parallel/comm.h's NCCL communicators are not wired into it; host_offload
- * 0: the host pool's parameter/optimizer offload paths are CPU-only for now. */
+ * multi_rank 1: the collectives take its buffers (NCCL, or staged through host memory:
+ * parallel/comm.h); host_offload 0: the host pool's parameter/optimizer offload paths
+ * are CPU-only for now. */
 mt_backend_caps mt_cuda_backend_caps(void) {
     mt_backend_caps c = {.device_memory = 1,
                          .compute_dtypes = (1u << MT_F32) | (1u << MT_BF16),
                          .grad_dtypes = (1u << MT_F32) | (1u << MT_BF16),
                          .peak_flops = 989e12,
-                         .multi_rank = 0,
+                         .multi_rank = 1,
                          .host_offload = 0,
                          .workspace_bytes = (size_t)32 << 20};
     return c;
@@ -75,4 +99,22 @@ mt_status mt_cuda_backend_create(mt_backend **out) {
     *out = NULL;
     return mt_set_error(MT_ERR_UNSUPPORTED, "backend=cuda: meshtrain was not built with CUDA");
 }
+
+mt_status mt_cuda_bind_device(int local_rank, int local_size) {
+    (void)local_rank;
+    (void)local_size;
+    return mt_set_error(MT_ERR_UNSUPPORTED, "backend=cuda: meshtrain was not built with CUDA");
+}
+
+int mt_cuda_is_device_ptr(const void *p) {
+    (void)p;
+    return 0;
+}
+
+void *mt_cuda_host_alloc(size_t bytes) {
+    (void)bytes;
+    return NULL;
+}
+
+void mt_cuda_host_free(void *p) { (void)p; }
 #endif

@@ -79,6 +79,30 @@ mt_backend_caps mt_backend_kind_caps(mt_backend_kind kind);
 /* Release a backend from mt_backend_create (NULL is a no-op). */
 void mt_backend_free(mt_backend *be);
 
+/* Bind this process to its device before the backend of `kind` is created: one process
+ * per GPU, the node's ranks local_rank = 0..local_size-1 (parallel/comm.h
+ * mt_comm_local_rank/_size) taking devices 0..local_size-1 of those visible
+ * (cudaSetDevice(local_rank); CUDA_VISIBLE_DEVICES narrows them as usual). The CPU (and
+ * AUTO when it picks the CPU) binds nothing. Call it before any other CUDA call of the
+ * process (the first device allocation creates the context on the current device).
+ * Errors: MT_ERR_INVALID when local_size exceeds the visible devices, naming both
+ * counts; MT_ERR_UNSUPPORTED as mt_backend_create (no CUDA, no device);
+ * MT_ERR_RUNTIME (cudaSetDevice failed, CUDA's text). */
+mt_status mt_backend_bind_device(mt_backend_kind kind, int local_rank, int local_size);
+
+/* 1 when p points into memory that host code must not touch (device memory:
+ * cudaPointerGetAttributes says cudaMemoryTypeDevice); 0 for host, pinned and managed
+ * memory, for every pointer of a backend without caps.device_memory, and for NULL. */
+int mt_backend_is_device_ptr(const mt_backend *be, const void *p);
+
+/* *out = `bytes` of host memory that be's copy_to_host / copy_to_device move fastest:
+ * page-locked (cudaMallocHost) on a backend with caps.device_memory, plain malloc
+ * otherwise (the staging buffers of parallel/comm.h). Free with mt_backend_host_free.
+ * Errors: MT_ERR_OOM naming the size (*out = NULL). */
+mt_status mt_backend_host_alloc(mt_backend *be, size_t bytes, void **out);
+/* Release memory from mt_backend_host_alloc of the same be (NULL is a no-op). */
+void mt_backend_host_free(mt_backend *be, void *p);
+
 /* mt_arena_create with the backend's alloc and release (runtime/plan.h): the arena
  * of plan p in be's memory. mt_arena_destroy releases it through be, so be must
  * outlive the arena. Errors: those of mt_arena_create and be->ops->alloc. */
@@ -98,6 +122,13 @@ mt_backend_caps mt_cpu_backend_caps(void);
 /* The CPU backend has no context, so one process-wide object serves every caller:
  * never NULL, mt_backend_free on it is a no-op. mt_cpu_backend_create returns it. */
 mt_backend *mt_cpu_backend(void);
+/* The CUDA backend's parts of mt_backend_bind_device, mt_backend_is_device_ptr and
+ * mt_backend_host_alloc (kernels/cuda/cuda_backend.cu; stubs in kernels/backend.c
+ * without CUDA). */
+mt_status mt_cuda_bind_device(int local_rank, int local_size);
+int mt_cuda_is_device_ptr(const void *p);
+void *mt_cuda_host_alloc(size_t bytes); /* cudaMallocHost; NULL on failure */
+void mt_cuda_host_free(void *p);
 
 /* The CUDA backend (kernels/cuda/cuda_backend.cu when built with CUDA, else the
  * registry's stub in kernels/backend.c). mt_cuda_backend_available: 1 when this build

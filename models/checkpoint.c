@@ -464,36 +464,60 @@ mt_status mt_hf_config_read(const char *path, mt_model_config *c) {
 
 typedef struct ck_save_ctx {
     mt_model *m;
-    mt_backend *be;
+    mt_backend *be;     /* NULL: params is host memory */
     const float *params;
     mt_dtype dtype;
     float *scratch; /* float32, largest parameter (BF16 only) */
 } ck_save_ctx;
 
+/* dst[n] (host) = src[n] of the parameter buffer: backend memory through be, or host memory (be NULL). */
+static mt_status ck_copy(const ck_save_ctx *x, float *dst, const float *src, int64_t n) {
+    if (!x->be) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return MT_OK;
+    }
+    return x->be->ops->copy_to_host(x->be, dst, src, (size_t)n * sizeof(float));
+}
+
 static mt_status ck_fetch_param(void *vctx, int i, void *dst, size_t bytes) {
     ck_save_ctx *x = vctx;
     const mt_param_info *p = mt_model_param(x->m, i);
     const float *src = x->params + p->offset;
+    (void)bytes; /* numel x dtype, as the tensor list says */
     if (x->dtype == MT_F32) {
-        MT_TRY(x->be->ops->copy_to_host(x->be, dst, src, bytes));
+        MT_TRY(ck_copy(x, dst, src, p->numel));
     } else {
-        MT_TRY(x->be->ops->copy_to_host(x->be, x->scratch, src, (size_t)p->numel * sizeof(float)));
+        MT_TRY(ck_copy(x, x->scratch, src, p->numel));
         mt_f32_to_bf16_array(dst, x->scratch, (size_t)p->numel);
     }
     return MT_OK;
 }
+
+static mt_status ck_save(const char *dir, mt_model *m, mt_backend *be, const float *params, mt_dtype dtype,
+                         const char *const *metadata);
 
 mt_status mt_checkpoint_save_model(const char *dir, mt_model *m, mt_dtype dtype) {
     return mt_checkpoint_save_model_meta(dir, m, dtype, NULL);
 }
 
 mt_status mt_checkpoint_save_model_meta(const char *dir, mt_model *m, mt_dtype dtype, const char *const *metadata) {
-    if (dtype != MT_F32 && dtype != MT_BF16)
-        return mt_set_error(MT_ERR_INVALID, "%s: checkpoint dtype must be float32 or bfloat16, not %s", dir,
-                            mt_dtype_name(dtype));
     mt_backend *be = mt_model_backend(m);
     float *params = mt_model_params(m);
     if (!be || !params) return mt_set_error(MT_ERR_INVALID, "%s: model parameters are not bound to memory", dir);
+    return ck_save(dir, m, be, params, dtype, metadata);
+}
+
+mt_status mt_checkpoint_save_host(const char *dir, mt_model *m, const float *host_params, mt_dtype dtype,
+                                  const char *const *metadata) {
+    if (!host_params) return mt_set_error(MT_ERR_INVALID, "%s: no parameter buffer", dir);
+    return ck_save(dir, m, NULL, host_params, dtype, metadata);
+}
+
+static mt_status ck_save(const char *dir, mt_model *m, mt_backend *be, const float *params, mt_dtype dtype,
+                         const char *const *metadata) {
+    if (dtype != MT_F32 && dtype != MT_BF16)
+        return mt_set_error(MT_ERR_INVALID, "%s: checkpoint dtype must be float32 or bfloat16, not %s", dir,
+                            mt_dtype_name(dtype));
     MT_TRY(mt_file_mkdir_p(dir));
     int n = mt_model_param_count(m);
     mt_st_write_tensor *t = calloc(n > 0 ? (size_t)n : 1, sizeof *t);
@@ -656,10 +680,22 @@ static mt_status ck_open_files(const char *dir, mt_safetensors ***files_out, int
     return MT_OK;
 }
 
+static mt_status ck_load(const char *dir, mt_model *m, mt_backend *be, float *params);
+
 mt_status mt_checkpoint_load_model(const char *dir, mt_model *m) {
     mt_backend *be = mt_model_backend(m);
     float *params = mt_model_params(m);
     if (!be || !params) return mt_set_error(MT_ERR_INVALID, "%s: model parameters are not bound to memory", dir);
+    return ck_load(dir, m, be, params);
+}
+
+mt_status mt_checkpoint_load_host(const char *dir, mt_model *m, float *host_params) {
+    if (!host_params) return mt_set_error(MT_ERR_INVALID, "%s: no parameter buffer", dir);
+    return ck_load(dir, m, NULL, host_params);
+}
+
+/* The body of both loads: into backend memory through be, or host memory (be NULL). */
+static mt_status ck_load(const char *dir, mt_model *m, mt_backend *be, float *params) {
     const mt_model_config *cfg = mt_model_get_config(m);
     int tied = cfg->logits_via_embedding != 0;
     int gemma3 = cfg->decoder_block == MT_DECODER_GEMMA3;
@@ -741,10 +777,14 @@ mt_status mt_checkpoint_load_model(const char *dir, mt_model *m) {
     if (s == MT_OK && !(host = malloc((size_t)most * sizeof(float)))) s = mt_set_error(MT_ERR_OOM, "%s: out of memory", dir);
     for (int i = 0; i < np && s == MT_OK; i++) {
         const mt_param_info *p = mt_model_param(m, i);
+        if (!be) { /* straight into the host buffer */
+            s = mt_safetensors_read_f32(files[src[i].file], src[i].index, params + p->offset, p->numel);
+            continue;
+        }
         s = mt_safetensors_read_f32(files[src[i].file], src[i].index, host, p->numel);
         if (s == MT_OK) s = be->ops->copy_to_device(be, params + p->offset, host, (size_t)p->numel * sizeof(float));
     }
-    if (s == MT_OK) s = be->ops->sync(be);
+    if (s == MT_OK && be) s = be->ops->sync(be);
     free(host);
     free(src);
     for (int f = 0; f < nfiles; f++) mt_safetensors_close(files[f]);

@@ -34,6 +34,13 @@ mt_status mt_checkpoint_save_model(const char *dir, mt_model *m, mt_dtype dtype)
  * mt_checkpoint_save_model; MT_ERR_INVALID for a "format" key or more than 16 pairs. */
 mt_status mt_checkpoint_save_model_meta(const char *dir, mt_model *m, mt_dtype dtype, const char *const *metadata);
 
+/* mt_checkpoint_save_model_meta from host_params[mt_model_numel(m)] (host memory, the
+ * model's flat layout: mt_model_param offsets) instead of the model's bound parameters:
+ * for a model whose parameters are sharded (fsdp), after the caller gathered them.
+ * Errors: those of mt_checkpoint_save_model_meta; MT_ERR_INVALID (host_params NULL). */
+mt_status mt_checkpoint_save_host(const char *dir, mt_model *m, const float *host_params, mt_dtype dtype,
+                                  const char *const *metadata);
+
 /* Load the parameters of m from dir/model.safetensors, or from the shards listed in
  * dir/model.safetensors.index.json when that exists. Every model parameter must be
  * present with the same shape (error names the tensor, the expected and the found
@@ -53,6 +60,12 @@ mt_status mt_checkpoint_save_model_meta(const char *dir, mt_model *m, mt_dtype d
  * Errors: MT_ERR_IO (missing file), MT_ERR_FORMAT (bad file, missing/extra tensor,
  * shape mismatch, NaN), MT_ERR_OOM. */
 mt_status mt_checkpoint_load_model(const char *dir, mt_model *m);
+
+/* mt_checkpoint_load_model into host_params[mt_model_numel(m)] (host memory, the model's
+ * flat layout) instead of the model's bound parameters, which are not touched: for a
+ * sharded model (fsdp), whose caller keeps its shard. Same checks and errors;
+ * MT_ERR_INVALID (host_params NULL). */
+mt_status mt_checkpoint_load_host(const char *dir, mt_model *m, float *host_params);
 
 /* Write a Hugging Face config.json for c: model_type llama | gemma | gemma2 |
  * gemma3_text, architectures, vocab_size, hidden_size, intermediate_size,

@@ -115,7 +115,6 @@ struct mt_model {
     int fsdp, fsdp_rank;
     int64_t flo, fhi, fper;
     int64_t *fsdp_counts;              /* [fsdp] all-gather counts scratch */
-    float *fsdp_shard;                 /* the bound shard (mt_model_fsdp_bind_full swaps it out) */
     mt_comm_request *fsdp_req;         /* the prefetch in flight (its layer's win_layer is set), or NULL */
 
     /* gradient sink (mt_model_set_grad_sink): instead of the full "grads" buffer, one
@@ -2139,18 +2138,4 @@ int64_t mt_model_fsdp_gather_floats(const mt_model *m) {
         if (l + 2 < L) f += n;  /* backward: slot l % 2 was reused by layer l + 2 */
     }
     return f;
-}
-
-mt_status mt_model_fsdp_bind_full(mt_model *m, float *full) {
-    if (!m || m->fsdp == 1 || !m->bound)
-        return mt_set_error(MT_ERR_INVALID, "mt_model_fsdp_bind_full: no bound fsdp model");
-    fsdp_wait(m); /* no prefetch may read the shard being swapped out */
-    if (full) {
-        if (!m->fsdp_shard) m->fsdp_shard = m->gptr[GB_PARAMS];
-        m->gptr[GB_PARAMS] = full;
-    } else if (m->fsdp_shard) {
-        m->gptr[GB_PARAMS] = m->fsdp_shard;
-        m->fsdp_shard = NULL;
-    }
-    return MT_OK;
 }

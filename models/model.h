@@ -253,12 +253,6 @@ void mt_model_fsdp_range(const mt_model *m, int64_t *lo, int64_t *hi);
  * rank's part of it); 0 without fsdp. */
 int64_t mt_model_fsdp_gather_floats(const mt_model *m);
 
-/* Checkpoint I/O under fsdp: full != NULL points mt_model_params at full[numel] (host
- * memory: CPU backend) instead of the shard, NULL points it back. Only mt_model_params
- * readers / writers may run in between (no forward). Errors: MT_ERR_INVALID (no bound
- * fsdp model). */
-mt_status mt_model_fsdp_bind_full(mt_model *m, float *full);
-
 /* 1 when parameter i's gradient is identical on every rank of the tensor group (the
  * 1-D norm scales except q_norm / k_norm), 0 otherwise and without tensor parallelism. */
 int mt_model_tp_grad_replicated(const mt_model *m, int i);

@@ -23,6 +23,14 @@
  *   the buffers are ordered with the compute stream, not the host (copy_to_host and
  *   be->ops->sync wait for it). On a device group of one the local copy is a
  *   cudaMemcpyAsync on the compute stream.
+ * - Staged (parallel/comm_mpi.c): a DEVICE buffer that does not go to NCCL (a build
+ *   without NCCL, such as the CUDA emulator's, or a communicator split with
+ *   MT_COMM_HOST) is copied to host memory, passed to MPI and copied back, once the
+ *   process has named its device backend (mt_comm_set_device_backend), through
+ *   page-locked buffers that are reused (mt_backend_host_alloc; at most 16 in use at
+ *   once): correct on any layout, slow (two synchronising copies per call), and what
+ *   multi-rank backend=cuda runs on in CI under the emulator. Byte accounting is the
+ *   same as for the other paths (what crosses the network, not the staging copies).
  * mt_comm_backend() says whether MPI runs; mt_comm_is_device() whether a communicator
  * carries NCCL.
  *
@@ -110,6 +118,11 @@ void mt_comm_set_process_control(int on);
 mt_status mt_comm_world_init_from(void *mpi_comm);
 int mt_comm_world_rank(void); /* 0 before init */
 int mt_comm_world_size(void); /* 1 before init */
+/* This process's rank among the world ranks on its node, and their count
+ * (MPI_Comm_split_type MPI_COMM_TYPE_SHARED at world init; 0 and 1 before init and in a
+ * world of one): the GPU a rank binds (kernels/backend.h mt_backend_bind_device). */
+int mt_comm_local_rank(void);
+int mt_comm_local_size(void);
 /* "mpi" or "none" (world of one without MPI). */
 const char *mt_comm_backend(void);
 
@@ -127,16 +140,25 @@ typedef enum mt_comm_mem {
     MT_COMM_DEVICE = 1 /* also device buffers: NCCL (see the header comment) */
 } mt_comm_mem;
 
+/* The device backend whose buffers the communicators may be handed (process-wide: one
+ * process drives one device): a buffer for which mt_backend_is_device_ptr(be, p) holds
+ * and that does not go to NCCL is staged through host memory (header comment), and a
+ * group-of-one "collective" copies it with be's copy ops. NULL (the default) forgets it:
+ * buffers are then host memory or NCCL's. Call with no collective in flight; be must
+ * outlive every later call (set NULL before freeing it). */
+struct mt_backend;
+void mt_comm_set_device_backend(struct mt_backend *be);
+
 /* 1 when this build has the NCCL backend (CUDA and NCCL found at configure time). */
 int mt_comm_have_nccl(void);
 
 /* mt_comm_split, and with MT_COMM_DEVICE also the group's NCCL communicator
  * (collective over the group: rank 0 makes the unique id, MPI_Bcast sends it,
  * ncclCommInitRank on each rank; a group of one needs none). The first device split of
- * a process selects its GPU: node-local rank (OMPI_COMM_WORLD_LOCAL_RANK, or MPICH's
- * MPI_LOCALRANKID, else 0) modulo the visible devices (cudaSetDevice), so call it
- * before allocating device memory; one rank per GPU (NCCL refuses two ranks on one
- * device). A device group of one (any axis of size 1) has no NCCL communicator: its
+ * a process selects its GPU if nothing did before: the node-local rank
+ * (mt_comm_local_rank) modulo the visible devices (cudaSetDevice); the trainer binds it
+ * earlier and checks the counts (kernels/backend.h mt_backend_bind_device). One rank
+ * per GPU (NCCL refuses two ranks on one device). A device group of one (any axis of size 1) has no NCCL communicator: its
  * collectives are local copies on the compute stream.
  * Errors: those of mt_comm_split; MT_ERR_UNSUPPORTED (MT_COMM_DEVICE in a build
  * without NCCL, or with no device visible); MT_ERR_RUNTIME naming the rank, the

@@ -1,10 +1,12 @@
 /* parallel/comm_mpi.c: the MPI backend of parallel/comm.h (host buffers), with the
  * byte counters and the collective watchdog; it owns every communicator and hands the
  * device buffers of a device communicator to the NCCL backend (parallel/comm_nccl.c,
- * with MT_HAVE_NCCL). Without MT_HAVE_MPI (no MPI found at configure time) only the
- * world of one exists. */
+ * with MT_HAVE_NCCL), and stages the other device buffers through host memory
+ * (mt_comm_set_device_backend). Without MT_HAVE_MPI (no MPI found at configure time)
+ * only the world of one exists. */
 #include "parallel/comm.h"
 #include "parallel/comm_nccl.h"
+#include "kernels/backend.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -33,10 +35,19 @@ struct mt_comm {
 };
 
 /* An outstanding asynchronous collective (mt_comm_wait frees it). */
+/* A buffer of a call as MPI sees it: host memory, or a host copy of a device buffer
+ * (parallel/comm.h "Staged"): host is what MPI reads and writes; dev, when not NULL, is
+ * the device buffer it stands for (copied back by stage_out), bytes its size. */
+typedef struct mt_stage {
+    void *host, *dev;
+    size_t bytes;
+} mt_stage;
+
 struct mt_comm_request {
     mt_comm *c;
     const char *what;  /* static string */
     void *nccl_done;   /* NCCL: the completion event; NULL for MPI */
+    mt_stage stage[2]; /* staged device buffers: [0] written back at the wait, [1] freed */
 #ifdef MT_HAVE_MPI
     MPI_Request mpi;
     int adopted;       /* owned by the progress thread until done */
@@ -47,6 +58,7 @@ struct mt_comm_request {
 };
 
 static int g_inited = 0, g_use_mpi = 0, g_rank = 0, g_size = 1;
+static int g_local_rank = 0, g_local_size = 1; /* among the world ranks on this node */
 #ifdef MT_HAVE_MPI
 /* The world of this library: MPI_COMM_WORLD, or a duplicate of the communicator a
  * caller handed to mt_comm_world_init_from (then the caller owns MPI's lifetime). */
@@ -261,6 +273,17 @@ static void finalize_at_exit(void) {
     fprintf(stderr, "meshtrain: rank %d: peers did not reach the end of the run; aborting\n", g_rank);
     MPI_Abort(g_world, 1);
 }
+
+/* g_local_rank / g_local_size: this rank among the ranks of g_world sharing its node. */
+static mt_status node_ranks(void) {
+    MPI_Comm node;
+    if (MPI_Comm_split_type(g_world, MPI_COMM_TYPE_SHARED, g_rank, MPI_INFO_NULL, &node) != MPI_SUCCESS)
+        return mt_set_error(MT_ERR_RUNTIME, "rank %d: MPI_Comm_split_type (the ranks of this node) failed", g_rank);
+    MPI_Comm_rank(node, &g_local_rank);
+    MPI_Comm_size(node, &g_local_size);
+    MPI_Comm_free(&node);
+    return MT_OK;
+}
 #endif
 
 static int launched_by_mpirun(void) {
@@ -284,6 +307,7 @@ mt_status mt_comm_world_init(void) {
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    MT_TRY(node_ranks());
     g_use_mpi = 1;
     g_inited = 1;
     atexit(finalize_at_exit);
@@ -333,6 +357,7 @@ mt_status mt_comm_world_init_from(void *mpi_comm) {
     MPI_Comm_set_errhandler(g_world, MPI_ERRORS_RETURN);
     MPI_Comm_rank(g_world, &g_rank);
     MPI_Comm_size(g_world, &g_size);
+    MT_TRY(node_ranks());
     int level = MPI_THREAD_SINGLE;
     MPI_Query_thread(&level);
     g_thread_multiple = level >= MPI_THREAD_MULTIPLE;
@@ -347,6 +372,8 @@ mt_status mt_comm_world_init_from(void *mpi_comm) {
 
 int mt_comm_world_rank(void) { return g_rank; }
 int mt_comm_world_size(void) { return g_size; }
+int mt_comm_local_rank(void) { return g_local_rank; }
+int mt_comm_local_size(void) { return g_local_size; }
 const char *mt_comm_backend(void) { return g_use_mpi ? "mpi" : "none"; }
 
 /* ------------------------------------------------------------ communicators ---- */
@@ -368,9 +395,7 @@ int mt_comm_is_device(const mt_comm *c) { return c ? c->device : 0; }
 #ifdef MT_HAVE_NCCL
 /* The NCCL communicator of c's group (size > 1): rank 0's unique id over c->mpi. */
 static mt_status nccl_attach(mt_comm *c) {
-    const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    if (!lr) lr = getenv("MPI_LOCALRANKID");
-    mt_status st = mt_nccl_select_device(lr ? atoi(lr) : 0, g_rank);
+    mt_status st = mt_nccl_select_device(g_local_rank, g_rank);
     if (c->size == 1) return st;
 #ifdef MT_HAVE_MPI
     unsigned char id[512];
@@ -556,14 +581,132 @@ static mt_status nccl_finish(mt_comm *c, const char *what, void *done, mt_comm_r
 }
 #endif
 
+/* ---- device buffers without NCCL: staged through host memory (comm.h "Staged") ---- */
+
+static mt_backend *g_stage_be = NULL; /* mt_comm_set_device_backend */
+
+/* The staging buffers: page-locked host memory of the device backend
+ * (mt_backend_host_alloc), kept for reuse because pinning is slow. A call takes the
+ * smallest free buffer that is large enough (else frees the largest free one too small
+ * and allocates one of the size asked), and gives it back when its collective is done;
+ * several can be taken at once (a blocking call while asynchronous ones are in flight).
+ * Only the threads calling collectives touch the pool (the progress thread does not). */
+enum { MT_STAGE_BUFS = 16 };
+typedef struct mt_stage_buf {
+    void *p;
+    size_t cap;
+    int busy;
+} mt_stage_buf;
+static mt_stage_buf g_stage_pool[MT_STAGE_BUFS];
+static pthread_mutex_t g_stage_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void *stage_take(size_t bytes) {
+    pthread_mutex_lock(&g_stage_mu);
+    int best = -1, empty = -1, small = -1;
+    for (int i = 0; i < MT_STAGE_BUFS; i++) {
+        const mt_stage_buf *b = &g_stage_pool[i];
+        if (b->busy) continue;
+        if (!b->p) {
+            if (empty < 0) empty = i;
+        } else if (b->cap >= bytes) {
+            if (best < 0 || b->cap < g_stage_pool[best].cap) best = i;
+        } else if (small < 0 || b->cap < g_stage_pool[small].cap) {
+            small = i;
+        }
+    }
+    if (best < 0 && (empty >= 0 || small >= 0)) { /* an empty slot, else replace a free buffer too small */
+        mt_stage_buf *b = &g_stage_pool[empty >= 0 ? empty : small];
+        mt_backend_host_free(g_stage_be, b->p);
+        *b = (mt_stage_buf){0};
+        if (mt_backend_host_alloc(g_stage_be, bytes, &b->p) == MT_OK) {
+            b->cap = bytes;
+            best = (int)(b - g_stage_pool);
+        }
+    }
+    void *p = NULL;
+    if (best >= 0) {
+        g_stage_pool[best].busy = 1;
+        p = g_stage_pool[best].p;
+    }
+    pthread_mutex_unlock(&g_stage_mu);
+    return p;
+}
+
+static void stage_give(void *p) {
+    pthread_mutex_lock(&g_stage_mu);
+    for (int i = 0; i < MT_STAGE_BUFS; i++)
+        if (g_stage_pool[i].p == p) g_stage_pool[i].busy = 0;
+    pthread_mutex_unlock(&g_stage_mu);
+}
+
+void mt_comm_set_device_backend(mt_backend *be) {
+    pthread_mutex_lock(&g_stage_mu);
+    for (int i = 0; i < MT_STAGE_BUFS; i++) { /* buffers of the backend being replaced */
+        mt_backend_host_free(g_stage_be, g_stage_pool[i].p);
+        g_stage_pool[i] = (mt_stage_buf){0};
+    }
+    g_stage_be = be;
+    pthread_mutex_unlock(&g_stage_mu);
+}
+
+/* Whether buffer p of a call on c is a device buffer that the call stages. */
+static int staged(const mt_comm *c, const void *p) {
+#ifdef MT_HAVE_NCCL
+    if (on_device(c, p)) return 0;
+#else
+    (void)c;
+#endif
+    return mt_backend_is_device_ptr(g_stage_be, p);
+}
+
+/* *s = buffer p[bytes] as MPI sees it: p itself when it is not staged; else host memory
+ * holding a copy of the device buffer (read = 1: the call reads it; copy_to_host
+ * synchronises, so the device work that wrote it is done) or uninitialised (read = 0:
+ * the call only writes it). Errors: MT_ERR_OOM naming the call, those of copy_to_host. */
+static mt_status stage_in(const mt_comm *c, mt_stage *s, const void *p, size_t bytes, int read, const char *what) {
+    s->host = (void *)p;
+    s->dev = NULL;
+    s->bytes = bytes;
+    if (bytes == 0 || !staged(c, p)) return MT_OK;
+    s->host = stage_take(bytes);
+    if (!s->host)
+        return mt_set_error(MT_ERR_OOM, "rank %d: %s on '%s': no pinned host memory to stage %zu bytes of a device "
+                            "buffer (%d staging buffers in use)", g_rank, what, c->name, bytes, MT_STAGE_BUFS);
+    s->dev = (void *)p;
+    if (read) {
+        mt_status st = g_stage_be->ops->copy_to_host(g_stage_be, s->host, p, bytes);
+        if (st != MT_OK) {
+            stage_give(s->host);
+            s->dev = NULL;
+            return st;
+        }
+    }
+    return MT_OK;
+}
+
+/* Release a staged buffer, first copying the host copy back to the device buffer when
+ * write != 0 (the call wrote it and succeeded). No-op for an unstaged buffer. */
+static mt_status stage_out(mt_stage *s, int write) {
+    mt_status st = MT_OK;
+    if (s->dev) {
+        if (write) st = g_stage_be->ops->copy_to_device(g_stage_be, s->dev, s->host, s->bytes);
+        stage_give(s->host);
+    }
+    s->host = s->dev = NULL;
+    return st;
+}
+
 /* A same-rank copy (group of one): on the compute stream for device buffers. */
 static mt_status local_copy(const mt_comm *c, void *dst, const void *src, size_t bytes) {
     if (dst == src || bytes == 0) return MT_OK;
 #ifdef MT_HAVE_NCCL
     if (on_device(c, dst) || on_device(c, src)) return mt_nccl_copy(dst, src, bytes);
-#else
-    (void)c;
 #endif
+    const int dd = staged(c, dst), ds = staged(c, src);
+    mt_backend *be = g_stage_be;
+    if (dd && ds) return be->ops->copy(be, dst, src, bytes);
+    if (dd) return be->ops->copy_to_device(be, dst, src, bytes);
+    if (ds) return be->ops->copy_to_host(be, dst, src, bytes);
     memmove(dst, src, bytes);
     return MT_OK;
 }
@@ -590,23 +733,34 @@ static mt_status all_reduce_impl(mt_comm *c, void *buf, int64_t count, mt_comm_d
 #endif
 #ifdef MT_HAVE_MPI
     const MPI_Op op = max ? MPI_MAX : MPI_SUM;
+    mt_stage sb;
     if (req) {
         const char *w = max ? "all_reduce_max (MPI_Iallreduce)" : "all_reduce (MPI_Iallreduce)";
         mt_comm_request *r = new_request(c, w, 0);
         if (!r) return request_oom(c, w);
-        int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, mpi_type(dt), op, c->mpi, &r->mpi);
+        mt_status st = stage_in(c, &sb, buf, S, 1, what);
+        if (st != MT_OK) {
+            free(r);
+            return st;
+        }
+        int rc = MPI_Iallreduce(MPI_IN_PLACE, sb.host, (int)count, mpi_type(dt), op, c->mpi, &r->mpi);
         if (rc != MPI_SUCCESS) {
+            (void)stage_out(&sb, 0);
             free(r);
             return mpi_fail(c, w, rc);
         }
+        r->stage[0] = sb;
         r->adopted = progress_adopt(r);
         *req = r;
         return MT_OK;
     }
+    MT_TRY(stage_in(c, &sb, buf, S, 1, what));
     wd_enter(c, what);
-    int rc = MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, mpi_type(dt), op, c->mpi);
+    int rc = MPI_Allreduce(MPI_IN_PLACE, sb.host, (int)count, mpi_type(dt), op, c->mpi);
     wd_leave();
+    const mt_status st = stage_out(&sb, rc == MPI_SUCCESS);
     if (rc != MPI_SUCCESS) return mpi_fail(c, max ? "all_reduce_max (MPI_Allreduce)" : "all_reduce (MPI_Allreduce)", rc);
+    return st;
 #else
     (void)buf;
 #endif
@@ -645,24 +799,40 @@ static mt_status reduce_scatter_impl(mt_comm *c, const void *send, void *recv, c
 #ifdef MT_HAVE_MPI
     int ic[2 * c->size];
     MT_TRY(int_counts(c, counts, ic, ic + c->size));
+    mt_stage ss, sr; /* send (read), recv (written) */
+    MT_TRY(stage_in(c, &ss, send, (size_t)total * es, 1, "reduce_scatter"));
+    mt_status st = stage_in(c, &sr, recv, (size_t)counts[c->rank] * es, 0, "reduce_scatter");
+    if (st != MT_OK) {
+        (void)stage_out(&ss, 0);
+        return st;
+    }
     if (req) {
         const char *w = "reduce_scatter (MPI_Ireduce_scatter)";
         mt_comm_request *r = new_request(c, w, c->size);
-        if (!r) return request_oom(c, w);
-        memcpy(r->ic, ic, sizeof(int) * (size_t)c->size);
-        int rc = MPI_Ireduce_scatter(send, recv, r->ic, mpi_type(dt), MPI_SUM, c->mpi, &r->mpi);
-        if (rc != MPI_SUCCESS) {
-            free(r);
-            return mpi_fail(c, w, rc);
+        int rc = MPI_SUCCESS;
+        if (r) {
+            memcpy(r->ic, ic, sizeof(int) * (size_t)c->size);
+            rc = MPI_Ireduce_scatter(ss.host, sr.host, r->ic, mpi_type(dt), MPI_SUM, c->mpi, &r->mpi);
         }
+        if (!r || rc != MPI_SUCCESS) {
+            (void)stage_out(&ss, 0);
+            (void)stage_out(&sr, 0);
+            free(r);
+            return r ? mpi_fail(c, w, rc) : request_oom(c, w);
+        }
+        r->stage[0] = sr;
+        r->stage[1] = ss;
         r->adopted = progress_adopt(r);
         *req = r;
         return MT_OK;
     }
     wd_enter(c, "reduce_scatter");
-    int rc = MPI_Reduce_scatter(send, recv, ic, mpi_type(dt), MPI_SUM, c->mpi);
+    int rc = MPI_Reduce_scatter(ss.host, sr.host, ic, mpi_type(dt), MPI_SUM, c->mpi);
     wd_leave();
+    (void)stage_out(&ss, 0);
+    st = stage_out(&sr, rc == MPI_SUCCESS);
     if (rc != MPI_SUCCESS) return mpi_fail(c, "reduce_scatter (MPI_Reduce_scatter)", rc);
+    return st;
 #endif
     return MT_OK;
 }
@@ -697,27 +867,48 @@ static mt_status all_gather_impl(mt_comm *c, const void *send, void *recv, const
     int ic[2 * c->size];
     int *id = ic + c->size;
     MT_TRY(int_counts(c, counts, ic, id));
-    const char *own = (const char *)recv + (size_t)id[c->rank] * es;
-    const void *sb = send == (const void *)own ? MPI_IN_PLACE : send;
+    const size_t own_off = (size_t)id[c->rank] * es, own_bytes = (size_t)ic[c->rank] * es;
+    const int in_place = send == (const void *)((const char *)recv + own_off);
+    mt_stage sr, ss = {0}; /* recv (written; in place: its own chunk read), send (read) */
+    MT_TRY(stage_in(c, &sr, recv, (size_t)total * es, 0, "all_gather"));
+    mt_status st = MT_OK;
+    if (in_place && sr.dev && own_bytes)
+        st = g_stage_be->ops->copy_to_host(g_stage_be, (char *)sr.host + own_off, send, own_bytes);
+    else if (!in_place)
+        st = stage_in(c, &ss, send, own_bytes, 1, "all_gather");
+    if (st != MT_OK) {
+        (void)stage_out(&sr, 0);
+        return st;
+    }
+    const void *sb = in_place ? MPI_IN_PLACE : ss.host;
     if (req) {
         const char *w = "all_gather (MPI_Iallgatherv)";
         mt_comm_request *r = new_request(c, w, 2 * c->size);
-        if (!r) return request_oom(c, w);
-        memcpy(r->ic, ic, sizeof ic);
-        int rc = MPI_Iallgatherv(sb, ic[c->rank], mpi_type(dt), recv, r->ic, r->ic + c->size, mpi_type(dt), c->mpi,
+        int rc = MPI_SUCCESS;
+        if (r) {
+            memcpy(r->ic, ic, sizeof ic);
+            rc = MPI_Iallgatherv(sb, ic[c->rank], mpi_type(dt), sr.host, r->ic, r->ic + c->size, mpi_type(dt), c->mpi,
                                  &r->mpi);
-        if (rc != MPI_SUCCESS) {
-            free(r);
-            return mpi_fail(c, w, rc);
         }
+        if (!r || rc != MPI_SUCCESS) {
+            (void)stage_out(&ss, 0);
+            (void)stage_out(&sr, 0);
+            free(r);
+            return r ? mpi_fail(c, w, rc) : request_oom(c, w);
+        }
+        r->stage[0] = sr;
+        r->stage[1] = ss;
         r->adopted = progress_adopt(r);
         *req = r;
         return MT_OK;
     }
     wd_enter(c, "all_gather");
-    int rc = MPI_Allgatherv(sb, ic[c->rank], mpi_type(dt), recv, ic, id, mpi_type(dt), c->mpi);
+    int rc = MPI_Allgatherv(sb, ic[c->rank], mpi_type(dt), sr.host, ic, id, mpi_type(dt), c->mpi);
     wd_leave();
+    (void)stage_out(&ss, 0);
+    st = stage_out(&sr, rc == MPI_SUCCESS);
     if (rc != MPI_SUCCESS) return mpi_fail(c, "all_gather (MPI_Allgatherv)", rc);
+    return st;
 #endif
     return MT_OK;
 }
@@ -756,6 +947,9 @@ mt_status mt_comm_wait(mt_comm_request *r) {
     }
     wd_leave();
     if (rc != MPI_SUCCESS) st = mpi_fail(r->c, r->what, rc);
+    (void)stage_out(&r->stage[1], 0);
+    const mt_status so = stage_out(&r->stage[0], rc == MPI_SUCCESS);
+    if (st == MT_OK) st = so;
 #endif
     free(r);
     return st;
@@ -776,10 +970,14 @@ mt_status mt_comm_broadcast(mt_comm *c, void *buf, int64_t count, mt_comm_dtype 
     }
 #endif
 #ifdef MT_HAVE_MPI
+    mt_stage sb;
+    MT_TRY(stage_in(c, &sb, buf, (size_t)count * mt_comm_dtype_size(dt), c->rank == root, "broadcast"));
     wd_enter(c, "broadcast");
-    int rc = MPI_Bcast(buf, (int)count, mpi_type(dt), root, c->mpi);
+    int rc = MPI_Bcast(sb.host, (int)count, mpi_type(dt), root, c->mpi);
     wd_leave();
+    const mt_status st = stage_out(&sb, rc == MPI_SUCCESS && c->rank != root);
     if (rc != MPI_SUCCESS) return mpi_fail(c, "broadcast (MPI_Bcast)", rc);
+    return st;
 #else
     (void)buf;
 #endif
@@ -806,9 +1004,12 @@ mt_status mt_comm_send(mt_comm *c, const void *buf, int64_t count, mt_comm_dtype
     }
 #endif
 #ifdef MT_HAVE_MPI
+    mt_stage sb;
+    MT_TRY(stage_in(c, &sb, buf, (size_t)count * mt_comm_dtype_size(dt), 1, "send"));
     wd_enter(c, "send");
-    int rc = MPI_Send(buf, (int)count, mpi_type(dt), peer, 7, c->mpi);
+    int rc = MPI_Send(sb.host, (int)count, mpi_type(dt), peer, 7, c->mpi);
     wd_leave();
+    (void)stage_out(&sb, 0);
     if (rc != MPI_SUCCESS) return mpi_fail(c, "send (MPI_Send)", rc);
 #else
     (void)buf;
@@ -829,10 +1030,14 @@ mt_status mt_comm_recv(mt_comm *c, void *buf, int64_t count, mt_comm_dtype dt, i
     }
 #endif
 #ifdef MT_HAVE_MPI
+    mt_stage sb;
+    MT_TRY(stage_in(c, &sb, buf, (size_t)count * mt_comm_dtype_size(dt), 0, "recv"));
     wd_enter(c, "recv");
-    int rc = MPI_Recv(buf, (int)count, mpi_type(dt), peer, 7, c->mpi, MPI_STATUS_IGNORE);
+    int rc = MPI_Recv(sb.host, (int)count, mpi_type(dt), peer, 7, c->mpi, MPI_STATUS_IGNORE);
     wd_leave();
+    const mt_status st = stage_out(&sb, rc == MPI_SUCCESS);
     if (rc != MPI_SUCCESS) return mpi_fail(c, "recv (MPI_Recv)", rc);
+    return st;
 #else
     (void)buf;
     (void)dt;
@@ -857,11 +1062,21 @@ mt_status mt_comm_sendrecv(mt_comm *c, const void *sbuf, int to, void *rbuf, int
     }
 #endif
 #ifdef MT_HAVE_MPI
+    mt_stage ss, sr;
+    MT_TRY(stage_in(c, &ss, sbuf, S, 1, "sendrecv"));
+    mt_status st = stage_in(c, &sr, rbuf, S, 0, "sendrecv");
+    if (st != MT_OK) {
+        (void)stage_out(&ss, 0);
+        return st;
+    }
     wd_enter(c, "sendrecv");
-    int rc = MPI_Sendrecv(sbuf, (int)count, mpi_type(dt), to, 9, rbuf, (int)count, mpi_type(dt), from, 9, c->mpi,
+    int rc = MPI_Sendrecv(ss.host, (int)count, mpi_type(dt), to, 9, sr.host, (int)count, mpi_type(dt), from, 9, c->mpi,
                           MPI_STATUS_IGNORE);
     wd_leave();
+    (void)stage_out(&ss, 0);
+    st = stage_out(&sr, rc == MPI_SUCCESS);
     if (rc != MPI_SUCCESS) return mpi_fail(c, "sendrecv (MPI_Sendrecv)", rc);
+    return st;
 #endif
     return MT_OK;
 }

@@ -15,8 +15,9 @@
  *          parallelism) or one reduce-scatter into the shard (ZeRO-1).
  *   every  ZeRO-1 only: after each micro-batch's backward the fp32 gradient is
  *          reduce-scattered and added into a shard-sized grad_dtype accumulator
- *          (1/n of the memory; on a GPU the reduce-scatter overlaps the next
- *          micro-batch's compute).
+ *          (1/n of the memory). The reduce-scatter is a blocking call: it does not
+ *          overlap the next micro-batch's compute yet (with NCCL it is queued on the
+ *          comm stream and the compute stream waits for it at once).
  * Every add into a bfloat16 accumulator is done in fp32 and rounded once to nearest
  * even (never bf16 + bf16). Sums are exact to fp32 rounding in a different order than
  * one process summing the whole batch, hence the 1e-5 relative test tolerance.

@@ -8,9 +8,14 @@
 #  - hung: rank 1 is stopped with SIGSTOP; the survivors' watchdog
 #    (collective_timeout_s=5) must end them within 60 s with
 #    "rank R: <collective> on the '<group>' communicator did not complete".
+# With a second argument `cuda` (tests/test_emu_mpi_failure.sh) the ranks run
+# meshtrain-emu with backend=cuda (each an emulated GPU, collectives on device buffers
+# staged through host memory): the same two cases.
 set -u
 . "$(dirname "$0")/lib.sh"
-mt_build test_mpi_failure.sh "${1:-}"
+backend="${2:-cpu}"
+mt_build test_mpi_failure.sh "${1:-}" "$([ "$backend" = cuda ] && echo meshtrain-emu || echo meshtrain)"
+[ "$backend" = cuda ] && export CUDAEMU_QUIET=1 CUDAEMU_DEVICES=4
 mt_need_tools mpi_layout
 tool=${tools[0]}
 mt_need_mpirun
@@ -31,7 +36,7 @@ steps: 100000
 eval_interval: 0
 checkpoint_period: 0
 log_period: 1
-backend: cpu
+backend: $backend
 ici_data_parallelism: 4
 shard_optimizer_over_data: true
 collective_timeout_s: 5
@@ -46,7 +51,7 @@ run_case() {
     mpirun --oversubscribe -np 4 "$bin" train "$tmp/cfg/run.yml" run_name=$sig > "$tmp/$sig.log" 2>&1 &
     local mp=$!
     local i
-    for ((i = 0; i < 300; i++)); do
+    for ((i = 0; i < 1200; i++)); do
         grep -q "^step 3/" "$tmp/$sig.log" 2>/dev/null && break
         sleep 0.1
     done

@@ -15,9 +15,14 @@
 #    their first losses agree to 1e-5 and the checkpoints they write hold the loaded
 #    parameters bitwise.
 # adam_eps = 1e-5 for the reason given in tests/test_mpi_layouts.sh.
+# With a second argument `cuda` (tests/test_emu_mpi_resume.sh) every run uses
+# meshtrain-emu with backend=cuda (checkpoints written from and loaded into device
+# shards); the same checks.
 set -u
 . "$(dirname "$0")/lib.sh"
-mt_build test_mpi_resume.sh "${1:-}"
+backend="${2:-cpu}"
+mt_build test_mpi_resume.sh "${1:-}" "$([ "$backend" = cuda ] && echo meshtrain-emu || echo meshtrain)"
+[ "$backend" = cuda ] && export CUDAEMU_QUIET=1 CUDAEMU_DEVICES=4
 mt_need_tools mpi_layout
 tool=${tools[0]}
 mt_need_mpirun
@@ -44,7 +49,7 @@ warmup_steps_fraction: 0
 eval_interval: 0
 checkpoint_period: 2
 log_period: 1
-backend: cpu
+backend: $backend
 seed: 5
 YML
 "$bin" train "$tmp/cfg/run.yml" run_name=single per_device_batch_size=4 > "$tmp/single.log" 2>&1 ||

@@ -9,8 +9,9 @@
  * and with parameter host offload). A config the trainer refuses is refused here with
  * the trainer's message. The trainer's own entries (gradient buffers, accumulators,
  * windows) are never re-derived here, so changes to them flow through.
- * Buffers are float32 (the only compute dtype the trainer runs today) apart from the
- * bfloat16 gradient accumulators of grad_dtype=bfloat16. */
+ * Activations and the compute copy of the weights are of the config's dtype (float32 or
+ * bfloat16), master weights and optimizer moments float32, gradient accumulators of
+ * grad_dtype, as the trainer allocates them. */
 #ifndef MT_TRAIN_ESTIMATE_H
 #define MT_TRAIN_ESTIMATE_H
 
@@ -67,7 +68,7 @@ typedef struct mt_memory_report {
  * *plan / *host_plan (may be NULL) receive the finalised plans, which the caller frees.
  * Errors: MT_ERR_INVALID (config, a mesh that does not match num_devices, a layout the
  * model does not divide: the message names the keys), MT_ERR_UNSUPPORTED (what the
- * trainer refuses for every layout: dtype or weight_dtype other than float32),
+ * trainer refuses for every layout: e.g. weight_dtype other than float32),
  * MT_ERR_OOM. */
 mt_status mt_memory_plan_rank(const mt_train_config *cfg, mt_memory_report *rep, mt_plan **plan, mt_plan **host_plan);
 

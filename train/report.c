@@ -265,7 +265,8 @@ static void estimate_table(const mt_train_config *cfg, const mt_memory_report *r
                           : "fixed batch size, lightest policy that fits",
            any_fixed ? ", respecting the fixed tensors" : "", res->plans, res->seconds);
     printf("step model: %.0f TFLOP/s per device, host link %.0f GB/s, collective link %.0f GB/s, no overlap; "
-           "float32 buffers (%s)\n", sm->device_flops / 1e12, sm->host_bw / 1e9, sm->link_bw / 1e9, sm->device);
+           "dtype=%s (%s)\n", sm->device_flops / 1e12, sm->host_bw / 1e9, sm->link_bw / 1e9,
+           mt_dtype_name(cfg->dtype), sm->device);
     if (cpu)
         printf("note: backend=cpu: the step model describes that GPU, not a CPU, so the step s and tokens/s "
                "columns (and the ranking) mean nothing here; the memory figures are exact\n");

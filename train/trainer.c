@@ -68,6 +68,11 @@ mt_status mt_trainer_select_backend(const mt_train_config *cfg, mt_backend **be)
         const mt_backend_caps caps = mt_backend_kind_caps(cfg->backend);
         MT_TRY(mt_trainer_check_caps(cfg, &caps, kind_name(cfg->backend)));
     }
+    /* one process per GPU: a rank of a multi-rank job takes its node-local device before
+     * the backend makes its first CUDA call (a single process keeps the current device,
+     * which a library user may have chosen) */
+    if (mt_comm_world_size() > 1)
+        MT_TRY(mt_backend_bind_device(cfg->backend, mt_comm_local_rank(), mt_comm_local_size()));
     MT_TRY(mt_backend_create(cfg->backend, be));
     const mt_status st = mt_trainer_check_caps(cfg, &(*be)->caps, (*be)->name);
     if (st != MT_OK) {
@@ -106,23 +111,31 @@ static mt_status plan_dims(const mt_train_config *cfg, int dims[MT_MESH_AXES]) {
     return check_layout(cfg, dims);
 }
 
-/* The process group and the mesh of the ici_* keys (checked before any compute), and
- * the refusal of more than one rank on a backend without caps->multi_rank (made from
- * the config's backend kind, before any device is probed). */
-static mt_status setup_mesh(mt_trainer *t, const mt_backend_caps *caps, const char *backend) {
+/* The process group and the mesh sizes of the ici_* keys (checked before any compute),
+ * and the refusal of more than one rank on a backend without caps->multi_rank (made
+ * from the config's backend kind, before any device is probed). */
+static mt_status setup_layout(mt_trainer *t, const mt_backend_caps *caps, const char *backend,
+                              int dims[MT_MESH_AXES]) {
     MT_TRY(mt_comm_world_init());
     mt_comm_set_timeout(t->cfg.collective_timeout_s);
     int64_t ici[MT_MESH_AXES];
-    int dims[MT_MESH_AXES];
     cfg_ici(&t->cfg, ici);
     MT_TRY(mt_mesh_resolve(ici, mt_comm_world_size(), dims));
     MT_TRY(check_layout(&t->cfg, dims));
     if (mt_comm_world_size() > 1 && !caps->multi_rank)
         return mt_set_error(MT_ERR_UNSUPPORTED, "backend=%s with %d ranks: the trainer does not run multi-rank "
-                            "on this backend yet (its optimizer and checkpoint collectives use host buffers; "
-                            "parallel/comm.h's NCCL communicators are not wired in); multi-rank runs use "
-                            "backend=cpu", backend, mt_comm_world_size());
-    return mt_mesh_create(&t->mesh, dims);
+                            "on this backend; multi-rank runs use backend=cpu or backend=cuda", backend,
+                            mt_comm_world_size());
+    return MT_OK;
+}
+
+/* The mesh's communicators, once the backend exists (its device is bound): with a
+ * device backend they carry NCCL where this build has it, and the other device buffers
+ * are staged through host memory (parallel/comm.h). */
+static mt_status setup_mesh(mt_trainer *t, const int dims[MT_MESH_AXES]) {
+    const int device = t->be->caps.device_memory;
+    if (device) mt_comm_set_device_backend(t->be);
+    return mt_mesh_create_on(&t->mesh, dims, device && mt_comm_have_nccl() ? MT_COMM_DEVICE : MT_COMM_HOST);
 }
 
 
@@ -307,11 +320,7 @@ static mt_status load_model_params(mt_trainer *t, const char *dir) {
     if (!t->gs.params_sharded) return mt_checkpoint_load_model(dir, t->model);
     float *full = malloc(sizeof(float) * (size_t)t->numel);
     if (!full) return mt_set_error(MT_ERR_OOM, "fsdp: cannot allocate %lld floats", (long long)t->numel);
-    mt_status st = mt_model_fsdp_bind_full(t->model, full);
-    if (st == MT_OK) {
-        st = mt_checkpoint_load_model(dir, t->model);
-        mt_model_fsdp_bind_full(t->model, NULL);
-    }
+    mt_status st = mt_checkpoint_load_host(dir, t->model, full);
     if (st == MT_OK)
         st = t->be->ops->copy_to_device(t->be, mt_model_params(t->model), full + t->gs.flo,
                                         (size_t)(t->gs.fhi - t->gs.flo) * sizeof(float));
@@ -333,8 +342,10 @@ mt_status mt_trainer_create_ex(mt_trainer **out, const mt_train_config *cfg, int
     if (!t) return mt_set_error(MT_ERR_OOM, "trainer: out of memory");
     t->cfg = *cfg;
     const mt_backend_caps kind_caps = mt_backend_kind_caps(cfg->backend);
-    mt_status st = setup_mesh(t, &kind_caps, kind_name(cfg->backend));
+    int dims[MT_MESH_AXES];
+    mt_status st = setup_layout(t, &kind_caps, kind_name(cfg->backend), dims);
     if (st == MT_OK) st = mt_trainer_select_backend(cfg, &t->be);
+    if (st == MT_OK) st = setup_mesh(t, dims);
     if (st == MT_OK) st = mt_plan_new(&t->host_plan);
     if (st == MT_OK)
         st = build_plan(cfg, t->be, &t->model, &t->plan, &t->opt, &t->gs, t->mesh, t->mesh->dims, t->host_plan,
@@ -388,7 +399,9 @@ mt_status mt_trainer_create_ex(mt_trainer **out, const mt_train_config *cfg, int
         t->sched = mt_lr_schedule_make(cfg->learning_rate, cfg->warmup_steps_fraction,
                                        cfg->cosine_learning_rate_final_fraction, cfg->steps);
         t->flops_per_token = mt_flops_per_token(&cfg->model, cfg->max_target_length);
-        t->peak_flops = t->be->caps.peak_flops;
+        /* the step's token count is the job's (summed over data x fsdp x context), so its
+         * FLOPs are set against the peak of every device of the job */
+        t->peak_flops = t->be->caps.peak_flops * (double)t->mesh->world;
         char tmp[MT_PATH];
         if (!mt_trainer_path_join(tmp, sizeof tmp, cfg->base_output_directory, cfg->run_name))
             st = mt_set_error(MT_ERR_INVALID, "base_output_directory + run_name is too long");
@@ -418,6 +431,7 @@ void mt_trainer_free(mt_trainer *t) {
     free(t->sparams);
     mt_grad_sync_free(&t->gs);
     mt_mesh_free(t->mesh);
+    if (t->be && t->be->caps.device_memory) mt_comm_set_device_backend(NULL);
     mt_backend_free(t->be); /* after every buffer it allocated (the arena) */
     free(t);
 }
@@ -429,7 +443,7 @@ const mt_plan *mt_trainer_get_plan(const mt_trainer *t) { return t->plan; }
 
 int mt_trainer_world_rank(const mt_trainer *t) { return t->mesh->rank; }
 
-static mt_status save_checkpoint(mt_trainer *t, char *out_path, size_t out_size);
+static mt_status save_checkpoint(mt_trainer *t, const float *full, char *out_path, size_t out_size);
 
 mt_status mt_trainer_save_checkpoint(mt_trainer *t, char *out_path, size_t out_size) {
     mt_status st;
@@ -437,14 +451,10 @@ mt_status mt_trainer_save_checkpoint(mt_trainer *t, char *out_path, size_t out_s
         float *full = malloc(sizeof(float) * (size_t)t->numel);
         if (!full) return mt_set_error(MT_ERR_OOM, "fsdp: cannot allocate %lld floats", (long long)t->numel);
         st = mt_trainer_gather_params(t, full);
-        if (st == MT_OK) st = mt_model_fsdp_bind_full(t->model, full);
-        if (st == MT_OK) {
-            st = save_checkpoint(t, out_path, out_size);
-            mt_model_fsdp_bind_full(t->model, NULL);
-        }
+        if (st == MT_OK) st = save_checkpoint(t, full, out_path, out_size);
         free(full);
     } else {
-        st = save_checkpoint(t, out_path, out_size);
+        st = save_checkpoint(t, NULL, out_path, out_size);
     }
     /* Saving happens while a run is under way: a directory that cannot be made,
      * cleared or renamed is a write failure like a full disk (exit 1), not bad input. */
@@ -459,7 +469,9 @@ mt_status mt_trainer_gather_params(mt_trainer *t, float *host) {
     return MT_OK;
 }
 
-static mt_status save_checkpoint(mt_trainer *t, char *out_path, size_t out_size) {
+/* Write checkpoints/step_N (rank 0; the others join the train-state gather and wait):
+ * the model's parameters from the device, or from full[numel] (host) when not NULL. */
+static mt_status save_checkpoint(mt_trainer *t, const float *full, char *out_path, size_t out_size) {
     char ckdir[MT_PATH], final[MT_PATH], tmp[MT_PATH + 8], old[MT_PATH + 8], name[48];
     if (t->mesh->rank != 0) { /* joins rank 0's gather of the optimizer shards; writes nothing */
         if (out_path && out_size) out_path[0] = '\0';
@@ -480,7 +492,8 @@ static mt_status save_checkpoint(mt_trainer *t, char *out_path, size_t out_size)
     mt_rundir_new_id(ckid);
     const char *meta[] = {"meshtrain_step", name + 5, "meshtrain_run_id", t->run_id, "meshtrain_checkpoint_id", ckid,
                           NULL};
-    mt_status ws = mt_checkpoint_save_model_meta(tmp, t->model, MT_F32, meta);
+    mt_status ws = full ? mt_checkpoint_save_host(tmp, t->model, full, MT_F32, meta)
+                        : mt_checkpoint_save_model_meta(tmp, t->model, MT_F32, meta);
     if (ws == MT_OK) ws = mt_train_state_write(t, tmp, ckid);
     if (ws != MT_OK) {
         /* Writing into the directory just made failed (disk full, I/O error, short

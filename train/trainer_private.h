@@ -37,7 +37,7 @@ struct mt_trainer {
     int32_t *tokens, *labels; /* host [B*T] */
     int64_t step;             /* optimizer steps done */
     int resumed;
-    double flops_per_token, peak_flops;
+    double flops_per_token, peak_flops; /* peak_flops: one device's x the world size (the job's) */
     char run_dir[MT_PATH];
     /* which history the checkpoints belong to (see "checkpoint identity" below) */
     char run_id[MT_ID_LEN];         /* this run's, in every checkpoint it writes ("" until chosen) */

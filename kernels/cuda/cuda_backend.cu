@@ -199,6 +199,51 @@ extern "C" int mt_cuda_backend_available(void) {
     return usable;
 }
 
+extern "C" mt_status mt_cuda_bind_device(int local_rank, int local_size) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n <= 0) {
+        (void)cudaGetLastError();
+        return mt_set_error(MT_ERR_UNSUPPORTED, "backend=cuda: no CUDA device is visible");
+    }
+    if (local_size > n) {
+        const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+        return mt_set_error(MT_ERR_INVALID, "%d ranks run on this node but it has %d visible CUDA device%s%s%s%s: "
+                            "start at most %d ranks per node (one process per GPU)", local_size, n, n == 1 ? "" : "s",
+                            vis ? " (CUDA_VISIBLE_DEVICES=" : "", vis ? vis : "", vis ? ")" : "", n);
+    }
+    const int dev = local_rank < 0 ? 0 : local_rank;
+    e = cudaSetDevice(dev);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return mt_set_error(MT_ERR_RUNTIME, "cudaSetDevice(%d) (node-local rank %d): %s", dev, local_rank,
+                            cudaGetErrorString(e));
+    }
+    return MT_OK;
+}
+
+extern "C" int mt_cuda_is_device_ptr(const void *p) {
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return a.type == cudaMemoryTypeDevice;
+}
+
+extern "C" void *mt_cuda_host_alloc(size_t bytes) {
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+extern "C" void mt_cuda_host_free(void *p) {
+    if (p) (void)cudaFreeHost(p);
+}
+
 extern "C" mt_status mt_cuda_backend_create(mt_backend **out) {
     *out = NULL;
     if (!mt_cuda_backend_available())
