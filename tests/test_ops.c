@@ -16,6 +16,7 @@
 #include <omp.h>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_ops.h"
 #include "tests/test_ops_util.h"
 
 
@@ -60,11 +61,14 @@ Test(ops_memory, alloc_copy_zero) {
 
 /* ------------------------------------------------------------------ gemm */
 
+/* dense: leading dimensions equal to the rows (lda = ac, ...), the operands the model
+ * passes and the only ones oneDNN's brgemm matmul takes (kernels/cpu/gemm.c); else
+ * padded strides, which go to OpenBLAS. */
 static void gemm_case(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, float beta,
-                      int nan_c) {
+                      int nan_c, int dense) {
     tu_rng r = {42 + (uint64_t)(ta * 2 + tb)};
     const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
-    const int64_t lda = ac + 3, ldb = bc + 2, ldc = N + 5;
+    const int64_t lda = ac + (dense ? 0 : 3), ldb = bc + (dense ? 0 : 2), ldc = N + (dense ? 0 : 5);
     float *A = tu_falloc(ar * lda), *B = tu_falloc(br * ldb), *C = tu_falloc(M * ldc);
     tu_fill_normal(&r, A, ar * lda, 1.0);
     tu_fill_normal(&r, B, br * ldb, 1.0);
@@ -94,7 +98,8 @@ static void gemm_case(int ta, int tb, int64_t M, int64_t N, int64_t K, float alp
      * |error| <= gamma_(K+2) (|alpha| sum_k |a b| + |beta c|) (Higham Eq. 3.5). Relative
      * to the largest entry that is gamma_(K+2) absmax / max|C| (absmax computed above). */
     char what[64];
-    snprintf(what, sizeof what, "gemm ta=%d tb=%d beta=%g%s", ta, tb, beta, nan_c ? " NaN C" : "");
+    snprintf(what, sizeof what, "gemm ta=%d tb=%d %ldx%ldx%ld beta=%g%s%s", ta, tb, (long)M, (long)N, (long)K, beta,
+             nan_c ? " NaN C" : "", dense ? " dense" : "");
     const double u = 0x1p-24, g = (double)(K + 2) * u / (1.0 - (double)(K + 2) * u);
     EXPECT_ERR(what, tu_rel_err(got, want, M * N), g * absmax / tu_max_abs(want, M * N));
     /* padding columns of C beyond N are untouched */
@@ -108,8 +113,48 @@ static void gemm_case(int ta, int tb, int64_t M, int64_t N, int64_t K, float alp
 Test(ops_gemm, all_transposes_against_fp64) {
     for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++) {
-            gemm_case(ta, tb, 13, 11, 37, 0.7f, -1.3f, 0);
-            gemm_case(ta, tb, 13, 11, 37, 1.0f, 0.0f, 1); /* beta = 0 must not read C */
+            for (int dense = 0; dense < 2; dense++) {
+                gemm_case(ta, tb, 13, 11, 37, 0.7f, -1.3f, 0, dense);
+                gemm_case(ta, tb, 13, 11, 37, 1.0f, 0.0f, 1, dense); /* beta = 0 must not read C */
+            }
+            /* a shape of the model's size class, dense (oneDNN on AVX-512, OpenBLAS tiles elsewhere) */
+            gemm_case(ta, tb, 96, 80, 200, 1.0f, 1.0f, 0, 1);
+        }
+}
+
+/* The bits of C do not depend on the thread count (ops.h determinism; kernels/cpu/gemm.c:
+ * OpenBLAS single-threaded on tiles, oneDNN's matmul splitting only M and N), for dense
+ * operands (oneDNN where the CPU has AVX-512 fp32 or AMX bf16) and strided ones
+ * (OpenBLAS), fp32 and bf16 operands, shapes large enough to be split across threads. */
+Test(ops_determinism, gemm_thread_count_does_not_change_bits) {
+    const int64_t M = 320, N = 192, K = 288;
+    const int keep = omp_get_max_threads();
+    tu_rng r = {7};
+    for (int dt = 0; dt < 2; dt++)
+        for (int dense = 0; dense < 2; dense++) {
+            const mt_dtype ab = dt ? MT_BF16 : MT_F32;
+            const int64_t pad = dense ? 0 : 4, lda = K + pad, ldb = K + pad, ldc = N + pad;
+            float *A = tu_falloc(M * lda), *B = tu_falloc(N * ldb);
+            tu_fill_normal(&r, A, M * lda, 1.0);
+            tu_fill_normal(&r, B, N * ldb, 1.0);
+            void *Ap = A, *Bp = B;
+            mt_bf16 *Ah = NULL, *Bh = NULL;
+            if (dt) {
+                Ap = Ah = tu_bf16_copy(A, M * lda);
+                Bp = Bh = tu_bf16_copy(B, N * ldb);
+            }
+            float *C[2];
+            for (int t = 0; t < 2; t++) {
+                omp_set_num_threads(t + 1);
+                C[t] = tu_falloc(M * ldc);
+                TU_OK(be()->ops->gemm(be(), 0, 1, M, N, K, 1.0f, Ap, lda, Bp, ldb, ab, 0.0f, C[t], ldc, MT_F32));
+            }
+            omp_set_num_threads(keep);
+            int same = 1;
+            for (int64_t i = 0; i < M; i++) same &= tu_bitwise_equal(C[0] + i * ldc, C[1] + i * ldc, N);
+            cr_expect(same, "gemm %s %s: 1 and 2 threads differ (%s)", mt_dtype_name(ab), dense ? "dense" : "strided",
+                      mt_cpu_gemm_kernel());
+            free(A), free(B), free(Ah), free(Bh), free(C[0]), free(C[1]);
         }
 }
 

@@ -90,10 +90,13 @@ static float *bf16_normal(tu_rng *r, int64_t n, double std) {
  * (bf16 x bf16 fits fp32), the sums, alpha and beta in any order and K slicing:
  * e32 = gamma_(K+2) (|alpha| sum_k |a b| + |beta c|) (test_ops.c gemm_case); a bf16 C
  * is that value rounded once. With beta == 0, C holds NaN and must not be read. */
-static void gemm_case(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, float beta, mt_dtype c_dt) {
+/* dense: leading dimensions equal to the rows (the model's operands; oneDNN takes those
+ * on AMX CPUs), else padded strides (OpenBLAS on widened operands). */
+static void gemm_case(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, float beta, mt_dtype c_dt,
+                      int dense) {
     tu_rng r = {1000 + (uint64_t)(ta * 2 + tb) + (uint64_t)(c_dt * 4) + (uint64_t)(beta != 0.0f) * 8};
     const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
-    const int64_t lda = ac + 3, ldb = bc + 2, ldc = N + 5;
+    const int64_t lda = ac + (dense ? 0 : 3), ldb = bc + (dense ? 0 : 2), ldc = N + (dense ? 0 : 5);
     float *A = bf16_normal(&r, ar * lda, 1.0), *B = bf16_normal(&r, br * ldb, 1.0);
     float *C = bf16_normal(&r, M * ldc, 1.0);
     if (beta == 0.0f)
@@ -118,8 +121,8 @@ static void gemm_case(int ta, int tb, int64_t M, int64_t N, int64_t K, float alp
     void *Cp = c_dt == MT_BF16 ? (void *)Ch : (void *)Cf;
     TU_OK(be()->ops->gemm(be(), ta, tb, M, N, K, alpha, Ah, lda, Bh, ldb, MT_BF16, beta, Cp, ldc, c_dt));
     char what[96];
-    snprintf(what, sizeof what, "gemm bf16 -> %s ta=%d tb=%d M=%ld K=%ld beta=%g", mt_dtype_name(c_dt), ta, tb,
-             (long)M, (long)K, beta);
+    snprintf(what, sizeof what, "gemm bf16 -> %s ta=%d tb=%d M=%ld K=%ld beta=%g%s", mt_dtype_name(c_dt), ta, tb,
+             (long)M, (long)K, beta, dense ? " dense" : "");
     int pad_kept = 1;
     if (c_dt == MT_BF16) {
         mt_bf16 *got = calloc((size_t)(M * N), sizeof(mt_bf16));
@@ -145,13 +148,15 @@ static void gemm_case(int ta, int tb, int64_t M, int64_t N, int64_t K, float alp
 Test(ops_bf16_gemm, dtype_combinations_and_transposes) {
     /* M = 300 > 256 rows and K = 530 > 512 cross the CPU's bf16 tiles and K slices */
     for (int ta = 0; ta < 2; ta++)
-        for (int tb = 0; tb < 2; tb++) {
-            gemm_case(ta, tb, 300, 17, 530, 0.7f, -1.3f, MT_F32);
-            gemm_case(ta, tb, 300, 17, 530, 0.7f, 0.6f, MT_BF16); /* round(alpha AB + beta float(C)) */
-            gemm_case(ta, tb, 13, 11, 37, 1.0f, 0.0f, MT_BF16);   /* beta = 0: NaN C not read */
-            gemm_case(ta, tb, 13, 11, 37, 1.0f, 0.0f, MT_F32);
-        }
-    gemm_case(0, 1, 5, 300, 9, -0.5f, 2.0f, MT_BF16); /* N = 300 > 256 columns */
+        for (int tb = 0; tb < 2; tb++)
+            for (int dense = 0; dense < 2; dense++) {
+                gemm_case(ta, tb, 300, 17, 530, 0.7f, -1.3f, MT_F32, dense);
+                gemm_case(ta, tb, 300, 17, 530, 0.7f, 0.6f, MT_BF16, dense); /* round(alpha AB + beta float(C)) */
+                gemm_case(ta, tb, 13, 11, 37, 1.0f, 0.0f, MT_BF16, dense);   /* beta = 0: NaN C not read */
+                gemm_case(ta, tb, 13, 11, 37, 1.0f, 0.0f, MT_F32, dense);
+            }
+    gemm_case(0, 1, 5, 300, 9, -0.5f, 2.0f, MT_BF16, 0); /* N = 300 > 256 columns */
+    gemm_case(0, 1, 5, 300, 9, -0.5f, 2.0f, MT_BF16, 1);
 }
 
 Test(ops_bf16_gemm, empty_k_and_bad_dtypes) {
