@@ -7,12 +7,17 @@
  *                   (fp32 accumulation): the library's own figures.
  *   attention.json  attention forward + backward TFLOP/s, causal, head_dim 128 and 256,
  *                   sequence 4096 and 8192 (FLOPs: 4 B H T^2 Dh / 2 forward, 2.5 times
- *                   that backward, the FlashAttention-2 paper's convention).
+ *                   that backward, the FlashAttention-2 paper's convention), in fp32 and
+ *                   bf16 (the tensor-core kernels of kernels/cuda/attention_mma.cu),
+ *                   next to the target: FlashAttention-2's ~330 TFLOP/s forward +
+ *                   backward at head_dim 128 (Dao 2023, arXiv:2307.08691, on an H100).
  *   step.json       one training step (forward, backward, global norm, AdamW) of
- *                   gemma-2b- and llama3.1-8b-shaped models: tokens/s, MFU against 989
+ *                   gemma-2b- and llama3.1-8b-shaped models, fp32 and bf16 (bf16
+ *                   activations and compute weights, fp32 master, gradients and
+ *                   moments: mt_model_set_dtype): tokens/s, MFU against 989
  *                   TFLOP/s (H100/H200 dense bf16) with 6 N + 6 L H Dh T FLOPs per token
  *                   (PaLM's formula, attention halved for causality), and planned
- *                   (mt_plan_peak + AdamW moments and segments + GEMM workspace) against measured
+ *                   (mt_plan_peak, which holds the GEMM workspace, + AdamW moments and segments) against measured
  *                   (cudaMemGetInfo before/after) device memory. Layers are removed
  *                   until the fp32 step fits in 85% of the device.
  *
@@ -22,8 +27,11 @@
  *
  * Usage: gpu_bench OUTDIR [SOURCE_DIR]   (SOURCE_DIR holds configs/models/NAME.yml)
  * Exit 77 when no CUDA device is visible. The whole run is sized for under 3 minutes
- * on an H200 with the fp32 baseline kernels.
- * UNVERIFIED: written without a GPU; it compiles and links, it has never run. */
+ * on an H200 with the fp32 baseline kernels. MT_GPU_BENCH_SMOKE=1 shrinks every shape
+ * (GEMMs of 64, sequences of 128, llama3-tiny for the step) so that the same code runs
+ * in seconds on the CUDA emulator (tests/test_emu_gpu_bench.sh checks its JSON); its
+ * figures mean nothing.
+ * Not yet run on a GPU: no device has been lent since it was written. */
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -44,6 +52,7 @@
 #define PEAK_TFLOPS 989.0
 
 static mt_backend *G;
+static int g_smoke; /* MT_GPU_BENCH_SMOKE=1: tiny shapes (see the top) */
 
 /* Milliseconds per call of fn(ctx), after one warm-up, averaged over reps. */
 static double time_ms(void (*fn)(void *), void *ctx, int reps) {
@@ -71,6 +80,19 @@ static void *dalloc_fill(size_t bytes) {
     void *p = NULL;
     if (cudaMalloc(&p, bytes) != cudaSuccess) return NULL;
     fill_random(p, bytes);
+    return p;
+}
+
+/* n elements of dt, filled like dalloc_fill (bf16: the same values rounded, all finite). */
+static void *dalloc_fill_dt(int64_t n, mt_dtype dt) {
+    if (dt == MT_F32) return dalloc_fill((size_t)n * 4);
+    void *p = NULL, *tmp = dalloc_fill((size_t)n * 4);
+    if (!tmp || cudaMalloc(&p, (size_t)n * 2) != cudaSuccess) {
+        cudaFree(tmp);
+        return NULL;
+    }
+    TOOL_OK(G->ops->from_f32(G, p, MT_BF16, tmp, n, 0, 0, 0));
+    cudaFree(tmp);
     return p;
 }
 
@@ -171,13 +193,15 @@ static int write_doc(const char *dir, const char *name, const cJSON *doc, int ba
 }
 
 static int bench_gemm(const char *dir) {
-    static const int64_t shapes[][3] = {
+    static const int64_t full[][3] = {
         {8192, 4096, 4096},   /* llama3.1-8b q_proj / o_proj, 8k tokens */
         {8192, 14336, 4096},  /* llama3.1-8b gate / up */
         {8192, 4096, 14336},  /* llama3.1-8b down */
         {8192, 16384, 2048},  /* gemma-2b gate / up */
         {8192, 32768, 2048},  /* a vocabulary tile of gemma-2b's unembedding */
     };
+    static const int64_t smoke[][3] = {{64, 48, 32}, {32, 64, 96}};
+    const int64_t(*shapes)[3] = g_smoke ? smoke : full;
     cJSON *doc = cJSON_CreateObject();
     int bad = mt_json_add_double(doc, "device_peak_bf16_tflops", PEAK_TFLOPS, "%.1f");
     cJSON *rows = mt_json_add_array(doc, "gemm");
@@ -188,7 +212,7 @@ static int bench_gemm(const char *dir) {
     cublasLtHandle_t lt;
     cublasLtCreate(&lt);
     void *ws = dalloc_fill((size_t)32 << 20);
-    const int ns = (int)(sizeof shapes / sizeof shapes[0]);
+    const int ns = g_smoke ? (int)(sizeof smoke / sizeof smoke[0]) : (int)(sizeof full / sizeof full[0]);
     for (int s = 0; s < ns; s++) {
         gemm_ctx c;
         memset(&c, 0, sizeof c);
@@ -236,7 +260,8 @@ static int bench_gemm(const char *dir) {
 
 typedef struct att_ctx {
     mt_attn_args a;
-    float *q, *k, *v, *o, *lse, *dout, *dq, *dk, *dv;
+    void *q, *k, *v, *o, *dout, *dq, *dk, *dv; /* of a.dtype */
+    float *lse;
 } att_ctx;
 
 static void att_fwd(void *p) {
@@ -252,26 +277,39 @@ static void att_bwd(void *p) {
 static int bench_attention(const char *dir) {
     cJSON *doc = cJSON_CreateObject();
     int bad = mt_json_add_bool(doc, "causal", 1);
-    bad |= mt_json_add_string(doc, "dtype", "fp32");
+    bad |= mt_json_add_double(doc, "target_fwd_bwd_tflops_hd128", 330.0, "%.0f"); /* FlashAttention-2, H100 */
     cJSON *rows = mt_json_add_array(doc, "attention");
     if (write_doc(dir, "attention.json", doc, bad || !rows)) {
         cJSON_Delete(doc);
         return 1;
     }
-    static const int64_t cases[][4] = {{128, 4096, 16, 8}, {128, 8192, 16, 8}, {256, 4096, 8, 4}, {256, 8192, 8, 4}};
-    for (int i = 0; i < 4; i++) {
+    static const int64_t full[][4] = {{128, 4096, 16, 8}, {128, 8192, 16, 8}, {256, 4096, 8, 4}, {256, 8192, 8, 4}};
+    static const int64_t smoke[][4] = {{128, 128, 2, 1}, {64, 96, 2, 2}};
+    const int64_t(*cases)[4] = g_smoke ? smoke : full;
+    const int ncases = g_smoke ? 2 : 4;
+    for (int i = 0; i < 2 * ncases; i++) {
+        const mt_dtype dt = i < ncases ? MT_F32 : MT_BF16;
+        if (dt == MT_BF16 && !mt_backend_has_dtype(&G->caps, MT_BF16)) break;
         att_ctx c;
         memset(&c, 0, sizeof c);
-        const int64_t Dh = cases[i][0], T = cases[i][1], H = cases[i][2], Hkv = cases[i][3], B = 1;
+        const int64_t *cs = cases[i % ncases];
+        const int64_t Dh = cs[0], T = cs[1], H = cs[2], Hkv = cs[3], B = 1;
         c.a = (mt_attn_args){.B = B, .Tq = T, .Tk = T, .H = H, .Hkv = Hkv, .Dh = Dh,
-                             .scale = (float)(1.0 / sqrt((double)Dh)), .softcap = 0.0f, .window = 0};
-        const size_t nq = (size_t)(B * T * H * Dh) * 4, nk = (size_t)(B * T * Hkv * Dh) * 4;
-        c.q = dalloc_fill(nq), c.o = dalloc_fill(nq), c.dout = dalloc_fill(nq), c.dq = dalloc_fill(nq);
-        c.k = dalloc_fill(nk), c.v = dalloc_fill(nk), c.dk = dalloc_fill(nk), c.dv = dalloc_fill(nk);
+                             .scale = (float)(1.0 / sqrt((double)Dh)), .softcap = 0.0f, .window = 0, .dtype = dt};
+        const int64_t nq = B * T * H * Dh, nk = B * T * Hkv * Dh;
+        c.q = dalloc_fill_dt(nq, dt), c.o = dalloc_fill_dt(nq, dt), c.dout = dalloc_fill_dt(nq, dt);
+        c.dq = dalloc_fill_dt(nq, dt), c.k = dalloc_fill_dt(nk, dt), c.v = dalloc_fill_dt(nk, dt);
+        c.dk = dalloc_fill_dt(nk, dt), c.dv = dalloc_fill_dt(nk, dt);
         c.lse = dalloc_fill((size_t)(B * H * T) * 4);
+        if (!c.q || !c.o || !c.dout || !c.dq || !c.k || !c.v || !c.dk || !c.dv || !c.lse) {
+            fprintf(stderr, "gpu_bench: attention: out of device memory\n");
+            return 1;
+        }
+        att_fwd(&c); /* o and lse of these inputs, as the backward expects */
         const double fwd_flop = 4.0 * B * H * (double)T * T * Dh / 2.0;
         const double tf = time_ms(att_fwd, &c, 2), tb = time_ms(att_bwd, &c, 2);
         cJSON *row = mt_json_add_object(rows, NULL);
+        bad |= mt_json_add_string(row, "dtype", dt == MT_BF16 ? "bf16" : "fp32");
         bad |= mt_json_add_int(row, "head_dim", Dh);
         bad |= mt_json_add_int(row, "seq", T);
         bad |= mt_json_add_int(row, "heads", H);
@@ -315,8 +353,9 @@ static void train_step(void *p) {
 }
 
 /* One training step of model `name` (SOURCE_DIR/configs/models/name.yml) at batch B x
- * seq T, appended to rows as an object. Returns 0, or 1 on a failure (printed). */
-static int bench_step_model(cJSON *rows, const char *src, const char *name, int64_t B, int64_t T) {
+ * seq T in compute dtype dt, appended to rows as an object. Returns 0, or 1 on a
+ * failure (printed). */
+static int bench_step_model(cJSON *rows, const char *src, const char *name, int64_t B, int64_t T, mt_dtype dt) {
     char path[4096];
     snprintf(path, sizeof path, "%s/configs/models/%s.yml", src, name);
     static mt_train_config cfg;
@@ -328,19 +367,18 @@ static int bench_step_model(cJSON *rows, const char *src, const char *name, int6
     const int64_t full_layers = mc.num_decoder_layers;
     size_t freeb = 0, total = 0;
     cudaMemGetInfo(&freeb, &total);
-    const size_t ws = (size_t)32 << 20;
     mt_model *m = NULL;
     mt_plan *plan = NULL;
     size_t planned = 0;
     const int64_t tiles = 8;
-    for (;;) { /* drop layers until the fp32 step fits in 85% of the device */
-        if (mt_model_create(&m, &mc, G, B, T, tiles) != MT_OK || mt_plan_new(&plan) != MT_OK ||
-            mt_model_add_to_plan(m, plan) != MT_OK || mt_plan_finalize(plan) != MT_OK) {
+    for (;;) { /* drop layers until the step fits in 85% of the device */
+        if (mt_model_create(&m, &mc, G, B, T, tiles) != MT_OK || mt_model_set_dtype(m, dt) != MT_OK ||
+            mt_plan_new(&plan) != MT_OK || mt_model_add_to_plan(m, plan) != MT_OK || mt_plan_finalize(plan) != MT_OK) {
             fprintf(stderr, "gpu_bench: %s: %s\n", name, mt_last_error());
             return 1;
         }
         planned = mt_plan_peak(plan) + 2 * (size_t)mt_model_numel(m) * 4 +
-                  sizeof(mt_adamw_segment) * (size_t)mt_model_param_count(m) + ws;
+                  sizeof(mt_adamw_segment) * (size_t)mt_model_param_count(m);
         if (planned <= total / 100 * 85 || mc.num_decoder_layers <= 1) break;
         mt_plan_free(plan);
         mt_model_free(m);
@@ -395,7 +433,7 @@ static int bench_step_model(cJSON *rows, const char *src, const char *name, int6
     const double tps = (double)(B * T) / (ms / 1e3);
     cJSON *row = mt_json_add_object(rows, NULL);
     int bad = mt_json_add_string(row, "model", name);
-    bad |= mt_json_add_string(row, "dtype", "fp32");
+    bad |= mt_json_add_string(row, "dtype", dt == MT_BF16 ? "bf16" : "fp32");
     bad |= mt_json_add_int(row, "layers", mc.num_decoder_layers);
     bad |= mt_json_add_int(row, "full_layers", full_layers);
     bad |= mt_json_add_int(row, "params", c.P);
@@ -426,10 +464,14 @@ static int bench_step(const char *dir, const char *src) {
     bad |= mt_json_add_string(doc, "flops_per_token", "6N + 6 L H Dh T");
     cJSON *rows = mt_json_add_array(doc, "step");
     int rc = write_doc(dir, "step.json", doc, bad || !rows);
-    if (!rc) {
-        rc |= bench_step_model(rows, src, "gemma-2b", 2, 2048);
-        rc |= write_doc(dir, "step.json", doc, 0);
-        rc |= bench_step_model(rows, src, "llama3.1-8b", 1, 4096);
+    for (int i = 0; !rc && i < (g_smoke ? 2 : 4); i++) {
+        const mt_dtype dt = i % 2 ? MT_BF16 : MT_F32;
+        if (dt == MT_BF16 && !mt_backend_has_dtype(&G->caps, MT_BF16)) continue;
+        if (g_smoke)
+            rc |= bench_step_model(rows, src, "llama3-tiny", 1, 64, dt);
+        else
+            rc |= i < 2 ? bench_step_model(rows, src, "gemma-2b", 2, 2048, dt)
+                        : bench_step_model(rows, src, "llama3.1-8b", 1, 4096, dt);
         rc |= write_doc(dir, "step.json", doc, 0);
     }
     cJSON_Delete(doc);
@@ -452,6 +494,8 @@ int main(int argc, char **argv) {
     const char *src = argc > 2 ? argv[2] : ".";
 #endif
     int rc = 0;
+    const char *smoke = getenv("MT_GPU_BENCH_SMOKE");
+    g_smoke = smoke && strcmp(smoke, "1") == 0;
     const char *only = getenv("MT_GPU_BENCH_ONLY"); /* gemm | attention | step */
     if (!only || !strcmp(only, "gemm")) rc |= bench_gemm(argv[1]);
     fprintf(stderr, "gpu_bench: gemm done\n");

@@ -131,3 +131,12 @@ set_tests_properties(test_gpu_attention_mma_emu_asan PROPERTIES LABELS emu TIMEO
 add_executable(mpi_layout_emu ${CMAKE_SOURCE_DIR}/tests/tools/mpi_layout.c)
 target_link_libraries(mpi_layout_emu PRIVATE meshtrain_emu)
 set_target_properties(mpi_layout_emu PROPERTIES LINKER_LANGUAGE CXX RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests/tools)
+
+# bench/gpu_bench.c on the emulated CUDA backend (MT_GPU_BENCH_SMOKE=1: tiny shapes): the
+# benchmark's code paths and JSON run in CI although its figures need a GPU
+# (tests/test_emu_gpu_bench.sh).
+add_executable(gpu_bench_emu ${CMAKE_SOURCE_DIR}/bench/gpu_bench.c)
+target_link_libraries(gpu_bench_emu PRIVATE meshtrain_emu)
+target_include_directories(gpu_bench_emu PRIVATE ${CUDAEMU_DIR}/include)
+target_compile_definitions(gpu_bench_emu PRIVATE MT_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+set_target_properties(gpu_bench_emu PROPERTIES LINKER_LANGUAGE CXX RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bench)
