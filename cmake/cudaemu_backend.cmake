@@ -45,19 +45,6 @@ add_executable(meshtrain-emu ${CMAKE_SOURCE_DIR}/train/main.c)
 target_link_libraries(meshtrain-emu PRIVATE meshtrain_emu)
 set_target_properties(meshtrain-emu PROPERTIES LINKER_LANGUAGE CXX)
 
-foreach(variant emu emu_asan)
-  set(t test_gpu_ops_${variant})
-  add_executable(${t} ${CMAKE_SOURCE_DIR}/tests/test_gpu_ops.c)
-  if(variant STREQUAL emu_asan)
-    target_link_libraries(${t} PRIVATE meshtrain_emu_asan ${CRITERION_LIBRARY})
-    target_compile_options(${t} PRIVATE -fsanitize=address -fno-omit-frame-pointer)
-  else()
-    target_link_libraries(${t} PRIVATE meshtrain_emu ${CRITERION_LIBRARY})
-  endif()
-  target_compile_definitions(${t} PRIVATE MT_SOURCE_DIR="${CMAKE_SOURCE_DIR}" MT_BINARY_DIR="${CMAKE_BINARY_DIR}")
-  set_target_properties(${t} PROPERTIES LINKER_LANGUAGE CXX RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
-endforeach()
-
 # tests/test_emu_*.c: Criterion tests of the library with backend=cuda on the emulator,
 # reading the emulator's own state (tests/cudaemu/include/cudaemu_stats.h), e.g.
 # test_emu_syncs (host synchronisations per training step). Label emu.
@@ -73,58 +60,54 @@ foreach(src ${MT_EMU_TEST_SOURCES})
   set_tests_properties(${t} PROPERTIES LABELS emu TIMEOUT 600 ENVIRONMENT "CUDAEMU_QUIET=1;OMP_NUM_THREADS=1")
 endforeach()
 
+# mt_emu_op_test(NAME SOURCE ASAN_FILTER): the Criterion test SOURCE built twice, NAME_emu
+# on meshtrain_emu and NAME_emu_asan on meshtrain_emu_asan (kernels, emulator and test
+# instrumented; fibers on ucontext), registered (label emu) in three thread orders and
+# once under AddressSanitizer with ASAN_FILTER (a Criterion --filter, "" for all).
 # Thread orders: CUDAEMU_ORDER / CUDAEMU_BLOCK_ORDER (tests/cudaemu/README.md). A kernel
 # whose result depends on the order in which a block's threads run between barriers
 # (a missing __syncthreads, a read of another lane's shared slot before it is written)
 # gives different results, or NaN from the 0xFF fill, under one of them.
-set(MT_EMU_ORDERS "forward" "reverse:reverse" "random:20240520")
-foreach(spec ${MT_EMU_ORDERS})
-  string(REPLACE ":" ";" parts ${spec})
-  list(GET parts 0 order)
-  set(env "CUDAEMU_ORDER=${order};CUDAEMU_QUIET=1;OMP_NUM_THREADS=1")
-  set(name test_gpu_ops_emu_${order})
-  if(order STREQUAL "random")
-    set(env "CUDAEMU_ORDER=random:20240520;CUDAEMU_QUIET=1;OMP_NUM_THREADS=1")
-  elseif(order STREQUAL "reverse")
-    set(env "${env};CUDAEMU_BLOCK_ORDER=reverse")
-  endif()
-  add_test(NAME ${name} COMMAND test_gpu_ops_emu --jobs 1)
-  set_tests_properties(${name} PROPERTIES LABELS emu TIMEOUT 600 ENVIRONMENT "${env}")
-endforeach()
-# Under ASan (fibers on ucontext: a system call per switch) only the op-level cases, which
-# run every kernel; the whole-model cases (gradients, determinism) take 4x their time there
-# and run in the three orders above.
-add_test(NAME test_gpu_ops_emu_asan COMMAND test_gpu_ops_emu_asan --jobs 1 --filter "gpu_ops/*")
-set_tests_properties(test_gpu_ops_emu_asan PROPERTIES LABELS emu TIMEOUT 900
-  ENVIRONMENT "CUDAEMU_ORDER=random:7;CUDAEMU_QUIET=1;OMP_NUM_THREADS=1;ASAN_OPTIONS=detect_leaks=0")
-
-# tests/test_gpu_attention_mma.c (kernels/cuda/attention_mma.cu: mma.sync, ldmatrix and
-# cp.async through ptx.cuh's emulation) on the emulator, in the same three thread orders,
-# and once under AddressSanitizer (a cp.async or load past a device buffer).
-foreach(variant emu emu_asan)
-  set(t test_gpu_attention_mma_${variant})
-  add_executable(${t} ${CMAKE_SOURCE_DIR}/tests/test_gpu_attention_mma.c)
-  if(variant STREQUAL emu_asan)
-    target_link_libraries(${t} PRIVATE meshtrain_emu_asan ${CRITERION_LIBRARY})
-    target_compile_options(${t} PRIVATE -fsanitize=address -fno-omit-frame-pointer)
+function(mt_emu_op_test name source asan_filter)
+  foreach(variant emu emu_asan)
+    set(t ${name}_${variant})
+    add_executable(${t} ${source})
+    if(variant STREQUAL emu_asan)
+      target_link_libraries(${t} PRIVATE meshtrain_emu_asan ${CRITERION_LIBRARY})
+      target_compile_options(${t} PRIVATE -fsanitize=address -fno-omit-frame-pointer)
+    else()
+      target_link_libraries(${t} PRIVATE meshtrain_emu ${CRITERION_LIBRARY})
+    endif()
+    target_compile_definitions(${t} PRIVATE MT_SOURCE_DIR="${CMAKE_SOURCE_DIR}" MT_BINARY_DIR="${CMAKE_BINARY_DIR}")
+    set_target_properties(${t} PROPERTIES LINKER_LANGUAGE CXX RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  endforeach()
+  set(base "CUDAEMU_QUIET=1;OMP_NUM_THREADS=1")
+  foreach(spec "forward:CUDAEMU_ORDER=forward" "reverse:CUDAEMU_ORDER=reverse;CUDAEMU_BLOCK_ORDER=reverse"
+               "random:CUDAEMU_ORDER=random:20240520")
+    string(FIND "${spec}" ":" colon)
+    string(SUBSTRING "${spec}" 0 ${colon} order)
+    math(EXPR from "${colon} + 1")
+    string(SUBSTRING "${spec}" ${from} -1 env)
+    add_test(NAME ${name}_emu_${order} COMMAND ${name}_emu --jobs 1)
+    set_tests_properties(${name}_emu_${order} PROPERTIES LABELS emu TIMEOUT 600 ENVIRONMENT "${env};${base}")
+  endforeach()
+  if(asan_filter)
+    add_test(NAME ${name}_emu_asan COMMAND ${name}_emu_asan --jobs 1 --filter "${asan_filter}")
   else()
-    target_link_libraries(${t} PRIVATE meshtrain_emu ${CRITERION_LIBRARY})
+    add_test(NAME ${name}_emu_asan COMMAND ${name}_emu_asan --jobs 1)
   endif()
-  set_target_properties(${t} PROPERTIES LINKER_LANGUAGE CXX RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
-endforeach()
-foreach(order forward reverse random)
-  set(env "CUDAEMU_ORDER=${order};CUDAEMU_QUIET=1;OMP_NUM_THREADS=1")
-  if(order STREQUAL "random")
-    set(env "CUDAEMU_ORDER=random:20240520;CUDAEMU_QUIET=1;OMP_NUM_THREADS=1")
-  elseif(order STREQUAL "reverse")
-    set(env "${env};CUDAEMU_BLOCK_ORDER=reverse")
-  endif()
-  add_test(NAME test_gpu_attention_mma_emu_${order} COMMAND test_gpu_attention_mma_emu --jobs 1)
-  set_tests_properties(test_gpu_attention_mma_emu_${order} PROPERTIES LABELS emu TIMEOUT 600 ENVIRONMENT "${env}")
-endforeach()
-add_test(NAME test_gpu_attention_mma_emu_asan COMMAND test_gpu_attention_mma_emu_asan --jobs 1)
-set_tests_properties(test_gpu_attention_mma_emu_asan PROPERTIES LABELS emu TIMEOUT 900
-  ENVIRONMENT "CUDAEMU_ORDER=random:7;CUDAEMU_QUIET=1;OMP_NUM_THREADS=1;ASAN_OPTIONS=detect_leaks=0")
+  set_tests_properties(${name}_emu_asan PROPERTIES LABELS emu TIMEOUT 900
+    ENVIRONMENT "CUDAEMU_ORDER=random:7;${base};ASAN_OPTIONS=detect_leaks=0")
+endfunction()
+
+# tests/test_gpu_ops.c: every op against the CPU backend, whole-model gradients,
+# determinism. Under ASan only the op-level cases, which run every kernel; the
+# whole-model cases take 4x their time there and run in the three orders.
+mt_emu_op_test(test_gpu_ops ${CMAKE_SOURCE_DIR}/tests/test_gpu_ops.c "gpu_ops/*")
+# tests/test_gpu_attention_mma.c (kernels/cuda/attention_mma.cu: mma.sync, ldmatrix and
+# cp.async through ptx.cuh's emulation); under ASan a cp.async or load past a device
+# buffer.
+mt_emu_op_test(test_gpu_attention_mma ${CMAKE_SOURCE_DIR}/tests/test_gpu_attention_mma.c "")
 
 # tests/tools/mpi_layout.c on the emulated CUDA backend: the mesh layout suite under
 # mpirun with backend=cuda (tests/test_emu_mpi_layouts.sh).
