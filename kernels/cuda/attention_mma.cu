@@ -230,6 +230,35 @@ __device__ __forceinline__ float mma_quad_sum(float x) {
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+/* The backward's two products over one tile, sharing the B-side loop: x = A1 B1^T and
+ * y = A2 B2^T for this warp's 16 rows r0.. of A1 and A2 and the NB columns of B1 and B2
+ * (rows of those tiles), Dp / 16 k-steps; x and y start at zero. The dQ kernel calls it
+ * with (Q, dO) x (K, V) -> (S, dP), the dK/dV kernel with (K, V) x (Q, dO) -> (S^T, dP^T). */
+template <int NB>
+__device__ __forceinline__ void mma_two_products(float x[NB / 8][4], float y[NB / 8][4], const uint16_t *A1,
+                                                 const uint16_t *A2, const uint16_t *B1, const uint16_t *B2, int ld,
+                                                 int r0, int Dp) {
+MMA_UNROLL
+    for (int nt = 0; nt < NB / 8; nt++)
+MMA_UNROLL
+        for (int e = 0; e < 4; e++) x[nt][e] = y[nt][e] = 0.0f;
+    for (int kc = 0; kc < Dp / 16; kc++) {
+        uint32_t a1[4], a2[4];
+        mma_lda(a1, A1, ld, r0, 16 * kc);
+        mma_lda(a2, A2, ld, r0, 16 * kc);
+MMA_UNROLL
+        for (int np = 0; np < NB / 16; np++) {
+            uint32_t b1[4], b2[4];
+            mma_ldb(b1, B1, ld, 16 * np, 16 * kc);
+            mma_ldb(b2, B2, ld, 16 * np, 16 * kc);
+            mt_mma_bf16_16816(x[2 * np], a1, b1, x[2 * np]);
+            mt_mma_bf16_16816(x[2 * np + 1], a1, b1 + 2, x[2 * np + 1]);
+            mt_mma_bf16_16816(y[2 * np], a2, b2, y[2 * np]);
+            mt_mma_bf16_16816(y[2 * np + 1], a2, b2 + 2, y[2 * np + 1]);
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- kernels */
 
 /* Ranges of every 16-row chunk of each sequence: dst [B][ceil(T/16)]. */
@@ -469,25 +498,7 @@ MMA_UNROLL
 
         /* S = Q K^T and dP = dO V^T */
         float s[BK / 8][4], dp[BK / 8][4];
-MMA_UNROLL
-        for (int nt = 0; nt < BK / 8; nt++)
-MMA_UNROLL
-            for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.0f;
-        for (int kc = 0; kc < Dp / 16; kc++) {
-            uint32_t aq[4], ao[4];
-            mma_lda(aq, sQ, ld, r0, 16 * kc);
-            mma_lda(ao, sO, ld, r0, 16 * kc);
-MMA_UNROLL
-            for (int np = 0; np < BK / 16; np++) {
-                uint32_t bk[4], bv[4];
-                mma_ldb(bk, K, ld, 16 * np, 16 * kc);
-                mma_ldb(bv, V, ld, 16 * np, 16 * kc);
-                mt_mma_bf16_16816(s[2 * np], aq, bk, s[2 * np]);
-                mt_mma_bf16_16816(s[2 * np + 1], aq, bk + 2, s[2 * np + 1]);
-                mt_mma_bf16_16816(dp[2 * np], ao, bv, dp[2 * np]);
-                mt_mma_bf16_16816(dp[2 * np + 1], ao, bv + 2, dp[2 * np + 1]);
-            }
-        }
+        mma_two_products<BK>(s, dp, sQ, sO, K, V, ld, r0, Dp);
         /* dS = P (dP - D) (times the soft-cap's derivative); P = exp(s - lse) */
 MMA_UNROLL
         for (int nt = 0; nt < BK / 8; nt++)
@@ -601,25 +612,7 @@ MMA_UNROLL
 
         /* S^T = K Q^T and dP^T = V dO^T (16 keys of this warp x BQ queries) */
         float st[BQ / 8][4], dpt[BQ / 8][4];
-MMA_UNROLL
-        for (int nt = 0; nt < BQ / 8; nt++)
-MMA_UNROLL
-            for (int e = 0; e < 4; e++) st[nt][e] = dpt[nt][e] = 0.0f;
-        for (int kc = 0; kc < Dp / 16; kc++) {
-            uint32_t ak[4], av[4];
-            mma_lda(ak, sK, ld, r0, 16 * kc);
-            mma_lda(av, sV, ld, r0, 16 * kc);
-MMA_UNROLL
-            for (int np = 0; np < BQ / 16; np++) {
-                uint32_t bq[4], bo[4];
-                mma_ldb(bq, Q, ld, 16 * np, 16 * kc);
-                mma_ldb(bo, O, ld, 16 * np, 16 * kc);
-                mt_mma_bf16_16816(st[2 * np], ak, bq, st[2 * np]);
-                mt_mma_bf16_16816(st[2 * np + 1], ak, bq + 2, st[2 * np + 1]);
-                mt_mma_bf16_16816(dpt[2 * np], av, bo, dpt[2 * np]);
-                mt_mma_bf16_16816(dpt[2 * np + 1], av, bo + 2, dpt[2 * np + 1]);
-            }
-        }
+        mma_two_products<BQ>(st, dpt, sK, sV, Q, O, ld, r0, Dp);
         /* P^T and dS^T: row = key r, column = query c */
 MMA_UNROLL
         for (int nt = 0; nt < BQ / 8; nt++)
