@@ -23,7 +23,8 @@
  *    "cudaemu:" prefix unless CUDAEMU_QUIET=1.
  * Environment: CUDAEMU_DEVICES=n (device count, default 1; 0 -> cudaErrorNoDevice),
  * CUDAEMU_MEM_GIB=g (device memory, default 141), CUDAEMU_FILL=0 (zero-fill fresh memory
- * instead of 0xFF bytes, i.e. NaN floats), CUDAEMU_QUIET=1. */
+ * instead of 0xFF bytes, i.e. NaN floats), CUDAEMU_QUIET=1, CUDAEMU_HOST_ACCESS=trap|allow
+ * (host code touching cudaMalloc memory aborts | works; README.md). */
 #ifndef CUDAEMU_CUDA_RUNTIME_H
 #define CUDAEMU_CUDA_RUNTIME_H
 
@@ -158,9 +159,11 @@ cudaError_t cudaRuntimeGetVersion(int *version);
 cudaError_t cudaDriverGetVersion(int *version);
 
 /* ---- memory ---- */
-/* `bytes` of device memory, 256-byte aligned, every byte cudaemu_fill_byte(); *p = NULL
- * for 0 bytes. cudaErrorMemoryAllocation past CUDAEMU_MEM_GIB or when the host refuses.
- * Under AddressSanitizer exactly `bytes` are allocated so overruns are reported. */
+/* `bytes` of device memory, every byte cudaemu_fill_byte(); *p = NULL for 0 bytes.
+ * cudaErrorMemoryAllocation past CUDAEMU_MEM_GIB or when the host refuses. With
+ * CUDAEMU_HOST_ACCESS=trap (the default) page-aligned in an arena that host code cannot
+ * read or write (src/hostaccess.cpp: it aborts naming the access); with allow 256-byte
+ * aligned on the heap, exactly `bytes` under AddressSanitizer so overruns are reported. */
 cudaError_t cudaMalloc(void **p, size_t bytes);
 /* Managed memory: a device allocation that is also cudaMemoryTypeManaged. */
 cudaError_t cudaMallocManaged(void **p, size_t bytes, unsigned int flags);

@@ -15,3 +15,17 @@ foreach(src test_runtime_api.c test_runtime_cublaslt.c test_runtime_bf16.cpp tes
   add_test(NAME ${name} COMMAND ${name})
   set_tests_properties(${name} PROPERTIES LABELS emu TIMEOUT 120)
 endforeach()
+
+# CUDAEMU_HOST_ACCESS (src/hostaccess.cpp): host code touching cudaMalloc memory aborts with
+# a message and a backtrace; the driver runs each case in a child process. A .cu (kernels).
+add_executable(test_runtime_trap)
+cudaemu_add_cu(test_runtime_trap ${CMAKE_CURRENT_LIST_DIR}/test_runtime_trap.cu)
+target_include_directories(test_runtime_trap PRIVATE ${CMAKE_CURRENT_LIST_DIR} ${CUDAEMU_RT_DIR}/src)
+add_test(NAME test_runtime_trap COMMAND test_runtime_trap)
+set_tests_properties(test_runtime_trap PROPERTIES LABELS emu TIMEOUT 120 ENVIRONMENT "CUDAEMU_QUIET=1")
+add_executable(test_runtime_trap_asan)
+cudaemu_add_cu(test_runtime_trap_asan LIB cudaemu_asan ${CMAKE_CURRENT_LIST_DIR}/test_runtime_trap.cu)
+target_include_directories(test_runtime_trap_asan PRIVATE ${CMAKE_CURRENT_LIST_DIR} ${CUDAEMU_RT_DIR}/src)
+add_test(NAME test_runtime_trap_asan COMMAND test_runtime_trap_asan)
+set_tests_properties(test_runtime_trap_asan PROPERTIES LABELS emu TIMEOUT 300
+  ENVIRONMENT "CUDAEMU_QUIET=1;ASAN_OPTIONS=detect_leaks=0")

@@ -342,6 +342,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
             return lt_fail(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: %c = %p is not %llu-byte aligned as the algorithm assumes",
                            "ABCD"[i], ptr[i], (unsigned long long)al);
     }
+    cudaemu_device_access acc; /* A, B, C, D are device memory */
     compute(pr, desc->ta, desc->tb, fa, A, adesc, B, bdesc, fb, C, cdesc, D, ddesc);
     return CUBLAS_STATUS_SUCCESS;
 }

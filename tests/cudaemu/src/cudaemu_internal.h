@@ -49,7 +49,39 @@ void cudaemu_env_check(void);
  * NaN, every double too), unless CUDAEMU_FILL=0 (zero fill). */
 unsigned char cudaemu_fill_byte(void);
 
+/* Device memory size in bytes (CUDAEMU_MEM_GIB, default 141 GiB). */
+size_t cudaemu_mem_total(void);
+
+/* ---- host access to device memory (src/hostaccess.cpp, CUDAEMU_HOST_ACCESS) ---- */
+
+/* 1 when cudaMalloc memory is kept unreadable by host code (CUDAEMU_HOST_ACCESS=trap,
+ * the default), 0 for allow; read once. */
+int cudaemu_host_trap(void);
+
+/* Trap mode: `bytes` (> 0) of device memory from the protected arena, page-aligned,
+ * every byte of its pages set to `fill`; NULL when the arena is full or cannot be
+ * reserved (printed). The first call reserves the arena and installs the SIGSEGV
+ * handler. cudaemu_arena_free gives an arena allocation back (others are ignored). */
+void *cudaemu_arena_alloc(size_t bytes, unsigned char fill);
+void cudaemu_arena_free(void *p);
+
+/* Every emulator entry point that reads or writes device bytes on the host (a kernel's
+ * grid, copies, memsets, the CPU cuBLASLt) brackets that work with these: the device
+ * allocations are readable and writable from the first open to the last close (a
+ * process-wide count under a mutex; nesting and concurrent entries are fine). No-ops in
+ * allow mode. Checks that only consult the allocation table need neither. */
+void cudaemu_device_open(void);
+void cudaemu_device_close(void);
+
 #ifdef __cplusplus
 }
+
+/* The scope of one entry's device work (C++ users of the functions above). */
+struct cudaemu_device_access {
+    cudaemu_device_access() { cudaemu_device_open(); }
+    ~cudaemu_device_access() { cudaemu_device_close(); }
+    cudaemu_device_access(const cudaemu_device_access &) = delete;
+    cudaemu_device_access &operator=(const cudaemu_device_access &) = delete;
+};
 #endif
 #endif

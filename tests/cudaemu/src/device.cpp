@@ -746,6 +746,7 @@ int check_pointer_arg(const launch_site &s, int index, const void *p) {
 
 void run_grid(const launch_site &s, const launch_cfg &c, void (*body)(void *), void *ctx) {
     load_orders();
+    cudaemu_device_access acc; /* the whole grid may touch device memory (src/hostaccess.cpp) */
     block_run *b = &t_run;
     const dim3 g = c.grid, k = c.block;
     const int n = (int)(k.x * k.y * k.z);

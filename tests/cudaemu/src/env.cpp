@@ -57,6 +57,8 @@ const var kVars[] = {
     {"CUDAEMU_QUIET", "0 or 1", [](const char *v) { return uint_in(v, 0, 1); }},
     {"CUDAEMU_DEVICES", "an integer from 0 to 64 (devices cudaGetDeviceCount reports)", [](const char *v) { return uint_in(v, 0, 64); }},
     {"CUDAEMU_MEM_GIB", "an integer from 1 to 1048576 (GiB cudaMemGetInfo reports)", [](const char *v) { return uint_in(v, 1, 1048576); }},
+    {"CUDAEMU_HOST_ACCESS", "trap (host code that touches cudaMalloc memory aborts) or allow",
+     [](const char *v) { return (int)(!strcmp(v, "trap") || !strcmp(v, "allow")); }},
 };
 
 void bad(const char *name, const char *value, const char *expect) {
@@ -86,7 +88,7 @@ extern "C" void cudaemu_env_check(void) {
             snprintf(name, sizeof name, "%.*s", (int)(len < 100 ? len : 100), *e);
             bad(name, eq ? eq + 1 : "", "one of CUDAEMU_ORDER, CUDAEMU_BLOCK_ORDER, CUDAEMU_STACK_KIB, "
                                         "CUDAEMU_FAIL_KERNEL, CUDAEMU_FILL, CUDAEMU_QUIET, CUDAEMU_DEVICES, "
-                                        "CUDAEMU_MEM_GIB (an unknown CUDAEMU_ name)");
+                                        "CUDAEMU_MEM_GIB, CUDAEMU_HOST_ACCESS (an unknown CUDAEMU_ name)");
         }
     }
 }

@@ -1,6 +1,8 @@
 /* tests/cudaemu/src/runtime.cpp: the runtime half of the CUDA emulator (see
  * include/cuda_runtime.h for the model): the table of allocations, the error state,
- * streams, events, the device description and per-kernel attributes.
+ * streams, events, the device description and per-kernel attributes. cudaMalloc memory
+ * comes from src/hostaccess.cpp's arena in CUDAEMU_HOST_ACCESS=trap mode, and copies and
+ * memsets open it around their bytes.
  * One mutex guards the tables; the last error is per host thread, the sticky error is
  * per process (one context), as on a real device. */
 #include <cuda_runtime.h>
@@ -39,6 +41,7 @@ enum Kind { DEVICE, MANAGED, PINNED, REGISTERED };
 struct Alloc {
     size_t bytes;
     Kind kind;
+    bool arena; /* in the trap arena (src/hostaccess.cpp): cudaMalloc with CUDAEMU_HOST_ACCESS=trap */
 };
 
 constexpr size_t kSmemOptin = 227 * 1024;
@@ -65,6 +68,14 @@ long env_long(const char *name, long dflt) {
 }
 
 size_t mem_total() { return (size_t)env_long("CUDAEMU_MEM_GIB", 141) << 30; }
+
+/* Gives an allocation's memory back to where it came from. */
+void give_back(void *p, const Alloc &a) {
+    if (a.arena)
+        cudaemu_arena_free(p);
+    else if (a.kind != REGISTERED)
+        free(p);
+}
 
 void vrecord(cudaError_t e, int sticky, const char *fmt, va_list ap) {
     char buf[1024];
@@ -164,17 +175,24 @@ cudaError_t alloc(void **p, size_t bytes, Kind kind, const char *call) {
             return fail(cudaErrorMemoryAllocation, "%s(%zu bytes): out of memory (%zu of %zu bytes in use)", call,
                         bytes, g_device_bytes, mem_total());
     }
-#ifdef __SANITIZE_ADDRESS__
-    const size_t real = bytes; /* exact, so ASan's redzone starts at the end */
-#else
-    const size_t real = (bytes + 255) & ~(size_t)255;
-#endif
     void *q = nullptr;
-    if (posix_memalign(&q, 256, real) != 0 || !q)
-        return fail(cudaErrorMemoryAllocation, "%s(%zu bytes): host allocation failed", call, bytes);
-    if (kind != PINNED) memset(q, cudaemu_fill_byte(), real);
+    const bool arena = kind == DEVICE && cudaemu_host_trap();
+    if (arena) { /* page-aligned, unreadable by host code (src/hostaccess.cpp) */
+        if (!(q = cudaemu_arena_alloc(bytes, cudaemu_fill_byte())))
+            return fail(cudaErrorMemoryAllocation, "%s(%zu bytes): the CUDAEMU_HOST_ACCESS=trap arena is full", call,
+                        bytes);
+    } else {
+#ifdef __SANITIZE_ADDRESS__
+        const size_t real = bytes; /* exact, so ASan's redzone starts at the end */
+#else
+        const size_t real = (bytes + 255) & ~(size_t)255;
+#endif
+        if (posix_memalign(&q, 256, real) != 0 || !q)
+            return fail(cudaErrorMemoryAllocation, "%s(%zu bytes): host allocation failed", call, bytes);
+        if (kind != PINNED) memset(q, cudaemu_fill_byte(), real);
+    }
     std::lock_guard<std::mutex> lk(g_mu);
-    g_allocs[(uintptr_t)q] = Alloc{bytes, kind};
+    g_allocs[(uintptr_t)q] = Alloc{bytes, kind, arena};
     if (is_dev(kind)) g_device_bytes += bytes;
     *p = q;
     return cudaSuccess;
@@ -196,9 +214,10 @@ cudaError_t release(void *p, bool host, const char *call) {
         return fail(cudaErrorInvalidValue, "%s(%p): %s", call, p, what);
     }
     if (is_dev(it->second.kind)) g_device_bytes -= it->second.bytes;
+    const Alloc a = it->second;
     g_allocs.erase(it);
     lk.unlock();
-    free(p);
+    give_back(p, a);
     g_stats.free_++;
     return cudaSuccess;
 }
@@ -300,6 +319,8 @@ extern "C" size_t cudaemu_func_max_dynamic_smem(const void *func) {
     auto it = g_func_smem.find(func);
     return it == g_func_smem.end() ? 0 : it->second;
 }
+
+extern "C" size_t cudaemu_mem_total(void) { return mem_total(); }
 
 extern "C" unsigned char cudaemu_fill_byte(void) {
     cudaemu_env_check();
@@ -472,8 +493,7 @@ extern "C" cudaError_t cudaDeviceSynchronize(void) {
 
 extern "C" cudaError_t cudaDeviceReset(void) {
     std::lock_guard<std::mutex> lk(g_mu);
-    for (auto &a : g_allocs)
-        if (a.second.kind != REGISTERED) free((void *)a.first);
+    for (auto &a : g_allocs) give_back((void *)a.first, a.second);
     g_allocs.clear();
     g_device_bytes = 0;
     for (auto s : g_streams) delete s;
@@ -512,7 +532,7 @@ extern "C" cudaError_t cudaHostRegister(void *p, size_t bytes, unsigned int) {
         return fail(cudaErrorInvalidValue, "cudaHostRegister(%p): inside a %s allocation", p, kind_name(in->second.kind));
     }
     if (in || (it != g_allocs.end() && it->first < (uintptr_t)p + bytes)) return fail_quiet(cudaErrorHostMemoryAlreadyRegistered);
-    g_allocs[(uintptr_t)p] = Alloc{bytes, REGISTERED};
+    g_allocs[(uintptr_t)p] = Alloc{bytes, REGISTERED, false};
     return cudaSuccess;
 }
 
@@ -553,6 +573,7 @@ extern "C" cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum
     if (bytes == 0) return cudaSuccess;
     if (cudaError_t e = copy_check("cudaMemcpy", dst, bytes, src, bytes, kind, bytes)) return e;
     count_copy(dst, src, false);
+    cudaemu_device_access acc;
     memmove(dst, src, bytes);
     return cudaSuccess;
 }
@@ -564,6 +585,7 @@ extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes,
     if (bytes == 0) return cudaSuccess;
     if (cudaError_t e = copy_check("cudaMemcpyAsync", dst, bytes, src, bytes, kind, bytes)) return e;
     count_copy(dst, src, true);
+    cudaemu_device_access acc;
     memmove(dst, src, bytes);
     return cudaSuccess;
 }
@@ -579,6 +601,7 @@ extern "C" cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, s
                                    spitch * (height - 1) + width, kind, width * height))
         return e;
     count_copy(dst, src, false);
+    cudaemu_device_access acc;
     for (size_t r = 0; r < height; r++) memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
     return cudaSuccess;
 }
@@ -588,6 +611,7 @@ extern "C" cudaError_t cudaMemset(void *p, int value, size_t bytes) {
     if (bytes == 0) return cudaSuccess;
     if (!p) return fail(cudaErrorInvalidValue, "cudaMemset(NULL, %zu bytes)", bytes);
     if (cudaError_t e = check_side("cudaMemset", "dst", p, bytes, 1, bytes)) return e;
+    cudaemu_device_access acc;
     memset(p, value, bytes);
     return cudaSuccess;
 }
