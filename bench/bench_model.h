@@ -67,7 +67,7 @@ static inline const char *bench_model_create(bench_model *b, mt_backend *be) {
     c.mlp_dim = a[4];
     c.vocab_size = b->V;
     c.rope_max_timescale = 10000.0f;
-    if (mt_model_create(&b->m, &c, be, b->B, b->T, a[10]) != MT_OK) return "model";
+    if (mt_model_create(&b->m, &c, be, b->B, b->T, a[10], NULL) != MT_OK) return "model";
     if (mt_plan_new(&b->plan) != MT_OK || mt_model_add_to_plan(b->m, b->plan) != MT_OK) return "plan";
     b->n = mt_model_numel(b->m);
     const int last = mt_model_phase_count(b->m) - 1;

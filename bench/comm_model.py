@@ -6,7 +6,7 @@ Bytes per rank per step are the trainer's own accounting, written out again here
 its formulas: parallel/zero1.h (mt_grad_sync_step_bytes: gradient reduce-scatter,
 ZeRO-1 / fsdp all-gather, tensor-group gradient all-reduce), train/step.c
 (tensor_model_bytes: the Megatron all-reduces and the vocab-parallel loss; the step's
-scalars) and models/model.c (mt_model_fsdp_gather_floats: the fsdp layer all-gathers),
+scalars) and models/model_shard.c (mt_model_fsdp_gather_floats: the fsdp layer all-gathers),
 with parallel/comm.h's ring accounting (all-reduce 2 (n-1)/n S, reduce-scatter and
 all-gather S_total - S_own, integer divisions as the code does them). Times use
 nccl-tests' bus bandwidth (doc/PERFORMANCE.md): for those three collectives the bytes
@@ -158,7 +158,7 @@ def rank_bytes(m, case, r):
             act += ar(4 * R, T) + ar(16 * R, T)
         out["activation all-reduce | tensor"] = K * act
     if F > 1:
-        # models/model.c mt_model_fsdp_gather_floats: the embedding and the tail at the
+        # models/model_shard.c mt_model_fsdp_gather_floats: the embedding and the tail at the
         # start of every forward, each layer before its forward, and again before its
         # backward for all but the last two layers (their window slots were reused)
         fper = -(-numel // F)

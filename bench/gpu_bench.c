@@ -14,7 +14,7 @@
  *   step.json       one training step (forward, backward, global norm, AdamW) of
  *                   gemma-2b- and llama3.1-8b-shaped models, fp32 and bf16 (bf16
  *                   activations and compute weights, fp32 master, gradients and
- *                   moments: mt_model_set_dtype): tokens/s, MFU against 989
+ *                   moments: mt_model_layout dtype): tokens/s, MFU against 989
  *                   TFLOP/s (H100/H200 dense bf16) with 6 N + 6 L H Dh T FLOPs per token
  *                   (PaLM's formula, attention halved for causality), and planned
  *                   (mt_plan_peak, which holds the GEMM workspace, + AdamW moments and segments) against measured
@@ -371,8 +371,9 @@ static int bench_step_model(cJSON *rows, const char *src, const char *name, int6
     mt_plan *plan = NULL;
     size_t planned = 0;
     const int64_t tiles = 8;
+    const mt_model_layout lay = {.dtype = dt};
     for (;;) { /* drop layers until the step fits in 85% of the device */
-        if (mt_model_create(&m, &mc, G, B, T, tiles) != MT_OK || mt_model_set_dtype(m, dt) != MT_OK ||
+        if (mt_model_create(&m, &mc, G, B, T, tiles, &lay) != MT_OK ||
             mt_plan_new(&plan) != MT_OK || mt_model_add_to_plan(m, plan) != MT_OK || mt_plan_finalize(plan) != MT_OK) {
             fprintf(stderr, "gpu_bench: %s: %s\n", name, mt_last_error());
             return 1;

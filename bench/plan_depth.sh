@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/plan_depth.sh BUILD_DIR [LAYERS ...]: wall time of `meshtrain plan` against
 # model depth, to watch that planning stays near-linear in the number of plan entries
-# (about 11 per layer: runtime/plan.c's greedy-by-size placement, models/model.c's
+# (about 11 per layer: runtime/plan.c's greedy-by-size placement, models/model_plan.c's
 # entries, the live-by-category sweep and the printout). Not a test: times on shared
 # machines are noisy; each depth is run REPEAT times (default 3) and the fastest kept.
 #

@@ -137,7 +137,7 @@ typedef struct mt_ops {
     mt_status (*sync)(mt_backend *be) MT_MUST_CHECK;
     /* The GEMM workspace: `bytes` of backend memory (256-byte aligned) that every later
      * gemm may use as scratch (cuBLASLt's workspace), normally the plan entry
-     * "workspace.gemm" of caps.workspace_bytes (models/model.c binds it); NULL and 0
+     * "workspace.gemm" of caps.workspace_bytes (models/model_plan.c binds it); NULL and 0
      * take it away (gemm then picks algorithms that need none). Call it with no op in
      * flight (after sync); the memory must stay valid until the next set_workspace or
      * the backend's free. Errors: MT_ERR_INVALID (bytes > 0 with NULL). */

@@ -49,11 +49,130 @@ typedef struct mt_param_info {
 
 typedef struct mt_model mt_model;
 
+/* How this rank's model is cut and computed: everything that shapes the plan and is
+ * fixed for the model's life, given once to mt_model_create. A zeroed layout (or a
+ * NULL one) is one process, float32, no packing, parameters on the device; an axis
+ * size of 0 counts as 1. Communicators may be NULL when only planning.
+ *
+ * Tensor parallelism (tensor_*: the tensor group, its size T and this rank), Megatron-LM's
+ * split (Shoeybi et al. 2019): this rank computes query/kv heads [rank*H/T, ...), mlp
+ * columns [rank*F/T, ...) and vocabulary rows [rank*V/T, ...) of the loss
+ * (parallel/vocab_loss.h); o_proj / down_proj outputs and the column-parallel input
+ * gradients are all-reduced over the group. Parameters and gradients keep the full flat
+ * layout: this rank's gradient holds its slices of the split matrices, its embedding
+ * rows' share (the embedding backward runs on rank 0 only) and the 1-D norm gradients,
+ * which are identical on every rank (mt_model_tp_grad_replicated): summing the group's
+ * gradients with the replicated ones taken from one rank gives the full gradient.
+ * Activation buffers shrink to the local heads / mlp columns / vocab slice.
+ *
+ * Sequence parallelism (sequence_parallel, Korthikanti et al. 2022, section 4.2.2) on the
+ * tensor group; off, or a group of one, leaves the model as it is. The residual stream
+ * (layer inputs and outputs, norms, residual adds, their gradients) holds only this
+ * rank's block of N / tp of the N local rows (N = batch x local sequence); norm outputs
+ * are all-gathered before the column-parallel GEMMs and the row-parallel outputs
+ * reduce-scattered instead of all-reduced (and the mirror image in the backward). The
+ * 1-D norm gradients then cover this rank's rows only, so none is replicated
+ * (mt_model_tp_grad_replicated returns 0) and every rank adds its rows' embedding
+ * gradient. Results equal the plain tensor-parallel run up to fp32 summation order.
+ *
+ * Context parallelism (context_*: group, size C, rank, ring). The caller still passes
+ * whole sequences (tokens, labels [batch * seq]); the model keeps chunks rank and
+ * 2C-1-rank of the 2C chunks of each sequence (causal load balance), RoPE and the mask
+ * follow the original positions, K/V are all-gathered over the group for the attention
+ * and their gradients reduce-scattered back (ring = 0), or (ring = 1) passed around the
+ * group block by block with an online-softmax merge, their gradients travelling with
+ * them. Loss sums and gradients cover this rank's rows only: the caller sums them over
+ * the context group (with data). mt_model_hidden / mt_model_logits are
+ * MT_ERR_UNSUPPORTED under it.
+ *
+ * fsdp (fsdp_*: group, size, rank). The flat parameter buffer is cut into equal shards
+ * (rank r: [r p, (r + 1) p) with p = ceil(numel / size), clipped: the fsdp shards of
+ * parallel/zero1.h); the plan holds this rank's shard ("params.shard") and the windows
+ * of the host-offload path (two layers, plus embedding / final norm / head), which are
+ * filled by all-gathers over the group: the global window at the start of each
+ * forward, layer l's window (slot l % 2) before its forward, and again before its
+ * backward when layer l + 2 reused the slot; the layer gathers are prefetched (started
+ * asynchronously, mt_comm_all_gather_start, while the previous layer computes: l - 1 in
+ * the forward, l + 1 in the backward, and waited for before use), so no window beyond
+ * these is needed. mt_model_params then returns the shard (element i is flat element
+ * lo + i, mt_model_fsdp_range); mt_model_grads stays the full buffer, which the caller
+ * reduce-scatters (ZeRO-1), unless a gradient sink reduce-scatters it window by window
+ * (mt_model_set_grad_sink; the trainer does). mt_model_init_params writes the shard of
+ * the same values. With param_offload the shard lives in the host pool.
+ *
+ * Document masking (packing, packing_separator: config keys packing,
+ * packing_separator_id). With packing != 0 every sequence of the caller's tokens is
+ * read as documents that each start with the token `packing_separator` (BOS): row t of
+ * sequence b belongs to segment id = number of separators in tokens[b, 0..t] (rows
+ * before the first separator continue a document of an earlier window, id 0).
+ * Attention then stays inside a segment (ops.h mt_attn_args q_seg / k_seg; MaxText's
+ * packing: segment ids and AttentionOp.generate_attention_mask in
+ * MaxText/layers/attentions.py) and RoPE takes per-document positions (t minus the row
+ * of the document's separator, or t in segment 0; MaxText's inputs_position; RoPE
+ * scores depend on position differences only, so this changes rounding, not the math,
+ * and keeps the angles those of a document trained alone). The loss is unchanged: every
+ * label counts, including the separator that ends a document's last row (the
+ * end-of-document prediction; MaxText masks only padding, targets_segmentation == 0, in
+ * MaxText/train.py loss_fn). Under context parallelism every rank derives the ids of
+ * all rows from the whole tokens it is given, so the key ids that go with gathered or
+ * ringed K/V need no communication. packing = 0 changes nothing, bitwise. The plan
+ * then holds the int32 buffers segment_ids and document_positions [batch * seq], and
+ * cp.k_segment_ids under context parallelism. A decode model ignores it.
+ *
+ * Compute dtype (dtype): MT_F32 or MT_BF16, mixed precision as in Micikevicius et al.
+ * 2018 ("Mixed Precision Training") with bf16: the plan then holds a bf16 compute copy
+ * of the parameters ("params.compute", numel x 2 bytes) next to the fp32 master
+ * ("params"), which every forward refreshes from the master with stochastic rounding
+ * (be->ops->from_f32, key mt_model_set_compute_rounding); every activation, saved
+ * tensor and activation gradient is bf16 (norm statistics, the attention logsumexp and
+ * the loss tile's logits stay fp32, plus a bf16 dlogits tile "loss_tile.dlogits");
+ * parameter gradients are fp32 (GEMMs write them in fp32). kernels/ops.h says where
+ * each op rounds. bf16 with tensor or context parallelism, fsdp or parameter host
+ * offload is refused (MT_ERR_UNSUPPORTED) by mt_model_add_to_plan, and decoding by
+ * mt_model_set_decode.
+ *
+ * Parameter host offload (param_offload: parameter_memory_host_offload): the flat
+ * parameter buffer (mt_model_params) lives in the host pool (mt_model_add_to_host_plan,
+ * "params") and the device arena holds two layer windows ("params.window.layer0/1",
+ * one layer's parameters each) and a global window (embedding, final norm, head). The
+ * forward copies the global window and each layer's parameters into its window
+ * (slot l % 2) before use; the backward re-fetches a layer only when its window was
+ * reused. Gradients stay on the device. Results are bitwise those without offload.
+ * mt_model_params then returns HOST memory: callers move it with the op table's
+ * copies, which is only right on the CPU backend (the trainer refuses others). With
+ * fsdp the host pool holds this rank's shard ("params.shard") and the windows are
+ * all-gathered from the host shards. */
+typedef struct mt_model_layout {
+    mt_comm *tensor_comm;
+    int tensor_size, tensor_rank;
+    int sequence_parallel;          /* on the tensor group */
+    mt_comm *context_comm;
+    int context_size, context_rank;
+    int context_ring;               /* context_parallel_strategy=ring */
+    mt_comm *fsdp_comm;
+    int fsdp_size, fsdp_rank;
+    int packing;
+    int32_t packing_separator;      /* >= 0, checked even when packing is off */
+    mt_dtype dtype;                 /* MT_F32 (0) or MT_BF16 */
+    int param_offload;
+} mt_model_layout;
+
 /* Create a model for micro-batches of `batch` sequences of `seq` tokens, with the
- * loss cut into `num_vocab_tiling` row tiles. Allocates no tensor memory.
- * Errors: MT_ERR_INVALID (config invalid, batch/seq/tiling < 1, tiling > batch*seq). */
+ * loss cut into `num_vocab_tiling` row tiles, cut and computed as `layout` says (NULL:
+ * one process, float32). Allocates no tensor memory. The layout is checked here, in
+ * this order: tensor (rank inside the group; heads, kv heads, mlp_dim and vocab_size
+ * divisible: the rules and messages of parallel/mesh.h mt_mesh_check_tensor_split),
+ * context (rank; seq divisible by 2 x size), sequence parallelism (N divisible by the
+ * tensor size), fsdp (rank; at least as many parameters as ranks), dtype, packing
+ * separator.
+ * Errors: MT_ERR_INVALID (config invalid, batch/seq/tiling < 1, tiling > batch*seq, a
+ * layout that fails those checks), MT_ERR_OOM.
+ *
+ * What may still change after creation, before mt_model_add_to_plan:
+ * mt_model_set_remat, mt_model_set_grad_sink, mt_model_set_decode; at any time:
+ * mt_model_set_compute_rounding. Everything in the layout is fixed. */
 mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, mt_backend *be,
-                          int64_t batch, int64_t seq, int64_t num_vocab_tiling);
+                          int64_t batch, int64_t seq, int64_t num_vocab_tiling, const mt_model_layout *layout);
 void mt_model_free(mt_model *m);
 
 const mt_model_config *mt_model_get_config(const mt_model *m);
@@ -107,20 +226,7 @@ typedef mt_status (*mt_grad_sink_fn)(void *ctx, int64_t offset, int64_t numel, f
  * MT_ERR_OOM. */
 mt_status mt_model_set_grad_sink(mt_model *m, mt_grad_sink_fn fn, void *ctx);
 
-/* Compute dtype, before planning: MT_F32 (default) or MT_BF16, mixed precision as in
- * Micikevicius et al. 2018 ("Mixed Precision Training") with bf16: the plan then holds
- * a bf16 compute copy of the parameters ("params.compute", numel x 2 bytes) next to
- * the fp32 master ("params"), which every forward refreshes from the master with
- * stochastic rounding (be->ops->from_f32, key mt_model_set_compute_rounding); every
- * activation, saved tensor and activation gradient is bf16 (norm statistics, the
- * attention logsumexp and the loss tile's logits stay fp32, plus a bf16 dlogits tile
- * "loss_tile.dlogits"); parameter gradients are fp32 (GEMMs write them in fp32).
- * kernels/ops.h says where each op rounds. bf16 with tensor or context parallelism,
- * fsdp or parameter host offload, and decoding, are refused (MT_ERR_UNSUPPORTED) at
- * planning / mt_model_set_decode.
- * Errors: MT_ERR_INVALID (NULL model, after planning, a dtype other than these two),
- * MT_ERR_UNSUPPORTED (a decode model). */
-mt_status mt_model_set_dtype(mt_model *m, mt_dtype dt);
+/* The compute dtype of the layout. */
 mt_dtype mt_model_dtype(const mt_model *m);
 
 /* The key of the compute copy's stochastic rounding (dtype bfloat16): element i of the
@@ -130,20 +236,6 @@ mt_dtype mt_model_dtype(const mt_model *m);
  * far (0 before the first), so a resumed run refreshes them bitwise as the uninterrupted
  * one. Default (0, 0). No effect with float32. */
 void mt_model_set_compute_rounding(mt_model *m, uint64_t seed, int64_t t);
-
-/* Parameter host offload (parameter_memory_host_offload), before planning: the flat
- * parameter buffer (mt_model_params) lives in the host pool (mt_model_add_to_host_plan,
- * "params") and the device arena holds two layer windows ("params.window.layer0/1",
- * one layer's parameters each) and a global window (embedding, final norm, head). The
- * forward copies the global window and each layer's parameters into its window
- * (slot l % 2) before use; the backward re-fetches a layer only when its window was
- * reused. Gradients stay on the device. Results are bitwise those without offload.
- * mt_model_params then returns HOST memory: callers move it with the op table's
- * copies, which is only right on the CPU backend (the trainer refuses others). With
- * fsdp (mt_model_set_fsdp, either order) the host pool holds this rank's shard
- * ("params.shard") and the windows are all-gathered from the host shards.
- * Errors: MT_ERR_INVALID (NULL, already planned), MT_ERR_OOM. */
-mt_status mt_model_set_param_offload(mt_model *m, int on);
 
 /* Bytes of named tensor t of ONE layer as saved for the backward (context includes
  * its logsumexp; mlpwo is 0 for models without a post-MLP norm, which never need
@@ -159,91 +251,6 @@ mt_status mt_model_add_to_host_plan(mt_model *m, mt_plan *host_plan);
 /* Point the offload slots into `host_arena` (allocated from the finalised host plan).
  * A model with offloaded tensors refuses to run until this is done. */
 mt_status mt_model_bind_host(mt_model *m, const mt_arena *host_arena, const mt_plan *host_plan);
-
-/* Tensor parallelism over `size` ranks (this one is `rank`, comm the tensor group;
- * comm may be NULL when only planning). Call once, before mt_model_add_to_plan.
- * Megatron-LM's split (Shoeybi et al. 2019): this rank computes query/kv heads
- * [rank*H/T, ...), mlp columns [rank*F/T, ...) and vocabulary rows [rank*V/T, ...) of
- * the loss (parallel/vocab_loss.h); o_proj / down_proj outputs and the column-parallel
- * input gradients are all-reduced over comm. Parameters and gradients keep the full
- * flat layout: this rank's gradient holds its slices of the split matrices, its
- * embedding rows' share (the embedding backward runs on rank 0 only) and the 1-D norm
- * gradients, which are identical on every rank (mt_model_tp_grad_replicated): summing
- * the group's gradients with the replicated ones taken from one rank gives the full
- * gradient. Activation buffers shrink to the local heads / mlp columns / vocab slice.
- * Errors: MT_ERR_INVALID (called twice or after planning, rank outside [0, size),
- * heads, kv heads, mlp_dim or vocab_size not divisible by size: the rules and message
- * of parallel/mesh.h mt_mesh_check_tensor_split), MT_ERR_OOM. */
-mt_status mt_model_set_tensor_parallel(mt_model *m, mt_comm *comm, int size, int rank);
-
-/* Context parallelism over `size` ranks (this one `rank`, comm the context group; NULL
- * when only planning). Call once, before mt_model_add_to_plan. The caller still
- * passes whole sequences (tokens, labels [batch * seq]); the model keeps chunks rank
- * and 2C-1-rank of the 2C chunks of each sequence (causal load balance), RoPE and
- * the mask follow the original positions, K/V are all-gathered over comm for the
- * attention and their gradients reduce-scattered back (ring = 0, the default), or
- * (ring = 1) passed around the group block by block with an online-softmax merge,
- * their gradients travelling with them. Loss sums and gradients cover
- * this rank's rows only: the caller sums them over the context group (with data).
- * mt_model_hidden / mt_model_logits are MT_ERR_UNSUPPORTED under it.
- * Errors: MT_ERR_INVALID (called twice or after planning, rank outside [0, size),
- * seq not divisible by 2 x size), MT_ERR_OOM. */
-mt_status mt_model_set_context_parallel(mt_model *m, mt_comm *comm, int size, int rank, int ring);
-
-/* Document masking for packed sequences (config keys packing, packing_separator_id).
- * With on != 0 every sequence of the caller's tokens is read as documents that each
- * start with the token `separator` (BOS): row t of sequence b belongs to segment
- * id = number of separators in tokens[b, 0..t] (rows before the first separator
- * continue a document of an earlier window, id 0). Attention then stays inside a
- * segment (ops.h mt_attn_args q_seg / k_seg; MaxText's packing: segment ids and
- * AttentionOp.generate_attention_mask in MaxText/layers/attentions.py) and RoPE takes
- * per-document positions (t minus the row of the document's separator, or t in
- * segment 0; MaxText's inputs_position; RoPE scores depend on position differences
- * only, so this changes rounding, not the math, and keeps the angles those of a
- * document trained alone). The loss is unchanged: every label counts,
- * including the separator that ends a document's last row (the end-of-document
- * prediction; MaxText masks only padding, targets_segmentation == 0, in
- * MaxText/train.py loss_fn). Under context parallelism every rank derives the ids of
- * all rows from the whole tokens it is given, so the key ids that go with gathered or
- * ringed K/V need no communication. on = 0 (the default) changes nothing, bitwise.
- * Call before mt_model_add_to_plan (it adds the int32 buffers segment_ids and
- * document_positions [batch * seq], and cp.k_segment_ids under context parallelism).
- * Errors: MT_ERR_INVALID (after planning, separator < 0). A decode model ignores it. */
-mt_status mt_model_set_packing(mt_model *m, int on, int32_t separator);
-
-/* Sequence parallelism (Korthikanti et al. 2022, section 4.2.2) on the tensor group of
- * mt_model_set_tensor_parallel; on = 0, or a group of one, leaves the model as it is.
- * Call once, after mt_model_set_tensor_parallel and mt_model_set_context_parallel,
- * before mt_model_add_to_plan. The residual stream (layer inputs and outputs, norms,
- * residual adds, their gradients) holds only this rank's block of N / tp of the N
- * local rows (N = batch x local sequence); norm outputs are all-gathered before the
- * column-parallel GEMMs and the row-parallel outputs reduce-scattered instead of
- * all-reduced (and the mirror image in the backward). The 1-D norm gradients then
- * cover this rank's rows only, so none is replicated (mt_model_tp_grad_replicated
- * returns 0) and every rank adds its rows' embedding gradient. Results equal the
- * plain tensor-parallel run up to fp32 summation order.
- * Errors: MT_ERR_INVALID (called twice or after planning, N not divisible by tp),
- * MT_ERR_OOM. */
-mt_status mt_model_set_sequence_parallel(mt_model *m, int on);
-
-/* fsdp over `size` ranks (this one `rank`, comm the fsdp group; NULL when only
- * planning). Call once, before mt_model_add_to_plan; with parameter host offload the
- * shard lives in the host pool (mt_model_set_param_offload).
- * The flat parameter buffer is cut into equal shards (rank r: [r p, (r + 1) p) with
- * p = ceil(numel / size), clipped: the fsdp shards of parallel/zero1.h); the plan
- * holds this rank's shard ("params.shard") and the windows of the host-offload path
- * (two layers, plus embedding / final norm / head), which are filled by all-gathers over
- * comm: the global window at the start of each forward, layer l's window (slot l % 2)
- * before its forward, and again before its backward when layer l + 2 reused the slot;
- * the layer gathers are prefetched (started asynchronously, mt_comm_all_gather_start,
- * while the previous layer computes: l - 1 in the forward, l + 1 in the backward, and
- * waited for before use), so no window beyond these is needed. mt_model_params then returns the shard (element i is flat element lo + i,
- * mt_model_fsdp_range); mt_model_grads stays the full buffer, which the caller
- * reduce-scatters (ZeRO-1), unless a gradient sink reduce-scatters it window by window
- * (mt_model_set_grad_sink; the trainer does). mt_model_init_params writes the shard of the same values.
- * Errors: MT_ERR_INVALID (twice or after planning, rank outside [0, size), fewer
- * parameters than ranks), MT_ERR_OOM. */
-mt_status mt_model_set_fsdp(mt_model *m, mt_comm *comm, int size, int rank);
 
 /* This rank's fsdp shard [lo, hi) of the flat buffer ([0, numel) without fsdp). */
 void mt_model_fsdp_range(const mt_model *m, int64_t *lo, int64_t *hi);

@@ -52,7 +52,7 @@ typedef struct mt_layout_sizes {
 
 /* The tensor-parallel split rules: the one place that says which tensor axis sizes
  * tp the model divides into (used by mt_mesh_check_layout, the model's
- * mt_model_set_tensor_parallel and the estimator, so that no layout is estimated
+ * mt_model_create (its layout check) and the estimator, so that no layout is estimated
  * that the trainer refuses). Megatron-LM's split (Shoeybi et al. 2019, "Megatron-LM",
  * arXiv:1909.08053, section 3), each rank holding equal whole slices:
  *   base_num_query_heads % tp == 0  attention: q_proj column-parallel by heads, o_proj

@@ -48,7 +48,7 @@ typedef struct mt_vocab_loss_args {
 /* Bytes of the scratch that mt_vocab_parallel_loss needs: the per-row all-reduce
  * payloads of the largest tile, Rmax = mt_tiled_loss_tile_rows(N, num_tiles) rows:
  * sz [2 Rmax] fp64 (sum of exps, label logit) followed by mx [Rmax] fp32 (row max),
- * 20 Rmax bytes (the plan entry "loss_tile.vocab_stats" of models/model.c). 0 for N <= 0. */
+ * 20 Rmax bytes (the plan entry "loss_tile.vocab_stats" of models/model_plan.c). 0 for N <= 0. */
 size_t mt_vocab_loss_scratch_bytes(int64_t N, int64_t num_tiles);
 
 /* h[N, D], W_l[Vl, D] (this rank's rows), labels[N] global ids -> stats[0] += the loss

@@ -135,7 +135,7 @@ typedef struct mt_grad_sync {
     int tp, tp_rank;
     int64_t *rep_off, *rep_n; /* ranges whose gradient every tensor rank holds whole */
     int nrep;
-    /* fsdp (models/model.h mt_model_set_fsdp; mt_grad_sync_set_fsdp): the parameters
+    /* fsdp (models/model.h mt_model_layout fsdp; mt_grad_sync_set_fsdp): the parameters
      * stay sharded over the fsdp group (the model gathers what it uses); the optimizer
      * shard [lo, hi) nests inside this rank's fsdp shard [flo, fhi), and
      * mt_grad_sync_gather_params all-gathers the updated sub-shards over the replica

@@ -68,7 +68,7 @@ typedef struct fixture {
 static void fx_init(fixture *f, const mt_model_config *c, uint64_t seed) {
     memset(f, 0, sizeof *f);
     mt_backend *be = mt_cpu_backend();
-    cr_assert_eq(mt_model_create(&f->m, c, be, 1, 4, 1), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_model_create(&f->m, c, be, 1, 4, 1, NULL), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_plan_new(&f->plan), MT_OK);
     cr_assert_eq(mt_model_add_to_plan(f->m, f->plan), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_plan_finalize(f->plan), MT_OK);

@@ -3,7 +3,7 @@
 # dtype=bfloat16 against a hand formula, category by category, and against the same plan
 # at dtype=float32 (label cpu).
 #
-# The formula (models/model.h mt_model_set_dtype; docs/memory.md), P parameters, L layers,
+# The formula (models/model.h mt_model_layout dtype; docs/memory.md), P parameters, L layers,
 # N = batch x seq rows, D d_model, QD = H x Dh, KVD = Hkv x Dh, F mlp_dim, V vocabulary,
 # e = 2 bytes (bf16) or 4 (fp32), remat_policy minimal_with_context (every named tensor
 # but mlpwo kept; llama has no post-MLP norm):

@@ -36,7 +36,7 @@ typedef struct fixture {
 static void fx_init(fixture *f, const mt_model_config *c, int64_t T, int decode) {
     memset(f, 0, sizeof(*f));
     mt_backend *be = mt_cpu_backend();
-    cr_assert_eq(mt_model_create(&f->m, c, be, 1, T, 1), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_model_create(&f->m, c, be, 1, T, 1, NULL), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_model_set_decode(f->m, decode), MT_OK, "%s", mt_last_error());
     tu_model_plan_bind(f->m, be, &f->plan, &f->arena);
 }
@@ -291,7 +291,7 @@ Test(decode, errors) {
     mt_model_config c = tiny_llama3();
     mt_backend *be = mt_cpu_backend();
     mt_model *m;
-    cr_assert_eq(mt_model_create(&m, &c, be, 2, 8, 1), MT_OK);
+    cr_assert_eq(mt_model_create(&m, &c, be, 2, 8, 1, NULL), MT_OK);
     cr_assert_eq(mt_model_set_decode(m, 1), MT_ERR_INVALID); /* batch 2 */
     mt_model_free(m);
 
@@ -320,9 +320,9 @@ Test(decode, errors) {
     fx_free(&f);
 
     /* decoding runs on one rank with device parameters */
-    cr_assert_eq(mt_model_create(&m, &c, be, 1, 4, 1), MT_OK);
+    const mt_model_layout offload = {.param_offload = 1};
+    cr_assert_eq(mt_model_create(&m, &c, be, 1, 4, 1, &offload), MT_OK);
     cr_assert_eq(mt_model_set_decode(m, 1), MT_OK);
-    cr_assert_eq(mt_model_set_param_offload(m, 1), MT_OK);
     mt_plan *p;
     cr_assert_eq(mt_plan_new(&p), MT_OK);
     cr_assert_eq(mt_model_add_to_plan(m, p), MT_ERR_UNSUPPORTED);

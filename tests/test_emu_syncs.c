@@ -23,10 +23,10 @@
  *        frequencies are asynchronous copies from pageable memory, staged without
  *        waiting for the device (kernels/cuda/cuda_backend.cu copy_to_device); they are
  *        counted (h2d_copies) but are no budget;
- *      - gradient windows go to their sink without a wait (models/model.c);
+ *      - gradient windows go to their sink without a wait (models/model_loss.c);
  *      - the step does not wait for its AdamW update at its end: the next step's loss
  *        read does (train/step.c).
- *    Not covered (they need several ranks): tensor parallelism's loss (models/model.c
+ *    Not covered (they need several ranks): tensor parallelism's loss (models/model_loss.c
  *    reads and rewrites the step statistics per micro-batch around
  *    parallel/vocab_loss.c) and the communicators' own waits (parallel/comm_nccl.c).
  *

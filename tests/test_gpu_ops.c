@@ -833,7 +833,7 @@ Test(gpu_ops, sumsq_accumulates_on_the_device, .init = setup) {
     free(a), free(b), free(c);
 }
 
-/* attn_merge (the ring-attention merge that left models/model.c): CUDA's fp64 exp/log
+/* attn_merge (the ring-attention merge of models/model_shard.c): CUDA's fp64 exp/log
  * may differ from glibc's in the last bit, which the fp32 weights round away except
  * near a tie: bound 5 u max(|o_a|, |o_b|) per element (the CPU test's analysis), and
  * rows with lse_b = -inf bitwise unchanged on both sides, in both dtypes (bf16: the fp32
@@ -1415,8 +1415,8 @@ typedef struct gfix {
 
 static void gfix_init(gfix *f, const mt_model_config *c, mt_backend *be, int64_t B, int64_t T, mt_dtype dt) {
     memset(f, 0, sizeof(*f));
-    cr_assert_eq(mt_model_create(&f->m, c, be, B, T, 2), MT_OK, "%s", mt_last_error());
-    cr_assert_eq(mt_model_set_dtype(f->m, dt), MT_OK, "%s", mt_last_error());
+    const mt_model_layout lay = {.dtype = dt};
+    cr_assert_eq(mt_model_create(&f->m, c, be, B, T, 2, &lay), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_plan_new(&f->plan), MT_OK);
     cr_assert_eq(mt_model_add_to_plan(f->m, f->plan), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_plan_finalize(f->plan), MT_OK);

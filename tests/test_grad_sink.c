@@ -58,7 +58,7 @@ typedef struct fixture {
 static void fx_init(fixture *f, const mt_model_config *c, int remat_full, collector *col) {
     memset(f, 0, sizeof *f);
     mt_backend *be = mt_cpu_backend();
-    cr_assert_eq(mt_model_create(&f->m, c, be, 2, 6, 3), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_model_create(&f->m, c, be, 2, 6, 3, NULL), MT_OK, "%s", mt_last_error());
     if (remat_full) {
         mt_remat_policy p;
         cr_assert_eq(mt_remat_policy_resolve(MT_REMAT_FULL, NULL, &p), MT_OK);

@@ -1,4 +1,4 @@
-/* tests/test_model.c: models/config.c and models/model.c on the CPU backend.
+/* tests/test_model.c: models/config.c and models/model*.c on the CPU backend.
  *
  * - config: published parameter counts, local/global layer patterns, RoPE tables,
  *   validation messages;
@@ -40,7 +40,7 @@ static void fx_init(fixture *f, const mt_model_config *c, int64_t B, int64_t T, 
     f->B = B;
     f->T = T;
     mt_backend *be = mt_cpu_backend();
-    cr_assert_eq(mt_model_create(&f->m, c, be, B, T, tiles), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_model_create(&f->m, c, be, B, T, tiles, NULL), MT_OK, "%s", mt_last_error());
     tu_model_plan_bind(f->m, be, &f->plan, &f->arena);
 }
 
@@ -524,8 +524,8 @@ Test(inputs, out_of_range_tokens_and_labels) {
     cr_expect_eq(mt_model_forward_backward(f.m, tok, lab, 1.0f, &ls, &cnt), MT_OK, "%s", mt_last_error());
 
     mt_model *m2;
-    cr_expect_eq(mt_model_create(&m2, &c, mt_cpu_backend(), 2, 4, 9), MT_ERR_INVALID);
-    cr_expect_eq(mt_model_create(&m2, &c, mt_cpu_backend(), 0, 4, 1), MT_ERR_INVALID);
+    cr_expect_eq(mt_model_create(&m2, &c, mt_cpu_backend(), 2, 4, 9, NULL), MT_ERR_INVALID);
+    cr_expect_eq(mt_model_create(&m2, &c, mt_cpu_backend(), 0, 4, 1, NULL), MT_ERR_INVALID);
     fx_free(&f);
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/test_mpi_packing.sh BUILD_DIR: document masking (packing=true, models/model.h
-# mt_model_set_packing) under context parallelism equals the single-process run with
+# mt_model_layout packing) under context parallelism equals the single-process run with
 # masking on, for both ways the keys reach a rank: all-gathered (default) and passed in
 # a ring (context_parallel_strategy=ring). The key segment ids travel with the keys: each
 # rank derives every row's id from the whole window it is given and lays them out in the

@@ -1,5 +1,5 @@
 /* tests/test_packing.c: document masking for packed sequences at the model level
- * (mt_model_set_packing; the op-level checks are in tests/test_ops_attention.c and
+ * (mt_model_layout packing; the op-level checks are in tests/test_ops_attention.c and
  * tests/test_gpu_ops.c, the context-parallel ones in tests/test_mpi_packing.sh).
  *
  * The reference runs each document alone: a model of the same parameters with the
@@ -38,8 +38,8 @@ typedef struct fixture {
 static void fx_init(fixture *f, const mt_model_config *c, int64_t B, int64_t T, int packing) {
     memset(f, 0, sizeof(*f));
     mt_backend *be = mt_cpu_backend();
-    cr_assert_eq(mt_model_create(&f->m, c, be, B, T, 1), MT_OK, "%s", mt_last_error());
-    cr_assert_eq(mt_model_set_packing(f->m, packing, SEP), MT_OK, "%s", mt_last_error());
+    const mt_model_layout lay = {.packing = packing, .packing_separator = SEP};
+    cr_assert_eq(mt_model_create(&f->m, c, be, B, T, 1, &lay), MT_OK, "%s", mt_last_error());
     tu_model_plan_bind(f->m, be, &f->plan, &f->arena);
 }
 
@@ -192,7 +192,7 @@ Test(packing, off_is_bitwise_unchanged) {
     const double l0 = step(&a, params, tok, lab, g0);
     fx_free(&a);
     mt_model *m;
-    cr_assert_eq(mt_model_create(&m, &c, mt_cpu_backend(), B_, T_, 1), MT_OK);
+    cr_assert_eq(mt_model_create(&m, &c, mt_cpu_backend(), B_, T_, 1, NULL), MT_OK);
     mt_plan *plan;
     cr_assert_eq(mt_plan_new(&plan), MT_OK);
     cr_assert_eq(mt_model_add_to_plan(m, plan), MT_OK);
@@ -203,9 +203,11 @@ Test(packing, off_is_bitwise_unchanged) {
     const double l1 = step(&b, params, tok, lab, g1);
     cr_expect_eq(l0, l1);
     cr_expect(memcmp(g0, g1, (size_t)numel * sizeof(float)) == 0);
-    /* set_packing after planning is refused */
-    cr_expect_eq(mt_model_set_packing(m, 1, SEP), MT_ERR_INVALID);
     fx_free(&b);
+    /* the layout's separator is a token id (packing is fixed at creation: no setter to refuse after planning) */
+    const mt_model_layout bad = {.packing = 1, .packing_separator = -1};
+    cr_expect_eq(mt_model_create(&m, &c, mt_cpu_backend(), B_, T_, 1, &bad), MT_ERR_INVALID);
+    cr_expect(strstr(mt_last_error(), "packing_separator_id=-1") != NULL, "%s", mt_last_error());
     free(params);
     free(g0);
     free(g1);

@@ -294,7 +294,7 @@ Test(plan_remat, run_allocates_exactly_the_plan) {
 }
 
 /* Parameter sharding over a job: an fsdp layout the trainer runs is the trainer's own
- * plan (models/model.h mt_model_set_fsdp): the parameter shard p = ceil(numel / 8)
+ * plan (models/model.h mt_model_layout fsdp): the parameter shard p = ceil(numel / 8)
  * floats, the windows of two layers and of embedding + final norm + head, the AdamW
  * moments on the same shard (fsdp implies ZeRO-1); activations as on one device.
  * Gradients are the trainer's business (not asserted beyond "not more"). */

@@ -1,4 +1,4 @@
-/* tests/test_remat.c: remat and offload (models/remat.h, models/model.c).
+/* tests/test_remat.c: remat and offload (models/remat.h, models/model_plan.c, models/model_layers.c).
  *
  * Every remat policy, a custom mix of device / remat / offload, and full offload must
  * give BITWISE the losses, gradients and parameters (after three AdamW steps) of
@@ -79,9 +79,9 @@ static void run(const mt_model_config *c, const mt_remat_policy *pol, run_out *o
     memset(o, 0, sizeof *o);
     mt_backend *be = mt_cpu_backend();
     mt_model *m;
-    cr_assert_eq(mt_model_create(&m, c, be, B, T, 2), MT_OK, "%s", mt_last_error());
+    const mt_model_layout lay = {.param_offload = g_param_offload};
+    cr_assert_eq(mt_model_create(&m, c, be, B, T, 2, &lay), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_model_set_remat(m, pol), MT_OK, "%s", mt_last_error());
-    cr_assert_eq(mt_model_set_param_offload(m, g_param_offload), MT_OK, "%s", mt_last_error());
     mt_plan *p, *h;
     cr_assert_eq(mt_plan_new(&p), MT_OK);
     cr_assert_eq(mt_plan_new(&h), MT_OK);

@@ -682,7 +682,7 @@ Test(plan, offsets_match_reference_greedy_random) {
     check_plan_against_reference(e, 0, "empty plan");
 }
 
-/* The shape of a deep model's plan (models/model.c): whole-step parameters, gradients
+/* The shape of a deep model's plan (models/model_plan.c): whole-step parameters, gradients
  * and moments; per layer saved tensors of several sizes live from that layer's
  * forward to its backward (nested lifetimes, all overlapping at the loss); per-op
  * scratch reused by every layer's forward and by every backward; a loss tile. The

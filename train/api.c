@@ -101,8 +101,10 @@ static mt_status apply_overrides(mt_train_config *cfg, int n, const char *const 
 static mt_status build_standalone(mt_session *s) {
     const mt_train_config *c = &s->cfg;
     MT_TRY(mt_trainer_select_backend(c, &s->be));
+    mt_model_layout lay; /* one process */
+    mt_memory_model_layout(c, &lay);
     MT_TRY(mt_model_create(&s->own_model, &c->model, s->be, c->per_device_batch_size, c->max_target_length,
-                           c->num_vocab_tiling));
+                           c->num_vocab_tiling, &lay));
     MT_TRY(mt_memory_apply_remat(c, s->own_model));
     mt_model_set_compute_rounding(s->own_model, (uint64_t)c->seed, 0);
     MT_TRY(mt_plan_new(&s->own_plan));

@@ -123,7 +123,7 @@ static const mt_config_key mt_keys[] = {
     RKEY_STR(prompt, "", "`sample`: text to continue, encoded by the tokenizer (MaxText's key); \"\" = start from BOS"),
     RKEY_STR(prompt_ids, "", "`sample`: token ids to continue (\"2,651,3\", \"2 651 3\" or [2, 651, 3]), used as given "
              "(BOS included); instead of prompt; \"\" or [] = unset; an empty entry (1,,2) is an error"),
-    /* packed documents: document masking (models/model.h mt_model_set_packing) */
+    /* packed documents: document masking (models/model.h mt_model_layout packing) */
     {"packing", MT_KEY_BOOL, OFF(packing), 0, NULL, NULL, 0, "false", 0, 0, 0, 0,
      "document masking (MaxText's packing): each packing_separator_id token starts a document; attention "
      "stays inside documents and RoPE positions restart at each; every label still counts"},

@@ -69,7 +69,7 @@ typedef struct mt_train_config {
     /* ---- `sample` prompt and `prepare` (train/tokenizer.h, scripts/prepare_data.py) ---- */
     char prompt[MT_CONFIG_PROMPT_MAX];              /* text to continue, encoded by the tokenizer */
     char prompt_ids[MT_CONFIG_PROMPT_MAX];          /* or token ids to continue, "1,2,3" (used as given) */
-    /* ---- packed documents: document masking (models/model.h mt_model_set_packing) ---- */
+    /* ---- packed documents: document masking (models/model.h mt_model_layout packing) ---- */
     int packing;                                    /* attention within documents, positions per document */
     int64_t packing_separator_id;                   /* the token that starts each document (BOS) */
     /* ---- parallelism (parallel/mesh.h, parallel/zero1.h) ---- */

@@ -1,5 +1,6 @@
-/* train/remat.h: the config's settings that shape a model's memory plan (remat
- * policy, packing, parameter host offload), applied in one place for the trainer
+/* train/remat.h: the config's settings that shape a model's memory plan (the layout
+ * keys: sequence parallelism, context strategy, packing, dtype, parameter host
+ * offload; and the remat policy), taken in one place for the trainer
  * (train/trainer.c), the estimator (train/estimate.c) and the public API (train/api.c). */
 #ifndef MT_TRAIN_REMAT_H
 #define MT_TRAIN_REMAT_H
@@ -17,11 +18,15 @@ extern "C" {
  * Errors: MT_ERR_INVALID (decoder_layer_input not device). */
 mt_status mt_memory_remat_policy(const mt_train_config *cfg, mt_remat_policy *out);
 
-/* mt_model_set_dtype(model, cfg->dtype), mt_model_set_remat(model,
- * mt_memory_remat_policy(cfg)), mt_model_set_packing(model, cfg->packing,
- * cfg->packing_separator_id) and mt_model_set_param_offload(model,
- * cfg->parameter_memory_host_offload): the config's settings that shape the model's
- * plan. Errors: those of the five calls. */
+/* The model layout (models/model.h) of cfg for one process: sequence_parallel =
+ * tensor_sequence_parallelism, context_ring = context_parallel_strategy, packing,
+ * packing_separator = packing_separator_id, dtype, param_offload =
+ * parameter_memory_host_offload; axis sizes 1 and no communicators, which a
+ * multi-rank caller fills in from its mesh (train/trainer.c). */
+void mt_memory_model_layout(const mt_train_config *cfg, mt_model_layout *out);
+
+/* mt_model_set_remat(model, mt_memory_remat_policy(cfg)), before planning.
+ * Errors: those of the two calls. */
 mt_status mt_memory_apply_remat(const mt_train_config *cfg, mt_model *model);
 
 #ifdef __cplusplus

@@ -196,7 +196,7 @@ mt_status mt_sample_generate(const mt_train_config *cfg, const char *checkpoint_
     int have_arena = 0;
     float *logits = NULL;
     /* A decode model (models/model.h): a KV cache of seq positions, one row per step. */
-    if (st == MT_OK) st = mt_model_create(&model, &mc, be, 1, seq, 1);
+    if (st == MT_OK) st = mt_model_create(&model, &mc, be, 1, seq, 1, NULL);
     if (st == MT_OK) st = mt_model_set_decode(model, 1);
     if (st == MT_OK) st = mt_plan_new(&plan);
     if (st == MT_OK) st = mt_model_add_to_plan(model, plan);

@@ -157,8 +157,8 @@ static mt_status build_shard_table(mt_trainer *t) {
     return MT_OK;
 }
 
-/* The gradient sync's tensor group and the ranges of replicated gradients (after
- * mt_model_set_tensor_parallel). */
+/* The gradient sync's tensor group and the ranges of replicated gradients (of a model
+ * created with its tensor group: mt_model_tp_grad_replicated). */
 static mt_status setup_tensor(mt_model *model, mt_grad_sync *gs, mt_comm *comm, int size, int rank) {
     if (size <= 1) return MT_OK;
     const int np = mt_model_param_count(model);
@@ -205,13 +205,19 @@ static mt_status build_plan(const mt_train_config *cfg, mt_backend *be, mt_model
     const int dp_rank = mesh ? mt_comm_rank(mesh->grad_fsdp) : 0;
     const int tp_rank = mesh ? mesh->coord[MT_AXIS_TENSOR] : 0, cp_rank = mesh ? mesh->coord[MT_AXIS_CONTEXT] : 0;
     memset(gs, 0, sizeof *gs);
+    mt_model_layout lay; /* the config's layout keys, then this rank's groups of the mesh */
+    mt_memory_model_layout(cfg, &lay);
+    lay.tensor_comm = tp_comm;
+    lay.tensor_size = tp_n;
+    lay.tensor_rank = tp_rank;
+    lay.context_comm = cp_comm;
+    lay.context_size = cp_n;
+    lay.context_rank = cp_rank;
+    lay.fsdp_comm = fsdp_comm;
+    lay.fsdp_size = fsdp_n;
+    lay.fsdp_rank = fsdp_rank;
     mt_status st = mt_model_create(model, &cfg->model, be, cfg->per_device_batch_size,
-                                   cfg->max_target_length, cfg->num_vocab_tiling);
-    if (st == MT_OK) st = mt_model_set_tensor_parallel(*model, tp_comm, tp_n, tp_rank);
-    if (st == MT_OK) st = mt_model_set_context_parallel(*model, cp_comm, cp_n, cp_rank,
-                                                         cfg->context_parallel_strategy);
-    if (st == MT_OK) st = mt_model_set_sequence_parallel(*model, cfg->tensor_sequence_parallelism);
-    if (st == MT_OK) st = mt_model_set_fsdp(*model, fsdp_comm, fsdp_n, fsdp_rank);
+                                   cfg->max_target_length, cfg->num_vocab_tiling, &lay);
     if (st == MT_OK) st = mt_memory_apply_remat(cfg, *model);
     if (st == MT_OK) st = mt_plan_new(plan);
     if (st == MT_OK)

@@ -49,7 +49,7 @@ static int hp_model_open(hp_model *h, const mt_model_config *cfg, int64_t b, int
     mt_backend *be = mt_cpu_backend();
     memset(h, 0, sizeof *h);
     CHECK(mt_model_config_validate(cfg));
-    CHECK(mt_model_create(&h->m, cfg, be, b, t, tiles));
+    CHECK(mt_model_create(&h->m, cfg, be, b, t, tiles, NULL));
     CHECK(mt_plan_new(&h->plan));
     CHECK(mt_model_add_to_plan(h->m, h->plan));
     CHECK(mt_plan_finalize(h->plan));

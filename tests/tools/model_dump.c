@@ -187,7 +187,7 @@ int main(int argc, char **argv) {
     mt_backend *be = mt_cpu_backend();
     const uint64_t seed = 1234;
     mt_model *m = NULL;
-    CHECK(mt_model_create(&m, &cfg, be, B, T, TILES));
+    CHECK(mt_model_create(&m, &cfg, be, B, T, TILES, NULL));
     mt_plan *plan = NULL;
     CHECK(mt_plan_new(&plan));
     CHECK(mt_model_add_to_plan(m, plan));

@@ -1,0 +1,349 @@
+/* models/model_internal.h: the private state of a model (models/model.h), shared by the
+ * files that implement it, one idea each:
+ *   model.c          create / free, the layout check, the parameter table, accessors, init
+ *   model_plan.c     the plan entries (sizes, lifetimes), remat policy, binding
+ *   model_windows.c  parameter windows (host offload, fsdp) and gradient windows (sink)
+ *   model_shard.c    tensor / sequence / context / fsdp collectives and their set-up
+ *   model_layers.c   one layer's forward, backward, recompute, offload / restore
+ *   model_loss.c     the step: inputs, forward, tiled loss, backward; public entry points
+ *   model_decode.c   incremental decoding with a KV cache
+ * Every file includes this header and no other file of the model: no include circle.
+ * Functions shared between the files are prefixed mtm_ (meshtrain model, internal).
+ *
+ * State is one sub-struct per concern inside struct mt_model; each collective group
+ * (tensor, context, fsdp) keeps its own error status: the first failed collective of
+ * that group in the current pass (later collectives of the group are skipped, so a
+ * pass that failed ends without waiting on peers of a broken communicator). */
+#ifndef MT_MODELS_MODEL_INTERNAL_H
+#define MT_MODELS_MODEL_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "models/model.h"
+
+/* Activations, compute weights and their gradients are of m->dt (MT_F32 or MT_BF16:
+ * the layout's dtype), m->es bytes each; parameter gradients (mtm_gw), the fp32 master,
+ * norm statistics (rstd), the attention logsumexp and the loss tile are fp32.
+ * AT(m, p, k): element k of an m->dt tensor p. */
+#define AT(m, p, k) ((void *)((char *)(p) + (size_t)(k) * (m)->es))
+
+/* ---- buffers that are not per layer (plan ids m->plan.gid, pointers m->plan.gptr) ---- */
+enum {
+    GB_PARAMS = 0, GB_GRADS,
+    GB_TOKENS, GB_LABELS, GB_POSITIONS, GB_INV_FREQ,
+    GB_FINAL_INPUT, GB_FINAL_RSTD, GB_FINAL_HIDDEN, GB_FINAL_HIDDEN_GRAD, GB_LOSS_TILE,
+    GB_RESID_GRAD,
+    GB_FWD_NORM, GB_FWD_RESID, GB_FWD_TMP, GB_FWD_GLU,
+    GB_BWD_NORM, GB_BWD_RESID, GB_BWD_D1, GB_BWD_D2, GB_BWD_W0, GB_BWD_W1, GB_BWD_W2,
+    GB_BWD_W3, GB_BWD_W4,
+    GB_SEGMENTS, GB_DOC_POS, /* packing only: [N] int32 segment ids, per-document RoPE positions */
+    GB_STEP_STATS,           /* double[MT_MODEL_STATS] (mt_model_step_stats) */
+    GB_COMPUTE_W,            /* dtype != float32: the compute copy of the parameters, [numel] of dt */
+    GB_LOSS_DTILE,           /* dtype != float32: the loss tile's dlogits [rows, Vl] of dt */
+    GB_LOSS_VOCAB_STATS,     /* tp > 1: the vocab-parallel loss's all-reduce payloads (mt_vocab_loss_scratch_bytes) */
+    GB_WORKSPACE,            /* the backend's GEMM workspace (caps.workspace_bytes; ops.h set_workspace) */
+    GB_COUNT
+};
+
+/* ---- parameter windows (parameter host offload, fsdp): two layer slots (layer l in
+ * slot l % 2) and the global window (embedding, then model.norm and lm_head) ---- */
+enum { MT_PWIN_LAYER0 = 0, MT_PWIN_LAYER1, MT_PWIN_GLOBAL, MT_PWIN_COUNT };
+#define MT_PWIN_LAYER_SLOTS 2
+
+/* ---- gradient windows (gradient sink): one layer, the embedding, the tail (model.norm
+ * and lm_head, flat [tail_off, numel)) ---- */
+enum { MT_GWIN_LAYER = 0, MT_GWIN_EMBEDDING, MT_GWIN_TAIL, MT_GWIN_COUNT };
+
+/* ---- context-parallel buffers (plan names "cp.*", model_plan.c) ---- */
+enum {
+    CP_STAGE = 0, CP_K, CP_V, CP_DK, CP_DV, /* all_gather: [B, Tg, KVD] each */
+    CP_KPOS,                                /* [Tg] int32 (both strategies) */
+    CP_RK0, CP_RV0, CP_RK1, CP_RV1,         /* ring: K/V blocks in flight, [B, 2Tc, KVD] */
+    CP_RDK0, CP_RDV0, CP_RDK1, CP_RDV1,     /* ring: their travelling gradients */
+    CP_ROUT, CP_RLSE,                       /* ring: one block's output [N, QD] / lse [B, H, 2Tc] */
+    CP_KSEG,                                /* packing: key segment ids [B, Tg] gathered order, ring:
+                                             * [C][B, 2Tc] (block of rank src at src * N) */
+    CP_COUNT
+};
+
+/* ---- buffers of a decode model (plan names "decode.<name>", model_decode.c) ---- */
+enum {
+    DEC_KCACHE = 0, DEC_VCACHE, /* [L, 1, T, Hkv, Dh]: rotated keys, values of every cached position */
+    DEC_POS,                    /* [T] int32: 0, 1, ..., T - 1 (q_pos / k_pos / RoPE read slices) */
+    DEC_TOKEN,                  /* [1] int32: the token of this step */
+    DEC_INV_FREQ,               /* [Dh]: global then local RoPE table (as "rope_inv_freq") */
+    DEC_X,                      /* [D] residual stream of the new row */
+    DEC_NORM,                   /* [D] normalised input of a block, then the final hidden state */
+    DEC_Q,                      /* [QD] rotated query */
+    DEC_TMP,                    /* [max(D, QD)] pre-QK-norm projection, post-norm output */
+    DEC_RSTD,                   /* [max(H, 1)] norm statistics (not needed after the op) */
+    DEC_CTX,                    /* [QD] attention output */
+    DEC_LSE,                    /* [H] its logsumexp */
+    DEC_OUT,                    /* [D] o_proj / down_proj output before a post-norm */
+    DEC_GATE, DEC_UP, DEC_GLU,  /* [F] each */
+    DEC_LOGITS,                 /* [V] raw logits of the row */
+    DEC_COUNT
+};
+
+/* Parameter indices of one layer (-1 when absent). */
+typedef struct layer_params {
+    int in_norm, q, k, v, o, q_norm, k_norm, post_attn_norm, pre_mlp_norm, post_ffw_norm;
+    int gate, up, down;
+} layer_params;
+
+/* The parameter table (model.c): Hugging Face names and shapes, one flat layout. */
+typedef struct mtm_param_table {
+    mt_param_info *info;   /* [count] */
+    int count;
+    int64_t numel;         /* floats of the flat buffer */
+    int embed, final_norm, lm_head; /* indices; lm_head -1 when logits_via_embedding */
+    layer_params *layer;   /* [L] */
+    int *layer_of;         /* [count]: the parameter's layer, -1 for embed / final norm / head */
+    int64_t layer_numel;   /* floats of one layer (input_layernorm .. mlp.down_proj, contiguous) */
+    int64_t tail_off;      /* flat offset of model.norm: [tail_off, numel) is the tail */
+} mtm_param_table;
+
+/* Plan ids and bound pointers (model_plan.c). */
+typedef struct mtm_plan_state {
+    int planned, bound;
+    int fwd_kept;          /* the saved activations hold a whole forward (mt_model_backward_hidden) */
+    int gid[GB_COUNT];
+    void *gptr[GB_COUNT];
+    int (*lid)[MT_LT_COUNT];     /* [L]: per-layer saved tensors kept on the device, -1 none */
+    float *(*lptr)[MT_LT_COUNT];
+} mtm_plan_state;
+
+/* Remat / offload (models/remat.h; model_plan.c sizes, model_layers.c runs it). */
+typedef struct mtm_remat_state {
+    mt_remat_policy policy;
+    int has_offload;                       /* some tensor is offloaded */
+    int fwd_id[MT_LT_COUNT], bwd_id[MT_LT_COUNT]; /* layer-sized scratch of non-kept tensors */
+    float *fwd[MT_LT_COUNT], *bwd[MT_LT_COUNT];
+} mtm_remat_state;
+
+/* The host pool (mt_model_add_to_host_plan): offloaded tensors and, with parameter host
+ * offload, the parameters (or this rank's fsdp shard of them). */
+typedef struct mtm_host_pool {
+    int planned, bound;
+    int (*act_id)[MT_LT_COUNT];            /* [L]: host entries of offloaded tensors, -1 none */
+    float *(*act_ptr)[MT_LT_COUNT];
+    int params_id;                         /* "params" / "params.shard", -1 none */
+} mtm_host_pool;
+
+/* Parameter windows (model_windows.c): with parameter host offload or fsdp the device
+ * holds these instead of the flat parameters. */
+typedef struct mtm_param_windows {
+    int offload;                           /* the layout's param_offload */
+    int id[MT_PWIN_COUNT];
+    float *ptr[MT_PWIN_COUNT];
+    int64_t layer[MT_PWIN_LAYER_SLOTS];    /* layer held by each layer slot, -1 none */
+} mtm_param_windows;
+
+/* Gradient sink (mt_model_set_grad_sink): instead of the full "grads" buffer, the
+ * gradient windows MT_GWIN_*. */
+typedef struct mtm_grad_sink {
+    mt_grad_sink_fn fn;
+    void *ctx;
+    int id[MT_GWIN_COUNT];
+    float *ptr[MT_GWIN_COUNT];
+} mtm_grad_sink;
+
+/* Tensor parallelism and, on its group, sequence parallelism (model_shard.c). The
+ * model's H, Hkv, F, QD, KVD are this rank's local sizes; the parameter table keeps
+ * the global shapes. */
+typedef struct mtm_tensor_state {
+    mt_comm *comm;
+    int size, rank;
+    int64_t Vl, v0;        /* vocabulary slice [v0, v0 + Vl) of the loss */
+    int64_t QDg, Fg;       /* global q width and mlp dim (row strides of o_proj, down_proj) */
+    int64_t *off;          /* [count]: element offset of this rank's slice of each parameter (NULL: none) */
+    mt_status status;      /* first failed collective of the tensor group in the current pass */
+    int sp;                /* sequence parallelism */
+    int64_t *sp_counts;    /* [size]: elements of each rank's residual rows (N / tp x D) */
+} mtm_tensor_state;
+
+/* Context parallelism (model_shard.c). The model's T and N are this rank's local rows
+ * (chunks rank and 2C-1-rank of every sequence); m->Tg the caller's sequence length. */
+typedef struct mtm_context_state {
+    mt_comm *comm;
+    int size, rank;
+    int ring;              /* context_parallel_strategy=ring */
+    int32_t *tok, *lab;    /* host [N]: this rank's rows of the caller's [B, Tg] (allocated by bind) */
+    int32_t *kpos_host;    /* [Tg]: original positions of the gathered keys */
+    int id[CP_COUNT];
+    void *buf[CP_COUNT];
+    mt_status status;      /* first failed collective of the context group in the current pass */
+} mtm_context_state;
+
+/* fsdp (model_shard.c): the parameter windows are filled by all-gather from the ranks'
+ * shards; GB_PARAMS holds this rank's shard [lo, hi) of the flat buffer (rank r:
+ * [r * per, (r + 1) * per) clipped to numel). */
+typedef struct mtm_fsdp_state {
+    mt_comm *comm;
+    int size, rank;
+    int64_t lo, hi, per;
+    int64_t *counts;       /* [size] all-gather counts scratch */
+    mt_comm_request *req;  /* the prefetch in flight (its layer's window slot is set), or NULL */
+    mt_status status;      /* first failed collective of the fsdp group in the current pass */
+} mtm_fsdp_state;
+
+/* Document masking (the layout's packing): host scratch for the ids and positions
+ * derived from the caller's tokens, allocated by mt_model_bind (model_loss.c fills it). */
+typedef struct mtm_packing {
+    int on;
+    int32_t sep;
+    int32_t *seg, *pos;    /* [B, Tg]: the whole window's ids / document positions */
+    int32_t *lseg, *lpos;  /* [N]: this rank's rows (context parallelism), else NULL */
+    int32_t *kseg;         /* [B * Tg]: key ids in the gathered (or ring block) order */
+} mtm_packing;
+
+/* Incremental decoding (mt_model_set_decode, model_decode.c): the plan holds the
+ * parameters, the KV caches and one token's scratch (DEC_*) instead of the step's. */
+typedef struct mtm_decode {
+    int on;
+    int64_t len;           /* positions in the cache (the next token's position) */
+    int id[DEC_COUNT];
+    void *buf[DEC_COUNT];
+} mtm_decode;
+
+struct mt_model {
+    mt_model_config cfg;
+    mt_backend *be;
+    /* sizes this rank computes with (after the layout: local heads, mlp columns, rows) */
+    int64_t B, T, N, tiles;
+    int64_t Tg;            /* the caller's sequence length (T without context parallelism) */
+    int64_t D, V, F, H, Hkv, Dh, QD, KVD;
+    float eps, w_off, emb_scale;
+    mt_dtype dt;           /* compute / activation dtype (the layout's dtype) */
+    size_t es;             /* its element size */
+    uint64_t sr_seed;      /* key of the compute weights' stochastic rounding (mt_model_set_compute_rounding) */
+    int64_t sr_t;
+    /* host copies of constant inputs */
+    float *inv_freq_host;  /* [2 * Dh/2]: global table then local table */
+    int32_t *pos_host;     /* [T]: the positions of one sequence (every row of the batch repeats them) */
+
+    mtm_param_table par;
+    mtm_plan_state plan;
+    mtm_remat_state remat;
+    mtm_host_pool host;
+    mtm_param_windows pwin;
+    mtm_grad_sink sink;
+    mtm_tensor_state tp;
+    mtm_context_state cp;
+    mtm_fsdp_state fsdp;
+    mtm_packing pack;
+    mtm_decode dec;
+};
+
+/* ---- small helpers ---- */
+
+static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* Phases (model.h). */
+static inline int ph_fwd(const mt_model *m, int64_t l) { (void)m; return (int)(1 + l); }
+static inline int ph_loss(const mt_model *m) { return (int)(m->cfg.num_decoder_layers + 1); }
+static inline int ph_bwd(const mt_model *m, int64_t l) { return (int)(2 * m->cfg.num_decoder_layers + 1 - l); }
+static inline int ph_embed_bwd(const mt_model *m) { return (int)(2 * m->cfg.num_decoder_layers + 2); }
+static inline int ph_optim(const mt_model *m) { return (int)(2 * m->cfg.num_decoder_layers + 3); }
+
+/* Rows of the residual stream this rank holds: N, or N / tp under sequence
+ * parallelism (rows [seq_row0, seq_row0 + seq_rows) of the N local rows). */
+static inline int64_t seq_rows(const mt_model *m) { return m->tp.sp ? m->N / m->tp.size : m->N; }
+static inline int64_t seq_row0(const mt_model *m) { return m->tp.sp ? m->tp.rank * (m->N / m->tp.size) : 0; }
+
+/* A layout axis size: 0 counts as 1, so a zeroed mt_model_layout is one process. */
+static inline int mtm_axis_size(int n) { return n == 0 ? 1 : n; }
+
+/* The parameters live in windows (parameter host offload or fsdp), not in GB_PARAMS. */
+static inline int params_windowed(const mt_model *m) { return m->pwin.offload || m->fsdp.size > 1; }
+
+/* The first failed collective of the pass: tensor group, then context, then fsdp
+ * (MT_OK when none failed); and its reset at the start of a pass. */
+static inline mt_status mtm_comm_status(const mt_model *m) {
+    if (m->tp.status != MT_OK) return m->tp.status;
+    if (m->cp.status != MT_OK) return m->cp.status;
+    return m->fsdp.status;
+}
+static inline void mtm_comm_status_reset(mt_model *m) { m->tp.status = m->cp.status = m->fsdp.status = MT_OK; }
+
+/* y[N, out] = x[N, in] W^T + beta y, W [out, in] (HF nn.Linear); all of m->dt. */
+static inline mt_status MT_MUST_CHECK linear_fwd(const mt_model *m, void *y, const void *x, const void *W,
+                                                 int64_t N, int64_t in, int64_t out, float beta) {
+    return m->be->ops->gemm(m->be, 0, 1, N, out, in, 1.0f, x, in, W, in, m->dt, beta, y, out, m->dt);
+}
+/* dW[out, in] (fp32) += dy[N, out]^T x[N, in] */
+static inline mt_status MT_MUST_CHECK linear_bwd_w(const mt_model *m, float *dW, const void *dy, const void *x,
+                                                   int64_t N, int64_t in, int64_t out) {
+    return m->be->ops->gemm(m->be, 1, 0, out, in, N, 1.0f, dy, out, x, in, m->dt, 1.0f, dW, in, MT_F32);
+}
+/* dx[N, in] = dy[N, out] W + beta dx */
+static inline mt_status MT_MUST_CHECK linear_bwd_x(const mt_model *m, void *dx, const void *dy, const void *W,
+                                                   int64_t N, int64_t in, int64_t out, float beta) {
+    return m->be->ops->gemm(m->be, 0, 0, N, in, out, 1.0f, dy, out, W, in, m->dt, beta, dx, in, m->dt);
+}
+
+/* ---- model_plan.c ---- */
+
+/* Elements of saved tensor j (mt_layer_tensor) of one layer; 0 when this config has none. */
+int64_t mtm_act_elems(const mt_model *m, int j);
+/* Its bytes: the norm statistics and the attention logsumexp fp32, the rest m->dt. */
+size_t mtm_act_bytes(const mt_model *m, int j);
+/* The remat policy's action for saved tensor j (MT_RA_DEVICE for tensors without a name). */
+mt_remat_action mtm_act_action(const mt_model *m, int j);
+/* Add buffer g (GB_*) to plan, untagged (the category's tag). */
+mt_status mtm_plan_add(mt_model *m, mt_plan *plan, int g, const char *name, mt_mem_category cat, size_t bytes,
+                       int first, int last);
+
+/* ---- model_windows.c ---- */
+
+/* Parameter i (its tensor-parallel slice) as the layers compute with it. */
+const void *mtm_pw(const mt_model *m, int i);
+/* The gradient of parameter i (its tensor-parallel slice), fp32. */
+float *mtm_gw(const mt_model *m, int i);
+mt_status MT_MUST_CHECK mtm_fetch_layer(mt_model *m, int64_t l);
+void mtm_prefetch_layer(mt_model *m, int64_t l);
+mt_status MT_MUST_CHECK mtm_fetch_global(mt_model *m);
+mt_status MT_MUST_CHECK mtm_grad_windows_begin(mt_model *m);
+
+/* ---- model_shard.c ---- */
+
+/* Apply the (checked: model.c) layout's tensor, context, sequence and fsdp axes. */
+mt_status mtm_shard_setup(mt_model *m, const mt_model_layout *lay);
+void mtm_sp_gather(mt_model *m, void *full);
+mt_status MT_MUST_CHECK mtm_norm_gather(mt_model *m, void *full, float *rstd, const void *x, int wi);
+mt_status MT_MUST_CHECK mtm_add_norm_gather(mt_model *m, void *h, void *full, float *rstd, const void *x,
+                                            const void *r, int wi);
+const void *mtm_tp_sum_input_grad(mt_model *m, void *d, void *part);
+mt_status MT_MUST_CHECK mtm_row_fwd(mt_model *m, void *y, const void *x, int pi, int64_t in_l, int64_t ldw,
+                                    float beta, void *full, void *part);
+mt_status MT_MUST_CHECK mtm_row_bwd_w(mt_model *m, int pi, const void *dy, const void *x, int64_t in_l,
+                                      int64_t ldw);
+mt_status MT_MUST_CHECK mtm_row_bwd_x(mt_model *m, void *dx, const void *dy, int pi, int64_t in_l, int64_t ldw,
+                                      float beta);
+mt_status MT_MUST_CHECK mtm_cp_attention_fwd(mt_model *m, int64_t l, void *out, float *lse, const void *q,
+                                             const void *k, const void *v);
+mt_status MT_MUST_CHECK mtm_cp_attention_bwd(mt_model *m, int64_t l, void *dq, void *dk, void *dv,
+                                             const void *dout, const void *q, const void *k, const void *v,
+                                             const void *out, const float *lse);
+int32_t mtm_cp_position(const mt_model *m, int r, int64_t j);
+const int32_t *mtm_cp_select(mt_model *m, const int32_t *full, int32_t *local);
+void mtm_fsdp_gather(mt_model *m, float *win, int64_t a, int64_t b, int async);
+void mtm_fsdp_wait(mt_model *m);
+
+/* ---- model_layers.c ---- */
+
+mt_attn_args mtm_attn_args(const mt_model *m, int64_t l);
+mt_status MT_MUST_CHECK mtm_layer_forward(mt_model *m, int64_t l);
+mt_status MT_MUST_CHECK mtm_layer_backward(mt_model *m, int64_t l);
+
+/* ---- model_loss.c ---- */
+
+/* The unembedding matrix [V, D]: lm_head, or the embedding when tied. */
+const void *mtm_unembedding(const mt_model *m);
+
+/* ---- model_decode.c ---- */
+
+mt_status mtm_decode_add_to_plan(mt_model *m, mt_plan *plan);
+
+#endif

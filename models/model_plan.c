@@ -1,0 +1,424 @@
+/* models/model_plan.c: every buffer a model uses as an entry of the memory plan
+ * (runtime/plan.h), with its size and lifetime in phases (models/model.h), the remat
+ * policy that decides which per-layer tensors get an entry (models/remat.h), the host
+ * pool of offloaded tensors and parameters, and binding the entries to an arena.
+ *
+ * Sizes, per rank, N = batch x local sequence rows, Ns = N or N / tp under sequence
+ * parallelism (the residual stream's rows), es = the activation dtype's bytes:
+ *   params numel x 4 (fp32 master; + "params.compute" numel x es with bf16), or the
+ *   fsdp shard ceil(numel / fsdp) x 4 and the windows (two layers + embedding / tail);
+ *   grads numel x 4, or with a gradient sink one layer + embedding + tail;
+ *   per layer the saved tensors of mtm_act_elems (Ns x D residual tensors, N x local
+ *   widths for q / k / v / context / mlp), each kept, recomputed into the layer-sized
+ *   "remat.*" scratch, or offloaded to the host pool;
+ *   the loss tile ceil(N / tiles) x V / tp x 4 (kernels/tiled_loss.h);
+ *   context parallelism: "cp.*" gather buffers of B x seq x KVD each, or ring blocks
+ *   of N x KVD. */
+#include "models/model_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kernels/tiled_loss.h"
+#include "parallel/vocab_loss.h"
+
+/* ------------------------------------------------------------------------------ */
+/* per-layer saved tensors and the remat policy                                    */
+
+/* Elements (floats) of saved tensor j of a layer; 0 when this config has none. */
+int64_t mtm_act_elems(const mt_model *m, int j) {
+    const mt_model_config *c = &m->cfg;
+    const int64_t N = m->N, Ns = seq_rows(m);
+    switch (j) {
+    case MT_LT_DECODER_LAYER_INPUT: return Ns * m->D;
+    case MT_LT_INPUT_NORM_RSTD: return Ns;
+    case MT_LT_QUERY_NORM_RSTD: return c->use_qk_norm ? N * m->H : 0;
+    case MT_LT_KEY_NORM_RSTD: return c->use_qk_norm ? N * m->Hkv : 0;
+    case MT_LT_QUERY_PROJ: return N * m->QD;
+    case MT_LT_KEY_PROJ: return N * m->KVD;
+    case MT_LT_VALUE_PROJ: return N * m->KVD;
+    case MT_LT_CONTEXT: return N * m->QD;
+    case MT_LT_CONTEXT_LSE: return m->B * m->H * m->T;
+    case MT_LT_OUT_PROJ: return Ns * m->D;
+    case MT_LT_POST_ATTN_NORM_RSTD: return c->use_post_attn_norm ? Ns : 0;
+    case MT_LT_PRE_MLP_NORM_RSTD: return Ns;
+    case MT_LT_MLPWI_0: return N * m->F;
+    case MT_LT_MLPWI_1: return N * m->F;
+    case MT_LT_MLPWO: return c->use_post_ffw_norm ? Ns * m->D : 0;
+    case MT_LT_POST_FFW_NORM_RSTD: return c->use_post_ffw_norm ? Ns : 0;
+    default: return 0;
+    }
+}
+
+/* Bytes of saved tensor j of a layer: the norm statistics (rstd) and the attention
+ * logsumexp are fp32, every other tensor is of the activation dtype. */
+size_t mtm_act_bytes(const mt_model *m, int j) {
+    const int f32 = j == MT_LT_INPUT_NORM_RSTD || j == MT_LT_QUERY_NORM_RSTD || j == MT_LT_KEY_NORM_RSTD ||
+                    j == MT_LT_CONTEXT_LSE || j == MT_LT_POST_ATTN_NORM_RSTD || j == MT_LT_PRE_MLP_NORM_RSTD ||
+                    j == MT_LT_POST_FFW_NORM_RSTD;
+    return (size_t)mtm_act_elems(m, j) * (f32 ? sizeof(float) : m->es);
+}
+
+
+/* ---- remat / offload ---- */
+
+mt_remat_action mtm_act_action(const mt_model *m, int j) {
+    int t = mt_layer_tensor_remat((mt_layer_tensor)j);
+    return t < 0 ? MT_RA_DEVICE : m->remat.policy.action[t];
+}
+
+mt_status mt_model_set_remat(mt_model *m, const mt_remat_policy *p) {
+    if (!m || !p) return mt_set_error(MT_ERR_INVALID, "mt_model_set_remat: NULL argument");
+    if (m->plan.planned) return mt_set_error(MT_ERR_INVALID, "mt_model_set_remat: set the policy before planning");
+    for (int t = 0; t < MT_RT_COUNT; t++)
+        if ((int)p->action[t] < MT_RA_REMAT || (int)p->action[t] > MT_RA_DEVICE)
+            return mt_set_error(MT_ERR_INVALID, "mt_model_set_remat: bad action %d for %s", (int)p->action[t],
+                                mt_remat_tensor_name((mt_remat_tensor)t));
+    if (p->action[MT_RT_DECODER_LAYER_INPUT] != MT_RA_DEVICE)
+        return mt_set_error(MT_ERR_INVALID, "decoder_layer_input must be device (the backward recomputes from it)");
+    m->remat.policy = *p;
+    m->remat.has_offload = 0;
+    for (int j = 0; j < MT_LT_COUNT; j++)
+        if (mtm_act_action(m, j) == MT_RA_OFFLOAD && mtm_act_elems(m, j) > 0) m->remat.has_offload = 1;
+    return MT_OK;
+}
+
+int64_t mt_model_remat_tensor_bytes(const mt_model *m, mt_remat_tensor t) {
+    int64_t b = 0;
+    for (int j = 0; j < MT_LT_COUNT; j++)
+        if (mt_layer_tensor_remat((mt_layer_tensor)j) == (int)t) b += (int64_t)mtm_act_bytes(m, j);
+    return b;
+}
+
+/* One layer's worth of scratch for every tensor that is not kept: the forward
+ * computes it there (then copies it out when offloaded), the backward recomputes or
+ * restores it there. Its size does not depend on the depth. */
+static mt_status add_remat_scratch(mt_model *m, mt_plan *plan) {
+    const int64_t L = m->cfg.num_decoder_layers;
+    for (int j = 0; j < MT_LT_COUNT; j++) {
+        m->remat.fwd_id[j] = m->remat.bwd_id[j] = -1;
+        int64_t e = mtm_act_elems(m, j);
+        if (e == 0 || mtm_act_action(m, j) == MT_RA_DEVICE) continue;
+        char name[MT_PLAN_NAME_MAX];
+        snprintf(name, sizeof(name), "remat.fwd.%s", mt_layer_tensor_name((mt_layer_tensor)j));
+        const mt_plan_tag tag = {-1, j, MT_PLAN_KIND_REMAT_SCRATCH};
+        MT_TRY(mt_plan_add_tagged(plan, name, MT_MEM_SCRATCH, tag, mtm_act_bytes(m, j), ph_fwd(m, 0),
+                                  ph_fwd(m, L - 1), &m->remat.fwd_id[j]));
+        snprintf(name, sizeof(name), "remat.bwd.%s", mt_layer_tensor_name((mt_layer_tensor)j));
+        MT_TRY(mt_plan_add_tagged(plan, name, MT_MEM_SCRATCH, tag, mtm_act_bytes(m, j), ph_bwd(m, L - 1),
+                                  ph_bwd(m, 0), &m->remat.bwd_id[j]));
+    }
+    return MT_OK;
+}
+
+mt_status mt_model_add_to_host_plan(mt_model *m, mt_plan *host_plan) {
+    if (!m || !host_plan) return mt_set_error(MT_ERR_INVALID, "mt_model_add_to_host_plan: NULL argument");
+    if (!m->plan.planned)
+        return mt_set_error(MT_ERR_INVALID, "mt_model_add_to_host_plan: call mt_model_add_to_plan first");
+    for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++)
+        for (int j = 0; j < MT_LT_COUNT; j++) {
+            m->host.act_id[l][j] = -1;
+            int64_t e = mtm_act_elems(m, j);
+            if (e == 0 || mtm_act_action(m, j) != MT_RA_OFFLOAD) continue;
+            char name[MT_PLAN_NAME_MAX];
+            snprintf(name, sizeof(name), "layers.%lld.%s", (long long)l, mt_layer_tensor_name((mt_layer_tensor)j));
+            const mt_plan_tag tag = {l, j, MT_PLAN_KIND_OFFLOAD};
+            MT_TRY(mt_plan_add_tagged(host_plan, name, MT_MEM_ACTIVATIONS, tag, mtm_act_bytes(m, j),
+                                      ph_fwd(m, l), ph_bwd(m, l), &m->host.act_id[l][j]));
+        }
+    m->host.params_id = -1;
+    if (m->pwin.offload) /* under fsdp this rank's shard only */
+        MT_TRY(mt_plan_add(host_plan, m->fsdp.size > 1 ? "params.shard" : "params", MT_MEM_PARAMS,
+                           (size_t)(m->fsdp.size > 1 ? m->fsdp.hi - m->fsdp.lo : m->par.numel) * sizeof(float), 0,
+                           ph_optim(m), &m->host.params_id));
+    m->host.planned = 1;
+    m->host.bound = 0;
+    return MT_OK;
+}
+
+mt_status mtm_plan_add(mt_model *m, mt_plan *plan, int g, const char *name, mt_mem_category cat, size_t bytes,
+                       int first, int last) {
+    return mt_plan_add(plan, name, cat, bytes, first, last, &m->plan.gid[g]);
+}
+
+/* A step input or constant table (tokens, positions, RoPE frequencies, ...). */
+static mt_status plan_add_input(mt_model *m, mt_plan *plan, int g, const char *name, size_t bytes, int first,
+                                int last) {
+    const mt_plan_tag tag = {-1, -1, MT_PLAN_KIND_INPUT};
+    return mt_plan_add_tagged(plan, name, MT_MEM_ACTIVATIONS, tag, bytes, first, last, &m->plan.gid[g]);
+}
+
+static mt_status cp_add_to_plan(mt_model *m, mt_plan *plan, int first, int last) {
+    if (m->cp.size == 1) return MT_OK;
+    const size_t f4 = sizeof(float);
+    MT_TRY(mt_plan_add(plan, "cp.k_positions", MT_MEM_COMM, (size_t)m->Tg * sizeof(int32_t), first, last,
+                       &m->cp.id[CP_KPOS]));
+    if (m->pack.on)
+        MT_TRY(mt_plan_add(plan, "cp.k_segment_ids", MT_MEM_COMM, (size_t)(m->B * m->Tg) * sizeof(int32_t), first,
+                           last, &m->cp.id[CP_KSEG]));
+    if (!m->cp.ring) {
+        const size_t full = (size_t)(m->B * m->Tg * m->KVD) * m->es;
+        static const char *const names[5] = {"cp.gather_stage", "cp.k_full", "cp.v_full", "cp.dk_full",
+                                             "cp.dv_full"};
+        for (int i = 0; i < 5; i++) MT_TRY(mt_plan_add(plan, names[i], MT_MEM_COMM, full, first, last, &m->cp.id[i]));
+        return MT_OK;
+    }
+    static const char *const rn[8] = {"cp.ring.k0", "cp.ring.v0", "cp.ring.k1", "cp.ring.v1",
+                                      "cp.ring.dk0", "cp.ring.dv0", "cp.ring.dk1", "cp.ring.dv1"};
+    for (int i = 0; i < 8; i++)
+        MT_TRY(mt_plan_add(plan, rn[i], MT_MEM_COMM, (size_t)(m->N * m->KVD) * m->es, first, last,
+                           &m->cp.id[CP_RK0 + i]));
+    MT_TRY(mt_plan_add(plan, "cp.ring.block_out", MT_MEM_COMM, (size_t)(m->N * m->QD) * m->es, first, last,
+                       &m->cp.id[CP_ROUT]));
+    return mt_plan_add(plan, "cp.ring.block_lse", MT_MEM_COMM, (size_t)(m->B * m->H * m->T) * f4, first, last,
+                       &m->cp.id[CP_RLSE]);
+}
+
+/* Parameters (or their windows, and the compute copy) and gradients (or their windows). */
+static mt_status add_weights(mt_model *m, mt_plan *plan) {
+    const int64_t L = m->cfg.num_decoder_layers;
+    const size_t f4 = sizeof(float), es = m->es;
+    const int last = ph_optim(m), loss = ph_loss(m);
+    const int bwd0 = ph_bwd(m, L - 1), bwd1 = ph_bwd(m, 0);
+    if (m->dt != MT_F32) {
+        /* bf16 compute so far on one layout: the tensor- and context-axis collectives,
+         * the fsdp windows and the parameter host pool still move fp32 */
+        const char *what = m->tp.size > 1 ? "ici_tensor_parallelism > 1"
+                : m->cp.size > 1          ? "ici_context_parallelism > 1"
+                : m->fsdp.size > 1        ? "ici_fsdp_parallelism > 1"
+                : m->pwin.offload         ? "parameter_memory_host_offload"
+                                          : NULL;
+        if (what)
+            return mt_set_error(MT_ERR_UNSUPPORTED, "dtype=%s with %s is not supported yet (use dtype=float32)",
+                                mt_dtype_name(m->dt), what);
+        MT_TRY(mtm_plan_add(m, plan, GB_COMPUTE_W, "params.compute", MT_MEM_PARAMS, (size_t)m->par.numel * es, 0,
+                            last));
+    }
+    if (!params_windowed(m)) {
+        MT_TRY(mtm_plan_add(m, plan, GB_PARAMS, "params", MT_MEM_PARAMS, (size_t)m->par.numel * f4, 0, last));
+    } else { /* the parameters live in the host pool (or, fsdp, as shards); the device holds windows */
+        m->plan.gid[GB_PARAMS] = -1;
+        if (m->fsdp.size > 1 && !m->pwin.offload) /* with offload the shard is in the host pool */
+            MT_TRY(mtm_plan_add(m, plan, GB_PARAMS, "params.shard", MT_MEM_PARAMS,
+                                (size_t)(m->fsdp.hi - m->fsdp.lo) * f4, 0, last));
+        MT_TRY(mt_plan_add(plan, "params.window.layer0", MT_MEM_PARAMS, (size_t)m->par.layer_numel * f4, 0, last,
+                           &m->pwin.id[MT_PWIN_LAYER0]));
+        MT_TRY(mt_plan_add(plan, "params.window.layer1", MT_MEM_PARAMS, (size_t)m->par.layer_numel * f4, 0, last,
+                           &m->pwin.id[MT_PWIN_LAYER1]));
+        MT_TRY(mt_plan_add(plan, "params.window.global", MT_MEM_PARAMS,
+                           (size_t)(m->par.info[m->par.embed].numel + m->par.numel - m->par.tail_off) * f4, 0, last,
+                           &m->pwin.id[MT_PWIN_GLOBAL]));
+    }
+    if (!m->sink.fn) {
+        MT_TRY(mtm_plan_add(m, plan, GB_GRADS, "grads", MT_MEM_GRADS, (size_t)m->par.numel * f4, 0, last));
+    } else { /* gradient sink: windows live while their gradients are written (mt_model_set_grad_sink) */
+        m->plan.gid[GB_GRADS] = -1;
+        MT_TRY(mt_plan_add(plan, "grads.window.layer", MT_MEM_GRADS, (size_t)m->par.layer_numel * f4, bwd0, bwd1,
+                           &m->sink.id[MT_GWIN_LAYER]));
+        MT_TRY(mt_plan_add(plan, "grads.window.embedding", MT_MEM_GRADS, (size_t)m->par.info[m->par.embed].numel * f4,
+                           m->cfg.logits_via_embedding ? loss : ph_embed_bwd(m), ph_embed_bwd(m),
+                           &m->sink.id[MT_GWIN_EMBEDDING]));
+        MT_TRY(mt_plan_add(plan, "grads.window.tail", MT_MEM_GRADS, (size_t)(m->par.numel - m->par.tail_off) * f4, loss,
+                           loss, &m->sink.id[MT_GWIN_TAIL]));
+    }
+    return MT_OK;
+}
+
+/* Step inputs and constant tables. */
+static mt_status add_inputs(mt_model *m, mt_plan *plan) {
+    const int64_t N = m->N;
+    const size_t f4 = sizeof(float), i4 = sizeof(int32_t);
+    const int last = ph_optim(m), loss = ph_loss(m), bwd1 = ph_bwd(m, 0);
+    /* Step inputs: uploaded in phase 0 (labels in the loss phase), kept while used. */
+    MT_TRY(plan_add_input(m, plan, GB_TOKENS, "tokens", (size_t)N * i4, 0, ph_embed_bwd(m)));
+    MT_TRY(plan_add_input(m, plan, GB_LABELS, "labels", (size_t)N * i4, loss, loss));
+    MT_TRY(plan_add_input(m, plan, GB_STEP_STATS, "step_stats", MT_MODEL_STATS * sizeof(double), 0, last));
+    MT_TRY(plan_add_input(m, plan, GB_POSITIONS, "positions", (size_t)N * i4, 0, bwd1));
+    MT_TRY(plan_add_input(m, plan, GB_INV_FREQ, "rope_inv_freq", (size_t)m->Dh * f4, 0, bwd1));
+    if (m->pack.on) { /* document masking: written with the positions, read by every layer */
+        MT_TRY(plan_add_input(m, plan, GB_SEGMENTS, "segment_ids", (size_t)N * i4, 0, bwd1));
+        MT_TRY(plan_add_input(m, plan, GB_DOC_POS, "document_positions", (size_t)N * i4, 0, bwd1));
+    }
+    return MT_OK;
+}
+
+/* Saved activations of layer l: written in phase l (decoder_layer_input: by the
+ * embedding or the previous layer) or 1 + l, read last by the layer's backward. */
+static mt_status add_saved(mt_model *m, mt_plan *plan) {
+    const int64_t L = m->cfg.num_decoder_layers;
+    for (int64_t l = 0; l < L; l++) {
+        for (int j = 0; j < MT_LT_COUNT; j++) {
+            int64_t e = mtm_act_elems(m, j);
+            if (e == 0) continue;
+            char name[MT_PLAN_NAME_MAX];
+            snprintf(name, sizeof(name), "layers.%lld.%s", (long long)l, mt_layer_tensor_name((mt_layer_tensor)j));
+            int first = j == MT_LT_DECODER_LAYER_INPUT ? (int)l : ph_fwd(m, l);
+            m->plan.lid[l][j] = -1;
+            if (mtm_act_action(m, j) != MT_RA_DEVICE) continue; /* recomputed or offloaded */
+            const mt_plan_tag tag = {l, j, MT_PLAN_KIND_SAVED};
+            MT_TRY(mt_plan_add_tagged(plan, name, MT_MEM_ACTIVATIONS, tag, mtm_act_bytes(m, j), first, ph_bwd(m, l),
+                                      &m->plan.lid[l][j]));
+        }
+    }
+    return MT_OK;
+}
+
+/* The final norm, the loss tile and the residual stream's gradient (phase L + 1 on). */
+static mt_status add_loss_buffers(mt_model *m, mt_plan *plan) {
+    const int64_t L = m->cfg.num_decoder_layers, N = m->N, D = m->D;
+    const size_t f4 = sizeof(float), es = m->es;
+    const int fwd1 = ph_fwd(m, L - 1), loss = ph_loss(m);
+    const int64_t Ns = seq_rows(m); /* residual-stream rows (sequence parallelism: N / tp) */
+    MT_TRY(mtm_plan_add(m, plan, GB_FINAL_INPUT, "final_norm_input", MT_MEM_ACTIVATIONS, (size_t)(Ns * D) * es,
+                    fwd1, loss));
+    MT_TRY(mtm_plan_add(m, plan, GB_FINAL_RSTD, "final_norm_rstd", MT_MEM_ACTIVATIONS, (size_t)Ns * f4, loss, loss));
+    MT_TRY(mtm_plan_add(m, plan, GB_FINAL_HIDDEN, "final_hidden", MT_MEM_ACTIVATIONS, (size_t)(N * D) * es, loss,
+                    loss));
+    MT_TRY(mtm_plan_add(m, plan, GB_FINAL_HIDDEN_GRAD, "final_hidden_grad", MT_MEM_SCRATCH, (size_t)(N * D) * es,
+                    loss, loss));
+    MT_TRY(mtm_plan_add(m, plan, GB_LOSS_TILE, "loss_tile", MT_MEM_LOSS_TILE,
+                    (size_t)(mt_tiled_loss_tile_rows(N, m->tiles) * m->tp.Vl) * f4, loss, loss));
+    if (m->dt != MT_F32) /* the dlogits operand of the loss tile's backward GEMMs (kernels/tiled_loss.h) */
+        MT_TRY(mtm_plan_add(m, plan, GB_LOSS_DTILE, "loss_tile.dlogits", MT_MEM_LOSS_TILE,
+                        (size_t)(mt_tiled_loss_tile_rows(N, m->tiles) * m->tp.Vl) * es, loss, loss));
+    if (m->tp.size > 1) /* the vocab-parallel loss's row max and sums, all-reduced over the tensor group */
+        MT_TRY(mtm_plan_add(m, plan, GB_LOSS_VOCAB_STATS, "loss_tile.vocab_stats", MT_MEM_LOSS_TILE,
+                        mt_vocab_loss_scratch_bytes(N, m->tiles), loss, loss));
+    MT_TRY(mtm_plan_add(m, plan, GB_RESID_GRAD, "residual_grad", MT_MEM_SCRATCH, (size_t)(Ns * D) * es, loss,
+                    ph_embed_bwd(m)));
+    return MT_OK;
+}
+
+/* Per-op temporaries shared by the layers' forward phases, then by their backward
+ * phases, and the GEMM workspace. */
+static mt_status add_scratch(mt_model *m, mt_plan *plan) {
+    const int64_t L = m->cfg.num_decoder_layers, N = m->N, D = m->D, F = m->F;
+    const int64_t QD = m->QD, KVD = m->KVD, Ns = seq_rows(m);
+    const size_t es = m->es;
+    const int last = ph_optim(m);
+    const int fwd0 = ph_fwd(m, 0), fwd1 = ph_fwd(m, L - 1);
+    const int bwd0 = ph_bwd(m, L - 1), bwd1 = ph_bwd(m, 0);
+    /* Forward scratch, shared by the layers' forward phases. */
+    MT_TRY(mtm_plan_add(m, plan, GB_FWD_NORM, "fwd.normed", MT_MEM_SCRATCH, (size_t)(N * D) * es, fwd0, fwd1));
+    MT_TRY(mtm_plan_add(m, plan, GB_FWD_RESID, "fwd.residual", MT_MEM_SCRATCH, (size_t)(Ns * D) * es, fwd0, fwd1));
+    MT_TRY(mtm_plan_add(m, plan, GB_FWD_TMP, "fwd.tmp", MT_MEM_SCRATCH, (size_t)(N * max64(D, QD)) * es, fwd0,
+                    fwd1));
+    MT_TRY(mtm_plan_add(m, plan, GB_FWD_GLU, "fwd.glu", MT_MEM_SCRATCH, (size_t)(N * F) * es, fwd0, fwd1));
+    /* Backward scratch, shared by the layers' backward phases. */
+    MT_TRY(mtm_plan_add(m, plan, GB_BWD_NORM, "bwd.normed", MT_MEM_SCRATCH, (size_t)(N * D) * es, bwd0, bwd1));
+    MT_TRY(mtm_plan_add(m, plan, GB_BWD_RESID, "bwd.residual", MT_MEM_SCRATCH, (size_t)(Ns * D) * es, bwd0, bwd1));
+    MT_TRY(mtm_plan_add(m, plan, GB_BWD_D1, "bwd.d_model_a", MT_MEM_SCRATCH, (size_t)(N * D) * es, bwd0, bwd1));
+    MT_TRY(mtm_plan_add(m, plan, GB_BWD_D2, "bwd.d_model_b", MT_MEM_SCRATCH, (size_t)(N * D) * es, bwd0, bwd1));
+    MT_TRY(mtm_plan_add(m, plan, GB_BWD_W0, "bwd.work0", MT_MEM_SCRATCH, (size_t)(N * max64(F, QD)) * es, bwd0,
+                    bwd1));
+    MT_TRY(mtm_plan_add(m, plan, GB_BWD_W1, "bwd.work1", MT_MEM_SCRATCH, (size_t)(N * max64(F, QD)) * es, bwd0,
+                    bwd1));
+    MT_TRY(mtm_plan_add(m, plan, GB_BWD_W2, "bwd.work2", MT_MEM_SCRATCH, (size_t)(N * max64(F, KVD)) * es, bwd0,
+                    bwd1));
+    MT_TRY(mtm_plan_add(m, plan, GB_BWD_W3, "bwd.work3", MT_MEM_SCRATCH, (size_t)(N * KVD) * es, bwd0, bwd1));
+    if (m->cfg.use_qk_norm)
+        MT_TRY(mtm_plan_add(m, plan, GB_BWD_W4, "bwd.work4", MT_MEM_SCRATCH, (size_t)(N * QD) * es, bwd0, bwd1));
+    if (m->be->caps.workspace_bytes > 0) /* cuBLASLt's, the whole step */
+        MT_TRY(mtm_plan_add(m, plan, GB_WORKSPACE, "workspace.gemm", MT_MEM_WORKSPACE, m->be->caps.workspace_bytes, 0,
+                        last));
+    return MT_OK;
+}
+
+mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan) {
+    if (!m || !plan) return mt_set_error(MT_ERR_INVALID, "mt_model_add_to_plan: NULL argument");
+    if (m->dec.on) return mtm_decode_add_to_plan(m, plan);
+    MT_TRY(add_weights(m, plan));
+    MT_TRY(add_inputs(m, plan));
+    MT_TRY(add_saved(m, plan));
+    MT_TRY(add_loss_buffers(m, plan));
+    MT_TRY(add_scratch(m, plan));
+    MT_TRY(add_remat_scratch(m, plan));
+    MT_TRY(cp_add_to_plan(m, plan, ph_fwd(m, 0), ph_bwd(m, 0)));
+    m->plan.planned = 1;
+    m->host.planned = 0;
+    m->host.bound = 0;
+    m->plan.bound = 0;
+    return MT_OK;
+}
+
+/* ------------------------------------------------------------------------------ */
+/* binding                                                                         */
+
+static mt_status bind_one(const mt_arena *arena, const mt_plan *plan, int id, void **ptr) {
+    *ptr = NULL;
+    if (id < 0) return MT_OK;
+    *ptr = mt_arena_ptr(arena, plan, id);
+    if (!*ptr) return mt_set_error(MT_ERR_INVALID, "mt_model_bind: plan entry %d missing from the arena", id);
+    return MT_OK;
+}
+
+mt_status mt_model_bind(mt_model *m, const mt_arena *arena, const mt_plan *plan) {
+    if (!m || !arena || !plan) return mt_set_error(MT_ERR_INVALID, "mt_model_bind: NULL argument");
+    if (!m->plan.planned) return mt_set_error(MT_ERR_INVALID, "mt_model_bind: call mt_model_add_to_plan first");
+    if (m->plan.gid[GB_GRADS] >= mt_plan_count(plan))
+        return mt_set_error(MT_ERR_INVALID, "mt_model_bind: not the plan this model was added to");
+    if (m->cp.size > 1 && !m->cp.tok) { /* host [N] row selections of context parallelism */
+        m->cp.tok = malloc(sizeof(int32_t) * (size_t)m->N);
+        m->cp.lab = malloc(sizeof(int32_t) * (size_t)m->N);
+        if (!m->cp.tok || !m->cp.lab) return mt_set_error(MT_ERR_OOM, "mt_model_bind: out of memory");
+    }
+    if (m->pack.on && !m->pack.seg) { /* host ids and positions of the whole window */
+        const size_t full = sizeof(int32_t) * (size_t)(m->B * m->Tg);
+        m->pack.seg = malloc(full);
+        m->pack.pos = malloc(full);
+        if (m->cp.size > 1) {
+            m->pack.lseg = malloc(sizeof(int32_t) * (size_t)m->N);
+            m->pack.lpos = malloc(sizeof(int32_t) * (size_t)m->N);
+            m->pack.kseg = malloc(full);
+        }
+        if (!m->pack.seg || !m->pack.pos || (m->cp.size > 1 && (!m->pack.lseg || !m->pack.lpos || !m->pack.kseg)))
+            return mt_set_error(MT_ERR_OOM, "mt_model_bind: out of memory");
+    }
+    m->plan.fwd_kept = 0;
+    for (int g = 0; g < GB_COUNT; g++) MT_TRY(bind_one(arena, plan, m->plan.gid[g], &m->plan.gptr[g]));
+    for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++)
+        for (int j = 0; j < MT_LT_COUNT; j++) {
+            void *p;
+            MT_TRY(bind_one(arena, plan, m->plan.lid[l][j], &p));
+            m->plan.lptr[l][j] = p;
+        }
+    for (int w = 0; params_windowed(m) && w < MT_PWIN_COUNT; w++) {
+        void *p;
+        MT_TRY(bind_one(arena, plan, m->pwin.id[w], &p));
+        m->pwin.ptr[w] = p;
+    }
+    for (int w = 0; w < MT_GWIN_COUNT; w++) {
+        void *p;
+        MT_TRY(bind_one(arena, plan, m->sink.fn ? m->sink.id[w] : -1, &p));
+        m->sink.ptr[w] = p;
+    }
+    for (int j = 0; j < MT_LT_COUNT; j++) {
+        void *p;
+        MT_TRY(bind_one(arena, plan, m->remat.fwd_id[j], &p));
+        m->remat.fwd[j] = p;
+        MT_TRY(bind_one(arena, plan, m->remat.bwd_id[j], &p));
+        m->remat.bwd[j] = p;
+    }
+    for (int i = 0; i < CP_COUNT; i++) MT_TRY(bind_one(arena, plan, m->cp.id[i], &m->cp.buf[i]));
+    for (int i = 0; i < DEC_COUNT; i++) MT_TRY(bind_one(arena, plan, m->dec.id[i], &m->dec.buf[i]));
+    m->dec.len = 0; /* a new arena: the caches are empty */
+    if (m->plan.gptr[GB_WORKSPACE])
+        MT_TRY(m->be->ops->set_workspace(m->be, m->plan.gptr[GB_WORKSPACE], m->be->caps.workspace_bytes));
+    m->plan.bound = 1;
+    return MT_OK;
+}
+
+mt_status mt_model_bind_host(mt_model *m, const mt_arena *host_arena, const mt_plan *host_plan) {
+    if (!m || !host_arena || !host_plan) return mt_set_error(MT_ERR_INVALID, "mt_model_bind_host: NULL argument");
+    if (!m->host.planned)
+        return mt_set_error(MT_ERR_INVALID, "mt_model_bind_host: call mt_model_add_to_host_plan first");
+    for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++)
+        for (int j = 0; j < MT_LT_COUNT; j++) {
+            void *p;
+            MT_TRY(bind_one(host_arena, host_plan, m->host.act_id[l][j], &p));
+            m->host.act_ptr[l][j] = p;
+        }
+    if (m->pwin.offload) MT_TRY(bind_one(host_arena, host_plan, m->host.params_id, &m->plan.gptr[GB_PARAMS]));
+    m->host.bound = 1;
+    return MT_OK;
+}

@@ -1,0 +1,110 @@
+/* models/model_windows.c: where the layers find a parameter and put its gradient.
+ *
+ * Parameter windows (the layout's param_offload, and fsdp): the device holds two
+ * layer windows (layer l in slot l % 2, layer_numel floats each) and a global window
+ * (embedding, then model.norm and lm_head) instead of the flat parameters; they are
+ * filled from the host pool by copies (offload), or by all-gathers of the ranks'
+ * shards (fsdp: model_shard.c mtm_fsdp_gather), the layer gathers prefetched one
+ * layer ahead. A layer's window is fetched before its forward and again before its
+ * backward only when layer l + 2 reused the slot.
+ *
+ * Gradient windows (mt_model_set_grad_sink): one layer's gradient, the embedding's
+ * and the tail's (model.norm, lm_head) instead of the full buffer; each is zeroed
+ * before its first write and handed to the sink when complete (model_loss.c). */
+#include "models/model_internal.h"
+
+/* Parameter i (its tensor-parallel slice: model_shard.c) as the
+ * layers compute with it: the fp32 master, or with dtype bfloat16 the bf16 compute copy
+ * (GB_COMPUTE_W, the same flat layout). */
+const void *mtm_pw(const mt_model *m, int i) {
+    const int64_t tp = m->tp.off ? m->tp.off[i] : 0;
+    if (m->dt != MT_F32) return AT(m, m->plan.gptr[GB_COMPUTE_W], m->par.info[i].offset + tp);
+    if (!params_windowed(m)) return (const float *)m->plan.gptr[GB_PARAMS] + m->par.info[i].offset + tp;
+    /* parameter host offload / fsdp: the device window holding parameter i */
+    const int64_t off = m->par.info[i].offset;
+    const int l = m->par.layer_of[i];
+    if (l < 0) {
+        const int64_t emb = m->par.info[m->par.embed].numel;
+        return m->pwin.ptr[MT_PWIN_GLOBAL] + (off < emb ? off : emb + off - m->par.tail_off) + tp;
+    }
+    const int s = m->pwin.layer[0] == l ? 0 : 1; /* the slot holding layer l */
+    return m->pwin.ptr[MT_PWIN_LAYER0 + s] + (off - m->par.info[m->par.layer[l].in_norm].offset) + tp;
+}
+
+/* Parameter host offload: bring layer l's parameters into its window (slot l % 2; a
+ * no-op when it is there already), and the embedding, final norm and head into the
+ * global window at the start of every forward (the optimizer may have changed them).
+ * fsdp: first complete the prefetch in flight (mtm_prefetch_layer), which may be layer l. */
+mt_status mtm_fetch_layer(mt_model *m, int64_t l) {
+    if (!params_windowed(m)) return MT_OK;
+    mtm_fsdp_wait(m);
+    const int s = (int)(l % 2);
+    if (m->pwin.layer[s] == l) return MT_OK;
+    const int64_t a = m->par.info[m->par.layer[l].in_norm].offset;
+    if (m->fsdp.size > 1)
+        mtm_fsdp_gather(m, m->pwin.ptr[MT_PWIN_LAYER0 + s], a, a + m->par.layer_numel, 0);
+    else
+        MT_TRY(m->be->ops->copy_to_device(m->be, m->pwin.ptr[MT_PWIN_LAYER0 + s],
+                                          (const float *)m->plan.gptr[GB_PARAMS] + a,
+                                          (size_t)m->par.layer_numel * sizeof(float)));
+    m->pwin.layer[s] = l;
+    return MT_OK;
+}
+
+/* fsdp prefetch: start the all-gather of layer l's window (slot l % 2) so that it
+ * overlaps the layer being computed (forward: l = current + 1; backward: l = current -
+ * 1, whose slot the current layer does not use); mtm_fetch_layer(l) waits for it. A no-op
+ * outside [0, L), without fsdp, when l is in its slot already or while another
+ * prefetch is in flight, so it gathers exactly the layers mtm_fetch_layer would have
+ * (mt_model_fsdp_gather_floats holds) and needs no window beyond the two layer slots. */
+void mtm_prefetch_layer(mt_model *m, int64_t l) {
+    if (m->fsdp.size == 1 || l < 0 || l >= m->cfg.num_decoder_layers || m->fsdp.req) return;
+    const int s = (int)(l % 2);
+    if (m->pwin.layer[s] == l) return;
+    const int64_t a = m->par.info[m->par.layer[l].in_norm].offset;
+    mtm_fsdp_gather(m, m->pwin.ptr[MT_PWIN_LAYER0 + s], a, a + m->par.layer_numel, 1);
+    m->pwin.layer[s] = m->fsdp.status == MT_OK ? l : -1;
+}
+
+/* The global window (embedding, model.norm, lm_head), at the start of every forward. */
+mt_status mtm_fetch_global(mt_model *m) {
+    if (!params_windowed(m)) return MT_OK;
+    mtm_fsdp_wait(m);
+    const int64_t emb = m->par.info[m->par.embed].numel;
+    if (m->fsdp.size > 1) {
+        mtm_fsdp_gather(m, m->pwin.ptr[MT_PWIN_GLOBAL], 0, emb, 0);
+        mtm_fsdp_gather(m, m->pwin.ptr[MT_PWIN_GLOBAL] + emb, m->par.tail_off, m->par.numel, 0);
+        m->pwin.layer[0] = m->pwin.layer[1] = -1;
+        return MT_OK;
+    }
+    const float *host = m->plan.gptr[GB_PARAMS];
+    MT_TRY(m->be->ops->copy_to_device(m->be, m->pwin.ptr[MT_PWIN_GLOBAL], host, (size_t)emb * sizeof(float)));
+    MT_TRY(m->be->ops->copy_to_device(m->be, m->pwin.ptr[MT_PWIN_GLOBAL] + emb, host + m->par.tail_off,
+                                      (size_t)(m->par.numel - m->par.tail_off) * sizeof(float)));
+    m->pwin.layer[0] = m->pwin.layer[1] = -1;
+    return MT_OK;
+}
+
+/* The gradient of parameter i (its tensor-parallel slice): in the full buffer, or with
+ * a gradient sink in the layer window (layer parameters), the embedding window or the
+ * tail window (model.norm, lm_head). */
+float *mtm_gw(const mt_model *m, int i) {
+    const int64_t tp = m->tp.off ? m->tp.off[i] : 0, off = m->par.info[i].offset;
+    if (!m->sink.fn) return (float *)m->plan.gptr[GB_GRADS] + off + tp;
+    const int l = m->par.layer_of[i];
+    if (l >= 0) return m->sink.ptr[MT_GWIN_LAYER] + (off - m->par.info[m->par.layer[l].in_norm].offset) + tp;
+    if (i == m->par.embed) return m->sink.ptr[MT_GWIN_EMBEDDING] + tp;
+    return m->sink.ptr[MT_GWIN_TAIL] + (off - m->par.tail_off) + tp;
+}
+
+/* Gradient sink, before a backward: zero the tail window and (tied: the loss adds to
+ * it) the embedding window; an untied embedding window is zeroed before its backward. */
+mt_status mtm_grad_windows_begin(mt_model *m) {
+    if (!m->sink.fn) return MT_OK;
+    MT_TRY(m->be->ops->zero(m->be, m->sink.ptr[MT_GWIN_TAIL],
+                            (size_t)(m->par.numel - m->par.tail_off) * sizeof(float)));
+    if (m->cfg.logits_via_embedding)
+        MT_TRY(m->be->ops->zero(m->be, m->sink.ptr[MT_GWIN_EMBEDDING],
+                                (size_t)m->par.info[m->par.embed].numel * sizeof(float)));
+    return MT_OK;
+}
