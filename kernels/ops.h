@@ -95,6 +95,18 @@ typedef struct mt_attn_args {
     const int32_t *k_seg; /* [B, Tk] or NULL */
 } mt_attn_args;
 
+/* What one model's op calls look like, for ops.h scratch_bytes: each field the largest
+ * over the calls. rows: token rows of one op (this rank's B x T); width: the model width
+ * (emb_dim); heads / kv_heads / head_dim: the per-head q/k norms run on rows x heads rows
+ * of head_dim; attn: the largest attention call (B, H, Hkv, Dh, Tq, Tk, dtype; q_pos
+ * non-NULL when positions are passed, q_seg when segment ids are); loss_rows: the rows of
+ * one loss tile. */
+typedef struct mt_scratch_query {
+    int64_t rows, width, heads, kv_heads, head_dim;
+    mt_attn_args attn;
+    int64_t loss_rows;
+} mt_scratch_query;
+
 /* One run of elements of a multi-tensor AdamW update (ops.h adamw): elements
  * [offset, offset + numel) of the flat p, g, m and v buffers, updated with weight decay
  * wd when decay != 0 and 0 otherwise (Llama and Gemma decay matrices, not norm scales).
@@ -137,11 +149,22 @@ typedef struct mt_ops {
     mt_status (*sync)(mt_backend *be) MT_MUST_CHECK;
     /* The GEMM workspace: `bytes` of backend memory (256-byte aligned) that every later
      * gemm may use as scratch (cuBLASLt's workspace), normally the plan entry
-     * "workspace.gemm" of caps.workspace_bytes (models/model_plan.c binds it); NULL and 0
+     * "workspace" (models/model_plan.c binds it; also the ops' scratch: scratch_bytes); NULL and 0
      * take it away (gemm then picks algorithms that need none). Call it with no op in
      * flight (after sync); the memory must stay valid until the next set_workspace or
      * the backend's free. Errors: MT_ERR_INVALID (bytes > 0 with NULL). */
     mt_status (*set_workspace)(mt_backend *be, void *ws, size_t bytes) MT_MUST_CHECK;
+    /* Bytes of device scratch the ops take at most for the calls q describes:
+     * temporaries that live within one op (row-block partial sums of rmsnorm_bwd and
+     * sumsq, embedding_bwd's sort keys, attention_bwd's D = rowsum(dO * O) and chunk
+     * ranges, xent_tile's per-row losses); 0 when the backend needs none (the CPU). The
+     * ops run one after another on the compute stream, so they share the workspace with
+     * the GEMM: the model plans "workspace" as the larger of this and
+     * caps.workspace_bytes and binds it with set_workspace, after which an op whose
+     * scratch exceeds the bound workspace fails with MT_ERR_INVALID naming both sizes.
+     * Without a bound workspace (tools and tests calling ops directly) an op allocates
+     * its scratch itself, outside any plan. */
+    size_t (*scratch_bytes)(mt_backend *be, const mt_scratch_query *q);
 
     /* ---- GEMM ----
      * C[M, N] = alpha * op(A) @ op(B) + beta * C, row-major; op(X) = X or X^T when

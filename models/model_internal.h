@@ -42,7 +42,7 @@ enum {
     GB_COMPUTE_W,            /* dtype != float32: the compute copy of the parameters, [numel] of dt */
     GB_LOSS_DTILE,           /* dtype != float32: the loss tile's dlogits [rows, Vl] of dt */
     GB_LOSS_VOCAB_STATS,     /* tp > 1: the vocab-parallel loss's all-reduce payloads (mt_vocab_loss_scratch_bytes) */
-    GB_WORKSPACE,            /* the backend's GEMM workspace (caps.workspace_bytes; ops.h set_workspace) */
+    GB_WORKSPACE,            /* the backend's workspace: GEMM and op scratch (ops.h set_workspace, scratch_bytes) */
     GB_COUNT
 };
 
@@ -107,6 +107,7 @@ typedef struct mtm_param_table {
 /* Plan ids and bound pointers (model_plan.c). */
 typedef struct mtm_plan_state {
     int planned, bound;
+    size_t ws_bytes;       /* "workspace": the GEMM workspace and the ops' scratch (model_plan.c workspace_bytes) */
     int fwd_kept;          /* the saved activations hold a whole forward (mt_model_backward_hidden) */
     int gid[GB_COUNT];
     void *gptr[GB_COUNT];

@@ -289,8 +289,23 @@ static mt_status add_loss_buffers(mt_model *m, mt_plan *plan) {
     return MT_OK;
 }
 
+/* Bytes of the plan's "workspace": the backend's GEMM workspace (caps.workspace_bytes)
+ * or the scratch its ops take for this model's calls (ops.h scratch_bytes), the larger:
+ * they share one buffer. The largest attention call: this rank's query rows against the
+ * context group's keys, with positions under context parallelism or packing. */
+static size_t workspace_bytes(const mt_model *m) {
+    static const int32_t present = 0; /* "positions / segment ids are passed" (mt_scratch_query) */
+    mt_scratch_query q = {.rows = m->N, .width = m->D, .heads = m->H, .kv_heads = m->Hkv, .head_dim = m->Dh,
+                          .attn = mtm_attn_args(m, 0), .loss_rows = mt_tiled_loss_tile_rows(m->N, m->tiles)};
+    q.attn.Tk = m->T * m->cp.size;
+    if (m->cp.size > 1 || m->pack.on) q.attn.q_pos = q.attn.k_pos = &present;
+    if (m->pack.on) q.attn.q_seg = q.attn.k_seg = &present;
+    const size_t ops = m->be->ops->scratch_bytes(m->be, &q);
+    return ops > m->be->caps.workspace_bytes ? ops : m->be->caps.workspace_bytes;
+}
+
 /* Per-op temporaries shared by the layers' forward phases, then by their backward
- * phases, and the GEMM workspace. */
+ * phases, and the workspace (GEMM and op scratch). */
 static mt_status add_scratch(mt_model *m, mt_plan *plan) {
     const int64_t L = m->cfg.num_decoder_layers, N = m->N, D = m->D, F = m->F;
     const int64_t QD = m->QD, KVD = m->KVD, Ns = seq_rows(m);
@@ -318,9 +333,9 @@ static mt_status add_scratch(mt_model *m, mt_plan *plan) {
     MT_TRY(mtm_plan_add(m, plan, GB_BWD_W3, "bwd.work3", MT_MEM_SCRATCH, (size_t)(N * KVD) * es, bwd0, bwd1));
     if (m->cfg.use_qk_norm)
         MT_TRY(mtm_plan_add(m, plan, GB_BWD_W4, "bwd.work4", MT_MEM_SCRATCH, (size_t)(N * QD) * es, bwd0, bwd1));
-    if (m->be->caps.workspace_bytes > 0) /* cuBLASLt's, the whole step */
-        MT_TRY(mtm_plan_add(m, plan, GB_WORKSPACE, "workspace.gemm", MT_MEM_WORKSPACE, m->be->caps.workspace_bytes, 0,
-                        last));
+    m->plan.ws_bytes = workspace_bytes(m);
+    if (m->plan.ws_bytes > 0) /* cuBLASLt's and the ops' scratch, the whole step */
+        MT_TRY(mtm_plan_add(m, plan, GB_WORKSPACE, "workspace", MT_MEM_WORKSPACE, m->plan.ws_bytes, 0, last));
     return MT_OK;
 }
 
@@ -403,7 +418,7 @@ mt_status mt_model_bind(mt_model *m, const mt_arena *arena, const mt_plan *plan)
     for (int i = 0; i < DEC_COUNT; i++) MT_TRY(bind_one(arena, plan, m->dec.id[i], &m->dec.buf[i]));
     m->dec.len = 0; /* a new arena: the caches are empty */
     if (m->plan.gptr[GB_WORKSPACE])
-        MT_TRY(m->be->ops->set_workspace(m->be, m->plan.gptr[GB_WORKSPACE], m->be->caps.workspace_bytes));
+        MT_TRY(m->be->ops->set_workspace(m->be, m->plan.gptr[GB_WORKSPACE], m->plan.ws_bytes));
     m->plan.bound = 1;
     return MT_OK;
 }

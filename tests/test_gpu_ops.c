@@ -833,6 +833,63 @@ Test(gpu_ops, sumsq_accumulates_on_the_device, .init = setup) {
     free(a), free(b), free(c);
 }
 
+/* ops.h scratch_bytes: with a workspace of exactly scratch_bytes(q) bound, every op that
+ * takes scratch runs at the shapes q describes (its scratch lives in the workspace: no
+ * cudaMalloc, so no host wait under the emulator); with 8 bytes less, the op of the
+ * largest need fails with MT_ERR_INVALID (not sticky: the next call works), so the
+ * answer is the true maximum, not a loose bound. Shapes: fp32 attention (the SIMT
+ * path) and bf16 with positions (the mma path and its chunk ranges). */
+Test(gpu_ops, workspace_holds_the_ops_scratch, .init = setup) {
+    static const int32_t present = 0;
+    for (int bf = 0; bf < 2; bf++) {
+        const int64_t N = 300, D = 64, H = 8, Hkv = 2, Dh = 16, B = 2, T = 150, V = 40, R = 50;
+        mt_scratch_query q = {.rows = N, .width = D, .heads = H, .kv_heads = Hkv, .head_dim = Dh, .loss_rows = R};
+        q.attn = (mt_attn_args){.B = B, .Tq = T, .Tk = T, .H = H, .Hkv = Hkv, .Dh = Dh, .scale = 0.25f,
+                                .dtype = bf ? MT_BF16 : MT_F32};
+        if (bf) q.attn.q_pos = q.attn.k_pos = &present;
+        const size_t need = G->ops->scratch_bytes(G, &q);
+        cr_assert(need > 0);
+        const size_t big = (size_t)(B * T * H * Dh) * 4 + 4096;
+        void *ws = tu_balloc(G, need), *x = tu_balloc(G, big), *y = tu_balloc(G, big), *z = tu_balloc(G, big);
+        void *w = tu_balloc(G, big), *o = tu_balloc(G, big), *lse = tu_balloc(G, big), *dq = tu_balloc(G, big);
+        int32_t *tok = tu_balloc(G, (size_t)N * 4);
+        double *acc = tu_balloc(G, 64);
+        void *zeroed[] = {x, w, o, lse};
+        for (int k = 0; k < 4; k++) TU_OK(G->ops->zero(G, zeroed[k], big));
+        TU_OK(G->ops->zero(G, tok, (size_t)N * 4));
+        TU_OK(G->ops->zero(G, acc, 64));
+        int32_t *pos = tu_balloc(G, (size_t)(B * T) * 4);
+        TU_OK(G->ops->zero(G, pos, (size_t)(B * T) * 4));
+        mt_attn_args a = q.attn;
+        if (bf) a.q_pos = a.k_pos = pos;
+        mt_status st[2][6];
+        for (int small = 0; small < 2; small++) {
+            TU_OK(G->ops->set_workspace(G, ws, need - (small ? 8 : 0)));
+            st[small][0] = G->ops->rmsnorm_bwd(G, y, (float *)z, x, x, w, (float *)w, N, D, 0.0f, MT_F32);
+            st[small][1] = G->ops->rmsnorm_bwd(G, y, (float *)z, x, x, w, (float *)w, N * H, Dh, 0.0f, MT_F32);
+            st[small][2] = G->ops->embedding_bwd(G, (float *)z, x, tok, N, V, D, 1.0f, MT_F32);
+            st[small][3] = G->ops->attention_bwd(G, &a, dq, y, z, o, x, x, x, o, (float *)lse);
+            st[small][4] = G->ops->xent_tile(G, (float *)y, y, MT_F32, tok, R, V, 0.0f, -1, 1.0f, acc);
+            st[small][5] = G->ops->sumsq(G, (const float *)x, 1000, acc);
+        }
+        TU_OK(G->ops->set_workspace(G, NULL, 0));
+        TU_OK(G->ops->sync(G));
+        int failed = 0;
+        for (int k = 0; k < 6; k++) {
+            cr_expect(st[0][k] == MT_OK, "%s: op %d failed with a workspace of scratch_bytes = %zu", bf ? "bf16" : "fp32",
+                      k, need);
+            if (st[1][k] != MT_OK) {
+                cr_expect(st[1][k] == MT_ERR_INVALID, "op %d: status %d", k, (int)st[1][k]);
+                failed++;
+            }
+        }
+        cr_expect(failed >= 1, "%s: every op ran in %zu bytes, less than scratch_bytes: it is not the maximum",
+                  bf ? "bf16" : "fp32", need - 8);
+        void *bufs[] = {ws, x, y, z, w, o, lse, dq, tok, acc, pos};
+        for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) G->ops->release(G, bufs[k]);
+    }
+}
+
 /* attn_merge (the ring-attention merge of models/model_shard.c): CUDA's fp64 exp/log
  * may differ from glibc's in the last bit, which the fp32 weights round away except
  * near a tie: bound 5 u max(|o_a|, |o_b|) per element (the CPU test's analysis), and

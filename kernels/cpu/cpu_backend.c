@@ -59,6 +59,13 @@ mt_status mt_cpu_set_workspace(mt_backend *be, void *ws, size_t bytes) {
     return MT_OK;
 }
 
+/* The CPU ops' temporaries are per-thread host buffers of their own (no device scratch). */
+static size_t cpu_scratch_bytes(mt_backend *be, const mt_scratch_query *q) {
+    (void)be;
+    (void)q;
+    return 0;
+}
+
 static void cpu_free(mt_backend *be) { (void)be; /* the process-wide object stays */ }
 
 static const mt_ops mt_cpu_ops_table = {
@@ -71,6 +78,7 @@ static const mt_ops mt_cpu_ops_table = {
     .zero = mt_cpu_zero,
     .sync = mt_cpu_sync,
     .set_workspace = mt_cpu_set_workspace,
+    .scratch_bytes = cpu_scratch_bytes,
     .gemm = mt_cpu_gemm,
     .embedding_fwd = mt_cpu_embedding_fwd,
     .embedding_bwd = mt_cpu_embedding_bwd,

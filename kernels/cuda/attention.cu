@@ -432,6 +432,14 @@ static mt_status att_fwd_run(mt_backend *be, const att_p &p, S *out, float *lse,
     return MT_OK;
 }
 
+/* The backward's scratch: D = rowsum(dO * O), [B, H, Tq] fp32. */
+static size_t att_d_bytes(int64_t B, int64_t H, int64_t Tq) { return (size_t)(B * H * Tq) * sizeof(float); }
+
+size_t mt_cuda_attention_scratch(const mt_attn_args *a) {
+    if (mt_cuda_attention_mma_supported(a)) return mt_cuda_attention_mma_scratch(a);
+    return att_d_bytes(a->B, a->H, a->Tq);
+}
+
 mt_status mt_cuda_attention_fwd(mt_backend *be, const mt_attn_args *a, void *out, float *lse, const void *q,
                                 const void *k, const void *v) {
     MT_CUDA_ENTER(be);
@@ -459,7 +467,7 @@ static mt_status att_bwd_run(mt_backend *be, const att_p &p, S *dq, S *dk, S *dv
         return MT_OK;
     }
     float *Dv = NULL;
-    MT_TRY(mt_cuda_scratch(be, MT_CUDA_SCRATCH_ATTN, (size_t)(p.B * p.H * p.Tq) * sizeof(float), (void **)&Dv));
+    MT_TRY(mt_cuda_scratch(be, MT_CUDA_SCRATCH_ATTN, att_d_bytes(p.B, p.H, p.Tq), (void **)&Dv));
     att_bwd_dot_kernel<S><<<mt_cuda_blocks(p.B * p.Tq * p.H * 32, 256), 256>>>(p, Dv, dout, out);
     MT_CUDA_LAUNCHED(be, "att_bwd_dot_kernel");
     const size_t smem_dq = (2 * AT_BQ * Dh + 2 * AT_BK * (Dh + 1)) * sizeof(float) +

@@ -715,11 +715,26 @@ static size_t mma_align(size_t x) { return (x + 255) / 256 * 256; }
 
 /* Scratch (the attention slot): [dv_bytes of D] [q ranges] [k ranges]; the range
  * kernel runs when positions or segment ids are given (else p.*_rng stay NULL). */
+/* The layout of that scratch: the q ranges at *oq, the k ranges at *ok, total bytes returned. */
+static size_t mma_scratch_layout(int64_t B, int64_t Tq, int64_t Tk, int ranges, size_t dv_bytes, size_t *oq,
+                                 size_t *ok) {
+    const size_t nq = (size_t)(B * ((Tq + 15) / 16)), nk = (size_t)(B * ((Tk + 15) / 16));
+    *oq = mma_align(dv_bytes);
+    *ok = *oq + mma_align(ranges ? nq * sizeof(mma_rng) : 0);
+    return *ok + (ranges ? nk * sizeof(mma_rng) : 0);
+}
+
+extern "C" size_t mt_cuda_attention_mma_scratch(const mt_attn_args *a) {
+    size_t oq, ok; /* the backward's: D = rowsum(dO * O) [B, H, Tq] fp32 first */
+    return mma_scratch_layout(a->B, a->Tq, a->Tk, a->q_pos || a->k_pos || a->q_seg,
+                              (size_t)(a->B * a->H * a->Tq) * sizeof(float), &oq, &ok);
+}
+
 static mt_status mma_scratch(mt_backend *be, mma_p *p, size_t dv_bytes, float **Dv) {
     const int ranges = p->q_pos || p->k_pos || p->q_seg;
     const size_t nq = (size_t)(p->B * ((p->Tq + 15) / 16)), nk = (size_t)(p->B * ((p->Tk + 15) / 16));
-    const size_t oq = mma_align(dv_bytes), ok = oq + mma_align(ranges ? nq * sizeof(mma_rng) : 0);
-    const size_t total = ok + (ranges ? nk * sizeof(mma_rng) : 0);
+    size_t oq, ok;
+    const size_t total = mma_scratch_layout(p->B, p->Tq, p->Tk, ranges, dv_bytes, &oq, &ok);
     unsigned char *s = NULL;
     if (total == 0) return MT_OK;
     MT_TRY(mt_cuda_scratch(be, MT_CUDA_SCRATCH_ATTN, total, (void **)&s));

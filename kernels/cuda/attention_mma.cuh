@@ -20,6 +20,11 @@ extern "C" {
  * Hkv >= 1 and H % Hkv == 0. Shape only: pointers are checked by the entries below. */
 int mt_cuda_attention_mma_supported(const mt_attn_args *a);
 
+/* Device scratch bytes of the mma path for `a` (the backward's, which holds the
+ * forward's): D = rowsum(dO * O) and, with positions or segment ids, the 16-row chunk
+ * ranges (ops.h scratch_bytes). */
+size_t mt_cuda_attention_mma_scratch(const mt_attn_args *a);
+
 /* attention_fwd (ops.h) for bf16: out [B, Tq, H, Dh] bf16 (=), lse [B, H, Tq] fp32 (=);
  * q [B, Tq, H, Dh], k and v [B, Tk, Hkv, Dh] bf16. q, k, v and out must be 16-byte
  * aligned (cp.async sources). Errors: MT_ERR_INVALID (unsupported shape, misaligned

@@ -85,7 +85,25 @@ static inline unsigned mt_cuda_blocks(int64_t n, int threads) {
 /* *out = the context's device scratch buffer of slot `slot`, at least `bytes` (grow-only,
  * freed by the backend's free). Growing calls cudaMalloc, which synchronises; sizes
  * settle after the first step. Errors: MT_ERR_OOM (not sticky), MT_ERR_RUNTIME. */
+/* *out = `bytes` of device scratch for the op being run: the bound workspace
+ * (set_workspace; the plan's, shared with cuBLASLt: ops run one after another on the
+ * compute stream) when one is bound, MT_ERR_INVALID naming both sizes when it is
+ * smaller than `bytes` (ops.h scratch_bytes sized it for other shapes); without one,
+ * the context's grow-only buffer of slot `slot` (freed by the backend's free; growing
+ * calls cudaMalloc, which synchronises). Errors: MT_ERR_INVALID, MT_ERR_OOM (not
+ * sticky), MT_ERR_RUNTIME. */
 mt_status mt_cuda_scratch(mt_backend *be, int slot, size_t bytes, void **out);
+
+/* The scratch bytes of each op that takes some, for the call's shapes (the same
+ * functions size the op's request): rmsnorm_bwd's fp64 partials of N rows x D,
+ * embedding_bwd's sort keys of N rows, attention_bwd's (either path), xent_tile's of R
+ * rows; mt_cuda_scratch_bytes (ops.h scratch_bytes) takes their maximum. */
+size_t mt_cuda_rmsnorm_bwd_scratch(int64_t N, int64_t D);
+size_t mt_cuda_embedding_bwd_scratch(int64_t N);
+size_t mt_cuda_attention_scratch(const mt_attn_args *a);
+size_t mt_cuda_xent_tile_scratch(int64_t R);
+size_t mt_cuda_sumsq_scratch(void);
+size_t mt_cuda_scratch_bytes(mt_backend *be, const mt_scratch_query *q);
 
 /* Sum of a block's per-thread values in a fixed tree order (warp shuffles, then warp
  * 0 over the per-warp sums); every thread gets the result. blockDim.x must be a

@@ -33,9 +33,34 @@ mt_status mt_cuda_check_dtype(const mt_backend *be, const char *op, mt_dtype dt)
     return mt_set_error(MT_ERR_INVALID, "cuda: %s: dtype %s (float32 or bfloat16 only)", op, mt_dtype_name(dt));
 }
 
+size_t mt_cuda_scratch_bytes(mt_backend *be, const mt_scratch_query *q) {
+    (void)be;
+    size_t m = mt_cuda_sumsq_scratch();
+#define MT_SCRATCH_MAX(x)          \
+    do {                           \
+        const size_t b_ = (x);     \
+        if (b_ > m) m = b_;        \
+    } while (0)
+    MT_SCRATCH_MAX(mt_cuda_rmsnorm_bwd_scratch(q->rows, q->width));
+    MT_SCRATCH_MAX(mt_cuda_rmsnorm_bwd_scratch(q->rows * q->heads, q->head_dim)); /* q_norm */
+    MT_SCRATCH_MAX(mt_cuda_rmsnorm_bwd_scratch(q->rows * q->kv_heads, q->head_dim)); /* k_norm */
+    MT_SCRATCH_MAX(mt_cuda_embedding_bwd_scratch(q->rows));
+    if (q->attn.B > 0) MT_SCRATCH_MAX(mt_cuda_attention_scratch(&q->attn));
+    MT_SCRATCH_MAX(mt_cuda_xent_tile_scratch(q->loss_rows));
+#undef MT_SCRATCH_MAX
+    return m;
+}
+
 mt_status mt_cuda_scratch(mt_backend *be, int slot, size_t bytes, void **out) {
     mt_cuda_ctx *c = ctx_of(be);
     *out = NULL;
+    if (c->ws) { /* the plan's workspace: the op's scratch lives there */
+        if (bytes > c->ws_bytes)
+            return mt_set_error(MT_ERR_INVALID, "cuda: an op needs %zu bytes of scratch but the bound workspace has "
+                                "%zu (its plan was sized by scratch_bytes for smaller shapes)", bytes, c->ws_bytes);
+        *out = c->ws;
+        return MT_OK;
+    }
     if (bytes <= c->scratch_bytes[slot]) {
         *out = c->scratch[slot];
         return MT_OK;
@@ -155,6 +180,7 @@ static mt_ops make_table(void) {
     t.zero = cu_zero;
     t.sync = cu_sync;
     t.set_workspace = cu_set_workspace;
+    t.scratch_bytes = mt_cuda_scratch_bytes;
     t.gemm = mt_cuda_gemm;
     t.embedding_fwd = mt_cuda_embedding_fwd;
     t.embedding_bwd = mt_cuda_embedding_bwd;

@@ -69,11 +69,13 @@ mt_status mt_cuda_scale(mt_backend *be, void *x, float alpha, int64_t n, mt_dtyp
     return MT_OK;
 }
 
+size_t mt_cuda_sumsq_scratch(void) { return MT_SUMSQ_BLOCKS * sizeof(double); /* one partial per block */ }
+
 mt_status mt_cuda_sumsq(mt_backend *be, const float *x, int64_t n, double *acc) {
     MT_CUDA_ENTER(be);
     if (n <= 0) return MT_OK; /* acc[0] += 0 */
     double *part = NULL;
-    MT_TRY(mt_cuda_scratch(be, MT_CUDA_SCRATCH_REDUCE, MT_SUMSQ_BLOCKS * sizeof(double), (void **)&part));
+    MT_TRY(mt_cuda_scratch(be, MT_CUDA_SCRATCH_REDUCE, mt_cuda_sumsq_scratch(), (void **)&part));
     const int64_t want = (n + MT_SUMSQ_PER_BLOCK - 1) / MT_SUMSQ_PER_BLOCK;
     const int G = want < MT_SUMSQ_BLOCKS ? (int)want : MT_SUMSQ_BLOCKS;
     sumsq_partial_kernel<<<G, MT_EW_THREADS>>>(part, x, n);

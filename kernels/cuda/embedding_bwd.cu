@@ -109,6 +109,12 @@ __global__ void ebw_sum_kernel(float *dtable, const T *dout, const uint64_t *key
     }
 }
 
+size_t mt_cuda_embedding_bwd_scratch(int64_t N) { /* one key per row, padded to a power of two (>= 2) */
+    int64_t P = 2;
+    while (P < N) P <<= 1;
+    return N > 0 ? (size_t)P * sizeof(uint64_t) : 0;
+}
+
 mt_status mt_cuda_embedding_bwd(mt_backend *be, float *dtable, const void *dout, const int32_t *tokens, int64_t N,
                                 int64_t V, int64_t D, float scale, mt_dtype dt) {
     MT_CUDA_ENTER(be);
@@ -116,8 +122,7 @@ mt_status mt_cuda_embedding_bwd(mt_backend *be, float *dtable, const void *dout,
     if (N <= 0 || D <= 0 || V <= 0) return MT_OK;
     if (N > INT32_MAX)
         return mt_set_error(MT_ERR_INVALID, "cuda: embedding_bwd: %lld rows (at most 2^31 - 1)", (long long)N);
-    int64_t P = 2;
-    while (P < N) P <<= 1;
+    const int64_t P = (int64_t)(mt_cuda_embedding_bwd_scratch(N) / sizeof(uint64_t));
     const int S = P < MT_EBW_TILE ? (int)P : MT_EBW_TILE;
     uint64_t *keys = NULL;
     MT_TRY(mt_cuda_scratch(be, MT_CUDA_SCRATCH_EMBED, (size_t)P * sizeof(uint64_t), (void **)&keys));

@@ -14,9 +14,10 @@
  * otherwise, and a tile's rows (h + r0 * D) are not. cuBLAS gives bitwise-reproducible results for
  * a fixed algorithm on one GPU model (cuBLAS docs, "Results reproducibility"); the cached
  * algorithm makes the choice fixed within a process.
- * The workspace is the plan's (ops.h set_workspace: "workspace.gemm", caps.workspace_bytes =
- * 32 MiB, the size NVIDIA recommends for Hopper in the cuBLAS docs, "cublasSetWorkspace");
- * without one the algorithms are those that need none. Its size is part of the cache key.
+ * The workspace is the plan's (ops.h set_workspace: "workspace", at least caps.workspace_bytes =
+ * 32 MiB, the size NVIDIA recommends for Hopper in the cuBLAS docs, "cublasSetWorkspace";
+ * the other ops' scratch shares it); without one the algorithms are those that need none.
+ * Its size is part of the cache key.
  *
  * cuBLASLt is loaded with dlopen on the first GEMM, not linked: merely loading the
  * library costs about 148 MiB of resident memory (its relocated data), which every

@@ -122,6 +122,10 @@ mt_status mt_cuda_add_rmsnorm_fwd(mt_backend *be, void *h, void *y, float *rstd,
     return MT_OK;
 }
 
+size_t mt_cuda_rmsnorm_bwd_scratch(int64_t N, int64_t D) {
+    return N > 0 && D > 0 ? (size_t)((N + MT_RMS_CHUNK - 1) / MT_RMS_CHUNK * D) * sizeof(double) : 0;
+}
+
 mt_status mt_cuda_rmsnorm_bwd(mt_backend *be, void *dx, float *dw, const void *dy, const void *x, const void *w,
                               const float *rstd, int64_t N, int64_t D, float w_offset, mt_dtype dt) {
     MT_CUDA_ENTER(be);
@@ -132,7 +136,7 @@ mt_status mt_cuda_rmsnorm_bwd(mt_backend *be, void *dx, float *dw, const void *d
     MT_CUDA_LAUNCHED(be, "rmsnorm_bwd_dx_kernel");
     const int64_t P = (N + MT_RMS_CHUNK - 1) / MT_RMS_CHUNK;
     double *part = NULL;
-    MT_TRY(mt_cuda_scratch(be, MT_CUDA_SCRATCH_REDUCE, (size_t)(P * D) * sizeof(double), (void **)&part));
+    MT_TRY(mt_cuda_scratch(be, MT_CUDA_SCRATCH_REDUCE, mt_cuda_rmsnorm_bwd_scratch(N, D), (void **)&part));
     const unsigned cols = (unsigned)((D + MT_RMS_THREADS - 1) / MT_RMS_THREADS);
     MT_CUDA_DT_SWITCH(dt, T, rmsnorm_bwd_dw_partial_kernel<T><<<dim3(cols, (unsigned)P), MT_RMS_THREADS>>>(
                                  part, (const T *)dy, (const T *)x, rstd, N, D));

@@ -146,6 +146,10 @@ __global__ void xent_stats_kernel(double *stats, Rows rows, int64_t R) {
     }
 }
 
+size_t mt_cuda_xent_tile_scratch(int64_t R) { /* a loss and a valid flag per row */
+    return R > 0 ? (size_t)R * (sizeof(double) + sizeof(int32_t)) : 0;
+}
+
 mt_status mt_cuda_xent_tile(mt_backend *be, float *logits, void *dlogits, mt_dtype ddt, const int32_t *labels,
                             int64_t R, int64_t V, float softcap, int32_t ignore_index, float dscale,
                             double *stats) {
@@ -155,8 +159,7 @@ mt_status mt_cuda_xent_tile(mt_backend *be, float *logits, void *dlogits, mt_dty
         return mt_set_error(MT_ERR_INVALID, "cuda: xent_tile: bfloat16 dlogits must not alias the fp32 logits");
     if (R <= 0) return MT_OK;
     char *dbuf = NULL;
-    MT_TRY(mt_cuda_scratch(be, MT_CUDA_SCRATCH_XENT, (size_t)R * (sizeof(double) + sizeof(int32_t)),
-                           (void **)&dbuf));
+    MT_TRY(mt_cuda_scratch(be, MT_CUDA_SCRATCH_XENT, mt_cuda_xent_tile_scratch(R), (void **)&dbuf));
     double *d_loss = (double *)dbuf;
     int32_t *d_valid = (int32_t *)(dbuf + (size_t)R * sizeof(double));
     MT_CUDA_DT_SWITCH(ddt, TD, xent_kernel<TD><<<(unsigned)R, MT_XENT_THREADS>>>(
