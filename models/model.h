@@ -260,6 +260,12 @@ void mt_model_fsdp_range(const mt_model *m, int64_t *lo, int64_t *hi);
  * rank's part of it); 0 without fsdp. */
 int64_t mt_model_fsdp_gather_floats(const mt_model *m);
 
+/* Bytes this rank sends on the tensor and context groups in one
+ * mt_model_forward_backward with every activation kept (the formulas at the top of
+ * models/model_shard.c; a remat policy that recomputes out_proj, mlpwo, q/k/v or
+ * context adds collectives this does not count); 0 with neither axis. */
+uint64_t mt_model_shard_bytes(const mt_model *m);
+
 /* 1 when parameter i's gradient is identical on every rank of the tensor group (the
  * 1-D norm scales except q_norm / k_norm), 0 otherwise and without tensor parallelism. */
 int mt_model_tp_grad_replicated(const mt_model *m, int i);

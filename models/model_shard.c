@@ -395,6 +395,30 @@ int64_t mt_model_fsdp_gather_floats(const mt_model *m) {
     return f;
 }
 
+/* Bytes of one all-reduce of S bytes on n ranks (parallel/comm.h accounting). */
+static uint64_t ar_bytes(uint64_t S, uint64_t n) { return n > 1 ? 2 * (n - 1) * S / n : 0; }
+
+uint64_t mt_model_shard_bytes(const mt_model *m) {
+    const uint64_t T = (uint64_t)m->tp.size, C = (uint64_t)m->cp.size, L = (uint64_t)m->cfg.num_decoder_layers;
+    const int64_t N = m->N;
+    uint64_t b = 0;
+    if (T > 1) { /* the header's tensor and sequence-parallel counts, the loss's max and sums, dh */
+        const uint64_t ND4 = 4 * (uint64_t)(N * m->D);
+        b += m->tp.sp ? 10 * L * ((T - 1) * ND4 / T) + (T - 1) * ND4 / T : 4 * L * ar_bytes(ND4, T);
+        b += ar_bytes(ND4, T);
+        const int64_t K = m->tiles < N ? m->tiles : N;
+        for (int64_t k = 0; k < K; k++) {
+            const uint64_t R = (uint64_t)((k + 1) * N / K - k * N / K);
+            b += ar_bytes(4 * R, T) + ar_bytes(16 * R, T);
+        }
+    }
+    if (C > 1) { /* blocks of this rank's rows x local kv width */
+        const uint64_t blk = 4 * (uint64_t)(N * m->KVD);
+        b += m->cp.ring ? L * ((C - 1) * 6 * blk + 2 * blk) : 6 * L * (C - 1) * blk;
+    }
+    return b;
+}
+
 /* ------------------------------------------------------------------------------ */
 /* set-up from the layout (checked by model.c check_layout)                        */
 

@@ -32,50 +32,6 @@ mt_status mt_trainer_gather_grad(mt_trainer *t, float *host) {
 /* Bytes of one all-reduce of S bytes on T ranks (parallel/comm.h accounting). */
 static uint64_t ar_bytes(uint64_t S, uint64_t T) { return T > 1 ? 2 * (T - 1) * S / T : 0; }
 
-/* Tensor-axis bytes of one micro-batch's forward + backward (models/model.h, all
- * tensors kept on the device; a remat policy that recomputes o_proj / mlpwo or the
- * q/k/v projections adds collectives this formula does not count): per layer the
- * o_proj and down_proj outputs and the two column-parallel input gradients (4
- * all-reduces of N x D floats; with tensor_sequence_parallelism 10 all-gathers /
- * reduce-scatters plus the final hidden state's all-gather); per loss tile the row
- * maxima (R floats) and the sum-exp / label logits (2R doubles); dh (N x D floats). */
-static uint64_t tensor_model_bytes(const mt_trainer *t) {
-    const uint64_t T = (uint64_t)t->mesh->dims[MT_AXIS_TENSOR];
-    if (T <= 1) return 0;
-    const int64_t C = t->mesh->dims[MT_AXIS_CONTEXT];
-    const int64_t N = t->cfg.per_device_batch_size * t->cfg.max_target_length / C, D = t->cfg.model.emb_dim;
-    const int64_t L = t->cfg.model.num_decoder_layers;
-    int64_t K = t->cfg.num_vocab_tiling;
-    if (K > N) K = N;
-    const uint64_t ND4 = 4 * (uint64_t)(N * D);
-    /* sequence parallelism (models/model.h): per layer 4 all-gathers / reduce-scatters
-     * in the forward and 6 in the backward, (T - 1) / T of N x D floats each, plus the
-     * final hidden state all-gathered; dh is still all-reduced by the loss */
-    uint64_t b = t->cfg.tensor_sequence_parallelism ? 10 * (uint64_t)L * ((T - 1) * ND4 / T) + (T - 1) * ND4 / T
-                                                    : 4 * (uint64_t)L * ar_bytes(ND4, T);
-    b += ar_bytes(ND4, T);
-    for (int64_t k = 0; k < K; k++) {
-        const uint64_t R = (uint64_t)((k + 1) * N / K - k * N / K);
-        b += ar_bytes(4 * R, T) + ar_bytes(16 * R, T);
-    }
-    return b;
-}
-
-/* Context-axis bytes of one micro-batch (models/model.h, all tensors kept): per layer
- * K and V all-gathered in the forward and again in the backward, dK and dV
- * reduce-scattered: 6 collectives moving (C - 1) x this rank's B x 2Tc x KVD floats
- * (blk); ring: (C - 1) x (2 + 4) blocks sent plus dK, dV sent home. */
-static uint64_t context_model_bytes(const mt_trainer *t) {
-    const int64_t C = t->mesh->dims[MT_AXIS_CONTEXT], T = t->mesh->dims[MT_AXIS_TENSOR];
-    if (C <= 1) return 0;
-    const int64_t rows = t->cfg.per_device_batch_size * t->cfg.max_target_length / C;
-    const int64_t kvd = t->cfg.model.num_kv_heads / T * t->cfg.model.head_dim;
-    const uint64_t blk = 4 * (uint64_t)(rows * kvd), L = (uint64_t)t->cfg.model.num_decoder_layers;
-    if (t->cfg.context_parallel_strategy == 1) /* ring: (C-1) steps of K,V forward, K,V,dK,dV backward, dK,dV home */
-        return L * ((uint64_t)(C - 1) * 6 * blk + 2 * blk);
-    return 6 * L * (uint64_t)(C - 1) * blk;
-}
-
 void mt_trainer_step_bytes(const mt_trainer *t, uint64_t *measured, uint64_t *formula) {
     const uint64_t n = (uint64_t)t->gs.n;
     const uint64_t scalar = ar_bytes(8, n); /* one 8-byte all-reduce on data x fsdp */
@@ -84,7 +40,7 @@ void mt_trainer_step_bytes(const mt_trainer *t, uint64_t *measured, uint64_t *fo
         *formula = mt_grad_sync_step_bytes(&t->gs, t->cfg.gradient_accumulation_steps) +
                    (t->gs.zero1 ? 3 : 2) * scalar +
                    (uint64_t)t->cfg.gradient_accumulation_steps *
-                       (tensor_model_bytes(t) + context_model_bytes(t) +
+                       (mt_model_shard_bytes(t->model) + /* tensor and context collectives */
                         4 * (uint64_t)mt_model_fsdp_gather_floats(t->model)); /* fsdp parameter all-gathers */
 }
 
