@@ -31,44 +31,37 @@ void mt_trainer_data_options(const mt_train_config *cfg, const char *split, mt_d
 }
 
 /* Read the train state of checkpoint dir into t (moments, step, data position). */
-mt_status mt_train_state_load(mt_trainer *t, const char *dir) {
-    char path[MT_PATH];
-    if (!mt_trainer_path_join(path, sizeof path, dir, "train_state.safetensors"))
-        return mt_set_error(MT_ERR_IO, "path too long: '%s'", dir);
-    mt_safetensors *f = NULL;
-    MT_TRY(mt_safetensors_open(&f, path));
-    mt_status st = MT_OK;
+/* The format and version marks and the integers of the metadata: vals = step, data
+ * shard, offset and epoch. */
+static mt_status ts_read_header(mt_safetensors *f, const char *path, int64_t vals[4]) {
     const char *fmt = mt_safetensors_metadata(f, "format");
     const char *ver = mt_safetensors_metadata(f, "version");
-    if (!fmt || strcmp(fmt, MT_TRAIN_STATE_FORMAT) != 0 || !ver || strcmp(ver, MT_TRAIN_STATE_VERSION) != 0) {
-        st = mt_set_error(MT_ERR_FORMAT, "%s: not a meshtrain train state (format '%s' version '%s')", path,
-                          fmt ? fmt : "(none)", ver ? ver : "(none)");
-        goto done;
-    }
-    /* Integers in the metadata. */
+    if (!fmt || strcmp(fmt, MT_TRAIN_STATE_FORMAT) != 0 || !ver || strcmp(ver, MT_TRAIN_STATE_VERSION) != 0)
+        return mt_set_error(MT_ERR_FORMAT, "%s: not a meshtrain train state (format '%s' version '%s')", path,
+                            fmt ? fmt : "(none)", ver ? ver : "(none)");
     const char *keys[4] = {"step", "data_shard", "data_offset", "data_epoch"};
-    int64_t vals[4];
     for (int i = 0; i < 4; i++) {
         const char *s = mt_safetensors_metadata(f, keys[i]);
         char *end = NULL;
         errno = 0;
         long long v = s ? strtoll(s, &end, 10) : -1;
-        if (!s || !*s || *end || errno || v < 0) {
-            st = mt_set_error(MT_ERR_FORMAT, "%s: metadata '%s' is missing or not a non-negative integer ('%s')",
-                              path, keys[i], s ? s : "(none)");
-            goto done;
-        }
+        if (!s || !*s || *end || errno || v < 0)
+            return mt_set_error(MT_ERR_FORMAT, "%s: metadata '%s' is missing or not a non-negative integer ('%s')",
+                                path, keys[i], s ? s : "(none)");
         vals[i] = (int64_t)v;
     }
-    /* Moments: one tensor per parameter and moment, staged through one host buffer. */
+    return MT_OK;
+}
+
+/* The AdamW moments: one tensor per parameter and moment, this rank's part of each
+ * (its optimizer shard [lo, hi)) staged through one host buffer to the device. */
+static mt_status ts_load_moments(mt_trainer *t, mt_safetensors *f, const char *path) {
     int64_t maxn = 0;
     for (int i = 0; i < t->nparams; i++)
         if (t->params[i].numel > maxn) maxn = t->params[i].numel;
     float *host = malloc((size_t)(maxn > 0 ? maxn : 1) * sizeof(float));
-    if (!host) {
-        st = mt_set_error(MT_ERR_OOM, "train state: cannot allocate %" PRId64 " floats", maxn);
-        goto done;
-    }
+    if (!host) return mt_set_error(MT_ERR_OOM, "train state: cannot allocate %" PRId64 " floats", maxn);
+    mt_status st = MT_OK;
     for (int i = 0; i < t->nparams && st == MT_OK; i++) {
         const mt_param_info *p = &t->params[i];
         for (int which = 0; which < 2 && st == MT_OK; which++) {
@@ -89,7 +82,6 @@ mt_status mt_train_state_load(mt_trainer *t, const char *dir) {
                 break;
             }
             st = mt_safetensors_read_f32(f, idx, host, n);
-            /* the part of this tensor inside this rank's optimizer shard [lo, hi) */
             const int64_t a = p->offset > t->gs.lo ? p->offset : t->gs.lo;
             const int64_t b = p->offset + n < t->gs.hi ? p->offset + n : t->gs.hi;
             if (st == MT_OK && b > a) {
@@ -99,86 +91,97 @@ mt_status mt_train_state_load(mt_trainer *t, const char *dir) {
         }
     }
     free(host);
-    if (st != MT_OK) goto done;
-    if (vals[0] > t->cfg.steps) {
+    return st;
+}
+
+/* The data position counts windows of this batch shape over these data ranks (written
+ * since the keys were added; older train states lack them). */
+static mt_status ts_check_batch_shape(const mt_trainer *t, mt_safetensors *f, const char *path) {
+    const char *mk[3] = {"per_device_batch_size", "max_target_length", "data_parallel_ranks"};
+    const int64_t now[3] = {t->cfg.per_device_batch_size, t->cfg.max_target_length, mt_trainer_dp_size(t->mesh)};
+    for (int i = 0; i < 3; i++) {
+        const char *sv = mt_safetensors_metadata(f, mk[i]);
+        if (sv && strtoll(sv, NULL, 10) != now[i]) {
+            const char *key = i == 2 ? "ici_data_parallelism" : mk[i];
+            return mt_set_error(MT_ERR_INVALID, "%s: key '%s': the checkpoint's data position was made with "
+                                "%s = %s, this run has %" PRId64 "%s; resume with the same batch shape",
+                                path, key, mk[i], sv, now[i], i == 2 ? " (data x fsdp ranks)" : "");
+        }
+    }
+    return MT_OK;
+}
+
+/* The order the position counts in: shuffled or not, its seed, and (shuffled) the
+ * micro-batches of a unit. A train state without data_shuffle was written in file
+ * order. A data_shuffle_seed of -1 follows seed, which a resume may change (the
+ * parameters come from the checkpoint): the run keeps its saved order; one set
+ * explicitly must match. */
+static mt_status ts_check_order(mt_trainer *t, mt_safetensors *f, const char *path) {
+    mt_data_options dopt;
+    mt_trainer_data_options(&t->cfg, "train", &dopt);
+    const char *sv_sh = mt_safetensors_metadata(f, "data_shuffle");
+    const char *sv_seed = mt_safetensors_metadata(f, "data_shuffle_seed");
+    const char *sv_ga = mt_safetensors_metadata(f, "gradient_accumulation_steps");
+    const int was = sv_sh ? (int)strtol(sv_sh, NULL, 10) : 0;
+    if (was != dopt.shuffle)
+        return mt_set_error(MT_ERR_INVALID, "%s: key 'enable_data_shuffling': the checkpoint's data position was "
+                            "made with enable_data_shuffling = %s, this run has %s; resume with the same value",
+                            path, was ? "true" : "false", dopt.shuffle ? "true" : "false");
+    if (was && sv_seed && strtoull(sv_seed, NULL, 10) != dopt.shuffle_seed) {
+        if (t->cfg.data_shuffle_seed >= 0)
+            return mt_set_error(MT_ERR_INVALID, "%s: key 'data_shuffle_seed': the checkpoint's data was shuffled "
+                                "with seed %s, this run has data_shuffle_seed = %" PRId64 "; resume with the same "
+                                "value (or -1 to keep the checkpoint's)", path, sv_seed, t->cfg.data_shuffle_seed);
+        mt_data_set_shuffle_seed(t->train, (uint64_t)strtoull(sv_seed, NULL, 10));
+        return MT_OK;
+    }
+    if (was && sv_ga && strtoll(sv_ga, NULL, 10) != t->cfg.gradient_accumulation_steps)
+        return mt_set_error(MT_ERR_INVALID, "%s: key 'gradient_accumulation_steps': the checkpoint's shuffled data "
+                            "position was made with gradient_accumulation_steps = %s, this run has %" PRId64
+                            "; resume with the same batch shape", path, sv_ga, t->cfg.gradient_accumulation_steps);
+    return MT_OK;
+}
+
+/* The train split the position was made in (written since the keys were added). */
+static mt_status ts_check_dataset(const mt_trainer *t, mt_safetensors *f, const char *path, const char *dir,
+                                  const mt_data_position *pos) {
+    const char *sv_n = mt_safetensors_metadata(f, "data_shards");
+    const char *sv_t = mt_safetensors_metadata(f, "data_shard_tokens");
+    const int64_t now_n = mt_data_shard_count(t->train), now_t = mt_data_shard_tokens(t->train, pos->shard);
+    if ((sv_n && strtoll(sv_n, NULL, 10) != now_n) || (sv_t && now_t >= 0 && strtoll(sv_t, NULL, 10) != now_t)) {
+        char now_s[64] = "";
+        if (now_t >= 0) snprintf(now_s, sizeof now_s, ", that shard %" PRId64 " tokens", now_t);
+        return mt_set_error(MT_ERR_INVALID, "%s: key 'dataset_path' = '%s': a different dataset than the saved "
+                            "run's: the checkpoint recorded %s train shard(s), shard %" PRId64 " of %s tokens; "
+                            "this dataset has %" PRId64 " shard(s)%s. Resume with the same dataset (or start a "
+                            "new run from the weights with load_parameters_path=%s)",
+                            path, t->cfg.dataset_path, sv_n ? sv_n : "?", pos->shard, sv_t ? sv_t : "?", now_n,
+                            now_s, dir);
+    }
+    return MT_OK;
+}
+
+mt_status mt_train_state_load(mt_trainer *t, const char *dir) {
+    char path[MT_PATH];
+    if (!mt_trainer_path_join(path, sizeof path, dir, "train_state.safetensors"))
+        return mt_set_error(MT_ERR_IO, "path too long: '%s'", dir);
+    mt_safetensors *f = NULL;
+    MT_TRY(mt_safetensors_open(&f, path));
+    int64_t vals[4] = {0, 0, 0, 0};
+    mt_status st = ts_read_header(f, path, vals);
+    if (st == MT_OK) st = ts_load_moments(t, f, path);
+    if (st == MT_OK && vals[0] > t->cfg.steps)
         st = mt_set_error(MT_ERR_INVALID, "%s: checkpoint is at step %" PRId64 " but steps = %" PRId64, path,
                           vals[0], t->cfg.steps);
-        goto done;
+    if (st == MT_OK) st = ts_check_batch_shape(t, f, path);
+    if (st == MT_OK) st = ts_check_order(t, f, path);
+    const mt_data_position pos = {vals[1], vals[2], vals[3]};
+    if (st == MT_OK) st = ts_check_dataset(t, f, path, dir, &pos);
+    if (st == MT_OK) {
+        st = mt_data_seek(t->train, pos);
+        if (st != MT_OK) st = mt_set_error(st, "%s: cannot restore the data position: %s", path, mt_last_error());
     }
-    {
-        /* The data position counts windows of this batch shape over these data ranks
-         * (written since the keys were added; older train states lack them). */
-        const char *mk[3] = {"per_device_batch_size", "max_target_length", "data_parallel_ranks"};
-        const int64_t now[3] = {t->cfg.per_device_batch_size, t->cfg.max_target_length, mt_trainer_dp_size(t->mesh)};
-        for (int i = 0; i < 3; i++) {
-            const char *sv = mt_safetensors_metadata(f, mk[i]);
-            if (sv && strtoll(sv, NULL, 10) != now[i]) {
-                const char *key = i == 2 ? "ici_data_parallelism" : mk[i];
-                st = mt_set_error(MT_ERR_INVALID, "%s: key '%s': the checkpoint's data position was made with "
-                                  "%s = %s, this run has %" PRId64 "%s; resume with the same batch shape",
-                                  path, key, mk[i], sv, now[i],
-                                  i == 2 ? " (data x fsdp ranks)" : "");
-                goto done;
-            }
-        }
-    }
-    {
-        /* The order the position counts in: shuffled or not, its seed, and (shuffled)
-         * the micro-batches of a unit. A train state without data_shuffle was written
-         * in file order. */
-        mt_data_options dopt;
-        mt_trainer_data_options(&t->cfg, "train", &dopt);
-        const char *sv_sh = mt_safetensors_metadata(f, "data_shuffle");
-        const char *sv_seed = mt_safetensors_metadata(f, "data_shuffle_seed");
-        const char *sv_ga = mt_safetensors_metadata(f, "gradient_accumulation_steps");
-        const int was = sv_sh ? (int)strtol(sv_sh, NULL, 10) : 0;
-        if (was != dopt.shuffle)
-            st = mt_set_error(MT_ERR_INVALID, "%s: key 'enable_data_shuffling': the checkpoint's data position was "
-                              "made with enable_data_shuffling = %s, this run has %s; resume with the same value",
-                              path, was ? "true" : "false", dopt.shuffle ? "true" : "false");
-        else if (was && sv_seed && strtoull(sv_seed, NULL, 10) != dopt.shuffle_seed) {
-            /* data_shuffle_seed = -1 follows seed, which a resume may change (the
-             * parameters come from the checkpoint): the run keeps its saved order. A
-             * data_shuffle_seed set explicitly must match. */
-            if (t->cfg.data_shuffle_seed >= 0)
-                st = mt_set_error(MT_ERR_INVALID, "%s: key 'data_shuffle_seed': the checkpoint's data was shuffled "
-                                  "with seed %s, this run has data_shuffle_seed = %" PRId64 "; resume with the same "
-                                  "value (or -1 to keep the checkpoint's)", path, sv_seed, t->cfg.data_shuffle_seed);
-            else
-                mt_data_set_shuffle_seed(t->train, (uint64_t)strtoull(sv_seed, NULL, 10));
-        }
-        else if (was && sv_ga && strtoll(sv_ga, NULL, 10) != t->cfg.gradient_accumulation_steps)
-            st = mt_set_error(MT_ERR_INVALID, "%s: key 'gradient_accumulation_steps': the checkpoint's shuffled data "
-                              "position was made with gradient_accumulation_steps = %s, this run has %" PRId64
-                              "; resume with the same batch shape", path, sv_ga,
-                              t->cfg.gradient_accumulation_steps);
-        if (st != MT_OK) goto done;
-    }
-    mt_data_position pos = {vals[1], vals[2], vals[3]};
-    {
-        /* The train split the position was made in (written since the keys were added). */
-        const char *sv_n = mt_safetensors_metadata(f, "data_shards");
-        const char *sv_t = mt_safetensors_metadata(f, "data_shard_tokens");
-        const int64_t now_n = mt_data_shard_count(t->train), now_t = mt_data_shard_tokens(t->train, pos.shard);
-        if ((sv_n && strtoll(sv_n, NULL, 10) != now_n) || (sv_t && now_t >= 0 && strtoll(sv_t, NULL, 10) != now_t)) {
-            char now_s[64] = "";
-            if (now_t >= 0) snprintf(now_s, sizeof now_s, ", that shard %" PRId64 " tokens", now_t);
-            st = mt_set_error(MT_ERR_INVALID, "%s: key 'dataset_path' = '%s': a different dataset than the saved "
-                              "run's: the checkpoint recorded %s train shard(s), shard %" PRId64 " of %s tokens; "
-                              "this dataset has %" PRId64 " shard(s)%s. Resume with the same dataset (or start a "
-                              "new run from the weights with load_parameters_path=%s)",
-                              path, t->cfg.dataset_path, sv_n ? sv_n : "?", pos.shard, sv_t ? sv_t : "?", now_n,
-                              now_s, dir);
-            goto done;
-        }
-    }
-    st = mt_data_seek(t->train, pos);
-    if (st != MT_OK) {
-        st = mt_set_error(st, "%s: cannot restore the data position: %s", path, mt_last_error());
-        goto done;
-    }
-    t->step = vals[0];
-done:
+    if (st == MT_OK) t->step = vals[0];
     mt_safetensors_close(f);
     return st;
 }
