@@ -696,6 +696,35 @@ static mt_status stage_out(mt_stage *s, int write) {
     return st;
 }
 
+#ifdef MT_HAVE_MPI
+/* After the start (rc) of the non-blocking MPI collective of request r (NULL: out of
+ * memory) on the buffers out (written) and in (read; either may be unstaged): on
+ * success r owns both until mt_comm_wait and *req = r; on failure both are released
+ * and the error names the collective w. */
+static mt_status start_done(mt_comm *c, mt_comm_request *r, int rc, mt_stage *out, mt_stage *in, const char *w,
+                            mt_comm_request **req) {
+    if (!r || rc != MPI_SUCCESS) {
+        (void)stage_out(in, 0);
+        (void)stage_out(out, 0);
+        free(r);
+        return r ? mpi_fail(c, w, rc) : request_oom(c, w);
+    }
+    r->stage[0] = *out;
+    r->stage[1] = *in;
+    r->adopted = progress_adopt(r);
+    *req = r;
+    return MT_OK;
+}
+
+/* After a blocking MPI call (rc): in released, out copied back to its device buffer when
+ * the call succeeded, then released; the call's error (naming w) first. */
+static mt_status blocking_done(mt_comm *c, int rc, mt_stage *out, mt_stage *in, const char *w) {
+    (void)stage_out(in, 0);
+    const mt_status st = stage_out(out, rc == MPI_SUCCESS);
+    return rc != MPI_SUCCESS ? mpi_fail(c, w, rc) : st;
+}
+#endif
+
 /* A same-rank copy (group of one): on the compute stream for device buffers. */
 static mt_status local_copy(const mt_comm *c, void *dst, const void *src, size_t bytes) {
     if (dst == src || bytes == 0) return MT_OK;
@@ -733,34 +762,19 @@ static mt_status all_reduce_impl(mt_comm *c, void *buf, int64_t count, mt_comm_d
 #endif
 #ifdef MT_HAVE_MPI
     const MPI_Op op = max ? MPI_MAX : MPI_SUM;
-    mt_stage sb;
+    mt_stage sb, none = {0};
+    MT_TRY(stage_in(c, &sb, buf, S, 1, what));
     if (req) {
         const char *w = max ? "all_reduce_max (MPI_Iallreduce)" : "all_reduce (MPI_Iallreduce)";
         mt_comm_request *r = new_request(c, w, 0);
-        if (!r) return request_oom(c, w);
-        mt_status st = stage_in(c, &sb, buf, S, 1, what);
-        if (st != MT_OK) {
-            free(r);
-            return st;
-        }
-        int rc = MPI_Iallreduce(MPI_IN_PLACE, sb.host, (int)count, mpi_type(dt), op, c->mpi, &r->mpi);
-        if (rc != MPI_SUCCESS) {
-            (void)stage_out(&sb, 0);
-            free(r);
-            return mpi_fail(c, w, rc);
-        }
-        r->stage[0] = sb;
-        r->adopted = progress_adopt(r);
-        *req = r;
-        return MT_OK;
+        const int rc = r ? MPI_Iallreduce(MPI_IN_PLACE, sb.host, (int)count, mpi_type(dt), op, c->mpi, &r->mpi)
+                         : MPI_SUCCESS;
+        return start_done(c, r, rc, &sb, &none, w, req);
     }
-    MT_TRY(stage_in(c, &sb, buf, S, 1, what));
     wd_enter(c, what);
     int rc = MPI_Allreduce(MPI_IN_PLACE, sb.host, (int)count, mpi_type(dt), op, c->mpi);
     wd_leave();
-    const mt_status st = stage_out(&sb, rc == MPI_SUCCESS);
-    if (rc != MPI_SUCCESS) return mpi_fail(c, max ? "all_reduce_max (MPI_Allreduce)" : "all_reduce (MPI_Allreduce)", rc);
-    return st;
+    return blocking_done(c, rc, &sb, &none, max ? "all_reduce_max (MPI_Allreduce)" : "all_reduce (MPI_Allreduce)");
 #else
     (void)buf;
 #endif
@@ -814,25 +828,12 @@ static mt_status reduce_scatter_impl(mt_comm *c, const void *send, void *recv, c
             memcpy(r->ic, ic, sizeof(int) * (size_t)c->size);
             rc = MPI_Ireduce_scatter(ss.host, sr.host, r->ic, mpi_type(dt), MPI_SUM, c->mpi, &r->mpi);
         }
-        if (!r || rc != MPI_SUCCESS) {
-            (void)stage_out(&ss, 0);
-            (void)stage_out(&sr, 0);
-            free(r);
-            return r ? mpi_fail(c, w, rc) : request_oom(c, w);
-        }
-        r->stage[0] = sr;
-        r->stage[1] = ss;
-        r->adopted = progress_adopt(r);
-        *req = r;
-        return MT_OK;
+        return start_done(c, r, rc, &sr, &ss, w, req);
     }
     wd_enter(c, "reduce_scatter");
     int rc = MPI_Reduce_scatter(ss.host, sr.host, ic, mpi_type(dt), MPI_SUM, c->mpi);
     wd_leave();
-    (void)stage_out(&ss, 0);
-    st = stage_out(&sr, rc == MPI_SUCCESS);
-    if (rc != MPI_SUCCESS) return mpi_fail(c, "reduce_scatter (MPI_Reduce_scatter)", rc);
-    return st;
+    return blocking_done(c, rc, &sr, &ss, "reduce_scatter (MPI_Reduce_scatter)");
 #endif
     return MT_OK;
 }
@@ -890,25 +891,12 @@ static mt_status all_gather_impl(mt_comm *c, const void *send, void *recv, const
             rc = MPI_Iallgatherv(sb, ic[c->rank], mpi_type(dt), sr.host, r->ic, r->ic + c->size, mpi_type(dt), c->mpi,
                                  &r->mpi);
         }
-        if (!r || rc != MPI_SUCCESS) {
-            (void)stage_out(&ss, 0);
-            (void)stage_out(&sr, 0);
-            free(r);
-            return r ? mpi_fail(c, w, rc) : request_oom(c, w);
-        }
-        r->stage[0] = sr;
-        r->stage[1] = ss;
-        r->adopted = progress_adopt(r);
-        *req = r;
-        return MT_OK;
+        return start_done(c, r, rc, &sr, &ss, w, req);
     }
     wd_enter(c, "all_gather");
     int rc = MPI_Allgatherv(sb, ic[c->rank], mpi_type(dt), sr.host, ic, id, mpi_type(dt), c->mpi);
     wd_leave();
-    (void)stage_out(&ss, 0);
-    st = stage_out(&sr, rc == MPI_SUCCESS);
-    if (rc != MPI_SUCCESS) return mpi_fail(c, "all_gather (MPI_Allgatherv)", rc);
-    return st;
+    return blocking_done(c, rc, &sr, &ss, "all_gather (MPI_Allgatherv)");
 #endif
     return MT_OK;
 }
@@ -1035,9 +1023,8 @@ mt_status mt_comm_recv(mt_comm *c, void *buf, int64_t count, mt_comm_dtype dt, i
     wd_enter(c, "recv");
     int rc = MPI_Recv(sb.host, (int)count, mpi_type(dt), peer, 7, c->mpi, MPI_STATUS_IGNORE);
     wd_leave();
-    const mt_status st = stage_out(&sb, rc == MPI_SUCCESS);
-    if (rc != MPI_SUCCESS) return mpi_fail(c, "recv (MPI_Recv)", rc);
-    return st;
+    mt_stage none = {0};
+    return blocking_done(c, rc, &sb, &none, "recv (MPI_Recv)");
 #else
     (void)buf;
     (void)dt;
@@ -1073,10 +1060,7 @@ mt_status mt_comm_sendrecv(mt_comm *c, const void *sbuf, int to, void *rbuf, int
     int rc = MPI_Sendrecv(ss.host, (int)count, mpi_type(dt), to, 9, sr.host, (int)count, mpi_type(dt), from, 9, c->mpi,
                           MPI_STATUS_IGNORE);
     wd_leave();
-    (void)stage_out(&ss, 0);
-    st = stage_out(&sr, rc == MPI_SUCCESS);
-    if (rc != MPI_SUCCESS) return mpi_fail(c, "sendrecv (MPI_Sendrecv)", rc);
-    return st;
+    return blocking_done(c, rc, &sr, &ss, "sendrecv (MPI_Sendrecv)");
 #endif
     return MT_OK;
 }
