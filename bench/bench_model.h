@@ -1,16 +1,19 @@
 /* bench/bench_model.h: the model, plan and step shared by bench/step_bench.c and
  * bench/op_bench.c (header-only, static inline: each benchmark is one translation unit).
  *
- * Both take the same 11 command-line numbers
- *   d_model layers heads kv_heads mlp seq batch vocab threads steps tiles
- * and build the same llama-shaped float32 model (head_dim = d_model / heads, RoPE
+ * Both take the same 11 command-line numbers and an optional compute dtype
+ *   d_model layers heads kv_heads mlp seq batch vocab threads steps tiles [float32|bfloat16]
+ * and build the same llama-shaped model (head_dim = d_model / heads, RoPE
  * timescale 1e4, params initialised with seed 1), an arena planned with the model's
  * entries plus the AdamW moments m and v (n floats each, live over every phase) and the
  * segment table of the parameters (train/optimizer.h mt_adamw_segments), and
  * batch x seq + 1 tokens drawn from mt_rng_u32x4(7, 0, i) modulo vocab. One step
  * zeroes the gradients, runs mt_model_forward_backward (mean over tokens) and AdamW
  * (one be->ops->adamw over the table: lr 1e-4, betas 0.9 / 0.999, eps 1e-8, weight decay
- * 0.1 on matrices), the same step as bench/torch_step.py. */
+ * 0.1 on matrices), the same step as bench/torch_step.py. With bfloat16 the activations
+ * and the compute copy of the weights are bf16 (refreshed from the fp32 master with
+ * stochastic rounding keyed by the step: mt_model_set_compute_rounding), master
+ * weights, gradients and moments fp32, as the trainer runs dtype=bfloat16. */
 #ifndef MT_BENCH_MODEL_H
 #define MT_BENCH_MODEL_H
 
@@ -26,6 +29,7 @@
 
 typedef struct {
     long a[11];      /* the command-line numbers, in the order of the usage line */
+    mt_dtype dt;     /* compute dtype (the optional 12th argument; float32 by default) */
     int64_t B, T, V; /* batch, sequence length, vocabulary */
     int64_t n;       /* parameter count (floats) */
     mt_model *m;
@@ -40,8 +44,11 @@ typedef struct {
 /* Parses argv into b->a (prog names the program in the usage message) and sets the
  * OpenMP thread count. Returns 0, or 2 after printing the usage line to stderr. */
 static inline int bench_model_args(bench_model *b, const char *prog, int argc, char **argv) {
-    if (argc != 12) {
-        fprintf(stderr, "usage: %s d_model layers heads kv_heads mlp seq batch vocab threads steps tiles\n", prog);
+    b->dt = MT_F32;
+    if ((argc != 12 && argc != 13) || (argc == 13 && mt_dtype_parse(argv[12], &b->dt) != MT_OK) ||
+        (b->dt != MT_F32 && b->dt != MT_BF16)) {
+        fprintf(stderr, "usage: %s d_model layers heads kv_heads mlp seq batch vocab threads steps tiles "
+                "[float32|bfloat16]\n", prog);
         return 2;
     }
     for (int i = 0; i < 11; i++) b->a[i] = strtol(argv[i + 1], NULL, 10);
@@ -67,7 +74,8 @@ static inline const char *bench_model_create(bench_model *b, mt_backend *be) {
     c.mlp_dim = a[4];
     c.vocab_size = b->V;
     c.rope_max_timescale = 10000.0f;
-    if (mt_model_create(&b->m, &c, be, b->B, b->T, a[10], NULL) != MT_OK) return "model";
+    const mt_model_layout lay = {.dtype = b->dt};
+    if (mt_model_create(&b->m, &c, be, b->B, b->T, a[10], &lay) != MT_OK) return "model";
     if (mt_plan_new(&b->plan) != MT_OK || mt_model_add_to_plan(b->m, b->plan) != MT_OK) return "plan";
     b->n = mt_model_numel(b->m);
     const int last = mt_model_phase_count(b->m) - 1;
@@ -111,6 +119,7 @@ static inline const char *bench_model_create(bench_model *b, mt_backend *be) {
  * "step" / "zero" / "adamw" naming what failed (message in mt_last_error()). */
 static inline const char *bench_model_step(bench_model *b, mt_backend *be, int s, double *sum, int64_t *cnt) {
     mt_model *m = b->m;
+    mt_model_set_compute_rounding(m, 1, s); /* bf16: this step's rounding of the compute weights */
     if (be->ops->zero(be, mt_model_grads(m), (size_t)b->n * 4) != MT_OK) return "zero";
     if (mt_model_forward_backward(m, b->tok, b->tok + 1, 1.0f / (float)(b->B * b->T), sum, cnt) != MT_OK)
         return "step";

@@ -2,9 +2,10 @@
  *
  * The same llama-shaped model and step as bench/torch_step.py: embedding, L decoder
  * layers, final norm, vocab-tiled cross-entropy (mean over tokens), backward, AdamW
- * (lr 1e-4, wd 0.1 on matrices), float32. Prints one JSON line with the step times,
- * the planned arena bytes by category and the process peak RSS.
- * Usage: step_bench d_model layers heads kv_heads mlp seq batch vocab threads steps tiles */
+ * (lr 1e-4, wd 0.1 on matrices), float32 or bfloat16 (bench_model.h). Prints one JSON
+ * line with the dtype, the step times, the planned arena bytes by category and the
+ * process peak RSS.
+ * Usage: step_bench d_model layers heads kv_heads mlp seq batch vocab threads steps tiles [dtype] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -29,6 +30,7 @@ int main(int argc, char **argv) {
     cJSON *doc = cJSON_CreateObject();
     int bad = mt_json_add_string(doc, "impl", "meshtrain");
     bad |= mt_json_add_int(doc, "threads", b.a[8]);
+    bad |= mt_json_add_string(doc, "dtype", mt_dtype_name(b.dt));
     cJSON *step_ms = mt_json_add_array(doc, "step_ms");
     for (int s = 0; s <= steps; s++) {
         double t0 = mt_time_now();
