@@ -46,7 +46,7 @@ for r in $(seq 1 "$rounds"); do
 done
 load1=$(cut -d' ' -f1-3 /proc/loadavg)
 cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//') (family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' ') model $(grep -m1 '^model[[:space:]]' /proc/cpuinfo | cut -d: -f2 | tr -d ' '))"
-blas=$(${OP_BENCH:-./build/bench/op_bench} 64 1 4 4 128 16 1 256 1 1 1 2>/dev/null | grep -o 'OpenBLAS kernels .*' || echo "OpenBLAS kernels ?")
+blas=$(${OP_BENCH:-./build/bench/op_bench} 64 1 4 4 128 16 1 256 1 1 1 2>/dev/null | grep -o 'GEMM float32: .*' || echo "GEMM ?")
 /usr/bin/python3 - "$out" "$rounds" "$load0" "$load1" "$cpu" "$blas" "${configs[@]}" <<'PY'
 import json, statistics, sys
 d, n, load0, load1, cpu, blas = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
