@@ -5,20 +5,14 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const k_layer_tensor_names[MT_LT_COUNT] = {
-    "decoder_layer_input", "input_norm_rstd", "query_norm_rstd", "key_norm_rstd",
-    "query_proj", "key_proj", "value_proj", "context", "context_lse", "out_proj",
-    "post_attn_norm_rstd", "pre_mlp_norm_rstd", "mlpwi_0", "mlpwi_1", "mlpwo",
-    "post_ffw_norm_rstd"};
+#define NAME_(id, name, ...) name,
+#define LT_OF_RT_(id, ...) MT_LT_##id,
+#define SKIP_(...)
+static const char *const k_layer_tensor_names[MT_LT_COUNT] = {MT_LAYER_TENSORS(NAME_, NAME_)};
 /* The layer tensor each remat name is (MT_RT_* order). */
-static const mt_layer_tensor k_remat_layer_tensor[MT_RT_COUNT] = {
-    MT_LT_DECODER_LAYER_INPUT, MT_LT_QUERY_PROJ, MT_LT_KEY_PROJ, MT_LT_VALUE_PROJ, MT_LT_CONTEXT,
-    MT_LT_OUT_PROJ, MT_LT_MLPWI_0, MT_LT_MLPWI_1, MT_LT_MLPWO};
+static const mt_layer_tensor k_remat_layer_tensor[MT_RT_COUNT] = {MT_LAYER_TENSORS(SKIP_, LT_OF_RT_)};
 static const char *const k_action_names[3] = {"remat", "offload", "device"};
-static const char *const k_policy_names[MT_REMAT_POLICY_COUNT] = {
-    "full", "minimal", "minimal_with_context", "save_dot_with_context_except_mlp",
-    "save_dot_except_mlpwi", "save_dot_except_mlp", "save_qkv_proj", "save_out_proj",
-    "qkv_proj_offloaded", "minimal_offloaded", "custom"};
+static const char *const k_policy_names[MT_REMAT_POLICY_COUNT] = {MT_REMAT_POLICIES(NAME_)};
 
 const char *mt_layer_tensor_name(mt_layer_tensor t) {
     return (int)t >= 0 && t < MT_LT_COUNT ? k_layer_tensor_names[t] : NULL;
@@ -85,20 +79,8 @@ mt_status mt_remat_policy_resolve(mt_remat_policy_kind k, const mt_remat_action 
                                   mt_remat_policy *out) {
     if ((int)k < 0 || k >= MT_REMAT_POLICY_COUNT)
         return mt_set_error(MT_ERR_INVALID, "remat policy %d out of range", (int)k);
-    /* Letters: D device, R remat, O offload, over the MT_RT_* order
-     * (input, q, k, v, context, out_proj, mlpwi_0, mlpwi_1, mlpwo). */
-    static const char *const table[MT_REMAT_POLICY_COUNT] = {
-        "DRRRRRRRR", /* full */
-        "DDDDRDDDD", /* minimal */
-        "DDDDDDDDD", /* minimal_with_context */
-        "DDDDDDRRR", /* save_dot_with_context_except_mlp */
-        "DDDDRDRRD", /* save_dot_except_mlpwi */
-        "DDDDRDRRR", /* save_dot_except_mlp */
-        "DDDDRRRRR", /* save_qkv_proj */
-        "DRRRRDRRR", /* save_out_proj */
-        "DOOORRRRR", /* qkv_proj_offloaded */
-        "DOOOROOOO", /* minimal_offloaded */
-        NULL};
+#define LETTERS_(id, name, letters) letters,
+    static const char *const table[MT_REMAT_POLICY_COUNT] = {MT_REMAT_POLICIES(LETTERS_)};
     if (k == MT_REMAT_CUSTOM) {
         for (int i = 0; i < MT_RT_COUNT; i++)
             out->action[i] = custom ? custom[i] : (i == MT_RT_DECODER_LAYER_INPUT ? MT_RA_DEVICE : MT_RA_REMAT);

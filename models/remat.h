@@ -4,31 +4,9 @@
  * A policy gives every named tensor of a decoder layer an action: keep it on the
  * device from the forward to the backward, recompute it in the backward (remat), or
  * copy it to host memory in the forward and back before the layer's backward
- * (offload). Names and where each sits (MaxText layers/decoders.py and
- * layers/attentions.py checkpoint_name calls):
- *   decoder_layer_input  the layer's input x [N, D] (always kept on the device here)
- *   query_proj           q [N, H*Dh] after projection, QK-norm and RoPE
- *   key_proj             k [N, Hkv*Dh] after projection, QK-norm and RoPE
- *   value_proj           v [N, Hkv*Dh]
- *   context              attention output [N, H*Dh] plus its logsumexp [B, H, T]
- *   out_proj             o_proj output [N, D]
- *   mlpwi_0              gate projection before the activation [N, F]
- *   mlpwi_1              up projection [N, F]
- *   mlpwo                MLP output [N, D] (saved only by models with a post-MLP norm;
- *                        other models never need it in the backward)
- * Policies (MaxText remat_policy, layers/decoders.py get_remat_policy):
- *   full                           nothing but decoder_layer_input
- *   minimal                        q, k, v, out_proj, mlpwi_0, mlpwi_1, mlpwo
- *   minimal_with_context           minimal + context (everything: meshtrain's default)
- *   save_dot_with_context_except_mlp   q, k, v, context, out_proj
- *   save_dot_except_mlpwi          q, k, v, out_proj, mlpwo
- *   save_dot_except_mlp            q, k, v, out_proj
- *   save_qkv_proj                  q, k, v
- *   save_out_proj                  out_proj
- *   qkv_proj_offloaded             q, k, v offloaded, the rest recomputed
- *   minimal_offloaded              minimal's tensors offloaded, context recomputed
- *   custom                         each name from its own key (default remat,
- *                                  decoder_layer_input device) */
+ * (offload). The tensors are the RT rows of MT_LAYER_TENSORS below, the policies the
+ * rows of MT_REMAT_POLICIES: full keeps only decoder_layer_input, minimal_with_context
+ * (meshtrain's default) keeps everything, custom reads each name from its own key. */
 #ifndef MT_MODELS_REMAT_H
 #define MT_MODELS_REMAT_H
 
@@ -39,42 +17,56 @@
 extern "C" {
 #endif
 
-typedef enum mt_remat_tensor {
-    MT_RT_DECODER_LAYER_INPUT = 0,
-    MT_RT_QUERY_PROJ,
-    MT_RT_KEY_PROJ,
-    MT_RT_VALUE_PROJ,
-    MT_RT_CONTEXT,
-    MT_RT_OUT_PROJ,
-    MT_RT_MLPWI_0,
-    MT_RT_MLPWI_1,
-    MT_RT_MLPWO,
-    MT_RT_COUNT
-} mt_remat_tensor;
+/* The one list of a decoder layer's saved tensors, in the order the model plans them:
+ * the "layers.<l>.<name>" plan entries, plan tags, activation probes, the remat names and
+ * the remat_policy=custom config keys all expand it. Two kinds of row:
+ *   LT(ID, "name")                   a tensor without a remat name of its own (the norm
+ *                                    statistics, always kept; context_lse goes with context)
+ *   RT(ID, "name", DEFAULT, "doc")   one of MaxText's nine remat names (MaxText
+ *                                    layers/decoders.py and layers/attentions.py
+ *                                    checkpoint_name calls); DEFAULT its action under
+ *                                    remat_policy=custom (DEVICE | REMAT), "doc" its key's text
+ * Shapes: N tokens of the micro-batch (batch x sequence), D model width, H / Hkv query /
+ * key-value heads, Dh head_dim, F MLP width, B batch, T sequence. The norm rows are
+ * rstd: input_layernorm, q_norm and k_norm per head, the post-attention, pre-MLP and
+ * post-feedforward norms (gemma2/3). */
+#define MT_LAYER_TENSORS(LT, RT)                                                          \
+    RT(DECODER_LAYER_INPUT, "decoder_layer_input", DEVICE, /* [N, D] */                   \
+       "remat_policy=custom: layer input (device only: the backward recomputes from it)") \
+    LT(INPUT_NORM_RSTD, "input_norm_rstd") /* input_layernorm rstd [N] */                 \
+    LT(QUERY_NORM_RSTD, "query_norm_rstd") /* q_norm rstd [N*H] (qk-norm) */              \
+    LT(KEY_NORM_RSTD, "key_norm_rstd") /* k_norm rstd [N*Hkv] (qk-norm) */                \
+    RT(QUERY_PROJ, "query_proj", REMAT, /* [N, H*Dh] */                                   \
+       "remat_policy=custom: q after projection, QK-norm, RoPE")                          \
+    RT(KEY_PROJ, "key_proj", REMAT, /* [N, Hkv*Dh] */                                     \
+       "remat_policy=custom: k after projection, QK-norm, RoPE")                          \
+    RT(VALUE_PROJ, "value_proj", REMAT, /* [N, Hkv*Dh] */                                 \
+       "remat_policy=custom: v projection")                                               \
+    RT(CONTEXT, "context", REMAT, /* [N, H*Dh] */                                         \
+       "remat_policy=custom: attention output + logsumexp")                               \
+    LT(CONTEXT_LSE, "context_lse") /* [B, H, T], remat name context */                    \
+    RT(OUT_PROJ, "out_proj", REMAT, /* [N, D] */                                          \
+       "remat_policy=custom: o_proj output")                                              \
+    LT(POST_ATTN_NORM_RSTD, "post_attn_norm_rstd") /* [N] (gemma2/3) */                   \
+    LT(PRE_MLP_NORM_RSTD, "pre_mlp_norm_rstd") /* [N] */                                  \
+    RT(MLPWI_0, "mlpwi_0", REMAT, /* [N, F] */                                            \
+       "remat_policy=custom: gate projection (before activation)")                        \
+    RT(MLPWI_1, "mlpwi_1", REMAT, /* [N, F] */                                            \
+       "remat_policy=custom: up projection")                                              \
+    RT(MLPWO, "mlpwo", REMAT, /* [N, D] */                                                \
+       "remat_policy=custom: MLP output (saved with a post-MLP norm)")                    \
+    LT(POST_FFW_NORM_RSTD, "post_ffw_norm_rstd") /* [N] */
 
-/* Every tensor a decoder layer saves for its backward, in the order the model plans
- * them: the one list of these names ("layers.<l>.<name>" plan entries, the remat
- * names above, the activation probes). The nine remat names are a subset, mapped by
- * mt_layer_tensor_remat. */
-typedef enum mt_layer_tensor {
-    MT_LT_DECODER_LAYER_INPUT = 0, /* decoder_layer_input [N, D] */
-    MT_LT_INPUT_NORM_RSTD,         /* input_norm_rstd: input_layernorm rstd [N] */
-    MT_LT_QUERY_NORM_RSTD,         /* query_norm_rstd: q_norm rstd [N*H] (qk-norm) */
-    MT_LT_KEY_NORM_RSTD,           /* key_norm_rstd: k_norm rstd [N*Hkv] (qk-norm) */
-    MT_LT_QUERY_PROJ,              /* query_proj [N, H*Dh] after qk-norm and RoPE */
-    MT_LT_KEY_PROJ,                /* key_proj [N, Hkv*Dh] after qk-norm and RoPE */
-    MT_LT_VALUE_PROJ,              /* value_proj [N, Hkv*Dh] */
-    MT_LT_CONTEXT,                 /* context [N, H*Dh] */
-    MT_LT_CONTEXT_LSE,             /* context_lse: context logsumexp [B, H, T] */
-    MT_LT_OUT_PROJ,                /* out_proj [N, D] (o_proj output, before any post-attention norm) */
-    MT_LT_POST_ATTN_NORM_RSTD,     /* post_attn_norm_rstd: post-attention norm rstd [N] (gemma2/3) */
-    MT_LT_PRE_MLP_NORM_RSTD,       /* pre_mlp_norm_rstd: pre-MLP norm rstd [N] */
-    MT_LT_MLPWI_0,                 /* mlpwi_0 [N, F] gate pre-activation */
-    MT_LT_MLPWI_1,                 /* mlpwi_1 [N, F] up projection */
-    MT_LT_MLPWO,                   /* mlpwo [N, D] down projection output (only with a post-FFW norm) */
-    MT_LT_POST_FFW_NORM_RSTD,      /* post_ffw_norm_rstd: post-feedforward norm rstd [N] */
-    MT_LT_COUNT
-} mt_layer_tensor;
+#define MT_REMAT_ROW_SKIP_(...)
+#define MT_LT_ENUM_(id, ...) MT_LT_##id,
+#define MT_RT_ENUM_(id, ...) MT_RT_##id,
+
+/* MaxText's nine remat names (the RT rows of MT_LAYER_TENSORS, in its order). */
+typedef enum mt_remat_tensor { MT_LAYER_TENSORS(MT_REMAT_ROW_SKIP_, MT_RT_ENUM_) MT_RT_COUNT } mt_remat_tensor;
+
+/* Every tensor a decoder layer saves for its backward (every row of MT_LAYER_TENSORS).
+ * The nine remat names are a subset, mapped by mt_layer_tensor_remat. */
+typedef enum mt_layer_tensor { MT_LAYER_TENSORS(MT_LT_ENUM_, MT_LT_ENUM_) MT_LT_COUNT } mt_layer_tensor;
 
 /* Name of layer tensor t ("decoder_layer_input", "input_norm_rstd", ...), NULL when
  * out of range. */
@@ -89,19 +81,26 @@ int mt_layer_tensor_remat(mt_layer_tensor t);
  * order remat < offload < device). */
 typedef enum mt_remat_action { MT_RA_REMAT = 0, MT_RA_OFFLOAD = 1, MT_RA_DEVICE = 2 } mt_remat_action;
 
+/* The policies: X(ID, "name", actions), actions one letter per remat name in
+ * mt_remat_tensor order (input, q, k, v, context, out_proj, mlpwi_0, mlpwi_1, mlpwo):
+ * D device, R remat, O offload (MaxText layers/decoders.py get_remat_policy; custom:
+ * each name from its own key). */
+#define MT_REMAT_POLICIES(X)                                                             \
+    X(FULL, "full", "DRRRRRRRR")                                                         \
+    X(MINIMAL, "minimal", "DDDDRDDDD")                                                   \
+    X(MINIMAL_WITH_CONTEXT, "minimal_with_context", "DDDDDDDDD")                         \
+    X(SAVE_DOT_WITH_CONTEXT_EXCEPT_MLP, "save_dot_with_context_except_mlp", "DDDDDDRRR") \
+    X(SAVE_DOT_EXCEPT_MLPWI, "save_dot_except_mlpwi", "DDDDRDRRD")                       \
+    X(SAVE_DOT_EXCEPT_MLP, "save_dot_except_mlp", "DDDDRDRRR")                           \
+    X(SAVE_QKV_PROJ, "save_qkv_proj", "DDDDRRRRR")                                       \
+    X(SAVE_OUT_PROJ, "save_out_proj", "DRRRRDRRR")                                       \
+    X(QKV_PROJ_OFFLOADED, "qkv_proj_offloaded", "DOOORRRRR")                             \
+    X(MINIMAL_OFFLOADED, "minimal_offloaded", "DOOOROOOO")                               \
+    X(CUSTOM, "custom", NULL)
+
+#define MT_REMAT_POLICY_ENUM_(id, ...) MT_REMAT_##id,
 typedef enum mt_remat_policy_kind {
-    MT_REMAT_FULL = 0,
-    MT_REMAT_MINIMAL,
-    MT_REMAT_MINIMAL_WITH_CONTEXT,
-    MT_REMAT_SAVE_DOT_WITH_CONTEXT_EXCEPT_MLP,
-    MT_REMAT_SAVE_DOT_EXCEPT_MLPWI,
-    MT_REMAT_SAVE_DOT_EXCEPT_MLP,
-    MT_REMAT_SAVE_QKV_PROJ,
-    MT_REMAT_SAVE_OUT_PROJ,
-    MT_REMAT_QKV_PROJ_OFFLOADED,
-    MT_REMAT_MINIMAL_OFFLOADED,
-    MT_REMAT_CUSTOM,
-    MT_REMAT_POLICY_COUNT
+    MT_REMAT_POLICIES(MT_REMAT_POLICY_ENUM_) MT_REMAT_POLICY_COUNT
 } mt_remat_policy_kind;
 
 /* The resolved action of every named tensor. */

@@ -36,19 +36,20 @@ static const char *const cp_strategy_names[] = {"all_gather", "ring", NULL};
 static const int cp_strategy_values[] = {0, 1};
 static const int backend_values[] = {MT_BACKEND_AUTO, MT_BACKEND_CPU, MT_BACKEND_CUDA};
 
-static const char *const remat_policy_names[] = {
-    "full", "minimal", "minimal_with_context", "save_dot_with_context_except_mlp", "save_dot_except_mlpwi",
-    "save_dot_except_mlp", "save_qkv_proj", "save_out_proj", "qkv_proj_offloaded", "minimal_offloaded",
-    "custom", NULL};
-static const int remat_policy_values[] = {
-    MT_REMAT_FULL, MT_REMAT_MINIMAL, MT_REMAT_MINIMAL_WITH_CONTEXT, MT_REMAT_SAVE_DOT_WITH_CONTEXT_EXCEPT_MLP,
-    MT_REMAT_SAVE_DOT_EXCEPT_MLPWI, MT_REMAT_SAVE_DOT_EXCEPT_MLP, MT_REMAT_SAVE_QKV_PROJ, MT_REMAT_SAVE_OUT_PROJ,
-    MT_REMAT_QKV_PROJ_OFFLOADED, MT_REMAT_MINIMAL_OFFLOADED, MT_REMAT_CUSTOM};
+#define POLICY_NAME_(id, name, ...) name,
+#define POLICY_VALUE_(id, ...) MT_REMAT_##id,
+static const char *const remat_policy_names[] = {MT_REMAT_POLICIES(POLICY_NAME_) NULL};
+static const int remat_policy_values[] = {MT_REMAT_POLICIES(POLICY_VALUE_)};
 static const char *const remat_action_names[] = {"remat", "offload", "device", NULL};
 static const int remat_action_values[] = {MT_RA_REMAT, MT_RA_OFFLOAD, MT_RA_DEVICE};
-#define REMAT_KEY(n, t, def, doc)                                                                          \
-    {n, MT_KEY_ENUM, offsetof(mt_train_config, remat_custom) + (t) * sizeof(int), 0, remat_action_names, \
-     remat_action_values, 0, def, 0, 0, 0, 0, doc}
+/* One enum key per remat name (the RT rows of models/remat.h MT_LAYER_TENSORS):
+ * remat_custom[MT_RT_id], default DEVICE -> "device", REMAT -> "remat". */
+#define REMAT_DEFAULT_DEVICE "device"
+#define REMAT_DEFAULT_REMAT "remat"
+#define REMAT_SKIP_(...)
+#define REMAT_KEY_(id, name, def, doc)                                                                   \
+    {name, MT_KEY_ENUM, offsetof(mt_train_config, remat_custom) + (MT_RT_##id) * sizeof(int), 0,          \
+     remat_action_names, remat_action_values, 0, REMAT_DEFAULT_##def, 0, 0, 0, 0, doc},
 
 #define OFF(f) offsetof(mt_train_config, f)
 #define MOFF(f) (offsetof(mt_train_config, model) + offsetof(mt_model_config, f))
@@ -152,16 +153,7 @@ static const mt_config_key mt_keys[] = {
     RKEY_ENUM(remat_policy, remat_policy_names, remat_policy_values, "minimal_with_context",
               "what each layer keeps for the backward (MaxText names); minimal_with_context keeps all, "
               "full keeps only decoder_layer_input, custom reads the nine tensor keys"),
-    REMAT_KEY("decoder_layer_input", MT_RT_DECODER_LAYER_INPUT, "device",
-              "remat_policy=custom: layer input (device only: the backward recomputes from it)"),
-    REMAT_KEY("query_proj", MT_RT_QUERY_PROJ, "remat", "remat_policy=custom: q after projection, QK-norm, RoPE"),
-    REMAT_KEY("key_proj", MT_RT_KEY_PROJ, "remat", "remat_policy=custom: k after projection, QK-norm, RoPE"),
-    REMAT_KEY("value_proj", MT_RT_VALUE_PROJ, "remat", "remat_policy=custom: v projection"),
-    REMAT_KEY("context", MT_RT_CONTEXT, "remat", "remat_policy=custom: attention output + logsumexp"),
-    REMAT_KEY("out_proj", MT_RT_OUT_PROJ, "remat", "remat_policy=custom: o_proj output"),
-    REMAT_KEY("mlpwi_0", MT_RT_MLPWI_0, "remat", "remat_policy=custom: gate projection (before activation)"),
-    REMAT_KEY("mlpwi_1", MT_RT_MLPWI_1, "remat", "remat_policy=custom: up projection"),
-    REMAT_KEY("mlpwo", MT_RT_MLPWO, "remat", "remat_policy=custom: MLP output (saved with a post-MLP norm)"),
+    MT_LAYER_TENSORS(REMAT_SKIP_, REMAT_KEY_)
     {"parameter_memory_host_offload", MT_KEY_BOOL, OFF(parameter_memory_host_offload), 0, NULL, NULL, 0, "false",
      0, 0, 0, 0, "parameters live in a host pool, moved to the device a layer at a time (cpu backend)"},
     {"optimizer_memory_host_offload", MT_KEY_BOOL, OFF(optimizer_memory_host_offload), 0, NULL, NULL, 0, "false",
