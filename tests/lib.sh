@@ -6,6 +6,9 @@
 #                           build=BUILD_DIR (usage error naming SCRIPT when absent),
 #                           src=the source tree, bin=BUILD_DIR/BIN (default meshtrain);
 #                           exit 1 when bin is not executable
+#   mt_build_backend SCRIPT BUILD_DIR BACKEND
+#                           mt_build with bin meshtrain (BACKEND cpu) or meshtrain-emu
+#                           (BACKEND cuda: also exports CUDAEMU_QUIET=1, CUDAEMU_DEVICES=4)
 #   mt_need_python3         exit 77 (skipped) when python3 is not on PATH
 #   mt_need_hf_venv         venv=$MT_HF_VENV (default $src/.venv-hf), py=its python; exit 77
 #                           (skipped) when it cannot import tokenizers
@@ -27,6 +30,9 @@
 #                           MLP 64, LAYERS layers, default 2): KIND llama (llama2, silu),
 #                           gemma (tied embedding, gelu) or gemma2 (tied, soft-caps
 #                           30 / 50, sliding window 8 every 2nd layer, post-norms)
+#   mt_run_yml [MODEL]      $tmp/cfg/run.yml: model_name MODEL (default tiny),
+#                           base_output_directory $tmp/out, dataset_path $tmp/data, then
+#                           the lines on stdin; makes $tmp/cfg and $tmp/data; sets cfg to it
 #   mt_layout_cfg MODEL     $tmp/data (synthetic shards from tests/tools/mpi_layout data,
 #                           $tool must be set) and $tmp/cfg/run.yml (MODEL, length 16,
 #                           3 steps, lr 3e-4, adam_eps 1e-5, no warm-up, no eval,
@@ -52,6 +58,15 @@ mt_build() {
 }
 
 mt_need_python3() { command -v python3 >/dev/null || { echo "python3 not found: skipped"; exit 77; }; }
+
+mt_build_backend() {
+    if [ "$3" = cuda ]; then
+        mt_build "$1" "$2" meshtrain-emu
+        export CUDAEMU_QUIET=1 CUDAEMU_DEVICES=4
+    else
+        mt_build "$1" "$2"
+    fi
+}
 
 mt_need_hf_venv() {
     venv="${MT_HF_VENV:-$src/.venv-hf}"
@@ -121,6 +136,13 @@ YML
             'sliding_window_pattern: 2' 'use_post_attn_norm: true' 'use_post_ffw_norm: true' ;;
     esac >> "$file"
     printf 'rope_max_timescale: 10000\n' >> "$file"
+}
+
+mt_run_yml() {
+    mkdir -p "$tmp/cfg" "$tmp/data"
+    { printf 'model_name: %s\nbase_output_directory: %s\ndataset_path: %s\n' "${1:-tiny}" "$tmp/out" "$tmp/data"
+      cat; } > "$tmp/cfg/run.yml"
+    cfg="$tmp/cfg/run.yml"
 }
 
 mt_layout_cfg() {

@@ -32,12 +32,7 @@ static char g_cfg[256];
 static void setup(void) {
     tu_tmpdir_create(g_dir, "mt_api");
     char p[512];
-    snprintf(p, sizeof p, "%s/models", g_dir);
-    cr_assert_eq(mkdir(p, 0755), 0);
-    snprintf(p, sizeof p, "%s/models/tiny.yml", g_dir);
-    tu_write_file(p, "decoder_block: llama2\nvocab_size: 64\nbase_emb_dim: 32\nbase_num_query_heads: 4\n"
-                  "base_num_kv_heads: 2\nhead_dim: 8\nbase_mlp_dim: 64\nbase_num_decoder_layers: 2\n"
-                  "mlp_activations: [\"silu\", \"linear\"]\nrope_max_timescale: 10000\n");
+    tu_write_model(g_dir, "tiny", TU_TINY_LLAMA_YML);
     snprintf(g_cfg, sizeof g_cfg, "%s/run.yml", g_dir);
     char run[1024];
     snprintf(run, sizeof run,
@@ -73,15 +68,6 @@ static mt_session *open_nodata(void) {
     mt_status st = mt_session_create(&s, g_cfg, 1, ov);
     cr_assert_eq(st, MT_OK, "create: %s", mt_last_error());
     return s;
-}
-
-static void fill_tokens(int32_t *tok, int32_t *lab, unsigned seed) {
-    for (int i = 0; i < N; i++) {
-        seed = seed * 1664525u + 1013904223u;
-        tok[i] = (int32_t)((seed >> 10) % V);
-        lab[i] = (int32_t)((seed >> 20) % V);
-    }
-    lab[3] = -1; /* one ignored row */
 }
 
 Test(api, info_and_tensors) {
@@ -172,7 +158,7 @@ static void naive_xent(const float *h, const float *W, const int32_t *lab, doubl
 Test(api, tiled_loss_on_hidden_states) {
     mt_session *s = open_nodata();
     int32_t tok[N], lab[N];
-    fill_tokens(tok, lab, 7);
+    tu_fill_tokens(tok, lab, N, V, 7);
     float *h = malloc(N * D * sizeof(float)), *dh = malloc(N * D * sizeof(float));
     float *W = malloc(V * D * sizeof(float));
     double *ref = malloc(N * D * sizeof(double));
@@ -233,7 +219,7 @@ Test(api, tiled_loss_on_hidden_states) {
 Test(api, gradients_add_linearly) {
     mt_session *s = open_nodata();
     int32_t tok[N], lab[N];
-    fill_tokens(tok, lab, 11);
+    tu_fill_tokens(tok, lab, N, V, 11);
     mt_session_info in;
     mt_session_get_info(s, &in);
     const char *names[] = {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
@@ -277,7 +263,7 @@ Test(api, gradients_add_linearly) {
 Test(api, activations) {
     mt_session *s = open_nodata();
     int32_t tok[N], lab[N];
-    fill_tokens(tok, lab, 5);
+    tu_fill_tokens(tok, lab, N, V, 5);
     float *h = malloc(N * D * sizeof(float)), *a = malloc(N * 64 * sizeof(float));
     float *E = malloc(V * D * sizeof(float));
     int64_t n = 0;

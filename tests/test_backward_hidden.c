@@ -20,6 +20,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* internal headers first (they define mt_status; meshtrain.h then skips its copy) */
+#include "tests/test_fixtures.h"
 #include "meshtrain.h"
 
 #define V 64
@@ -27,49 +29,31 @@
 #define T 16
 #define N (B * T)
 
-static char g_dir[64];
+static char g_dir[TU_TMPDIR_LEN];
 static char g_cfg[256];
-
-static void write_file(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    cr_assert_not_null(f, "cannot write %s", path);
-    fputs(text, f);
-    fclose(f);
-}
 
 /* Two tiny models next to run.yml: a llama (untied lm_head) and a gemma2 (tied
  * embedding, final soft-cap, post-attention and post-MLP norms, local/global layers). */
 static void setup(void) {
-    strcpy(g_dir, "/tmp/mt_bwdh_XXXXXX");
-    cr_assert_not_null(mkdtemp(g_dir));
-    char p[512];
-    snprintf(p, sizeof p, "%s/models", g_dir);
-    cr_assert_eq(mkdir(p, 0755), 0);
-    snprintf(p, sizeof p, "%s/models/tiny.yml", g_dir);
-    write_file(p, "decoder_block: llama2\nvocab_size: 64\nbase_emb_dim: 32\nbase_num_query_heads: 4\n"
-                  "base_num_kv_heads: 2\nhead_dim: 8\nbase_mlp_dim: 64\nbase_num_decoder_layers: 2\n"
-                  "mlp_activations: [\"silu\", \"linear\"]\nrope_max_timescale: 10000\n");
-    snprintf(p, sizeof p, "%s/models/tinyg2.yml", g_dir);
-    write_file(p, "decoder_block: gemma2\nvocab_size: 64\nbase_emb_dim: 32\nbase_num_query_heads: 4\n"
-                  "base_num_kv_heads: 2\nhead_dim: 8\nbase_mlp_dim: 64\nbase_num_decoder_layers: 2\n"
-                  "mlp_activations: [\"gelu\", \"linear\"]\nnormalization_layer_epsilon: 1.0e-6\n"
-                  "logits_via_embedding: true\nattn_logits_soft_cap: 50.0\nfinal_logits_soft_cap: 30.0\n"
-                  "sliding_window_size: 4\nsliding_window_pattern: 2\nquery_pre_attn_scalar: 8\n"
-                  "use_post_attn_norm: true\nuse_post_ffw_norm: true\nrope_max_timescale: 10000\n");
+    tu_tmpdir_create(g_dir, "mt_bwdh");
+    tu_write_model(g_dir, "tiny", TU_TINY_LLAMA_YML);
+    tu_write_model(g_dir, "tinyg2",
+                   "decoder_block: gemma2\nvocab_size: 64\nbase_emb_dim: 32\nbase_num_query_heads: 4\n"
+                   "base_num_kv_heads: 2\nhead_dim: 8\nbase_mlp_dim: 64\nbase_num_decoder_layers: 2\n"
+                   "mlp_activations: [\"gelu\", \"linear\"]\nnormalization_layer_epsilon: 1.0e-6\n"
+                   "logits_via_embedding: true\nattn_logits_soft_cap: 50.0\nfinal_logits_soft_cap: 30.0\n"
+                   "sliding_window_size: 4\nsliding_window_pattern: 2\nquery_pre_attn_scalar: 8\n"
+                   "use_post_attn_norm: true\nuse_post_ffw_norm: true\nrope_max_timescale: 10000\n");
     snprintf(g_cfg, sizeof g_cfg, "%s/run.yml", g_dir);
     char run[512];
     snprintf(run, sizeof run,
              "model_name: tiny\nbase_output_directory: %s/out\ndataset_path:\n"
              "per_device_batch_size: 2\nmax_target_length: 16\nseed: 3\nnum_vocab_tiling: 3\n",
              g_dir);
-    write_file(g_cfg, run);
+    tu_write_file(g_cfg, run);
 }
 
-static void teardown(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
-    cr_assert_eq(system(cmd), 0);
-}
+static void teardown(void) { tu_tmpdir_remove(g_dir); }
 
 TestSuite(backward_hidden, .init = setup, .fini = teardown);
 
@@ -78,15 +62,6 @@ static mt_session *open_session(int n, const char *const *ov) {
     mt_status st = mt_session_create(&s, g_cfg, n, ov);
     cr_assert_eq(st, MT_OK, "create: %s", mt_last_error());
     return s;
-}
-
-static void fill_tokens(int32_t *tok, int32_t *lab, unsigned seed) {
-    for (int i = 0; i < N; i++) {
-        seed = seed * 1664525u + 1013904223u;
-        tok[i] = (int32_t)((seed >> 10) % V);
-        lab[i] = (int32_t)((seed >> 20) % V);
-    }
-    lab[3] = -1; /* one ignored row */
 }
 
 /* All gradients, concatenated in the model's tensor order; offsets in off[i]. */
@@ -114,7 +89,7 @@ static void check_consistency(int n, const char *const *ov, const char *what) {
     cr_assert_eq(mt_session_get_info(s, &in), MT_OK);
     const int64_t D = in.emb_dim;
     int32_t tok[N], lab[N];
-    fill_tokens(tok, lab, 17);
+    tu_fill_tokens(tok, lab, N, V, 17);
     float *h = malloc((size_t)(N * D) * sizeof(float)), *dh = malloc((size_t)(N * D) * sizeof(float));
     int64_t *off = malloc((size_t)(in.num_tensors + 1) * sizeof(int64_t));
     const float dscale = 1.0f / (N - 1);
@@ -194,7 +169,7 @@ static void check_custom_loss_fd(const char *model) {
     cr_assert_eq(mt_session_get_info(s, &in), MT_OK);
     const int64_t D = in.emb_dim;
     int32_t tok[N], lab[N];
-    fill_tokens(tok, lab, 29);
+    tu_fill_tokens(tok, lab, N, V, 29);
     float *h = malloc((size_t)(N * D) * sizeof(float)), *dh = malloc((size_t)(N * D) * sizeof(float));
     float *t = malloc((size_t)(N * D) * sizeof(float));
     unsigned r = 99;
@@ -281,7 +256,7 @@ Test(backward_hidden, refuses_without_a_forward) {
     cr_assert_eq(mt_session_get_info(s, &in), MT_OK);
     const int64_t D = in.emb_dim;
     int32_t tok[N], lab[N];
-    fill_tokens(tok, lab, 5);
+    tu_fill_tokens(tok, lab, N, V, 5);
     float *h = malloc((size_t)(N * D) * sizeof(float)), *dh = calloc((size_t)(N * D), sizeof(float));
     float *w = malloc((size_t)(D) * sizeof(float));
 

@@ -16,11 +16,8 @@ mt_need_python3
 mt_tmp
 mt_tiny_model "$tmp/cfg/models/tiny.yml" llama 1
 mt_shards "$tmp/data" 1 train_000000.bin=3000 val_000000.bin=600
-cat > "$tmp/cfg/run.yml" <<YML
-model_name: tiny
+mt_run_yml <<YML
 run_name: r
-base_output_directory: $tmp/out
-dataset_path: $tmp/data
 per_device_batch_size: 2
 max_target_length: 8
 steps: 1

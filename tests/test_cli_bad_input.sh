@@ -12,11 +12,8 @@ mt_tmp
 
 mkdir -p "$tmp/cfg/models" "$tmp/data" "$tmp/bad_magic" "$tmp/truncated" "$tmp/big_token"
 mt_tiny_model "$tmp/cfg/models/tiny.yml" llama 1
-cat > "$tmp/cfg/run.yml" <<YML
-model_name: tiny
+mt_run_yml <<YML
 run_name: keep
-base_output_directory: $tmp/out
-dataset_path: $tmp/data
 per_device_batch_size: 2
 max_target_length: 8
 steps: 2

@@ -24,10 +24,7 @@ mkdir -p "$tmp/cfg/models"
 mt_tiny_model "$tmp/cfg/models/tiny.yml" llama
 # B=2 x T=16: windows of 32 tokens; (100-1)/32 = 3 and (70-1)/32 = 2: 5 steps per epoch.
 mt_shards "$tmp/data" 1 fw_train_000001.bin=100 fw_train_000002.bin=70 fw_val_000000.bin=200
-cat > "$tmp/cfg/run.yml" <<YML
-model_name: tiny
-base_output_directory: $tmp/out
-dataset_path: $tmp/data
+mt_run_yml <<YML
 per_device_batch_size: 2
 max_target_length: 16
 steps: 12

@@ -27,10 +27,7 @@ mt_tiny_model "$tmp/cfg/models/tiny.yml" llama
 mt_shards "$tmp/data" 7 train_000.bin=3000 val_000.bin=400
 printf '<unk>\t0\n<s>\t0\n</s>\t0\n' > "$tmp/data/tokenizer.vocab"
 for i in $(seq 3 63); do printf '\xe2\x96\x81t%d\t-%d\n' "$i" "$i"; done >> "$tmp/data/tokenizer.vocab"
-cat > "$tmp/cfg/run.yml" <<YML
-model_name: tiny
-base_output_directory: $tmp/out
-dataset_path: $tmp/data
+mt_run_yml <<YML
 tokenizer_path: $tmp/data/tokenizer.vocab
 per_device_batch_size: 2
 max_target_length: 16
@@ -40,7 +37,6 @@ checkpoint_period: 0
 log_period: 1
 backend: cpu
 YML
-cfg="$tmp/cfg/run.yml"
 mkdir -p "$tmp/work"
 cd "$tmp/work" || exit 1
 

@@ -19,13 +19,9 @@ mt_need_python3
 
 mt_tmp
 
-mkdir -p "$tmp/cfg/models" "$tmp/data"
 mt_tiny_model "$tmp/cfg/models/tiny.yml" llama 1
-cat > "$tmp/cfg/run.yml" <<YML
-model_name: tiny
+mt_run_yml <<YML
 run_name: r
-base_output_directory: $tmp/out
-dataset_path: $tmp/data
 per_device_batch_size: 2
 max_target_length: 8
 steps: 4

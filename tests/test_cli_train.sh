@@ -17,12 +17,8 @@ mt_need_python3
 
 mt_tmp
 
-mkdir -p "$tmp/cfg/models" "$tmp/data"
 mt_tiny_model "$tmp/cfg/models/tiny.yml" llama
-cat > "$tmp/cfg/run.yml" <<YML
-model_name: tiny
-base_output_directory: $tmp/out
-dataset_path: $tmp/data
+mt_run_yml <<YML
 tokenizer_path: $tmp/data/tokenizer.vocab
 per_device_batch_size: 2
 max_target_length: 16

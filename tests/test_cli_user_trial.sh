@@ -42,10 +42,7 @@ mkdir -p "$tmp/cfg/models" "$tmp/data" "$tmp/data2"
 mt_tiny_model "$tmp/cfg/models/tiny.yml" llama
 # another model: one more layer
 sed 's/base_num_decoder_layers: 2/base_num_decoder_layers: 3/' "$tmp/cfg/models/tiny.yml" > "$tmp/cfg/models/tiny3.yml"
-cat > "$tmp/cfg/run.yml" <<YML
-model_name: tiny
-base_output_directory: $tmp/out
-dataset_path: $tmp/data
+mt_run_yml <<YML
 tokenizer_path: $tmp/data/tokenizer.vocab
 per_device_batch_size: 2
 max_target_length: 16

@@ -65,48 +65,23 @@ static void spread_params(mt_model *m, mt_model *copy, uint64_t seed) {
     memcpy(mt_model_params(copy), p, (size_t)mt_model_numel(m) * sizeof(float));
 }
 
+/* Llama 3 RoPE scaling with an original context of 8 (shorter than the decoded
+ * sequence, so the scaled frequencies matter). */
 static mt_model_config tiny_llama3(void) {
-    mt_model_config c;
-    mt_model_config_defaults(&c, MT_DECODER_LLAMA2);
-    c.vocab_size = 37;
-    c.emb_dim = 16;
-    c.num_query_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 8;
-    c.mlp_dim = 24;
-    c.num_decoder_layers = 2;
+    mt_model_config c = tu_tiny_gqa(MT_DECODER_LLAMA2, 37, 2);
     c.rope_type = MT_ROPE_LLAMA3;
     c.rope_factor = 8.0f;
     c.rope_original_max_position = 8;
     return c;
 }
 
-static mt_model_config tiny_gemma(void) {
-    mt_model_config c;
-    mt_model_config_defaults(&c, MT_DECODER_GEMMA);
-    c.vocab_size = 29;
-    c.emb_dim = 16;
-    c.num_query_heads = 2;
-    c.num_kv_heads = 1;
-    c.head_dim = 16;
-    c.mlp_dim = 32;
-    c.num_decoder_layers = 2;
-    return c;
-}
+static mt_model_config tiny_gemma(void) { return tu_tiny_mqa(MT_DECODER_GEMMA, 29, 2); }
 
 /* Gemma 2 defaults (soft-caps 50 / 30, alternating local / global) with a window of
  * 3 positions, so the local layers' mask cuts the cache; soft-caps lowered so that
  * they bend the scores and logits of these spread parameters. */
 static mt_model_config tiny_gemma2(void) {
-    mt_model_config c;
-    mt_model_config_defaults(&c, MT_DECODER_GEMMA2);
-    c.vocab_size = 33;
-    c.emb_dim = 16;
-    c.num_query_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 8;
-    c.mlp_dim = 24;
-    c.num_decoder_layers = 3;
+    mt_model_config c = tu_tiny_gqa(MT_DECODER_GEMMA2, 33, 3);
     c.sliding_window_size = 3;
     c.attn_logits_soft_cap = 3.0f;
     c.final_logits_soft_cap = 5.0f;
@@ -116,15 +91,7 @@ static mt_model_config tiny_gemma2(void) {
 
 /* Gemma 3: QK-norm, local layers with their own RoPE base, window 4 < sequence. */
 static mt_model_config tiny_gemma3(void) {
-    mt_model_config c;
-    mt_model_config_defaults(&c, MT_DECODER_GEMMA3);
-    c.vocab_size = 31;
-    c.emb_dim = 16;
-    c.num_query_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 8;
-    c.mlp_dim = 24;
-    c.num_decoder_layers = 3;
+    mt_model_config c = tu_tiny_gqa(MT_DECODER_GEMMA3, 31, 3);
     c.sliding_window_size = 4;
     c.sliding_window_pattern = 2;
     c.query_pre_attn_scalar = 12.0f;

@@ -26,10 +26,7 @@ export CUDAEMU_QUIET=1 CUDAEMU_DEVICES=4
 mt_tmp
 mt_tiny_model "$tmp/cfg/models/tiny.yml" llama
 mt_shards "$tmp/data" 1 train_000.bin=4000 val_000.bin=200
-cat > "$tmp/cfg/run.yml" <<YML
-model_name: tiny
-base_output_directory: $tmp/out
-dataset_path: $tmp/data
+mt_run_yml <<YML
 backend: cuda
 max_target_length: 16
 steps: 6

@@ -61,14 +61,12 @@ static char g_cfg[256];
 static void setup(void) {
     tu_tmpdir_create(g_dir, "mt_emu_syncs");
     char p[512];
-    snprintf(p, sizeof p, "%s/models", g_dir);
-    cr_assert_eq(mkdir(p, 0755), 0);
-    snprintf(p, sizeof p, "%s/models/tiny3.yml", g_dir);
-    tu_write_file(p, "decoder_block: llama2\nvocab_size: 64\nbase_emb_dim: 32\nbase_num_query_heads: 4\n"
-                  "base_num_kv_heads: 2\nhead_dim: 8\nbase_mlp_dim: 48\nbase_num_decoder_layers: 2\n"
-                  "mlp_activations: [\"silu\", \"linear\"]\nlogits_via_embedding: false\n"
-                  "rope_max_timescale: 500000\nrope_type: \"llama3\"\nrope_factor: 8.0\n"
-                  "rope_low_freq_factor: 1.0\nrope_high_freq_factor: 4.0\nrope_original_max_position: 64\n");
+    tu_write_model(g_dir, "tiny3",
+                   "decoder_block: llama2\nvocab_size: 64\nbase_emb_dim: 32\nbase_num_query_heads: 4\n"
+                   "base_num_kv_heads: 2\nhead_dim: 8\nbase_mlp_dim: 48\nbase_num_decoder_layers: 2\n"
+                   "mlp_activations: [\"silu\", \"linear\"]\nlogits_via_embedding: false\n"
+                   "rope_max_timescale: 500000\nrope_type: \"llama3\"\nrope_factor: 8.0\n"
+                   "rope_low_freq_factor: 1.0\nrope_high_freq_factor: 4.0\nrope_original_max_position: 64\n");
     snprintf(g_cfg, sizeof g_cfg, "%s/run.yml", g_dir);
     char run[1024];
     snprintf(run, sizeof run,

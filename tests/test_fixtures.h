@@ -1,7 +1,7 @@
 /* tests/test_fixtures.h: set-up shared by the Criterion tests.
  *
- * - A temporary directory per test (create in the suite's .init, remove in .fini) and
- *   paths inside it.
+ * - A temporary directory per test (create in the suite's .init, remove in .fini),
+ *   paths inside it, model YAMLs written into it, token batches.
  * - The tiny model shapes several tests build on: one function per shape, so that a
  *   test names the shape it needs and sets only what differs.
  * - A created model planned, given an arena and bound (tu_model_plan_bind).
@@ -11,9 +11,12 @@
 #define MT_TESTS_TEST_FIXTURES_H
 
 #include <criterion/criterion.h>
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "kernels/backend.h"
 #include "models/config.h"
@@ -54,6 +57,35 @@ static inline void tu_write_file(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
     cr_assert_not_null(f, "cannot write %s", path);
     cr_assert(fputs(text, f) >= 0 && fclose(f) == 0, "cannot write %s", path);
+}
+
+/* The tiny Llama of tests/lib.sh `mt_tiny_model FILE llama`: vocabulary 64, d_model 32,
+ * 4 query / 2 kv heads of 8, MLP 64 (SwiGLU), 2 layers, untied, RoPE base 1e4. */
+#define TU_TINY_LLAMA_YML                                                                    \
+    "decoder_block: llama2\nvocab_size: 64\nbase_emb_dim: 32\nbase_num_query_heads: 4\n" \
+    "base_num_kv_heads: 2\nhead_dim: 8\nbase_mlp_dim: 64\nbase_num_decoder_layers: 2\n"  \
+    "mlp_activations: [\"silu\", \"linear\"]\nrope_max_timescale: 10000\n"
+
+/* Write yml to "<dir>/models/<name>.yml" (model_name: <name> in a run.yml in dir),
+ * creating <dir>/models when missing; asserts success. */
+static inline void tu_write_model(const char *dir, const char *name, const char *yml) {
+    char p[TU_TMPDIR_LEN + 160];
+    snprintf(p, sizeof p, "%s/models", dir);
+    cr_assert(mkdir(p, 0755) == 0 || errno == EEXIST, "mkdir %s", p);
+    int w = snprintf(p, sizeof p, "%s/models/%s.yml", dir, name);
+    cr_assert(w > 0 && (size_t)w < sizeof p, "model name too long: %s", name);
+    tu_write_file(p, yml);
+}
+
+/* n tokens and labels in [0, vocab) from a linear congruential sequence (Numerical
+ * Recipes' constants) started at seed; labels[3] = -1 (one ignored row; n > 3). */
+static inline void tu_fill_tokens(int32_t *tok, int32_t *lab, int n, int vocab, unsigned seed) {
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        tok[i] = (int32_t)((seed >> 10) % (unsigned)vocab);
+        lab[i] = (int32_t)((seed >> 20) % (unsigned)vocab);
+    }
+    lab[3] = -1;
 }
 
 /* ----------------------------------------------------------------- model shapes */

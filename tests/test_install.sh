@@ -46,12 +46,8 @@ case "$lib_used" in
 esac
 
 # A tiny llama and synthetic shards (a noisy repeating pattern: learnable).
-mkdir -p "$tmp/cfg/models" "$tmp/data"
 mt_tiny_model "$tmp/cfg/models/tiny.yml" llama
-cat > "$tmp/cfg/run.yml" <<YML
-model_name: tiny
-base_output_directory: $tmp/out
-dataset_path: $tmp/data
+mt_run_yml <<YML
 per_device_batch_size: 4
 max_target_length: 32
 steps: 20

@@ -79,52 +79,11 @@ static void make_batch(int64_t N, int64_t T, int64_t V, int32_t *tokens, int32_t
     }
 }
 
-static mt_model_config tiny_llama(void) {
-    mt_model_config c;
-    mt_model_config_defaults(&c, MT_DECODER_LLAMA2);
-    c.vocab_size = 37;
-    c.emb_dim = 16;
-    c.num_query_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 8;
-    c.mlp_dim = 24;
-    c.num_decoder_layers = 2;
-    c.rope_type = MT_ROPE_LLAMA3;
-    c.rope_original_max_position = 64;
-    return c;
-}
-
-static mt_model_config tiny_gemma(void) {
-    mt_model_config c;
-    mt_model_config_defaults(&c, MT_DECODER_GEMMA);
-    c.vocab_size = 29;
-    c.emb_dim = 16;
-    c.num_query_heads = 2;
-    c.num_kv_heads = 1;
-    c.head_dim = 16;
-    c.mlp_dim = 32;
-    c.num_decoder_layers = 2;
-    return c;
-}
-
-/* Gemma 3 block with Gemma 2's soft-caps switched on too: every optional path. */
-static mt_model_config tiny_gemma3(void) {
-    mt_model_config c;
-    mt_model_config_defaults(&c, MT_DECODER_GEMMA3);
-    c.vocab_size = 31;
-    c.emb_dim = 16;
-    c.num_query_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 8;
-    c.mlp_dim = 24;
-    c.num_decoder_layers = 2;
-    c.sliding_window_size = 3;
-    c.sliding_window_pattern = 2;
-    c.attn_logits_soft_cap = 2.0f;
-    c.final_logits_soft_cap = 3.0f;
-    c.query_pre_attn_scalar = 12.0f;
-    return c;
-}
+/* The tiny shapes of tests/test_fixtures.h: Llama 3 RoPE, Gemma MQA, and Gemma 3 with
+ * Gemma 2's soft-caps switched on too (every optional path). */
+static mt_model_config tiny_llama(void) { return tu_tiny_llama3(); }
+static mt_model_config tiny_gemma(void) { return tu_tiny_mqa(MT_DECODER_GEMMA, 29, 2); }
+static mt_model_config tiny_gemma3(void) { return tu_tiny_gemma3_capped(2); }
 
 /* ---------------------------------------------------------------------------- */
 /* config                                                                         */

@@ -21,10 +21,7 @@ mkdir -p "$tmp/cfg/models"
 mt_tiny_model "$tmp/cfg/models/tiny.yml" llama
 # windows of 2 x 16 = 32 tokens: 3 + 2 = 5 steps per epoch (64-token steps: 1 + 1)
 mt_shards "$tmp/data" 2 web_train_000001.bin=100 web_train_000002.bin=70 web_val_000000.bin=100
-cat > "$tmp/cfg/run.yml" <<YML
-model_name: tiny
-base_output_directory: $tmp/out
-dataset_path: $tmp/data
+mt_run_yml <<YML
 max_target_length: 16
 steps: 12
 learning_rate: 0.003

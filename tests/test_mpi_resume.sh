@@ -21,8 +21,7 @@
 set -u
 . "$(dirname "$0")/lib.sh"
 backend="${2:-cpu}"
-mt_build test_mpi_resume.sh "${1:-}" "$([ "$backend" = cuda ] && echo meshtrain-emu || echo meshtrain)"
-[ "$backend" = cuda ] && export CUDAEMU_QUIET=1 CUDAEMU_DEVICES=4
+mt_build_backend test_mpi_resume.sh "${1:-}" "$backend"
 mt_need_tools mpi_layout
 tool=${tools[0]}
 mt_need_mpirun
@@ -33,13 +32,9 @@ mt_mpi_env
 mt_tmp
 echo "tmp=$tmp" >&2
 
-mkdir -p "$tmp/cfg/models"
 mt_tiny_model "$tmp/cfg/models/tinyl.yml" llama
 "$tool" data "$tmp/data" || exit 1
-cat > "$tmp/cfg/run.yml" <<YML
-model_name: tinyl
-dataset_path: $tmp/data
-base_output_directory: $tmp/out
+mt_run_yml tinyl <<YML
 max_target_length: 16
 gradient_accumulation_steps: 2
 steps: 4

@@ -19,14 +19,6 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "tests/test_ops_util.h"
 
-
-#define EXPECT_ERR(what, err, tol)                                                      \
-    do {                                                                                \
-        double e_ = (err);                                                              \
-        tu_report(what, e_, tol);                                                       \
-        cr_expect(e_ <= (tol), "%s: error %.3e exceeds %.1e", what, e_, (double)(tol)); \
-    } while (0)
-
 static mt_backend *be(void) { return mt_cpu_backend(); }
 
 /* What a finite-difference reference may add to a bound (tests/test_ops_util.h: its

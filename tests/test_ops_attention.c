@@ -26,13 +26,6 @@
 #include "kernels/backend.h"
 #include "tests/test_ops_util.h"
 
-#define EXPECT_ERR(what, err, tol)                                                      \
-    do {                                                                                \
-        double e_ = (err);                                                              \
-        tu_report(what, e_, tol);                                                       \
-        cr_expect(e_ <= (tol), "%s: error %.3e exceeds %.1e", what, e_, (double)(tol)); \
-    } while (0)
-
 typedef struct att_ctx {
     mt_attn_args a;
     double *q, *k, *v;

@@ -24,13 +24,6 @@
 #include "runtime/rng.h"
 #include "tests/test_ops_util.h"
 
-#define EXPECT_ERR(what, err, tol)                                                      \
-    do {                                                                                \
-        double e_ = (err);                                                              \
-        tu_report(what, e_, tol);                                                       \
-        cr_expect(e_ <= (tol), "%s: error %.3e exceeds %.1e", what, e_, (double)(tol)); \
-    } while (0)
-
 static mt_backend *be(void) { return mt_cpu_backend(); }
 
 /* max_i |vals_i - want_i| / (e32_i + UBF16 (|want_i| + e32_i) + 1e-30): at most 1 when

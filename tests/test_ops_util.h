@@ -157,6 +157,15 @@ static inline void tu_report(const char *what, double err, double tol) {
     if (getenv("MT_TEST_VERBOSE")) fprintf(stderr, "  %-44s err %.3e  tol %.1e\n", what, err, tol);
 }
 
+/* Expect err <= tol (Criterion's cr_expect, at the caller), reporting both with
+ * tu_report. */
+#define EXPECT_ERR(what, err, tol)                                                      \
+    do {                                                                                \
+        double e_ = (err);                                                              \
+        tu_report(what, e_, tol);                                                       \
+        cr_expect(e_ <= (tol), "%s: error %.3e exceeds %.1e", what, e_, (double)(tol)); \
+    } while (0)
+
 /* ---- bfloat16 (kernels/ops.h "Dtypes") ----
  * bf16 keeps p = 8 significant bits and fp32's exponent range. Round-to-nearest-even
  * moves a value by at most half an ulp, and ulp(x) <= 2^-7 |x|, so

@@ -15,13 +15,6 @@
 #include "tests/test_backend_util.h"
 #include "tests/test_ops_util.h"
 
-#define EXPECT_ERR(what, err, tol)                                                      \
-    do {                                                                                \
-        double e_ = (err);                                                              \
-        tu_report(what, e_, tol);                                                       \
-        cr_expect(e_ <= (tol), "%s: error %.3e exceeds %.1e", what, e_, (double)(tol)); \
-    } while (0)
-
 enum { N = 23, D = 32, V = 160, IGNORE = -100 };
 #define CANARY 12345.0f
 #define GUARD 64
