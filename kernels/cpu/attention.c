@@ -169,82 +169,70 @@ typedef float att_v8u __attribute__((vector_size(32), aligned(4), may_alias));
 #define att_st(p, v) (*(att_v8u *)(p) = (v))
 
 /* One R x 16 tile of C at (m, n): C[m + r, n..n+15] += sum_k a[r rs_a + k cs_a] *
- * B[k ldb + n..n+15], each element summed in increasing k (a = A + m rs_a). */
-#define ATT_TILE6()                                                                     \
-    do { \
-        att_v8 x00 = att_ld(C + (m + 0) * ldc + n), x01 = att_ld(C + (m + 0) * ldc + n + 8); \
-        att_v8 x10 = att_ld(C + (m + 1) * ldc + n), x11 = att_ld(C + (m + 1) * ldc + n + 8); \
-        att_v8 x20 = att_ld(C + (m + 2) * ldc + n), x21 = att_ld(C + (m + 2) * ldc + n + 8); \
-        att_v8 x30 = att_ld(C + (m + 3) * ldc + n), x31 = att_ld(C + (m + 3) * ldc + n + 8); \
-        att_v8 x40 = att_ld(C + (m + 4) * ldc + n), x41 = att_ld(C + (m + 4) * ldc + n + 8); \
-        att_v8 x50 = att_ld(C + (m + 5) * ldc + n), x51 = att_ld(C + (m + 5) * ldc + n + 8); \
-        const float *restrict bk = B + n, *restrict ak = a; \
+ * B[k ldb + n..n+15], each element summed in increasing k (a = A + m rs_a). ROWS is
+ * ATT_ROWS6 or ATT_ROWS4: it applies a per-row macro to rows 0..R-1 in order, so the
+ * R rows' loads, multiply-adds (row by row within each k) and stores are written once. */
+#define ATT_ROWS6(F) F(0) F(1) F(2) F(3) F(4) F(5)
+#define ATT_ROWS4(F) F(0) F(1) F(2) F(3)
+#define ATT_ROW_LD(r) \
+    att_v8 x##r##0 = att_ld(C + (m + r) * ldc + n), x##r##1 = att_ld(C + (m + r) * ldc + n + 8);
+#define ATT_ROW_MADD(r)                  \
+    {                                    \
+        const float a##r = ak[r * rs_a]; \
+        ATT_MADD(x##r##0, a##r, b0);     \
+        ATT_MADD(x##r##1, a##r, b1);     \
+    }
+#define ATT_ROW_ST(r)                       \
+    att_st(C + (m + r) * ldc + n, x##r##0); \
+    att_st(C + (m + r) * ldc + n + 8, x##r##1);
+#define ATT_TILE(ROWS)                                           \
+    do {                                                         \
+        ROWS(ATT_ROW_LD)                                         \
+        const float *restrict bk = B + n, *restrict ak = a;      \
         for (int64_t k = 0; k < K; k++, bk += ldb, ak += cs_a) { \
-            const att_v8 b0 = att_ld(bk), b1 = att_ld(bk + 8); \
-            const float a0 = ak[0 * rs_a]; \
-            ATT_MADD(x00, a0, b0); \
-            ATT_MADD(x01, a0, b1); \
-            const float a1 = ak[1 * rs_a]; \
-            ATT_MADD(x10, a1, b0); \
-            ATT_MADD(x11, a1, b1); \
-            const float a2 = ak[2 * rs_a]; \
-            ATT_MADD(x20, a2, b0); \
-            ATT_MADD(x21, a2, b1); \
-            const float a3 = ak[3 * rs_a]; \
-            ATT_MADD(x30, a3, b0); \
-            ATT_MADD(x31, a3, b1); \
-            const float a4 = ak[4 * rs_a]; \
-            ATT_MADD(x40, a4, b0); \
-            ATT_MADD(x41, a4, b1); \
-            const float a5 = ak[5 * rs_a]; \
-            ATT_MADD(x50, a5, b0); \
-            ATT_MADD(x51, a5, b1); \
-        } \
-        att_st(C + (m + 0) * ldc + n, x00); \
-        att_st(C + (m + 0) * ldc + n + 8, x01); \
-        att_st(C + (m + 1) * ldc + n, x10); \
-        att_st(C + (m + 1) * ldc + n + 8, x11); \
-        att_st(C + (m + 2) * ldc + n, x20); \
-        att_st(C + (m + 2) * ldc + n + 8, x21); \
-        att_st(C + (m + 3) * ldc + n, x30); \
-        att_st(C + (m + 3) * ldc + n + 8, x31); \
-        att_st(C + (m + 4) * ldc + n, x40); \
-        att_st(C + (m + 4) * ldc + n + 8, x41); \
-        att_st(C + (m + 5) * ldc + n, x50); \
-        att_st(C + (m + 5) * ldc + n + 8, x51); \
+            const att_v8 b0 = att_ld(bk), b1 = att_ld(bk + 8);   \
+            ROWS(ATT_ROW_MADD)                                   \
+        }                                                        \
+        ROWS(ATT_ROW_ST)                                         \
     } while (0)
-#define ATT_TILE4()                                                                     \
-    do { \
-        att_v8 x00 = att_ld(C + (m + 0) * ldc + n), x01 = att_ld(C + (m + 0) * ldc + n + 8); \
-        att_v8 x10 = att_ld(C + (m + 1) * ldc + n), x11 = att_ld(C + (m + 1) * ldc + n + 8); \
-        att_v8 x20 = att_ld(C + (m + 2) * ldc + n), x21 = att_ld(C + (m + 2) * ldc + n + 8); \
-        att_v8 x30 = att_ld(C + (m + 3) * ldc + n), x31 = att_ld(C + (m + 3) * ldc + n + 8); \
-        const float *restrict bk = B + n, *restrict ak = a; \
-        for (int64_t k = 0; k < K; k++, bk += ldb, ak += cs_a) { \
-            const att_v8 b0 = att_ld(bk), b1 = att_ld(bk + 8); \
-            const float a0 = ak[0 * rs_a]; \
-            ATT_MADD(x00, a0, b0); \
-            ATT_MADD(x01, a0, b1); \
-            const float a1 = ak[1 * rs_a]; \
-            ATT_MADD(x10, a1, b0); \
-            ATT_MADD(x11, a1, b1); \
-            const float a2 = ak[2 * rs_a]; \
-            ATT_MADD(x20, a2, b0); \
-            ATT_MADD(x21, a2, b1); \
-            const float a3 = ak[3 * rs_a]; \
-            ATT_MADD(x30, a3, b0); \
-            ATT_MADD(x31, a3, b1); \
-        } \
-        att_st(C + (m + 0) * ldc + n, x00); \
-        att_st(C + (m + 0) * ldc + n + 8, x01); \
-        att_st(C + (m + 1) * ldc + n, x10); \
-        att_st(C + (m + 1) * ldc + n + 8, x11); \
-        att_st(C + (m + 2) * ldc + n, x20); \
-        att_st(C + (m + 2) * ldc + n + 8, x21); \
-        att_st(C + (m + 3) * ldc + n, x30); \
-        att_st(C + (m + 3) * ldc + n + 8, x31); \
-    } while (0)
+
+/* The loops of att_mm_plain and att_mm_fma (they differ only in ATT_MADD, defined
+ * before each): C[M, N] += A[M, K] B[K, N] with A strided (rs_a, cs_a). First 6 x 16
+ * tiles (12 accumulators + 2 B vectors fill the 16 ymm registers), then 4 x 16, the
+ * columns past the last multiple of 16 of those rows, then the remaining rows (k outer,
+ * n inner). Uses C, ldc, A, rs_a, cs_a, B, ldb, M, N, K and m (0 on entry). */
+#define ATT_MM_TILED_ROWS()                                                                    \
+    const int64_t N16 = N / 16 * 16;                                                           \
+    for (; m + 4 <= M;) {                                                                      \
+        const float *restrict a = A + m * rs_a;                                                \
+        const int six = m + 6 <= M;                                                            \
+        for (int64_t n = 0; n < N16; n += 16) {                                                \
+            if (six)                                                                           \
+                ATT_TILE(ATT_ROWS6);                                                           \
+            else                                                                               \
+                ATT_TILE(ATT_ROWS4);                                                           \
+        }                                                                                      \
+        const int64_t R = six ? 6 : 4;                                                         \
+        for (int64_t r = 0; r < R && N16 < N; r++) /* columns N16..N-1 */                      \
+            for (int64_t k = 0; k < K; k++) {                                                  \
+                const float ak = a[r * rs_a + k * cs_a];                                       \
+                for (int64_t n = N16; n < N; n++) C[(m + r) * ldc + n] += ak * B[k * ldb + n]; \
+            }                                                                                  \
+        m += R;                                                                                \
+    }
 #endif
+
+/* The rows below the last tile, k outer, n inner (every compiler). */
+#define ATT_MM_LAST_ROWS()                                     \
+    for (; m < M; m++) {                                       \
+        float *restrict c = C + m * ldc;                       \
+        for (int64_t k = 0; k < K; k++) {                      \
+            const float ak = A[m * rs_a + k * cs_a];           \
+            const float *restrict b = B + k * ldb;             \
+            _Pragma("omp simd")                                \
+            for (int64_t n = 0; n < N; n++) c[n] += ak * b[n]; \
+        }                                                      \
+    }
 
 #define ATT_MADD(x, a, b) ((x) += (a) * (b))
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
@@ -257,35 +245,9 @@ static void att_mm_plain(float *restrict C, int64_t ldc, const float *restrict A
                    int64_t K) {
     int64_t m = 0;
 #if defined(__GNUC__)
-    const int64_t N16 = N / 16 * 16;
-    /* 6 x 16 tiles (12 accumulators + 2 B vectors fill the 16 ymm registers), then 4 x 16 */
-    for (; m + 4 <= M;) {
-        const float *restrict a = A + m * rs_a;
-        const int six = m + 6 <= M;
-        for (int64_t n = 0; n < N16; n += 16) {
-            if (six)
-                ATT_TILE6();
-            else
-                ATT_TILE4();
-        }
-        const int64_t R = six ? 6 : 4;
-        for (int64_t r = 0; r < R && N16 < N; r++) /* columns N16..N-1 */
-            for (int64_t k = 0; k < K; k++) {
-                const float ak = a[r * rs_a + k * cs_a];
-                for (int64_t n = N16; n < N; n++) C[(m + r) * ldc + n] += ak * B[k * ldb + n];
-            }
-        m += R;
-    }
+    ATT_MM_TILED_ROWS();
 #endif
-    for (; m < M; m++) { /* remaining rows: k outer, n inner */
-        float *restrict c = C + m * ldc;
-        for (int64_t k = 0; k < K; k++) {
-            const float ak = A[m * rs_a + k * cs_a];
-            const float *restrict b = B + k * ldb;
-#pragma omp simd
-            for (int64_t n = 0; n < N; n++) c[n] += ak * b[n];
-        }
-    }
+    ATT_MM_LAST_ROWS();
 }
 #undef ATT_MADD
 
@@ -300,36 +262,8 @@ __attribute__((target("avx2,fma"))) static void att_mm_fma(float *restrict C, in
                    int64_t cs_a, const float *restrict B, int64_t ldb, int64_t M, int64_t N,
                    int64_t K) {
     int64_t m = 0;
-#if defined(__GNUC__)
-    const int64_t N16 = N / 16 * 16;
-    /* 6 x 16 tiles (12 accumulators + 2 B vectors fill the 16 ymm registers), then 4 x 16 */
-    for (; m + 4 <= M;) {
-        const float *restrict a = A + m * rs_a;
-        const int six = m + 6 <= M;
-        for (int64_t n = 0; n < N16; n += 16) {
-            if (six)
-                ATT_TILE6();
-            else
-                ATT_TILE4();
-        }
-        const int64_t R = six ? 6 : 4;
-        for (int64_t r = 0; r < R && N16 < N; r++) /* columns N16..N-1 */
-            for (int64_t k = 0; k < K; k++) {
-                const float ak = a[r * rs_a + k * cs_a];
-                for (int64_t n = N16; n < N; n++) C[(m + r) * ldc + n] += ak * B[k * ldb + n];
-            }
-        m += R;
-    }
-#endif
-    for (; m < M; m++) { /* remaining rows: k outer, n inner */
-        float *restrict c = C + m * ldc;
-        for (int64_t k = 0; k < K; k++) {
-            const float ak = A[m * rs_a + k * cs_a];
-            const float *restrict b = B + k * ldb;
-#pragma omp simd
-            for (int64_t n = 0; n < N; n++) c[n] += ak * b[n];
-        }
-    }
+    ATT_MM_TILED_ROWS();
+    ATT_MM_LAST_ROWS();
 }
 #undef ATT_MADD
 #endif
@@ -408,47 +342,47 @@ static void att_acc_cols(float *restrict Acc, const float *restrict P, const flo
  * the nq rows of S (MT_ATT_BK scores, masked ones -inf) the running max m[i] and sum l[i]
  * are updated, the row becomes P = exp(s - m_new), and row i of O ([nq][Dh]) is rescaled
  * by exp(m_old - m_new). A row with nothing allowed yet becomes zeros. */
-#define ATT_ONLINE_SOFTMAX(EXP)                                                         \
-    for (int64_t i = 0; i < nq; i++) {                                                  \
-        float *restrict s = S + i * MT_ATT_BK;                                          \
-        float mx = -INFINITY;                                                           \
-        _Pragma("omp simd reduction(max : mx)")                                         \
-        for (int64_t j = 0; j < MT_ATT_BK; j++) mx = s[j] > mx ? s[j] : mx;            \
-        const float mnew = m[i] > mx ? m[i] : mx;                                       \
-        if (mnew == -INFINITY) { /* nothing allowed yet in this row */                  \
-            for (int64_t j = 0; j < MT_ATT_BK; j++) s[j] = 0.0f;                        \
-            continue;                                                                   \
-        }                                                                               \
-        float sum = 0.0f;                                                               \
-        _Pragma("omp simd reduction(+ : sum)")                                          \
-        for (int64_t j = 0; j < MT_ATT_BK; j++) {                                       \
-            const float p = EXP(s[j] - mnew);                                           \
-            s[j] = p;                                                                   \
-            sum += p;                                                                   \
-        }                                                                               \
-        const float alpha = EXP(m[i] - mnew);                                           \
-        l[i] = l[i] * alpha + sum;                                                      \
-        m[i] = mnew;                                                                    \
-        if (alpha != 1.0f) {                                                            \
-            float *restrict o = O + i * Dh;                                             \
-            _Pragma("omp simd")                                                         \
-            for (int64_t d = 0; d < Dh; d++) o[d] *= alpha;                             \
-        }                                                                               \
+#define ATT_ONLINE_SOFTMAX(EXP)                                             \
+    for (int64_t i = 0; i < nq; i++) {                                      \
+        float *restrict s = S + i * MT_ATT_BK;                              \
+        float mx = -INFINITY;                                               \
+        _Pragma("omp simd reduction(max : mx)")                             \
+        for (int64_t j = 0; j < MT_ATT_BK; j++) mx = s[j] > mx ? s[j] : mx; \
+        const float mnew = m[i] > mx ? m[i] : mx;                           \
+        if (mnew == -INFINITY) { /* nothing allowed yet in this row */      \
+            for (int64_t j = 0; j < MT_ATT_BK; j++) s[j] = 0.0f;            \
+            continue;                                                       \
+        }                                                                   \
+        float sum = 0.0f;                                                   \
+        _Pragma("omp simd reduction(+ : sum)")                              \
+        for (int64_t j = 0; j < MT_ATT_BK; j++) {                           \
+            const float p = EXP(s[j] - mnew);                               \
+            s[j] = p;                                                       \
+            sum += p;                                                       \
+        }                                                                   \
+        const float alpha = EXP(m[i] - mnew);                               \
+        l[i] = l[i] * alpha + sum;                                          \
+        m[i] = mnew;                                                        \
+        if (alpha != 1.0f) {                                                \
+            float *restrict o = O + i * Dh;                                 \
+            _Pragma("omp simd")                                             \
+            for (int64_t d = 0; d < Dh; d++) o[d] *= alpha;                 \
+        }                                                                   \
     }
 
 /* P[i, :] = exp(S[i, :] - lse[i]) for the nq rows of one block pair (the backward's
  * recomputed probabilities); a row whose lse is -inf (no allowed key) becomes zeros. */
-#define ATT_PROBS(EXP)                                                                  \
-    for (int64_t i = 0; i < nq; i++) {                                                  \
-        const float L = lse[i];                                                         \
-        float *restrict p = P + i * MT_ATT_BK;                                          \
-        const float *restrict s = S + i * MT_ATT_BK;                                    \
-        if (L == -INFINITY) {                                                           \
-            for (int64_t j = 0; j < MT_ATT_BK; j++) p[j] = 0.0f;                        \
-            continue;                                                                   \
-        }                                                                               \
-        _Pragma("omp simd")                                                             \
-        for (int64_t j = 0; j < MT_ATT_BK; j++) p[j] = EXP(s[j] - L);                   \
+#define ATT_PROBS(EXP)                                                \
+    for (int64_t i = 0; i < nq; i++) {                                \
+        const float L = lse[i];                                       \
+        float *restrict p = P + i * MT_ATT_BK;                        \
+        const float *restrict s = S + i * MT_ATT_BK;                  \
+        if (L == -INFINITY) {                                         \
+            for (int64_t j = 0; j < MT_ATT_BK; j++) p[j] = 0.0f;      \
+            continue;                                                 \
+        }                                                             \
+        _Pragma("omp simd")                                           \
+        for (int64_t j = 0; j < MT_ATT_BK; j++) p[j] = EXP(s[j] - L); \
     }
 
 MT_CPU_SIMD_CLONES
