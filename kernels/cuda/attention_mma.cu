@@ -104,6 +104,19 @@ __device__ __forceinline__ void mma_frag(uint32_t a[4], const float (*x)[4], int
     a[3] = mma_pack(x[2 * kc + 1][2], x[2 * kc + 1][3]);
 }
 
+/* Row rr (0: the thread's row g, 1: row g + 8) of an accumulator tile set acc[DV / 8]
+ * (accumulator layout: this thread holds columns 8 nt + 2 t4, +1 of tile nt), times
+ * scale, rounded to bf16 pairs and stored at row[8 nt], for the tiles whose first column
+ * 8 nt is below nc (the epilogue of every kernel here: O, dQ, dK, dV). */
+template <int DV>
+__device__ __forceinline__ void mma_store_row(uint16_t *row, const float (*acc)[4], int rr, float scale, int nc) {
+MMA_UNROLL
+    for (int nt = 0; nt < DV / 8; nt++) {
+        if (8 * nt >= nc) break;
+        *(uint32_t *)(row + 8 * nt) = mma_pack(scale * acc[nt][2 * rr], scale * acc[nt][2 * rr + 1]);
+    }
+}
+
 /* (x[0], x[ld]): two consecutive rows of one column, as an mma operand register. */
 __device__ __forceinline__ uint32_t mma_gather2(const uint16_t *x, int ld) {
     return (uint32_t)x[0] | ((uint32_t)x[ld] << 16);
@@ -408,12 +421,7 @@ MMA_UNROLL
         const int64_t i = i0 + r0 + g + 8 * rr;
         if (i >= p.Tq) continue;
         const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
-        uint16_t *orow = out + ((b * p.Tq + i) * p.H + h) * p.Dh + c0 + 2 * t4;
-MMA_UNROLL
-        for (int nt = 0; nt < DV / 8; nt++) {
-            if (8 * nt >= nc) break;
-            *(uint32_t *)(orow + 8 * nt) = mma_pack(o[nt][2 * rr] * inv, o[nt][2 * rr + 1] * inv);
-        }
+        mma_store_row<DV>(out + ((b * p.Tq + i) * p.H + h) * p.Dh + c0 + 2 * t4, o, rr, inv, nc);
         if (c0 == 0 && t4 == 0) lse[(b * p.H + h) * p.Tq + i] = lt > 0.0f ? (m[rr] + log2f(lt)) * MMA_LN2 : -INFINITY;
     }
 }
@@ -535,12 +543,7 @@ MMA_UNROLL
     for (int rr = 0; rr < 2; rr++) {
         const int64_t i = i0 + r0 + g + 8 * rr;
         if (i >= p.Tq) continue;
-        uint16_t *row = dq + ((b * p.Tq + i) * p.H + h) * p.Dh + c0 + 2 * t4;
-MMA_UNROLL
-        for (int nt = 0; nt < DV / 8; nt++) {
-            if (8 * nt >= nc) break;
-            *(uint32_t *)(row + 8 * nt) = mma_pack(p.scale * acc[nt][2 * rr], p.scale * acc[nt][2 * rr + 1]);
-        }
+        mma_store_row<DV>(dq + ((b * p.Tq + i) * p.H + h) * p.Dh + c0 + 2 * t4, acc, rr, p.scale, nc);
     }
 }
 
@@ -655,12 +658,8 @@ MMA_UNROLL
         const int64_t j = j0 + r0 + g + 8 * rr;
         if (j >= p.Tk) continue;
         const int64_t base = ((b * p.Tk + j) * p.Hkv + hk) * p.Dh + c0 + 2 * t4;
-MMA_UNROLL
-        for (int nt = 0; nt < DV / 8; nt++) {
-            if (8 * nt >= nc) break;
-            *(uint32_t *)(dk + base + 8 * nt) = mma_pack(p.scale * adk[nt][2 * rr], p.scale * adk[nt][2 * rr + 1]);
-            *(uint32_t *)(dv + base + 8 * nt) = mma_pack(adv[nt][2 * rr], adv[nt][2 * rr + 1]);
-        }
+        mma_store_row<DV>(dk + base, adk, rr, p.scale, nc);
+        mma_store_row<DV>(dv + base, adv, rr, 1.0f, nc); /* x 1.0f: exact */
     }
 }
 
