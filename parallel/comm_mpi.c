@@ -563,8 +563,10 @@ static mt_status request_oom(const mt_comm *c, const char *what) {
 #endif
 
 #ifdef MT_HAVE_NCCL
-/* Whether buffer p of a call on c goes to NCCL (device memory on a device communicator). */
-static int on_device(const mt_comm *c, const void *p) { return c->device && mt_nccl_is_device_ptr(p); }
+/* Whether buffer p of a call on c goes to NCCL: cudaMalloc memory (the one test of
+ * kernels/backend.h mt_cuda_is_device_ptr, which the staging path uses too) on a device
+ * communicator. */
+static int on_device(const mt_comm *c, const void *p) { return c->device && mt_cuda_is_device_ptr(p); }
 
 /* After an NCCL launch: blocking (req NULL): the compute stream waits for it now;
  * asynchronous: a request holding its completion event. */

@@ -67,16 +67,6 @@ static mt_status nccl_fail(const mt_nccl *n, const char *what, ncclResult_t r) {
                         last && *last ? ": " : "", last ? last : "");
 }
 
-int mt_nccl_is_device_ptr(const void *p) {
-    if (!p) return 0;
-    struct cudaPointerAttributes a;
-    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
-}
-
 mt_status mt_nccl_select_device(int local_rank, int world_rank) {
     g_world_rank = world_rank;
     if (g_dev >= 0) return MT_OK;

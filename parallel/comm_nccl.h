@@ -23,9 +23,6 @@ typedef struct mt_nccl mt_nccl;
  * kernels/cuda/cuda_backend.cu: every op of the CUDA backend is queued there. */
 void *mt_cuda_compute_stream(void);
 
-/* 1 when p is device (or managed) memory, 0 for host memory or NULL. */
-int mt_nccl_is_device_ptr(const void *p);
-
 /* Select this process's GPU once: local_rank modulo the visible devices.
  * Errors: MT_ERR_UNSUPPORTED (no device), MT_ERR_RUNTIME (cudaSetDevice). */
 mt_status mt_nccl_select_device(int local_rank, int world_rank);
