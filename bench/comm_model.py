@@ -281,9 +281,17 @@ def step_model(m, case, bw, rate, peak):
         fs_fwd = per_win * (L - 1) * layer
         fs_bwd = per_win * (L - 2) * layer
         serial = comp + tot
-        # today (parallel/comm.h: a blocking NCCL call makes the compute stream wait for it
-        # at once): only the fsdp layer prefetch (async) hides behind the previous layer
-        today = comp + (tot - fs_fwd - fs_bwd) + max(0, fs_fwd - c_fwd) + max(0, fs_bwd - c_bwd)
+        # as scheduled (parallel/comm.h: a blocking NCCL call makes the compute stream wait
+        # for it at once): the fsdp layer prefetch hides behind the previous layer, and
+        # (overlap_grad_reduce, every case here reduce-scatters per window) the layer
+        # windows' reduce-scatters of layers L-1 .. 1 behind the next layer's backward
+        # (parallel/zero1.c mt_grad_sync_window_wait); the tail's, layer 0's and the
+        # embedding's are waited for at once, and the tensor all-reduce in the window
+        # sink is blocking
+        rs = get.get(("grad reduce-scatter", "grad"), 0)
+        rs_hidden = rs * (L - 1) * layer / numel
+        today = (comp + (tot - fs_fwd - fs_bwd - rs_hidden) + max(0, fs_fwd - c_fwd)
+                 + max(0, fs_bwd + rs_hidden - c_bwd))
         # full overlap: gradient windows behind the later layers' backward, fsdp gathers
         # behind the layer before; exposed: TP activation all-reduces (the next op needs
         # them), the first fsdp gathers, the last two gradient windows, the optimizer's

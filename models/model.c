@@ -313,6 +313,16 @@ mt_status mt_model_set_grad_sink(mt_model *m, mt_grad_sink_fn fn, void *ctx) {
     if (m->plan.planned) return mt_set_error(MT_ERR_INVALID, "mt_model_set_grad_sink: set it before planning");
     m->sink.fn = fn;
     m->sink.ctx = ctx;
+    if (!fn) m->sink.wait = NULL;
+    return MT_OK;
+}
+
+mt_status mt_model_set_grad_sink_wait(mt_model *m, mt_grad_sink_wait_fn wait) {
+    if (!m) return mt_set_error(MT_ERR_INVALID, "mt_model_set_grad_sink_wait: NULL model");
+    if (m->plan.planned) return mt_set_error(MT_ERR_INVALID, "mt_model_set_grad_sink_wait: set it before planning");
+    if (wait && !m->sink.fn)
+        return mt_set_error(MT_ERR_INVALID, "mt_model_set_grad_sink_wait: no gradient sink (mt_model_set_grad_sink)");
+    m->sink.wait = wait;
     return MT_OK;
 }
 

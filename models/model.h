@@ -226,6 +226,23 @@ typedef mt_status (*mt_grad_sink_fn)(void *ctx, int64_t offset, int64_t numel, f
  * MT_ERR_OOM. */
 mt_status mt_model_set_grad_sink(mt_model *m, mt_grad_sink_fn fn, void *ctx);
 
+/* Completes the sink's work on a handed-over window: window w (NULL: every window). */
+typedef mt_status (*mt_grad_sink_wait_fn)(void *ctx, const float *window);
+
+/* Asynchronous gradient sink, after mt_model_set_grad_sink and before planning (wait
+ * NULL turns it off again): fn may return while its work on the window is still in
+ * flight (a reduce-scatter overlapping the next layer's backward). The plan then holds
+ * a second layer window, "grads.window.layer.overlap" (same size and phases as
+ * "grads.window.layer"; layer l writes window l % 2), so that the sink's work on layer
+ * l overlaps layer l - 1's backward. Each backward calls wait(ctx, window) before it
+ * zeroes a layer window it handed over earlier, wait(ctx, tail) right after handing
+ * over the tail (its window is planned for the loss phase only), wait(ctx, NULL) after
+ * the last layer (before the embedding's backward: the layer windows end there) and
+ * again after handing over the embedding's window; when a backward returns the sink
+ * has finished with every window. Results are those of a synchronous sink.
+ * Errors: MT_ERR_INVALID (NULL model, already planned, no sink set). */
+mt_status mt_model_set_grad_sink_wait(mt_model *m, mt_grad_sink_wait_fn wait);
+
 /* The compute dtype of the layout. */
 mt_dtype mt_model_dtype(const mt_model *m);
 

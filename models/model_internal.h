@@ -53,7 +53,9 @@ enum { MT_PWIN_LAYER0 = 0, MT_PWIN_LAYER1, MT_PWIN_GLOBAL, MT_PWIN_COUNT };
 
 /* ---- gradient windows (gradient sink): one layer, the embedding, the tail (model.norm
  * and lm_head, flat [tail_off, numel)) ---- */
-enum { MT_GWIN_LAYER = 0, MT_GWIN_EMBEDDING, MT_GWIN_TAIL, MT_GWIN_COUNT };
+/* Gradient windows; MT_GWIN_LAYER1 only with an asynchronous sink (layer l writes
+ * MT_GWIN_LAYER + (l % 2) * (MT_GWIN_LAYER1 - MT_GWIN_LAYER): mtm_gwin_layer). */
+enum { MT_GWIN_LAYER = 0, MT_GWIN_EMBEDDING, MT_GWIN_TAIL, MT_GWIN_LAYER1, MT_GWIN_COUNT };
 
 /* ---- context-parallel buffers (plan names "cp.*", model_plan.c) ---- */
 enum {
@@ -145,6 +147,7 @@ typedef struct mtm_param_windows {
  * gradient windows MT_GWIN_*. */
 typedef struct mtm_grad_sink {
     mt_grad_sink_fn fn;
+    mt_grad_sink_wait_fn wait; /* asynchronous sink (mt_model_set_grad_sink_wait), else NULL */
     void *ctx;
     int id[MT_GWIN_COUNT];
     float *ptr[MT_GWIN_COUNT];
@@ -302,6 +305,9 @@ mt_status mtm_plan_add(mt_model *m, mt_plan *plan, int g, const char *name, mt_m
 const void *mtm_pw(const mt_model *m, int i);
 /* The gradient of parameter i (its tensor-parallel slice), fp32. */
 float *mtm_gw(const mt_model *m, int i);
+/* Gradient sink: the window layer l's gradient goes to (slot l % 2 with an asynchronous
+ * sink, else the one layer window). */
+float *mtm_gwin_layer(const mt_model *m, int64_t l);
 mt_status MT_MUST_CHECK mtm_fetch_layer(mt_model *m, int64_t l);
 void mtm_prefetch_layer(mt_model *m, int64_t l);
 mt_status MT_MUST_CHECK mtm_fetch_global(mt_model *m);

@@ -138,21 +138,29 @@ static mt_status backward_from_final_hidden(mt_model *m) {
      * backward that wrote it and before the next write: no host wait here (a step reads
      * the device only for its loss and norm: tests/test_emu_syncs.c). */
     if (m->sink.fn) { /* model.norm and lm_head are complete (phase L + 1): hand the tail window over */
-        MT_TRY(m->sink.fn(m->sink.ctx, m->par.tail_off, m->par.numel - m->par.tail_off, m->sink.ptr[MT_GWIN_TAIL]));
+        float *tail = m->sink.ptr[MT_GWIN_TAIL];
+        MT_TRY(m->sink.fn(m->sink.ctx, m->par.tail_off, m->par.numel - m->par.tail_off, tail));
+        /* the tail window is planned for the loss phase alone (the layer windows may
+         * reuse its memory): an asynchronous sink finishes it here */
+        if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, tail));
     }
     for (int64_t l = m->cfg.num_decoder_layers - 1; l >= 0; l--) {
         MT_TRY(mtm_fetch_layer(m, l));
         mtm_prefetch_layer(m, l - 1); /* fsdp: layer l - 1's all-gather overlaps layer l */
-        if (m->sink.fn)
-            MT_TRY(be->ops->zero(be, m->sink.ptr[MT_GWIN_LAYER], (size_t)m->par.layer_numel * sizeof(float)));
+        float *win = m->sink.fn ? mtm_gwin_layer(m, l) : NULL;
+        if (win) { /* an asynchronous sink may still be reducing layer l + 2 from this window */
+            if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, win));
+            MT_TRY(be->ops->zero(be, win, (size_t)m->par.layer_numel * sizeof(float)));
+        }
         MT_TRY(mtm_layer_backward(m, l));
-        if (m->sink.fn) { /* layer l's gradient is complete: hand its window over */
+        if (win) { /* layer l's gradient is complete: hand its window over */
             MT_TRY(mtm_comm_status(m));
-            MT_TRY(m->sink.fn(m->sink.ctx, m->par.info[m->par.layer[l].in_norm].offset, m->par.layer_numel,
-                              m->sink.ptr[MT_GWIN_LAYER]));
+            MT_TRY(m->sink.fn(m->sink.ctx, m->par.info[m->par.layer[l].in_norm].offset, m->par.layer_numel, win));
         }
     }
     MT_TRY(mtm_comm_status(m));
+    /* the layer windows end with phase 2L + 1: an asynchronous sink finishes them here */
+    if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, NULL));
     /* phase 2L + 2 (tensor parallel: G is the same on every rank of the group; only
      * rank 0 adds it, so the group's sum of embedding gradients counts it once; under
      * sequence parallelism each rank adds its own rows) */
@@ -164,6 +172,7 @@ static mt_status backward_from_final_hidden(mt_model *m) {
                                       m->V, D, m->emb_scale, m->dt));
     if (m->sink.fn) { /* the embedding's gradient is complete: hand its window over */
         MT_TRY(m->sink.fn(m->sink.ctx, 0, m->par.info[m->par.embed].numel, m->sink.ptr[MT_GWIN_EMBEDDING]));
+        if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, NULL)); /* every window is done when we return */
     }
     return MT_OK;
 }

@@ -215,6 +215,10 @@ static mt_status add_weights(mt_model *m, mt_plan *plan) {
         m->plan.gid[GB_GRADS] = -1;
         MT_TRY(mt_plan_add(plan, "grads.window.layer", MT_MEM_GRADS, (size_t)m->par.layer_numel * f4, bwd0, bwd1,
                            &m->sink.id[MT_GWIN_LAYER]));
+        m->sink.id[MT_GWIN_LAYER1] = -1;
+        if (m->sink.wait) /* asynchronous sink: the odd layers' window (mt_model_set_grad_sink_wait) */
+            MT_TRY(mt_plan_add(plan, "grads.window.layer.overlap", MT_MEM_GRADS, (size_t)m->par.layer_numel * f4, bwd0,
+                               bwd1, &m->sink.id[MT_GWIN_LAYER1]));
         MT_TRY(mt_plan_add(plan, "grads.window.embedding", MT_MEM_GRADS, (size_t)m->par.info[m->par.embed].numel * f4,
                            m->cfg.logits_via_embedding ? loss : ph_embed_bwd(m), ph_embed_bwd(m),
                            &m->sink.id[MT_GWIN_EMBEDDING]));

@@ -10,7 +10,9 @@
  *
  * Gradient windows (mt_model_set_grad_sink): one layer's gradient, the embedding's
  * and the tail's (model.norm, lm_head) instead of the full buffer; each is zeroed
- * before its first write and handed to the sink when complete (model_loss.c). */
+ * before its first write and handed to the sink when complete (model_loss.c). With an
+ * asynchronous sink (mt_model_set_grad_sink_wait) two layer windows alternate, so that
+ * the sink's reduce-scatter of layer l overlaps layer l - 1's backward. */
 #include "models/model_internal.h"
 
 /* Parameter i (its tensor-parallel slice: model_shard.c) as the
@@ -92,9 +94,13 @@ float *mtm_gw(const mt_model *m, int i) {
     const int64_t tp = m->tp.off ? m->tp.off[i] : 0, off = m->par.info[i].offset;
     if (!m->sink.fn) return (float *)m->plan.gptr[GB_GRADS] + off + tp;
     const int l = m->par.layer_of[i];
-    if (l >= 0) return m->sink.ptr[MT_GWIN_LAYER] + (off - m->par.info[m->par.layer[l].in_norm].offset) + tp;
+    if (l >= 0) return mtm_gwin_layer(m, l) + (off - m->par.info[m->par.layer[l].in_norm].offset) + tp;
     if (i == m->par.embed) return m->sink.ptr[MT_GWIN_EMBEDDING] + tp;
     return m->sink.ptr[MT_GWIN_TAIL] + (off - m->par.tail_off) + tp;
+}
+
+float *mtm_gwin_layer(const mt_model *m, int64_t l) {
+    return m->sink.ptr[m->sink.wait && l % 2 ? MT_GWIN_LAYER1 : MT_GWIN_LAYER];
 }
 
 /* Gradient sink, before a backward: zero the tail window and (tied: the loss adds to

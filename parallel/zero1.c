@@ -165,9 +165,10 @@ static mt_status tensor_reduce(mt_grad_sync *g, float *grads) { return tensor_re
 
 /* ZeRO-1: reduce-scatter x = the gradient of [a, a + n) over the group, each rank
  * receiving its shard's part of the range (uneven counts, empty ones included) into
- * the fp32 shard at the same place. *own0 / *own: that part, [own0, own0 + own). */
+ * the fp32 shard at the same place. *own0 / *own: that part, [own0, own0 + own).
+ * req non-NULL: started only (mt_comm_reduce_scatter_start; the counts are copied). */
 static mt_status reduce_scatter_range(mt_grad_sync *g, const float *x, int64_t a, int64_t n, int64_t *own0,
-                                      int64_t *own) {
+                                      int64_t *own, mt_comm_request **req) {
     for (int r = 0; r < g->n; r++) {
         int64_t lo, hi;
         shard_of(g, r, &lo, &hi);
@@ -178,6 +179,7 @@ static mt_status reduce_scatter_range(mt_grad_sync *g, const float *x, int64_t a
     *own0 = g->lo > a ? g->lo : a;
     *own = g->wcounts[g->rank];
     float *dst = g->shard + (*own > 0 ? *own0 - g->lo : 0);
+    if (req) return mt_comm_reduce_scatter_start(g->comm, x, dst, g->wcounts, MT_COMM_F32, req);
     return mt_comm_reduce_scatter(g->comm, x, dst, g->wcounts, MT_COMM_F32);
 }
 
@@ -234,6 +236,15 @@ mt_status mt_grad_sync_set_path(mt_grad_sync *g, int fsdp, int64_t chunk) {
 
 void mt_grad_sync_set_microbatch(mt_grad_sync *g, int64_t mb) { g->mb = mb; }
 
+/* With K > 1: add this rank's reduced part [own0, own0 + own) of a window (in the fp32
+ * shard) into the shard accumulator. */
+static mt_status add_own(mt_grad_sync *g, int64_t own0, int64_t own) {
+    if (g->direct || own <= 0) return MT_OK;
+    const size_t es = mt_dtype_size(g->grad_dtype);
+    return accumulate(g, (char *)g->shard_acc + (size_t)(own0 - g->lo) * es, g->grad_dtype, g->shard + (own0 - g->lo),
+                      own, g->mb == 0);
+}
+
 mt_status mt_grad_sync_window(void *ctx, int64_t a, int64_t n, float *w) {
     mt_grad_sync *g = ctx;
     const size_t es = mt_dtype_size(g->grad_dtype);
@@ -246,11 +257,44 @@ mt_status mt_grad_sync_window(void *ctx, int64_t a, int64_t n, float *w) {
     if (g->path != MT_GRAD_WINDOW_RS) return mt_set_error(MT_ERR_INVALID, "gradient sync: no window path chosen");
     MT_TRY(tensor_reduce_range(g, w, a, n));
     int64_t own0, own;
-    MT_TRY(reduce_scatter_range(g, w, a, n, &own0, &own));
-    if (!g->direct && own > 0)
-        MT_TRY(accumulate(g, (char *)g->shard_acc + (size_t)(own0 - g->lo) * es, g->grad_dtype,
-                          g->shard + (own0 - g->lo), own, g->mb == 0));
+    if (g->overlap) { /* start it; mt_grad_sync_window_wait completes it */
+        struct mt_grad_sync_pending *slot = NULL;
+        for (int i = 0; i < MT_GRAD_SYNC_PENDING && !slot; i++)
+            if (!g->pending[i].w) slot = &g->pending[i];
+        if (!slot)
+            return mt_set_error(MT_ERR_INVALID, "gradient sync: more than %d windows in flight (the model waits "
+                                "before it reuses a window)", MT_GRAD_SYNC_PENDING);
+        mt_comm_request *req = NULL;
+        MT_TRY(reduce_scatter_range(g, w, a, n, &own0, &own, &req));
+        *slot = (struct mt_grad_sync_pending){w, req, own0, own};
+        return MT_OK;
+    }
+    MT_TRY(reduce_scatter_range(g, w, a, n, &own0, &own, NULL));
+    return add_own(g, own0, own);
+}
+
+int mt_grad_sync_overlaps(const mt_grad_sync *g) { return g->path == MT_GRAD_WINDOW_RS && g->n > 1; }
+
+mt_status mt_grad_sync_set_overlap(mt_grad_sync *g, int on) {
+    if (on && !mt_grad_sync_overlaps(g))
+        return mt_set_error(MT_ERR_INVALID, "gradient sync: no per-window reduce-scatter over more than one rank "
+                            "to overlap");
+    g->overlap = on;
     return MT_OK;
+}
+
+mt_status mt_grad_sync_window_wait(void *ctx, const float *w) {
+    mt_grad_sync *g = ctx;
+    mt_status first = MT_OK;
+    for (int i = 0; i < MT_GRAD_SYNC_PENDING; i++) {
+        struct mt_grad_sync_pending *p = &g->pending[i];
+        if (!p->w || (w && p->w != w)) continue;
+        mt_status st = mt_comm_wait(p->req);
+        if (st == MT_OK) st = add_own(g, p->own0, p->own);
+        *p = (struct mt_grad_sync_pending){0};
+        if (first == MT_OK) first = st;
+    }
+    return first;
 }
 
 /* Window paths, after the last micro-batch (see the header comment). */
@@ -270,7 +314,7 @@ static mt_status finish_windows(mt_grad_sync *g, float **out) {
         MT_TRY(tensor_reduce_range(g, g->chunk_buf, a, n));
         if (g->zero1) {
             int64_t own0, own;
-            MT_TRY(reduce_scatter_range(g, g->chunk_buf, a, n, &own0, &own));
+            MT_TRY(reduce_scatter_range(g, g->chunk_buf, a, n, &own0, &own, NULL));
         } else if (g->comm && g->n > 1) {
             MT_TRY(mt_comm_all_reduce(g->comm, g->chunk_buf, n, MT_COMM_F32));
         }

@@ -15,9 +15,8 @@
  *          parallelism) or one reduce-scatter into the shard (ZeRO-1).
  *   every  ZeRO-1 only: after each micro-batch's backward the fp32 gradient is
  *          reduce-scattered and added into a shard-sized grad_dtype accumulator
- *          (1/n of the memory). The reduce-scatter is a blocking call: it does not
- *          overlap the next micro-batch's compute yet (with NCCL it is queued on the
- *          comm stream and the compute stream waits for it at once).
+ *          (1/n of the memory), window by window (MT_GRAD_WINDOW_RS below: each
+ *          layer's reduce-scatter overlaps the next layer's backward).
  * Every add into a bfloat16 accumulator is done in fp32 and rounded once to nearest
  * even (never bf16 + bf16). Sums are exact to fp32 rounding in a different order than
  * one process summing the whole batch, hence the 1e-5 relative test tolerance.
@@ -50,7 +49,12 @@
  *                       summed over the tensor group and reduce-scattered (each rank's
  *                       shard part of the window, uneven counts) right after its
  *                       backward into the fp32 shard, and with K > 1 added into the
- *                       shard x grad_dtype accumulator. No full-size gradient buffer
+ *                       shard x grad_dtype accumulator. With more than one rank the
+ *                       reduce-scatter is asynchronous: it runs while the model
+ *                       computes the next layer's backward into its second layer
+ *                       window, and completes before that window is written again
+ *                       (mt_grad_sync_window_wait; the tensor-group sum before it stays
+ *                       blocking). No full-size gradient buffer
  *                       anywhere: gradient memory = shard accumulator + windows. Under
  *                       fsdp with once and K > 1 this reduces every micro-batch (as
  *                       every: no full buffer holds the sum), so its bytes are every's.
@@ -67,8 +71,9 @@
  *   "grad_shard_accumulator"  shard x grad_dtype, MT_MEM_GRADS (every; fsdp with K > 1)
  *   "grads.window.reduce"     chunk x fp32, MT_MEM_GRADS, optimizer phase (WINDOW_ACC)
  *   "grad_shard"              shard x fp32, MT_MEM_COMM       (ZeRO-1: the reduced shard)
- * plus the model's windows ("grads.window.layer", "grads.window.tail",
- * "grads.window.embedding", MT_MEM_GRADS) or its full "grads" (MT_GRAD_FULL), and the
+ * plus the model's windows ("grads.window.layer", with overlap also
+ * "grads.window.layer.overlap", "grads.window.tail", "grads.window.embedding",
+ * MT_MEM_GRADS) or its full "grads" (MT_GRAD_FULL), and the
  * optimizer moments shrink to the shard (mt_grad_sync_opt_numel).
  *
  * Bytes per rank per step on the data x fsdp x context group, G = 4 numel (fp32 gradient),
@@ -106,6 +111,10 @@ typedef enum mt_grad_path {
     MT_GRAD_WINDOW_ACC = 1, /* per-layer windows folded into the numel x grad_dtype accumulator */
     MT_GRAD_WINDOW_RS = 2   /* per-layer windows reduce-scattered into the shard (accumulator) */
 } mt_grad_path;
+
+/* Windows a rank may have in flight at once: the model keeps at most its two layer
+ * windows in flight (models/model.h mt_model_set_grad_sink_wait); two slots to spare. */
+#define MT_GRAD_SYNC_PENDING 4
 
 typedef struct mt_grad_sync {
     mt_backend *be;       /* the backend whose memory the buffers are in (mt_grad_sync_set_backend) */
@@ -147,6 +156,15 @@ typedef struct mt_grad_sync {
     mt_comm *rep_comm;    /* replica group: the data x context ranks holding the same fsdp shard */
     int rep, rep_rank;    /* its size n / fsdp and this rank's place in it, rank % rep */
     int64_t *rcounts;     /* [rep] the sub-shard sizes inside this rank's fsdp shard */
+    /* overlap (mt_grad_sync_set_overlap): the reduce-scatter of a window runs while the
+     * model computes the next layer; at most MT_GRAD_SYNC_PENDING windows in flight,
+     * each completed by mt_grad_sync_window_wait */
+    int overlap;
+    struct mt_grad_sync_pending {
+        const float *w;       /* the window read by the collective, NULL = free slot */
+        mt_comm_request *req; /* its reduce-scatter (NULL: done at start, a group of one) */
+        int64_t own0, own;    /* this rank's part of the window's range */
+    } pending[MT_GRAD_SYNC_PENDING];
 } mt_grad_sync;
 
 /* Set up for a group of n ranks where this is `rank` (comm may be NULL at planning
@@ -214,6 +232,29 @@ void mt_grad_sync_set_microbatch(mt_grad_sync *g, int64_t mb);
  * added into the shard accumulator. Errors: MT_ERR_INVALID (range outside numel, no
  * window path), MT_ERR_RUNTIME (a collective failed). */
 mt_status mt_grad_sync_window(void *ctx, int64_t offset, int64_t numel, float *w);
+
+/* 1 when the gradient path can overlap its reduce-scatters with the backward: the path
+ * is MT_GRAD_WINDOW_RS and the data x fsdp x context group has more than one rank
+ * (there is a collective to overlap). */
+int mt_grad_sync_overlaps(const mt_grad_sync *g);
+
+/* Overlap on (after mt_grad_sync_set_path; on = 1 needs mt_grad_sync_overlaps):
+ * mt_grad_sync_window then only starts a window's reduce-scatter and
+ * mt_grad_sync_window_wait completes it. The caller installs mt_grad_sync_window_wait
+ * as the model's sink wait (models/model.h mt_model_set_grad_sink_wait), which gives
+ * the model a second layer window so that layer l - 1's backward overlaps layer l's
+ * reduce-scatter (Megatron-LM's overlap_grad_reduce; PyTorch FSDP's reduce-scatter
+ * stream). Errors: MT_ERR_INVALID (on without an overlapping path). */
+mt_status mt_grad_sync_set_overlap(mt_grad_sync *g, int on);
+
+/* The model's sink wait (mt_grad_sink_wait_fn; ctx = the mt_grad_sync): complete the
+ * reduce-scatter in flight on window w (every window when w is NULL) and, with K > 1,
+ * add this rank's part into the shard accumulator (the same fp32 add and rounding as
+ * the blocking path, so results are bitwise those of the blocking path). A window with
+ * nothing in flight is a no-op. Errors: those of mt_comm_wait (a failed or timed-out
+ * collective) and of the accumulation; after an error the other windows in flight are
+ * still completed. */
+mt_status mt_grad_sync_window_wait(void *ctx, const float *w);
 
 /* MT_GRAD_WINDOW_ACC without ZeRO-1, after mt_grad_sync_finish (whose *out is then
  * NULL): the reduced gradient [a, a + n) converted to fp32 in the chunk window

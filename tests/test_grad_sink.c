@@ -12,7 +12,14 @@
  * Llama (untied head), Gemma (tied embedding: the loss and the embedding backward both
  * write it) and Gemma 3 (QK norms, post norms, soft-caps), kept and under remat full.
  * Also: the plan entries (no "grads", the three windows with their sizes and phases),
- * mt_model_grads NULL, and a sink error stopping the backward. */
+ * mt_model_grads NULL, and a sink error stopping the backward.
+ * Asynchronous sink (mt_model_set_grad_sink_wait): the sink only notes each window and
+ * copies it when the model waits for it, so a window the model zeroed or wrote before
+ * waiting would show in the copy; the results must again be bitwise the full buffer's,
+ * nothing may be left unwaited when a backward returns, the layer windows must
+ * alternate (two layers in flight at once: the overlap) and the plan must hold the
+ * second layer window. A window that shares memory with one in flight (the planner
+ * reusing a dead entry's bytes) shows as a window handed over twice unwaited. */
 #include <criterion/criterion.h>
 
 #include "tests/test_backend_util.h"
@@ -36,7 +43,16 @@ typedef struct collector {
     int64_t num[64];
     int calls;
     mt_status fail;  /* returned by the sink when not MT_OK */
+    /* asynchronous: windows handed over and not yet waited for */
+    float *pend_w[8];
+    int64_t pend_off[8], pend_num[8];
+    int pending, max_pending, waits;
 } collector;
+
+static void copy_in(collector *c, int64_t offset, int64_t numel, const float *grad) {
+    memcpy(c->got + offset, grad, (size_t)numel * sizeof(float));
+    for (int64_t i = 0; i < numel; i++) c->seen[offset + i]++;
+}
 
 static mt_status sink(void *ctx, int64_t offset, int64_t numel, float *grad) {
     collector *c = ctx;
@@ -44,8 +60,40 @@ static mt_status sink(void *ctx, int64_t offset, int64_t numel, float *grad) {
     cr_assert_lt(c->calls, 64);
     c->off[c->calls] = offset;
     c->num[c->calls++] = numel;
-    memcpy(c->got + offset, grad, (size_t)numel * sizeof(float));
-    for (int64_t i = 0; i < numel; i++) c->seen[offset + i]++;
+    copy_in(c, offset, numel, grad);
+    return MT_OK;
+}
+
+/* The asynchronous sink: note the window; async_wait reads it. */
+static mt_status async_sink(void *ctx, int64_t offset, int64_t numel, float *grad) {
+    collector *c = ctx;
+    if (c->fail != MT_OK) return mt_set_error(c->fail, "test sink refuses");
+    cr_assert_lt(c->calls, 64);
+    cr_assert_lt(c->pending, 8);
+    for (int i = 0; i < c->pending; i++) cr_assert_neq(c->pend_w[i], grad, "window handed over twice unwaited");
+    c->off[c->calls] = offset;
+    c->num[c->calls++] = numel;
+    c->pend_w[c->pending] = grad;
+    c->pend_off[c->pending] = offset;
+    c->pend_num[c->pending++] = numel;
+    if (c->pending > c->max_pending) c->max_pending = c->pending;
+    return MT_OK;
+}
+
+static mt_status async_wait(void *ctx, const float *w) {
+    collector *c = ctx;
+    c->waits++;
+    int k = 0;
+    for (int i = 0; i < c->pending; i++) {
+        if (!w || c->pend_w[i] == w) {
+            copy_in(c, c->pend_off[i], c->pend_num[i], c->pend_w[i]);
+        } else {
+            c->pend_w[k] = c->pend_w[i];
+            c->pend_off[k] = c->pend_off[i];
+            c->pend_num[k++] = c->pend_num[i];
+        }
+    }
+    c->pending = k;
     return MT_OK;
 }
 
@@ -55,7 +103,7 @@ typedef struct fixture {
     mt_arena arena;
 } fixture;
 
-static void fx_init(fixture *f, const mt_model_config *c, int remat_full, collector *col) {
+static void fx_init(fixture *f, const mt_model_config *c, int remat_full, collector *col, int async) {
     memset(f, 0, sizeof *f);
     mt_backend *be = mt_cpu_backend();
     cr_assert_eq(mt_model_create(&f->m, c, be, 2, 6, 3, NULL), MT_OK, "%s", mt_last_error());
@@ -64,7 +112,9 @@ static void fx_init(fixture *f, const mt_model_config *c, int remat_full, collec
         cr_assert_eq(mt_remat_policy_resolve(MT_REMAT_FULL, NULL, &p), MT_OK);
         cr_assert_eq(mt_model_set_remat(f->m, &p), MT_OK, "%s", mt_last_error());
     }
-    if (col) cr_assert_eq(mt_model_set_grad_sink(f->m, sink, col), MT_OK, "%s", mt_last_error());
+    if (col)
+        cr_assert_eq(mt_model_set_grad_sink(f->m, async ? async_sink : sink, col), MT_OK, "%s", mt_last_error());
+    if (async) cr_assert_eq(mt_model_set_grad_sink_wait(f->m, async_wait), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_plan_new(&f->plan), MT_OK);
     cr_assert_eq(mt_model_add_to_plan(f->m, f->plan), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_plan_finalize(f->plan), MT_OK);
@@ -126,11 +176,11 @@ static void check_calls(const collector *col, const mt_model *m, const char *wha
     cr_assert_eq(col->num[L + 1], mt_model_param(m, emb)->numel);
 }
 
-static void check_model(const mt_model_config *c, int remat_full, const char *what) {
+static void check_model(const mt_model_config *c, int remat_full, int async, const char *what) {
     fixture a, b;
     collector col = {0};
-    fx_init(&a, c, remat_full, NULL);
-    fx_init(&b, c, remat_full, &col);
+    fx_init(&a, c, remat_full, NULL, 0);
+    fx_init(&b, c, remat_full, &col, async);
     const int64_t numel = mt_model_numel(a.m), L = c->num_decoder_layers, N = 12, D = c->emb_dim;
     col.got = malloc((size_t)numel * sizeof(float));
     col.seen = malloc((size_t)numel * sizeof(int));
@@ -144,7 +194,7 @@ static void check_model(const mt_model_config *c, int remat_full, const char *wh
     for (int i = 0; i < mt_plan_count(b.plan); i++) {
         const mt_plan_entry *e = mt_plan_entry_get(b.plan, i);
         cr_assert_str_neq(e->name, "grads", "%s: the full buffer is still planned", what);
-        if (strcmp(e->name, "grads.window.layer") == 0) {
+        if (strcmp(e->name, "grads.window.layer") == 0 || strcmp(e->name, "grads.window.layer.overlap") == 0) {
             cr_expect_eq(e->bytes, (size_t)layer * 4);
             cr_expect(e->first == L + 2 && e->last == 2 * L + 1, "%s: layer window [%d, %d]", what, e->first, e->last);
             found++;
@@ -161,7 +211,7 @@ static void check_model(const mt_model_config *c, int remat_full, const char *wh
         }
         if (e->category == MT_MEM_GRADS) cr_expect_lt(e->bytes, (size_t)numel * 4);
     }
-    cr_assert_eq(found, 3, "%s: %d of the three windows planned", what, found);
+    cr_assert_eq(found, 3 + async, "%s: %d of the %d windows planned", what, found, 3 + async);
     cr_assert_lt(mt_plan_peak(b.plan), mt_plan_peak(a.plan), "%s: windows do not lower the peak", what);
 
     int32_t tok[12], lab[12];
@@ -184,6 +234,9 @@ static void check_model(const mt_model_config *c, int remat_full, const char *wh
             cr_assert_eq(mt_model_backward_hidden(b.m, dh), MT_OK, "%s", mt_last_error());
         }
         check_calls(&col, b.m, what);
+        cr_assert_eq(col.pending, 0, "%s pass %d: %d windows unwaited after the backward", what, k, col.pending);
+        if (async) /* layer l - 1 handed over while layer l is in flight */
+            cr_assert_geq(col.max_pending, 2, "%s pass %d: at most %d windows in flight", what, k, col.max_pending);
         const float *g = mt_model_grads(a.m);
         int64_t nonzero = 0;
         for (int64_t i = 0; i < numel; i++) {
@@ -221,28 +274,44 @@ static mt_model_config tiny(mt_decoder_block blk) {
 Test(grad_sink, llama_untied) {
     mt_model_config c = tiny(MT_DECODER_LLAMA2);
     cr_assert_eq(c.logits_via_embedding, 0);
-    check_model(&c, 0, "llama");
-    check_model(&c, 1, "llama, remat full");
+    check_model(&c, 0, 0, "llama");
+    check_model(&c, 1, 0, "llama, remat full");
 }
 
 Test(grad_sink, gemma_tied) {
     mt_model_config c = tiny(MT_DECODER_GEMMA);
     cr_assert_eq(c.logits_via_embedding, 1);
-    check_model(&c, 0, "gemma");
-    check_model(&c, 1, "gemma, remat full");
+    check_model(&c, 0, 0, "gemma");
+    check_model(&c, 1, 0, "gemma, remat full");
 }
 
 Test(grad_sink, gemma3_every_optional_path) {
     mt_model_config c = tiny(MT_DECODER_GEMMA3);
-    check_model(&c, 0, "gemma3");
+    check_model(&c, 0, 0, "gemma3");
+}
+
+Test(grad_sink, asynchronous_sink) {
+    mt_model_config c = tiny(MT_DECODER_LLAMA2);
+    check_model(&c, 0, 1, "llama, asynchronous");
+    check_model(&c, 1, 1, "llama, asynchronous, remat full");
+    c = tiny(MT_DECODER_GEMMA);
+    check_model(&c, 0, 1, "gemma, asynchronous");
 }
 
 Test(grad_sink, set_after_planning_is_refused) {
     mt_model_config c = tiny(MT_DECODER_LLAMA2);
     fixture f;
-    fx_init(&f, &c, 0, NULL);
+    fx_init(&f, &c, 0, NULL, 0);
     collector col = {0};
     cr_assert_eq(mt_model_set_grad_sink(f.m, sink, &col), MT_ERR_INVALID);
     cr_assert_eq(mt_model_set_grad_sink(NULL, sink, &col), MT_ERR_INVALID);
+    cr_assert_eq(mt_model_set_grad_sink_wait(f.m, async_wait), MT_ERR_INVALID);
+    cr_assert_eq(mt_model_set_grad_sink_wait(NULL, async_wait), MT_ERR_INVALID);
     fx_free(&f);
+    /* a wait without a sink is refused */
+    mt_model *m;
+    cr_assert_eq(mt_model_create(&m, &c, mt_cpu_backend(), 2, 6, 3, NULL), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_model_set_grad_sink_wait(m, async_wait), MT_ERR_INVALID);
+    cr_assert(strstr(mt_last_error(), "no gradient sink"), "%s", mt_last_error());
+    mt_model_free(m);
 }

@@ -37,6 +37,11 @@ shard_optimizer_over_data: true
 collective_timeout_s: 5
 YML
 
+# a collective as the messages name it: "all_gather", or an asynchronous one with its MPI
+# call, "reduce_scatter (MPI_Ireduce_scatter)" (the per-layer gradient reduce-scatters
+# overlap the backward: overlap_grad_reduce)
+coll="[a-z_]+( \\([A-Za-z_]+\\))?"
+
 # pids of the 4 meshtrain ranks started by the mpirun with pid $1
 rank_pids() { pgrep -P "$1" -f "$bin" | sort -n; }
 
@@ -77,12 +82,12 @@ run_case() {
         grep -qE "process rank [0-9]+ .*exited on signal 9" "$tmp/$sig.log" || fail "KILL: no report naming the dead rank"
         # a survivor is normally blocked in a collective when mpirun stops it; one that
         # was computing says so instead (not a failure)
-        grep -qE "rank [0-9]+: (stopped by the launcher|[a-z_]+ on the '[a-z_]+' communicator did not complete)" \
+        grep -qE "rank [0-9]+: (stopped by the launcher|$coll on the '[a-z_]+' communicator did not complete)" \
             "$tmp/$sig.log" || fail "KILL: no survivor reported where it was stopped"
     fi
     if [ "$sig" = STOP ]; then
         kill -CONT "$victim" 2>/dev/null; kill -9 "$victim" 2>/dev/null
-        grep -qE "rank [0-9]: [a-z_]+ on the '[a-z_]+' communicator did not complete" "$tmp/$sig.log" ||
+        grep -qE "rank [0-9]: $coll on the '[a-z_]+' communicator did not complete" "$tmp/$sig.log" ||
             fail "STOP: no watchdog message naming the collective"
     fi
 }

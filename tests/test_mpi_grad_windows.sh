@@ -5,14 +5,16 @@
 # 1. Plans (no mpirun; tests/tools/mpi_layout plan prints the gradient bytes G, the
 #    sum of the MT_MEM_GRADS entries, and M, the largest of them), each checked to the
 #    byte against the formula of parallel/zero1.h, with numel = L x layer + embedding
-#    + final norm + head floats, windows W = 4 (layer + embedding + final norm + head):
+#    + final norm + head floats, windows W = 4 (layer + embedding + final norm + head),
+#    and with more than one rank on a reduce-scattering path Wo = W + 4 layer (the second
+#    layer window: the reduce-scatter of layer l overlaps layer l - 1's backward):
 #    - float32, once, K = 4, one process: the model's full buffer, G = 4 numel;
 #    - bfloat16, once, K = 4: no numel x fp32 buffer (M < 4 numel), G = 2 numel + W +
 #      the fp32 reduce chunk (4 x the largest parameter); with 32 layers (layers
 #      dominate) G < 0.6 x the float32 G and the peak is lower;
 #    - ZeRO-1 every, K = 4, data 2 and 4 (float32 and bfloat16): G = es x
-#      ceil(numel / n) + W: the accumulator scales as 1/n, plus the windows;
-#    - ZeRO-1 and fsdp with K = 1: G = W (the windows are reduce-scattered straight
+#      ceil(numel / n) + Wo: the accumulator scales as 1/n, plus the windows;
+#    - ZeRO-1 and fsdp with K = 1: G = Wo (the windows are reduce-scattered straight
 #      into the fp32 shard, a communication buffer).
 # 2. Runs (mpirun, else skipped): windows against the full-buffer path
 #    (mpi_layout run-full-grads: the behaviour before windows) on the same layout.
@@ -31,7 +33,10 @@
 #    rounding happened). fsdp with once and K = 2 now
 #    reduce-scatters each micro-batch (no full buffer): against one process within
 #    1e-5 (fp32 sums in another order, as tests/test_mpi_layouts.sh). Every run's bytes
-#    per step equal the formula (parallel/zero1.h).
+#    per step equal the formula (parallel/zero1.h). The window runs overlap each
+#    layer's reduce-scatter with the next layer's backward (overlap_grad_reduce, on by
+#    default); fsdp K = 1 also runs blocking (overlap_grad_reduce=false), and both give
+#    the same gradient file bitwise (the same collectives on the same windows).
 set -u
 . "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_mpi_grad_windows.sh BUILD_DIR}"
@@ -49,6 +54,7 @@ mt_layout_cfg tinyl
 layer=$((2 * 32 + 32 * 32 + 2 * 16 * 32 + 32 * 32 + 3 * 64 * 32)) # norms, q, k, v, o, gate/up/down
 emb=$((64 * 32)) tail=$((32 + 64 * 32)) maxp=$((64 * 32))          # untied: final norm + head
 win=$((4 * (layer + emb + tail)))
+wino=$((win + 4 * layer))
 field() { awk -v k="$1" '{for (i = 1; i < NF; i++) if ($i == k) print $(i + 1)}' <<< "$2"; }
 plan() { "$tool" plan "$cfg" per_device_batch_size=2 "$@" 2>&1; }
 check() { # check NAME GOT WANT
@@ -73,14 +79,16 @@ for L in 2 32; do
             d=${dt%:*} es=${dt#*:}
             p="$(plan base_num_decoder_layers=$L gradient_accumulation_steps=4 num_devices=$n ici_data_parallelism=$n \
                 shard_optimizer_over_data=true gradient_accumulation_reduce=every grad_dtype=$d)"
-            check "L$L dp$n zero1 every K4 $d" "$(field grads "$p")" $((es * ((numel + n - 1) / n) + win))
+            check "L$L dp$n zero1 every K4 $d" "$(field grads "$p")" $((es * ((numel + n - 1) / n) + wino))
             [ "$(field maxgrad "$p")" -lt $((4 * numel)) ] || fail "dp$n every $d: full-size gradient entry ($p)"
         done
     done
     p="$(plan base_num_decoder_layers=$L num_devices=2 ici_data_parallelism=2 shard_optimizer_over_data=true)"
-    check "L$L dp2 zero1 K1" "$(field grads "$p")" $win
+    check "L$L dp2 zero1 K1" "$(field grads "$p")" $wino
     p="$(plan base_num_decoder_layers=$L num_devices=2 ici_fsdp_parallelism=2)"
-    check "L$L fsdp2 K1" "$(field grads "$p")" $win
+    check "L$L fsdp2 K1" "$(field grads "$p")" $wino
+    p="$(plan base_num_decoder_layers=$L num_devices=2 ici_fsdp_parallelism=2 overlap_grad_reduce=false)"
+    check "L$L fsdp2 K1 no overlap" "$(field grads "$p")" $win
 done
 
 # ---- 2. runs ----
@@ -121,6 +129,10 @@ same dp2_zero1_every_bf16_tied 0 2 $ga4 ici_data_parallelism=2 shard_optimizer_o
     gradient_accumulation_reduce=every grad_dtype=bfloat16 model_name=tinyg
 same dp2_zero1_k1 0 2 per_device_batch_size=2 ici_data_parallelism=2 shard_optimizer_over_data=true
 same fsdp2_k1 0 2 per_device_batch_size=2 ici_fsdp_parallelism=2 base_num_decoder_layers=3
+same fsdp2_k1_blocking 0 2 per_device_batch_size=2 ici_fsdp_parallelism=2 base_num_decoder_layers=3 \
+    overlap_grad_reduce=false
+cmp -s "$tmp/fsdp2_k1_win/grad.bin" "$tmp/fsdp2_k1_blocking_win/grad.bin" ||
+    fail "fsdp2 K1: the overlapped reduce-scatters' gradient differs from the blocking ones' (must be bitwise)"
 same tp2_every_bf16 0 2 per_device_batch_size=2 gradient_accumulation_steps=2 ici_tensor_parallelism=2 \
     shard_optimizer_over_data=true gradient_accumulation_reduce=every grad_dtype=bfloat16
 same tp2_sp_zero1_k1_gemma_tied 0 2 per_device_batch_size=2 ici_tensor_parallelism=2 tensor_sequence_parallelism=true \

@@ -79,6 +79,7 @@ typedef struct mt_train_config {
     int64_t ici_tensor_parallelism;                 /* tensor axis size, -1 = fill */
     int shard_optimizer_over_data;                  /* ZeRO-1: optimizer state sharded over data x fsdp */
     int gradient_accumulation_reduce;               /* mt_ga_reduce: 0 once, 1 every micro-batch */
+    int overlap_grad_reduce;                        /* per-layer reduce-scatters overlap the backward */
     int context_parallel_strategy;                  /* 0 all_gather, 1 ring */
     int tensor_sequence_parallelism;                /* sequence parallelism on the tensor axis */
     double collective_timeout_s;                    /* watchdog limit of one collective (seconds) */
