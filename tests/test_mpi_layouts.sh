@@ -261,6 +261,10 @@ if [ "$backend" = cpu ]; then # the emulated suite keeps to the three above (its
         ici_tensor_parallelism=2 ici_context_parallelism=2 tensor_sequence_parallelism=true dtype=bfloat16
     TOL=$(bf16_tol 16) PABS=$bpabs layout dp2xfsdp2xcp2_bf16 ref_b4_bf16 8 per_device_batch_size=1 \
         ici_data_parallelism=2 ici_fsdp_parallelism=2 ici_context_parallelism=2 dtype=bfloat16
+    # bitwise reproducible: the same bf16 layout run again gives the same losses,
+    # gradients and parameters (fixed reduction orders, bf16 sums included; tolerance 0)
+    TOL=0 layout tp2_sp_bf16_again tp2_sp_gemma2_bf16 2 model_name=tinyg2 per_device_batch_size=2 num_vocab_tiling=4 \
+        ici_tensor_parallelism=2 tensor_sequence_parallelism=true dtype=bfloat16
     # parameter host offload (CPU only, as above): the master and its compute copy in the
     # host pool, the windows copied (or, fsdp, gathered) from the copy: the same values,
     # so bitwise the runs without offload (tolerance 0)
