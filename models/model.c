@@ -192,7 +192,7 @@ static void init_fields(mt_model *m, const mt_model_config *cfg, mt_backend *be,
     for (int i = 0; i < GB_COUNT; i++) m->plan.gid[i] = -1;
     for (int j = 0; j < MT_LT_COUNT; j++) m->remat.fwd_id[j] = m->remat.bwd_id[j] = -1;
     m->remat.policy = mt_remat_policy_keep_all();
-    m->host.params_id = -1;
+    m->host.params_id = m->host.compute_id = -1;
     for (int w = 0; w < MT_PWIN_COUNT; w++) m->pwin.id[w] = -1;
     for (int s = 0; s < MT_PWIN_LAYER_SLOTS; s++) m->pwin.layer[s] = -1;
     for (int w = 0; w < MT_GWIN_COUNT; w++) m->sink.id[w] = -1;

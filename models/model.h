@@ -127,9 +127,14 @@ typedef struct mt_model mt_model;
  * tensor and activation gradient is bf16 (norm statistics, the attention logsumexp and
  * the loss tile's logits stay fp32, plus a bf16 dlogits tile "loss_tile.dlogits");
  * parameter gradients are fp32 (GEMMs write them in fp32). kernels/ops.h says where
- * each op rounds. bf16 with tensor or context parallelism, fsdp or parameter host
- * offload is refused (MT_ERR_UNSUPPORTED) by mt_model_add_to_plan, and decoding by
- * mt_model_set_decode.
+ * each op rounds. Element g of the compute copy is rounded with the bits of its global
+ * index, so under fsdp each rank rounds its shard ("params.compute.shard", ceil(numel
+ * / fsdp) x 2 bytes) into bitwise the one-process values and the parameter windows
+ * gather that bf16 copy (2 bytes per parameter), not the master. The tensor, sequence
+ * and context collectives move bf16 activations, and their sums add bf16 partials
+ * (parallel/comm.h MT_COMM_BF16; the choice and its error: models/model_shard.c). bf16
+ * with parameter host offload is refused (MT_ERR_UNSUPPORTED) by mt_model_add_to_plan,
+ * and decoding by mt_model_set_decode.
  *
  * Parameter host offload (param_offload: parameter_memory_host_offload): the flat
  * parameter buffer (mt_model_params) lives in the host pool (mt_model_add_to_host_plan,
@@ -272,9 +277,11 @@ mt_status mt_model_bind_host(mt_model *m, const mt_arena *host_arena, const mt_p
 /* This rank's fsdp shard [lo, hi) of the flat buffer ([0, numel) without fsdp). */
 void mt_model_fsdp_range(const mt_model *m, int64_t *lo, int64_t *hi);
 
-/* Floats this rank sends in the fsdp all-gathers of one mt_model_forward_backward
- * (parallel/comm.h accounting: each gather of a range of S floats costs S minus this
- * rank's part of it); 0 without fsdp. */
+/* Parameters (elements) this rank sends in the fsdp all-gathers of one
+ * mt_model_forward_backward (parallel/comm.h accounting: each gather of a range of S
+ * elements costs S minus this rank's part of it); 0 without fsdp. The gathers move the
+ * compute dtype: 4 bytes per element with float32 (the master), 2 with bfloat16 (the
+ * compute copy), mt_dtype_size(mt_model_dtype(m)). */
 int64_t mt_model_fsdp_gather_floats(const mt_model *m);
 
 /* Bytes this rank sends on the tensor and context groups in one

@@ -39,7 +39,8 @@ enum {
     GB_BWD_W3, GB_BWD_W4,
     GB_SEGMENTS, GB_DOC_POS, /* packing only: [N] int32 segment ids, per-document RoPE positions */
     GB_STEP_STATS,           /* double[MT_MODEL_STATS] (mt_model_step_stats) */
-    GB_COMPUTE_W,            /* dtype != float32: the compute copy of the parameters, [numel] of dt */
+    GB_COMPUTE_W,            /* dtype != float32: the compute copy of the parameters, [numel] of dt (fsdp:
+                              * of this rank's shard, [hi - lo]; parameter offload: in the host pool) */
     GB_LOSS_DTILE,           /* dtype != float32: the loss tile's dlogits [rows, Vl] of dt */
     GB_LOSS_VOCAB_STATS,     /* tp > 1: the vocab-parallel loss's all-reduce payloads (mt_vocab_loss_scratch_bytes) */
     GB_WORKSPACE,            /* the backend's workspace: GEMM and op scratch (ops.h set_workspace, scratch_bytes) */
@@ -47,7 +48,8 @@ enum {
 };
 
 /* ---- parameter windows (parameter host offload, fsdp): two layer slots (layer l in
- * slot l % 2) and the global window (embedding, then model.norm and lm_head) ---- */
+ * slot l % 2) and the global window (embedding, then model.norm and lm_head), of the
+ * compute dtype m->dt (the fp32 master, or its bf16 compute copy) ---- */
 enum { MT_PWIN_LAYER0 = 0, MT_PWIN_LAYER1, MT_PWIN_GLOBAL, MT_PWIN_COUNT };
 #define MT_PWIN_LAYER_SLOTS 2
 
@@ -126,12 +128,15 @@ typedef struct mtm_remat_state {
 } mtm_remat_state;
 
 /* The host pool (mt_model_add_to_host_plan): offloaded tensors and, with parameter host
- * offload, the parameters (or this rank's fsdp shard of them). */
+ * offload, the parameters (or this rank's fsdp shard of them) and, with dtype bfloat16,
+ * their compute copy. */
 typedef struct mtm_host_pool {
     int planned, bound;
     int (*act_id)[MT_LT_COUNT];            /* [L]: host entries of offloaded tensors, -1 none */
     float *(*act_ptr)[MT_LT_COUNT];
     int params_id;                         /* "params" / "params.shard", -1 none */
+    int compute_id;                        /* dtype != float32: its compute copy, "params.compute" /
+                                            * "params.compute.shard" (GB_COMPUTE_W), -1 none */
 } mtm_host_pool;
 
 /* Parameter windows (model_windows.c): with parameter host offload or fsdp the device
@@ -139,7 +144,7 @@ typedef struct mtm_host_pool {
 typedef struct mtm_param_windows {
     int offload;                           /* the layout's param_offload */
     int id[MT_PWIN_COUNT];
-    float *ptr[MT_PWIN_COUNT];
+    void *ptr[MT_PWIN_COUNT];              /* of m->dt */
     int64_t layer[MT_PWIN_LAYER_SLOTS];    /* layer held by each layer slot, -1 none */
 } mtm_param_windows;
 
@@ -308,6 +313,9 @@ float *mtm_gw(const mt_model *m, int i);
 /* Gradient sink: the window layer l's gradient goes to (slot l % 2 with an asynchronous
  * sink, else the one layer window). */
 float *mtm_gwin_layer(const mt_model *m, int64_t l);
+/* dtype != float32: round the compute copy (GB_COMPUTE_W) from the fp32 master
+ * (GB_PARAMS), this rank's fsdp shard of it under fsdp (mt_model_set_compute_rounding). */
+mt_status MT_MUST_CHECK mtm_refresh_compute(mt_model *m);
 mt_status MT_MUST_CHECK mtm_fetch_layer(mt_model *m, int64_t l);
 void mtm_prefetch_layer(mt_model *m, int64_t l);
 mt_status MT_MUST_CHECK mtm_fetch_global(mt_model *m);
@@ -335,7 +343,7 @@ mt_status MT_MUST_CHECK mtm_cp_attention_bwd(mt_model *m, int64_t l, void *dq, v
                                              const void *out, const float *lse);
 int32_t mtm_cp_position(const mt_model *m, int r, int64_t j);
 const int32_t *mtm_cp_select(mt_model *m, const int32_t *full, int32_t *local);
-void mtm_fsdp_gather(mt_model *m, float *win, int64_t a, int64_t b, int async);
+void mtm_fsdp_gather(mt_model *m, void *win, int64_t a, int64_t b, int async);
 void mtm_fsdp_wait(mt_model *m);
 
 /* ---- model_layers.c ---- */

@@ -80,10 +80,10 @@ static mt_status MT_MUST_CHECK model_forward(mt_model *m, const int32_t *tokens)
     if (m->cp.size > 1)
         MT_TRY(be->ops->copy_to_device(be, m->cp.buf[CP_KPOS], m->cp.kpos_host, (size_t)m->Tg * sizeof(int32_t)));
     MT_TRY(be->ops->copy_to_device(be, m->plan.gptr[GB_INV_FREQ], m->inv_freq_host, (size_t)m->Dh * sizeof(float)));
+    /* the compute copy from the fp32 master (mt_model_set_compute_rounding), before the
+     * windows are filled from it */
+    MT_TRY(mtm_refresh_compute(m));
     MT_TRY(mtm_fetch_global(m));
-    if (m->dt != MT_F32) /* the compute copy from the fp32 master (mt_model_set_compute_rounding) */
-        MT_TRY(be->ops->from_f32(be, m->plan.gptr[GB_COMPUTE_W], m->dt, m->plan.gptr[GB_PARAMS], m->par.numel, 1,
-                                 m->sr_seed, (uint64_t)m->sr_t * (uint64_t)m->par.numel));
     const int64_t Ns = seq_rows(m), s0 = seq_row0(m); /* sequence parallelism: this rank's rows */
     MT_TRY(be->ops->embedding_fwd(be, m->plan.lptr[0][MT_LT_DECODER_LAYER_INPUT], mtm_pw(m, m->par.embed),
                                   (const int32_t *)m->plan.gptr[GB_TOKENS] + s0, Ns, D, m->emb_scale, m->dt));
@@ -210,9 +210,8 @@ static mt_status forward_loss(mt_model *m, const int32_t *tokens, const int32_t 
         const mt_vocab_loss_args va = {.N = N, .D = D, .v0 = m->tp.v0, .Vl = m->tp.Vl, .num_tiles = m->tiles,
                                        .softcap = la.softcap, .ignore_index = la.ignore_index, .dscale = dscale};
         MT_TRY(mt_vocab_parallel_loss(be, m->tp.comm, &va, m->plan.gptr[GB_FINAL_HIDDEN],
-                                      (const float *)mtm_unembedding(m) +
-                                              m->tp.v0 * D, /* fp32 (dtype checked at planning) */
-                                      m->plan.gptr[GB_LABELS], m->plan.gptr[GB_LOSS_TILE],
+                                      AT(m, mtm_unembedding(m), m->tp.v0 * D), m->dt, m->plan.gptr[GB_LABELS],
+                                      m->plan.gptr[GB_LOSS_TILE], m->plan.gptr[GB_LOSS_DTILE],
                                       m->plan.gptr[GB_LOSS_VOCAB_STATS], dh, dW ? dW + m->tp.v0 * D : NULL, stats));
     } else {
         MT_TRY(mt_tiled_loss(be, &la, m->plan.gptr[GB_FINAL_HIDDEN], mtm_unembedding(m), m->dt, m->plan.gptr[GB_LABELS],

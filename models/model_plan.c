@@ -6,7 +6,9 @@
  * Sizes, per rank, N = batch x local sequence rows, Ns = N or N / tp under sequence
  * parallelism (the residual stream's rows), es = the activation dtype's bytes:
  *   params numel x 4 (fp32 master; + "params.compute" numel x es with bf16), or the
- *   fsdp shard ceil(numel / fsdp) x 4 and the windows (two layers + embedding / tail);
+ *   fsdp shard ceil(numel / fsdp) x 4 (+ its compute copy "params.compute.shard" x es
+ *   with bf16) and the windows (two layers + embedding / tail) x es; with parameter
+ *   host offload the master (or shard) and its compute copy are in the host pool;
  *   grads numel x 4, or with a gradient sink one layer + embedding + tail;
  *   per layer the saved tensors of mtm_act_elems (Ns x D residual tensors, N x local
  *   widths for q / k / v / context / mlp), each kept, recomputed into the layer-sized
@@ -126,11 +128,14 @@ mt_status mt_model_add_to_host_plan(mt_model *m, mt_plan *host_plan) {
             MT_TRY(mt_plan_add_tagged(host_plan, name, MT_MEM_ACTIVATIONS, tag, mtm_act_bytes(m, j),
                                       ph_fwd(m, l), ph_bwd(m, l), &m->host.act_id[l][j]));
         }
-    m->host.params_id = -1;
+    m->host.params_id = m->host.compute_id = -1;
+    const int64_t pn = m->fsdp.size > 1 ? m->fsdp.hi - m->fsdp.lo : m->par.numel;
     if (m->pwin.offload) /* under fsdp this rank's shard only */
         MT_TRY(mt_plan_add(host_plan, m->fsdp.size > 1 ? "params.shard" : "params", MT_MEM_PARAMS,
-                           (size_t)(m->fsdp.size > 1 ? m->fsdp.hi - m->fsdp.lo : m->par.numel) * sizeof(float), 0,
-                           ph_optim(m), &m->host.params_id));
+                           (size_t)pn * sizeof(float), 0, ph_optim(m), &m->host.params_id));
+    if (m->pwin.offload && m->dt != MT_F32) /* its compute copy, which the windows are filled from */
+        MT_TRY(mt_plan_add(host_plan, m->fsdp.size > 1 ? "params.compute.shard" : "params.compute", MT_MEM_PARAMS,
+                           (size_t)pn * m->es, 0, ph_optim(m), &m->host.compute_id));
     m->host.planned = 1;
     m->host.bound = 0;
     return MT_OK;
@@ -181,32 +186,38 @@ static mt_status add_weights(mt_model *m, mt_plan *plan) {
     const int last = ph_optim(m), loss = ph_loss(m);
     const int bwd0 = ph_bwd(m, L - 1), bwd1 = ph_bwd(m, 0);
     if (m->dt != MT_F32) {
-        /* bf16 compute so far on one layout: the tensor- and context-axis collectives,
-         * the fsdp windows and the parameter host pool still move fp32 */
-        const char *what = m->tp.size > 1 ? "ici_tensor_parallelism > 1"
-                : m->cp.size > 1          ? "ici_context_parallelism > 1"
-                : m->fsdp.size > 1        ? "ici_fsdp_parallelism > 1"
-                : m->pwin.offload         ? "parameter_memory_host_offload"
-                                          : NULL;
-        if (what)
-            return mt_set_error(MT_ERR_UNSUPPORTED, "dtype=%s with %s is not supported yet (use dtype=float32)",
-                                mt_dtype_name(m->dt), what);
-        MT_TRY(mtm_plan_add(m, plan, GB_COMPUTE_W, "params.compute", MT_MEM_PARAMS, (size_t)m->par.numel * es, 0,
-                            last));
+        /* with parameter host offload the compute copy lives in the host pool next to the
+         * master (mt_model_add_to_host_plan) and is rounded there by the backend's
+         * from_f32: a backend whose ops run on host memory */
+        if (m->pwin.offload && !m->be->caps.host_offload)
+            return mt_set_error(MT_ERR_UNSUPPORTED, "dtype=%s with parameter_memory_host_offload is not supported on "
+                                "the %s backend (the compute copy is rounded in the host pool; use backend=cpu or "
+                                "dtype=float32)", mt_dtype_name(m->dt), m->be->name);
+        /* the compute copy: of the whole flat buffer, or under fsdp of this rank's shard
+         * (the windows are gathered from it) */
+        if (m->pwin.offload)
+            m->plan.gid[GB_COMPUTE_W] = -1;
+        else if (m->fsdp.size > 1)
+            MT_TRY(mtm_plan_add(m, plan, GB_COMPUTE_W, "params.compute.shard", MT_MEM_PARAMS,
+                                (size_t)(m->fsdp.hi - m->fsdp.lo) * es, 0, last));
+        else
+            MT_TRY(mtm_plan_add(m, plan, GB_COMPUTE_W, "params.compute", MT_MEM_PARAMS, (size_t)m->par.numel * es, 0,
+                                last));
     }
     if (!params_windowed(m)) {
         MT_TRY(mtm_plan_add(m, plan, GB_PARAMS, "params", MT_MEM_PARAMS, (size_t)m->par.numel * f4, 0, last));
-    } else { /* the parameters live in the host pool (or, fsdp, as shards); the device holds windows */
+    } else { /* the parameters live in the host pool (or, fsdp, as shards); the device holds windows of the
+              * compute dtype */
         m->plan.gid[GB_PARAMS] = -1;
         if (m->fsdp.size > 1 && !m->pwin.offload) /* with offload the shard is in the host pool */
             MT_TRY(mtm_plan_add(m, plan, GB_PARAMS, "params.shard", MT_MEM_PARAMS,
                                 (size_t)(m->fsdp.hi - m->fsdp.lo) * f4, 0, last));
-        MT_TRY(mt_plan_add(plan, "params.window.layer0", MT_MEM_PARAMS, (size_t)m->par.layer_numel * f4, 0, last,
+        MT_TRY(mt_plan_add(plan, "params.window.layer0", MT_MEM_PARAMS, (size_t)m->par.layer_numel * es, 0, last,
                            &m->pwin.id[MT_PWIN_LAYER0]));
-        MT_TRY(mt_plan_add(plan, "params.window.layer1", MT_MEM_PARAMS, (size_t)m->par.layer_numel * f4, 0, last,
+        MT_TRY(mt_plan_add(plan, "params.window.layer1", MT_MEM_PARAMS, (size_t)m->par.layer_numel * es, 0, last,
                            &m->pwin.id[MT_PWIN_LAYER1]));
         MT_TRY(mt_plan_add(plan, "params.window.global", MT_MEM_PARAMS,
-                           (size_t)(m->par.info[m->par.embed].numel + m->par.numel - m->par.tail_off) * f4, 0, last,
+                           (size_t)(m->par.info[m->par.embed].numel + m->par.numel - m->par.tail_off) * es, 0, last,
                            &m->pwin.id[MT_PWIN_GLOBAL]));
     }
     if (!m->sink.fn) {
@@ -438,6 +449,8 @@ mt_status mt_model_bind_host(mt_model *m, const mt_arena *host_arena, const mt_p
             m->host.act_ptr[l][j] = p;
         }
     if (m->pwin.offload) MT_TRY(bind_one(host_arena, host_plan, m->host.params_id, &m->plan.gptr[GB_PARAMS]));
+    if (m->pwin.offload && m->dt != MT_F32)
+        MT_TRY(bind_one(host_arena, host_plan, m->host.compute_id, &m->plan.gptr[GB_COMPUTE_W]));
     m->host.bound = 1;
     return MT_OK;
 }

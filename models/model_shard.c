@@ -10,11 +10,12 @@
  * m->cp.status, m->fsdp.status; model_internal.h) and skips its later collectives;
  * the step checks them (mtm_comm_status) where it needs the results.
  *
- * Bytes per rank and micro-batch, fp32 payloads (bf16 is refused with these axes),
- * N = batch x local rows, D = emb_dim, KVD = local kv width, L layers; the bytes a
- * rank SENDS, as parallel/comm.h accounts them: an all-reduce of S floats 2 (n - 1) / n
- * x 4S, an all-gather or reduce-scatter of S floats in total (n - 1) / n x 4S over a
- * group of n:
+ * Bytes per rank and micro-batch, payloads of the activation dtype (es = 4 bytes with
+ * float32, 2 with bfloat16; the loss's row statistics stay fp32 / fp64), N = batch x
+ * local rows, D = emb_dim, KVD = local kv width, L layers; the bytes a rank SENDS, as
+ * parallel/comm.h accounts them: an all-reduce of S elements 2 (n - 1) / n x es S, an
+ * all-gather or reduce-scatter of S elements in total (n - 1) / n x es S over a group
+ * of n:
  *   tensor (no sequence parallelism): per layer 2 all-reduces of N x D in the forward
  *     (o_proj, down_proj outputs), 2 in the backward (the q/k/v and gate/up input
  *     gradients), plus one per recomputed out_proj / mlpwo (remat); the loss's
@@ -25,10 +26,11 @@
  *   context, all-gather (C ranks): per layer 2 all-gathers of B x seq x KVD (K, V) in
  *     the forward, 2 more in the backward (plus 2 when context is recomputed) and 2
  *     reduce-scatters of the same size (dK, dV).
- *   context, ring: per layer 2 (C - 1) sends of N x KVD x 4 bytes in the forward,
+ *   context, ring: per layer 2 (C - 1) sends of N x KVD x es bytes in the forward,
  *     4 (C - 1) + 2 in the backward (blocks travel with their gradients, then home),
  *     plus the forward's 2 (C - 1) again when context is recomputed.
- *   fsdp: mt_model_fsdp_gather_floats (model.h) x 4 bytes per forward + backward: the
+ *   fsdp: mt_model_fsdp_gather_floats (model.h) x es bytes (4 fp32, 2 with dtype
+ *     bfloat16: the compute copy is gathered) per forward + backward: the
  *     embedding and tail minus this rank's part once, each layer's window minus its
  *     part once in the forward and again in the backward for layers 0 .. L - 3. */
 #include "models/model_internal.h"
@@ -46,9 +48,25 @@
  * is a partial sum, all-reduced before the norm's backward; the row-parallel input
  * gradient is local. With one rank these are exactly linear_fwd/_bwd_w/_bwd_x. */
 
-/* x[n] summed over the tensor group in place (an all-reduce of n floats). */
+/* The payload type of the activation collectives (tensor, sequence, context): the
+ * activation dtype m->dt. With bfloat16 the payloads are bf16 and so are the sums.
+ * Where the rounding happens (dtype=bfloat16): as Megatron-LM does (its tensor-parallel
+ * all-reduce and reduce-scatter take the activations in the model's dtype:
+ * megatron/core/tensor_parallel/mappings.py _reduce, _reduce_scatter_along_first_dim),
+ * each rank's GEMM rounds its partial sum to bf16 once, and the group sums the bf16
+ * partials with parallel/comm.h's bf16 sum (fp32 add of the widened values, one rounding
+ * per step). The alternative, fp32 partial sums reduced in fp32 and rounded once, would
+ * be closer to one process (one rounding in all) at twice the bytes and an fp32 copy of
+ * each reduced buffer. One process rounds the whole fp32 sum p = p_1 + ... + p_n once;
+ * a group of n rounds 2n - 1 times (the n partials, n - 1 combinations): |result - p|
+ * <= (2n - 1) u sum_i |p_i| to first order, u = 2^-8, so the two differ by 2n roundings
+ * (tests/test_mpi_layouts.sh derives its bound from this count). Gathers and ring sends
+ * move bf16 values unchanged (exact). */
+static mt_comm_dtype act_cd(const mt_model *m) { return m->dt == MT_F32 ? MT_COMM_F32 : MT_COMM_BF16; }
+
+/* x[n] of m->dt summed over the tensor group in place (an all-reduce of n elements). */
 static void tp_sum(mt_model *m, void *x, int64_t n) {
-    if (m->tp.size > 1 && m->tp.status == MT_OK) m->tp.status = mt_comm_all_reduce(m->tp.comm, x, n, MT_COMM_F32);
+    if (m->tp.size > 1 && m->tp.status == MT_OK) m->tp.status = mt_comm_all_reduce(m->tp.comm, x, n, act_cd(m));
 }
 
 /* ---- sequence parallelism (Korthikanti et al. 2022, "Reducing Activation
@@ -62,15 +80,15 @@ static void tp_sum(mt_model *m, void *x, int64_t n) {
  * all-gathered, the column-parallel input gradient reduce-scattered, and the norm
  * outputs the backward recomputes are all-gathered again (Megatron-LM does the same
  * rather than keep the full normed input). Per layer and micro-batch: 4 all-gathers /
- * reduce-scatters of N x D floats in the forward, 6 in the backward (all tensors
- * kept), each moving (tp - 1) / tp of N x D x 4 bytes. Without it these helpers are
+ * reduce-scatters of N x D elements in the forward, 6 in the backward (all tensors
+ * kept), each moving (tp - 1) / tp of N x D x es bytes. Without it these helpers are
  * the plain full-row ops. */
 
 /* full[N, D]: this rank's rows [row0, row0 + rows) already written there; under
  * sequence parallelism all-gather the other ranks' rows (no-op otherwise). */
 void mtm_sp_gather(mt_model *m, void *full) {
     if (!m->tp.sp || m->tp.status != MT_OK) return;
-    m->tp.status = mt_comm_all_gather(m->tp.comm, AT(m, full, seq_row0(m) * m->D), full, m->tp.sp_counts, MT_COMM_F32);
+    m->tp.status = mt_comm_all_gather(m->tp.comm, AT(m, full, seq_row0(m) * m->D), full, m->tp.sp_counts, act_cd(m));
 }
 
 /* full[N, D] = RMSNorm(x) where x holds this rank's residual rows (all rows without
@@ -101,7 +119,7 @@ const void *mtm_tp_sum_input_grad(mt_model *m, void *d, void *part) {
         tp_sum(m, d, m->N * m->D);
         return d;
     }
-    if (m->tp.status == MT_OK) m->tp.status = mt_comm_reduce_scatter(m->tp.comm, d, part, m->tp.sp_counts, MT_COMM_F32);
+    if (m->tp.status == MT_OK) m->tp.status = mt_comm_reduce_scatter(m->tp.comm, d, part, m->tp.sp_counts, act_cd(m));
     return part;
 }
 
@@ -119,7 +137,7 @@ mt_status mtm_row_fwd(mt_model *m, void *y, const void *x, int pi, int64_t in_l,
     if (m->tp.sp) {
         MT_TRY(be->ops->gemm(be, 0, 1, N, D, in_l, 1.0f, x, in_l, mtm_pw(m, pi), ldw, m->dt, 0.0f, full, D, m->dt));
         if (m->tp.status == MT_OK)
-            m->tp.status = mt_comm_reduce_scatter(m->tp.comm, full, dst, m->tp.sp_counts, MT_COMM_F32);
+            m->tp.status = mt_comm_reduce_scatter(m->tp.comm, full, dst, m->tp.sp_counts, act_cd(m));
     } else {
         MT_TRY(be->ops->gemm(be, 0, 1, N, D, in_l, 1.0f, x, in_l, mtm_pw(m, pi), ldw, m->dt, 0.0f, dst, D, m->dt));
         tp_sum(m, dst, N * D);
@@ -173,7 +191,7 @@ static void cp_ring_pass(mt_model *m, void *const *send, void *const *recv, int 
     const int C = m->cp.size, r = m->cp.rank;
     for (int i = 0; i < nbuf && m->cp.status == MT_OK; i++)
         m->cp.status = mt_comm_sendrecv(m->cp.comm, send[i], (r + 1) % C, recv[i], (r + C - 1) % C,
-                                        m->N * m->KVD, MT_COMM_F32);
+                                        m->N * m->KVD, act_cd(m));
 }
 
 /* out/lse (running, [B, Tq, H, Dh] / [B, H, Tq]) merged with one block's ob/lb. */
@@ -245,7 +263,7 @@ static mt_status MT_MUST_CHECK cp_gather(mt_model *m, void *full, const void *x)
     void *stage = m->cp.buf[CP_STAGE];
     int64_t counts[C];
     for (int64_t r = 0; r < C; r++) counts[r] = blk;
-    if (m->cp.status == MT_OK) m->cp.status = mt_comm_all_gather(m->cp.comm, x, stage, counts, MT_COMM_F32);
+    if (m->cp.status == MT_OK) m->cp.status = mt_comm_all_gather(m->cp.comm, x, stage, counts, act_cd(m));
     for (int64_t r = 0; r < C; r++)
         for (int64_t b = 0; b < B; b++)
             MT_TRY(m->be->ops->copy(m->be, AT(m, full, (b * m->Tg + r * Tl) * KVD),
@@ -264,7 +282,7 @@ static mt_status MT_MUST_CHECK cp_scatter(mt_model *m, void *x, const void *full
             MT_TRY(m->be->ops->copy(m->be, AT(m, stage, r * blk + b * Tl * KVD),
                                     AT(m, full, (b * m->Tg + r * Tl) * KVD), (size_t)(Tl * KVD) * m->es));
     }
-    if (m->cp.status == MT_OK) m->cp.status = mt_comm_reduce_scatter(m->cp.comm, stage, x, counts, MT_COMM_F32);
+    if (m->cp.status == MT_OK) m->cp.status = mt_comm_reduce_scatter(m->cp.comm, stage, x, counts, act_cd(m));
     return MT_OK;
 }
 
@@ -351,20 +369,23 @@ static int64_t fsdp_own(const mt_model *m, int r, int64_t a, int64_t b) {
     return hi > lo ? hi - lo : 0;
 }
 
-/* win[0, b - a) = flat parameters [a, b), gathered from the shards (each rank sends
- * its part; rank order is flat order). async: started only (m->fsdp.req, completed by
- * mtm_fsdp_wait; the shard and win are not touched meanwhile). Failures go to fsdp.status
- * (first of the pass). */
-void mtm_fsdp_gather(mt_model *m, float *win, int64_t a, int64_t b, int async) {
+/* win[0, b - a) = flat parameters [a, b) of m->dt, gathered from the shards (each rank
+ * sends its part; rank order is flat order): the fp32 master shard, or with dtype
+ * bfloat16 the shard's compute copy (16-bit payloads, half the bytes; bitwise the
+ * slice of the one-process copy: mtm_refresh_compute). async: started only
+ * (m->fsdp.req, completed by mtm_fsdp_wait; the shard and win are not touched
+ * meanwhile). Failures go to fsdp.status (first of the pass). */
+void mtm_fsdp_gather(mt_model *m, void *win, int64_t a, int64_t b, int async) {
     if (m->fsdp.status != MT_OK) return;
     for (int r = 0; r < m->fsdp.size; r++) m->fsdp.counts[r] = fsdp_own(m, r, a, b);
     const int64_t own0 = a > m->fsdp.lo ? a : m->fsdp.lo;
-    const float *send = m->fsdp.counts[m->fsdp.rank] > 0 ? (const float *)m->plan.gptr[GB_PARAMS] + (own0 - m->fsdp.lo)
-                                                          : (const float *)m->plan.gptr[GB_PARAMS];
+    const void *shard = m->plan.gptr[m->dt != MT_F32 ? GB_COMPUTE_W : GB_PARAMS];
+    const void *send = m->fsdp.counts[m->fsdp.rank] > 0 ? AT(m, shard, own0 - m->fsdp.lo) : shard;
+    const mt_comm_dtype cd = m->dt != MT_F32 ? MT_COMM_U16 : MT_COMM_F32;
     if (async)
-        m->fsdp.status = mt_comm_all_gather_start(m->fsdp.comm, send, win, m->fsdp.counts, MT_COMM_F32, &m->fsdp.req);
+        m->fsdp.status = mt_comm_all_gather_start(m->fsdp.comm, send, win, m->fsdp.counts, cd, &m->fsdp.req);
     else
-        m->fsdp.status = mt_comm_all_gather(m->fsdp.comm, send, win, m->fsdp.counts, MT_COMM_F32);
+        m->fsdp.status = mt_comm_all_gather(m->fsdp.comm, send, win, m->fsdp.counts, cd);
 }
 
 /* Complete the prefetch in flight, if any (its failure goes to fsdp.status). */
@@ -402,10 +423,11 @@ uint64_t mt_model_shard_bytes(const mt_model *m) {
     const uint64_t T = (uint64_t)m->tp.size, C = (uint64_t)m->cp.size, L = (uint64_t)m->cfg.num_decoder_layers;
     const int64_t N = m->N;
     uint64_t b = 0;
+    const uint64_t es = (uint64_t)m->es; /* the activation payloads' element bytes */
     if (T > 1) { /* the header's tensor and sequence-parallel counts, the loss's max and sums, dh */
-        const uint64_t ND4 = 4 * (uint64_t)(N * m->D);
-        b += m->tp.sp ? 10 * L * ((T - 1) * ND4 / T) + (T - 1) * ND4 / T : 4 * L * ar_bytes(ND4, T);
-        b += ar_bytes(ND4, T);
+        const uint64_t ND = es * (uint64_t)(N * m->D);
+        b += m->tp.sp ? 10 * L * ((T - 1) * ND / T) + (T - 1) * ND / T : 4 * L * ar_bytes(ND, T);
+        b += ar_bytes(ND, T);
         const int64_t K = m->tiles < N ? m->tiles : N;
         for (int64_t k = 0; k < K; k++) {
             const uint64_t R = (uint64_t)((k + 1) * N / K - k * N / K);
@@ -413,7 +435,7 @@ uint64_t mt_model_shard_bytes(const mt_model *m) {
         }
     }
     if (C > 1) { /* blocks of this rank's rows x local kv width */
-        const uint64_t blk = 4 * (uint64_t)(N * m->KVD);
+        const uint64_t blk = es * (uint64_t)(N * m->KVD);
         b += m->cp.ring ? L * ((C - 1) * 6 * blk + 2 * blk) : 6 * L * (C - 1) * blk;
     }
     return b;

@@ -1,10 +1,12 @@
 /* models/model_windows.c: where the layers find a parameter and put its gradient.
  *
  * Parameter windows (the layout's param_offload, and fsdp): the device holds two
- * layer windows (layer l in slot l % 2, layer_numel floats each) and a global window
- * (embedding, then model.norm and lm_head) instead of the flat parameters; they are
- * filled from the host pool by copies (offload), or by all-gathers of the ranks'
- * shards (fsdp: model_shard.c mtm_fsdp_gather), the layer gathers prefetched one
+ * layer windows (layer l in slot l % 2, layer_numel elements of the compute dtype
+ * each) and a global window (embedding, then model.norm and lm_head) instead of the
+ * flat parameters; they are filled from the host pool by copies (offload), or by
+ * all-gathers of the ranks' shards (fsdp: model_shard.c mtm_fsdp_gather) of the fp32
+ * master or, with dtype bfloat16, of its bf16 compute copy (mtm_refresh_compute rounds
+ * it before each forward), the layer gathers prefetched one
  * layer ahead. A layer's window is fetched before its forward and again before its
  * backward only when layer l + 2 reused the slot.
  *
@@ -15,22 +17,42 @@
  * the sink's reduce-scatter of layer l overlaps layer l - 1's backward. */
 #include "models/model_internal.h"
 
-/* Parameter i (its tensor-parallel slice: model_shard.c) as the
- * layers compute with it: the fp32 master, or with dtype bfloat16 the bf16 compute copy
- * (GB_COMPUTE_W, the same flat layout). */
+/* Parameter i (its tensor-parallel slice: model_shard.c) as the layers compute with
+ * it, of m->dt: the fp32 master, or with dtype bfloat16 the bf16 compute copy
+ * (GB_COMPUTE_W, the same flat layout); with parameter windows the window holding it
+ * (filled from the master or, bf16, from the compute copy). */
 const void *mtm_pw(const mt_model *m, int i) {
-    const int64_t tp = m->tp.off ? m->tp.off[i] : 0;
-    if (m->dt != MT_F32) return AT(m, m->plan.gptr[GB_COMPUTE_W], m->par.info[i].offset + tp);
-    if (!params_windowed(m)) return (const float *)m->plan.gptr[GB_PARAMS] + m->par.info[i].offset + tp;
+    const int64_t tp = m->tp.off ? m->tp.off[i] : 0, off = m->par.info[i].offset;
+    if (!params_windowed(m))
+        return AT(m, m->plan.gptr[m->dt != MT_F32 ? GB_COMPUTE_W : GB_PARAMS], off + tp);
     /* parameter host offload / fsdp: the device window holding parameter i */
-    const int64_t off = m->par.info[i].offset;
     const int l = m->par.layer_of[i];
     if (l < 0) {
         const int64_t emb = m->par.info[m->par.embed].numel;
-        return m->pwin.ptr[MT_PWIN_GLOBAL] + (off < emb ? off : emb + off - m->par.tail_off) + tp;
+        return AT(m, m->pwin.ptr[MT_PWIN_GLOBAL], (off < emb ? off : emb + off - m->par.tail_off) + tp);
     }
     const int s = m->pwin.layer[0] == l ? 0 : 1; /* the slot holding layer l */
-    return m->pwin.ptr[MT_PWIN_LAYER0 + s] + (off - m->par.info[m->par.layer[l].in_norm].offset) + tp;
+    return AT(m, m->pwin.ptr[MT_PWIN_LAYER0 + s], (off - m->par.info[m->par.layer[l].in_norm].offset) + tp);
+}
+
+/* The compute copy of dtype bfloat16, element g of the flat buffer rounded with the
+ * stochastic-rounding bits of (seed, t * numel + g) whichever rank holds it: an fsdp
+ * shard [lo, hi) rounds its elements at offset t * numel + lo, so it is bitwise that
+ * slice of the one-process copy (layout-invariant). The fsdp gathers then move the
+ * compute copy (es bytes per element), never the fp32 master. Complete the fsdp
+ * prefetch in flight first (it may read the old copy). */
+mt_status mtm_refresh_compute(mt_model *m) {
+    if (m->dt == MT_F32) return MT_OK;
+    mtm_fsdp_wait(m);
+    const int64_t lo = m->fsdp.size > 1 ? m->fsdp.lo : 0, hi = m->fsdp.size > 1 ? m->fsdp.hi : m->par.numel;
+    return m->be->ops->from_f32(m->be, m->plan.gptr[GB_COMPUTE_W], m->dt, m->plan.gptr[GB_PARAMS], hi - lo, 1,
+                                m->sr_seed, (uint64_t)m->sr_t * (uint64_t)m->par.numel + (uint64_t)lo);
+}
+
+/* The source of the parameter windows without fsdp (parameter host offload): the fp32
+ * master, or the compute copy (both in the host pool). */
+static const void *window_source(const mt_model *m) {
+    return m->plan.gptr[m->dt != MT_F32 ? GB_COMPUTE_W : GB_PARAMS];
 }
 
 /* Parameter host offload: bring layer l's parameters into its window (slot l % 2; a
@@ -46,9 +68,8 @@ mt_status mtm_fetch_layer(mt_model *m, int64_t l) {
     if (m->fsdp.size > 1)
         mtm_fsdp_gather(m, m->pwin.ptr[MT_PWIN_LAYER0 + s], a, a + m->par.layer_numel, 0);
     else
-        MT_TRY(m->be->ops->copy_to_device(m->be, m->pwin.ptr[MT_PWIN_LAYER0 + s],
-                                          (const float *)m->plan.gptr[GB_PARAMS] + a,
-                                          (size_t)m->par.layer_numel * sizeof(float)));
+        MT_TRY(m->be->ops->copy_to_device(m->be, m->pwin.ptr[MT_PWIN_LAYER0 + s], AT(m, window_source(m), a),
+                                          (size_t)m->par.layer_numel * m->es));
     m->pwin.layer[s] = l;
     return MT_OK;
 }
@@ -75,14 +96,14 @@ mt_status mtm_fetch_global(mt_model *m) {
     const int64_t emb = m->par.info[m->par.embed].numel;
     if (m->fsdp.size > 1) {
         mtm_fsdp_gather(m, m->pwin.ptr[MT_PWIN_GLOBAL], 0, emb, 0);
-        mtm_fsdp_gather(m, m->pwin.ptr[MT_PWIN_GLOBAL] + emb, m->par.tail_off, m->par.numel, 0);
+        mtm_fsdp_gather(m, AT(m, m->pwin.ptr[MT_PWIN_GLOBAL], emb), m->par.tail_off, m->par.numel, 0);
         m->pwin.layer[0] = m->pwin.layer[1] = -1;
         return MT_OK;
     }
-    const float *host = m->plan.gptr[GB_PARAMS];
-    MT_TRY(m->be->ops->copy_to_device(m->be, m->pwin.ptr[MT_PWIN_GLOBAL], host, (size_t)emb * sizeof(float)));
-    MT_TRY(m->be->ops->copy_to_device(m->be, m->pwin.ptr[MT_PWIN_GLOBAL] + emb, host + m->par.tail_off,
-                                      (size_t)(m->par.numel - m->par.tail_off) * sizeof(float)));
+    const void *host = window_source(m);
+    MT_TRY(m->be->ops->copy_to_device(m->be, m->pwin.ptr[MT_PWIN_GLOBAL], host, (size_t)emb * m->es));
+    MT_TRY(m->be->ops->copy_to_device(m->be, AT(m, m->pwin.ptr[MT_PWIN_GLOBAL], emb), AT(m, host, m->par.tail_off),
+                                      (size_t)(m->par.numel - m->par.tail_off) * m->es));
     m->pwin.layer[0] = m->pwin.layer[1] = -1;
     return MT_OK;
 }

@@ -9,6 +9,7 @@ size_t mt_comm_dtype_size(mt_comm_dtype dt) {
     case MT_COMM_F64: return 8;
     case MT_COMM_I64: return 8;
     case MT_COMM_U16: return 2;
+    case MT_COMM_BF16: return 2;
     }
     return 0;
 }

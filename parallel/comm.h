@@ -79,8 +79,21 @@ typedef enum mt_comm_dtype {
     MT_COMM_F32 = 0, /* float */
     MT_COMM_F64 = 1, /* double */
     MT_COMM_I64 = 2, /* int64_t */
-    MT_COMM_U16 = 3  /* 16-bit payload (bf16 bits): gather, broadcast, send only */
+    MT_COMM_U16 = 3, /* 16-bit payload (bf16 bits): gather, broadcast, send only */
+    MT_COMM_BF16 = 4 /* bfloat16 (runtime/dtype.h mt_bf16): moved like U16, and summable (see below) */
 } mt_comm_dtype;
+
+/* Sums of MT_COMM_BF16 (all_reduce, reduce_scatter): MPI and NCCL have no bf16 sum in
+ * common, so it is defined here as the sum of the operands widened (exactly) to fp32
+ * and rounded to nearest even once per reduction step: each step that combines a
+ * partial result with a peer's adds two values in fp32 and rounds once. MPI: a
+ * user-defined commutative operation (MPI_Op_create) on 16-bit elements with that rule;
+ * NCCL: ncclBfloat16 with ncclSum, which reduces the same way (each hop widens, adds in
+ * fp32 and rounds to bf16). A group of n ranks combines n - 1 times, so an element of
+ * the result errs from the exact sum of its bf16 operands by at most (n - 1) u times the
+ * sum of their magnitudes (u = 2^-8, to first order; Higham 2002, "Accuracy and
+ * Stability of Numerical Algorithms", section 4.2, recursive summation), and is the
+ * same on every rank. all_reduce_max refuses it. */
 
 typedef enum mt_coll_kind {
     MT_COLL_ALL_REDUCE = 0,
@@ -172,14 +185,14 @@ int mt_comm_rank(const mt_comm *c);
 int mt_comm_size(const mt_comm *c);
 const char *mt_comm_name(const mt_comm *c);
 
-/* buf[count] = sum over the group of buf[count] (in place). dt: F32, F64 or I64. */
+/* buf[count] = sum over the group of buf[count] (in place). dt: F32, F64, I64 or BF16. */
 mt_status mt_comm_all_reduce(mt_comm *c, void *buf, int64_t count, mt_comm_dtype dt);
 
 /* buf[count] = elementwise maximum over the group (in place). dt: F32 or F64. */
 mt_status mt_comm_all_reduce_max(mt_comm *c, void *buf, int64_t count, mt_comm_dtype dt);
 
 /* send holds the group's chunks back to back, chunk i of counts[i] elements;
- * recv[counts[rank]] = sum over the group of chunk `rank`. dt: F32, F64 or I64.
+ * recv[counts[rank]] = sum over the group of chunk `rank`. dt: F32, F64, I64 or BF16.
  * counts[] has mt_comm_size entries (each < 2^31). */
 mt_status mt_comm_reduce_scatter(mt_comm *c, const void *send, void *recv, const int64_t *counts,
                                  mt_comm_dtype dt);

@@ -7,6 +7,7 @@
 #include "parallel/comm.h"
 #include "parallel/comm_nccl.h"
 #include "kernels/backend.h"
+#include "runtime/dtype.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -509,8 +510,34 @@ static MPI_Datatype mpi_type(mt_comm_dtype dt) {
     case MT_COMM_F64: return MPI_DOUBLE;
     case MT_COMM_I64: return MPI_INT64_T;
     case MT_COMM_U16: return MPI_UINT16_T;
+    case MT_COMM_BF16: return MPI_UINT16_T;
     }
     return MPI_BYTE;
+}
+
+/* The bf16 sum of comm.h: inout[i] = round_to_nearest_even(float(in[i]) + float(inout[i])),
+ * one rounding per combination of two partial results (fp32 addition is commutative, so
+ * the operation is declared commutative; MPI applies it n - 1 times for n ranks). */
+static void bf16_sum_fn(void *in, void *inout, int *len, MPI_Datatype *dt) {
+    (void)dt;
+    const mt_bf16 *a = in;
+    mt_bf16 *b = inout;
+    for (int i = 0; i < *len; i++) b[i] = mt_f32_to_bf16(mt_bf16_to_f32(a[i]) + mt_bf16_to_f32(b[i]));
+}
+
+/* *op = MPI's operation for a sum of dt: MPI_SUM, or for bf16 the operation above
+ * (created at its first use; collectives are called from one thread). Errors:
+ * MT_ERR_RUNTIME when MPI_Op_create fails. */
+static MPI_Op g_bf16_sum = MPI_OP_NULL;
+static mt_status sum_op(const mt_comm *c, mt_comm_dtype dt, MPI_Op *op) {
+    *op = MPI_SUM;
+    if (dt != MT_COMM_BF16) return MT_OK;
+    if (g_bf16_sum == MPI_OP_NULL && MPI_Op_create(bf16_sum_fn, 1, &g_bf16_sum) != MPI_SUCCESS) {
+        g_bf16_sum = MPI_OP_NULL;
+        return mt_set_error(MT_ERR_RUNTIME, "rank %d: MPI_Op_create (the bf16 sum) failed on '%s'", g_rank, c->name);
+    }
+    *op = g_bf16_sum;
+    return MT_OK;
 }
 
 static mt_status mpi_fail(const mt_comm *c, const char *what, int rc) {
@@ -751,7 +778,9 @@ static mt_status all_reduce_impl(mt_comm *c, void *buf, int64_t count, mt_comm_d
     MT_TRY(check_count(c, count, what));
     if (max && dt != MT_COMM_F32 && dt != MT_COMM_F64)
         return mt_set_error(MT_ERR_INVALID, "all_reduce_max: float32 or float64 payloads only");
-    if (!max && dt == MT_COMM_U16) return mt_set_error(MT_ERR_INVALID, "all_reduce: 16-bit payloads cannot be summed");
+    if (!max && dt == MT_COMM_U16)
+        return mt_set_error(MT_ERR_INVALID, "all_reduce: raw 16-bit payloads (MT_COMM_U16) cannot be summed "
+                            "(bf16: MT_COMM_BF16)");
     if (c->size == 1 || count == 0) return MT_OK;
     const uint64_t S = (uint64_t)count * mt_comm_dtype_size(dt);
     c->bytes[MT_COLL_ALL_REDUCE] += 2 * (uint64_t)(c->size - 1) * S / (uint64_t)c->size;
@@ -763,7 +792,8 @@ static mt_status all_reduce_impl(mt_comm *c, void *buf, int64_t count, mt_comm_d
     }
 #endif
 #ifdef MT_HAVE_MPI
-    const MPI_Op op = max ? MPI_MAX : MPI_SUM;
+    MPI_Op op = MPI_MAX;
+    if (!max) MT_TRY(sum_op(c, dt, &op));
     mt_stage sb, none = {0};
     MT_TRY(stage_in(c, &sb, buf, S, 1, what));
     if (req) {
@@ -800,7 +830,9 @@ static mt_status reduce_scatter_impl(mt_comm *c, const void *send, void *recv, c
                                      mt_comm_dtype dt, mt_comm_request **req) {
     if (req) *req = NULL;
     SOLO(c);
-    if (dt == MT_COMM_U16) return mt_set_error(MT_ERR_INVALID, "reduce_scatter: 16-bit payloads cannot be summed");
+    if (dt == MT_COMM_U16)
+        return mt_set_error(MT_ERR_INVALID, "reduce_scatter: raw 16-bit payloads (MT_COMM_U16) cannot be summed "
+                            "(bf16: MT_COMM_BF16)");
     const size_t es = mt_comm_dtype_size(dt);
     if (c->size == 1) return local_copy(c, recv, send, counts[0] > 0 ? (size_t)counts[0] * es : 0);
     const int64_t total = sum_counts(counts, c->size);
@@ -815,6 +847,8 @@ static mt_status reduce_scatter_impl(mt_comm *c, const void *send, void *recv, c
 #ifdef MT_HAVE_MPI
     int ic[2 * c->size];
     MT_TRY(int_counts(c, counts, ic, ic + c->size));
+    MPI_Op op;
+    MT_TRY(sum_op(c, dt, &op));
     mt_stage ss, sr; /* send (read), recv (written) */
     MT_TRY(stage_in(c, &ss, send, (size_t)total * es, 1, "reduce_scatter"));
     mt_status st = stage_in(c, &sr, recv, (size_t)counts[c->rank] * es, 0, "reduce_scatter");
@@ -828,12 +862,12 @@ static mt_status reduce_scatter_impl(mt_comm *c, const void *send, void *recv, c
         int rc = MPI_SUCCESS;
         if (r) {
             memcpy(r->ic, ic, sizeof(int) * (size_t)c->size);
-            rc = MPI_Ireduce_scatter(ss.host, sr.host, r->ic, mpi_type(dt), MPI_SUM, c->mpi, &r->mpi);
+            rc = MPI_Ireduce_scatter(ss.host, sr.host, r->ic, mpi_type(dt), op, c->mpi, &r->mpi);
         }
         return start_done(c, r, rc, &sr, &ss, w, req);
     }
     wd_enter(c, "reduce_scatter");
-    int rc = MPI_Reduce_scatter(ss.host, sr.host, ic, mpi_type(dt), MPI_SUM, c->mpi);
+    int rc = MPI_Reduce_scatter(ss.host, sr.host, ic, mpi_type(dt), op, c->mpi);
     wd_leave();
     return blocking_done(c, rc, &sr, &ss, "reduce_scatter (MPI_Reduce_scatter)");
 #endif

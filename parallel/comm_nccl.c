@@ -206,7 +206,7 @@ static mt_status finish(mt_nccl *n, const char *what, void **done) {
     return MT_OK;
 }
 
-/* NCCL type of dt and the element multiplier: 16-bit payloads move as bytes. */
+/* NCCL type of dt and the element multiplier: 16-bit payloads without a sum (U16) move as bytes. */
 static ncclDataType_t nccl_type(mt_comm_dtype dt, size_t *mult) {
     *mult = 1;
     switch (dt) {
@@ -214,6 +214,7 @@ static ncclDataType_t nccl_type(mt_comm_dtype dt, size_t *mult) {
     case MT_COMM_F64: return ncclFloat64;
     case MT_COMM_I64: return ncclInt64;
     case MT_COMM_U16: *mult = 2; return ncclUint8;
+    case MT_COMM_BF16: return ncclBfloat16; /* summed in fp32, rounded to bf16 per hop (comm.h) */
     }
     return ncclUint8;
 }

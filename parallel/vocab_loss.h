@@ -12,9 +12,10 @@
  *   loss_r = m_r + log s_r - z_r[label]
  *   dlogits_rj = dscale (exp(z_rj - m_r) / s_r - [j == label]) (1 - (z_rj / cap)^2 if capped)
  *   dh_t = dlogits W_l (a partial sum over vocabulary slices), dW_l += dlogits^T h_t
- * and after the last tile dh is all-reduced over the group (N x D floats), so the
- * gradient flows only into the rank's slice of W and every rank gets the full dh.
- * Per call the rank sends (T > 1) 2 (T-1)/T x (4 N + 16 N + 4 N D [backward]) bytes.
+ * and after the last tile dh is all-reduced over the group (N x D elements of the
+ * activation dtype), so the gradient flows only into the rank's slice of W and every
+ * rank gets the full dh. Per call the rank sends (T > 1) 2 (T-1)/T x (4 N + 16 N +
+ * es N D [backward]) bytes, es = 4 (float32) or 2 (bfloat16).
  * A row whose label is ignore_index has no loss and a zero gradient.
  * Everything runs through the backend's ops (gemm and kernels/ops.h vocab_tile_max,
  * vocab_tile_sumexp, vocab_tile_grad, which state the fp32 / fp64 split and the error of
@@ -51,19 +52,25 @@ typedef struct mt_vocab_loss_args {
  * 20 Rmax bytes (the plan entry "loss_tile.vocab_stats" of models/model_plan.c). 0 for N <= 0. */
 size_t mt_vocab_loss_scratch_bytes(int64_t N, int64_t num_tiles);
 
-/* h[N, D], W_l[Vl, D] (this rank's rows), labels[N] global ids -> stats[0] += the loss
- * summed over the labelled rows (fp64), stats[1] += their count (stats: 2 doubles, the
- * model's step statistics, "+=" as ops.h xent_tile; identical on every rank of the
+/* h[N, D], W_l[Vl, D] (this rank's rows) of dt, labels[N] global ids -> stats[0] += the
+ * loss summed over the labelled rows (fp64), stats[1] += their count (stats: 2 doubles,
+ * the model's step statistics, "+=" as ops.h xent_tile; identical on every rank of the
  * group; no host synchronisation: the caller reads stats once). dh (may be NULL: loss
- * only) gets dscale dloss/dh (overwritten, full after the all-reduce); dW_l (may be
- * NULL) += dscale dloss/dW_l. tile: mt_tiled_loss_tile_rows(N, num_tiles) x Vl floats;
- * scratch: mt_vocab_loss_scratch_bytes(N, num_tiles) bytes, 8-byte aligned. Every
- * pointer is backend memory; h, W_l, tile, dh and dW_l are fp32.
+ * only) of dt gets dscale dloss/dh (overwritten, full after the all-reduce); dW_l (may
+ * be NULL, fp32) += dscale dloss/dW_l. tile: mt_tiled_loss_tile_rows(N, num_tiles) x Vl
+ * floats (the fp32 logits, then dlogits); dtile: as many elements of dt, the dlogits
+ * rounded to nearest even for the two backward GEMMs (NULL with MT_F32), as
+ * kernels/tiled_loss.h; scratch: mt_vocab_loss_scratch_bytes(N, num_tiles) bytes,
+ * 8-byte aligned. dt is MT_F32 or MT_BF16 (the activation dtype and compute weights:
+ * logits and dlogits in fp32 either way, dh rounded once per rank and then summed over
+ * the group as bf16, parallel/comm.h MT_COMM_BF16). Every pointer is backend memory.
  * comm: the tensor group (NULL = one rank). Errors: MT_ERR_INVALID (scratch or stats
- * NULL), those of the ops (MT_ERR_RUNTIME on CUDA) and of the collectives. */
+ * NULL, or a bf16 call without dtile), those of the ops (MT_ERR_RUNTIME on CUDA) and of
+ * the collectives. */
 MT_MUST_CHECK mt_status mt_vocab_parallel_loss(mt_backend *be, mt_comm *comm, const mt_vocab_loss_args *a,
-                                               const float *h, const float *W_l, const int32_t *labels, float *tile,
-                                               void *scratch, float *dh, float *dW_l, double *stats);
+                                               const void *h, const void *W_l, mt_dtype dt, const int32_t *labels,
+                                               float *tile, void *dtile, void *scratch, void *dh, float *dW_l,
+                                               double *stats);
 
 #ifdef __cplusplus
 }

@@ -86,8 +86,7 @@ expect_bad "wrong type" "steps" "abc" "integer" -- train "$run" steps=abc
 expect_bad "wrong type (float)" "learning_rate" "fast" -- train "$run" learning_rate=fast
 expect_bad "enum value" "dtype" "float32|bfloat16" -- train "$run" dtype=fp8
 expect_bad "range" "per_device_batch_size" -- train "$run" per_device_batch_size=0
-expect_bad "bfloat16 with parameter offload" "dtype=bfloat16" "parameter_memory_host_offload" -- train "$run" \
-    backend=cpu dtype=bfloat16 parameter_memory_host_offload=true
+expect_bad "bfloat16 master weights" "weight_dtype=bfloat16" "float32" -- train "$run" backend=cpu weight_dtype=bfloat16
 expect_bad "missing model file" "nope.yml" -- train "$run" model_name=nope
 expect_bad "missing config" "absent.yml" -- train "$tmp/cfg/absent.yml"
 expect_bad "missing data dir" "$tmp/nodata" -- train "$run" dataset_path="$tmp/nodata"

@@ -85,11 +85,11 @@ PY
 # --- what the trainer refuses for every layout (MT_ERR_UNSUPPORTED from its dtype
 # check; no fsdp layout is refused) exits 2 naming the key, on an fsdp job too ---
 for cmd in plan estimate; do
-    "$bin" $cmd "$base" $nodata model_name=llama3.1-8b num_devices=16 max_target_length=2048 dtype=bfloat16 \
+    "$bin" $cmd "$base" $nodata model_name=llama3.1-8b num_devices=16 max_target_length=2048 weight_dtype=bfloat16 \
         hbm_gib=80 > out 2> err
     rc=$?
-    [ $rc -eq 2 ] || fail "$cmd dtype=bfloat16 on fsdp 16 exited $rc, expected 2: $(cat err)"
-    grep -q "dtype=bfloat16" err || fail "$cmd dtype=bfloat16: message lacks the key: $(cat err)"
+    [ $rc -eq 2 ] || fail "$cmd weight_dtype=bfloat16 on fsdp 16 exited $rc, expected 2: $(cat err)"
+    grep -q "weight_dtype=bfloat16" err || fail "$cmd weight_dtype=bfloat16: message lacks the key: $(cat err)"
 done
 
 # --- plan one rank of a 1024-device 405B job: the trainer's own fsdp plan ---
@@ -105,7 +105,8 @@ $py -c "import json; p = json.load(open('big.json')); assert p['mesh']['fsdp'] =
 m8="model_name=llama3.1-8b num_devices=16 max_target_length=2048"
 for lay in "ici_fsdp_parallelism=-1" "ici_fsdp_parallelism=-1 ici_tensor_parallelism=2" \
     "ici_data_parallelism=2 ici_fsdp_parallelism=-1" "ici_context_parallelism=2 ici_fsdp_parallelism=-1" \
-    "ici_fsdp_parallelism=-1 parameter_memory_host_offload=true"; do
+    "ici_fsdp_parallelism=-1 parameter_memory_host_offload=true" "ici_fsdp_parallelism=-1 dtype=bfloat16" \
+    "ici_fsdp_parallelism=-1 ici_tensor_parallelism=2 dtype=bfloat16"; do
     "$bin" plan "$base" $nodata $m8 $lay > lay.out 2> err || fail "plan $lay: $(cat err)"
     grep -q "exactly what \`train\` allocates" lay.out || fail "plan $lay is not the trainer's: $(sed -n 2p lay.out)"
     "$bin" estimate "$base" $nodata $m8 $lay hbm_gib=80 > lay.est 2> err || fail "estimate $lay: $(cat err)"

@@ -4,7 +4,7 @@
 # mpirun --oversubscribe with 1, 2 and 3 ranks (tests/tools/comm_check.c: uneven and
 # equal counts, an empty chunk, in-place gather, three requests outstanding at once,
 # byte counters equal to comm.h's formulas; every value exact in fp32, compared for
-# equality), and the watchdog on an asynchronous wait: a peer that joins 6 s late must
+# equality; bf16 sums, MT_COMM_BF16, with their rounding on two ranks), and the watchdog on an asynchronous wait: a peer that joins 6 s late must
 # end rank 0 after collective timeout 1 s with the rank, the collective and the group
 # named.
 set -u

@@ -19,12 +19,17 @@
 # partial sum errs by at most 2^-9 relative (round to nearest, 8 significant bits),
 # and |partial sums| <= sum |g_k| which for these gradients stays within 2x of |sum g_k|);
 # we check 4 * 2^-8 = 1.6e-2 and that the error is not zero (the rounding happened).
+# dtype=bfloat16 layouts (fsdp, tensor with and without sequence parallelism, context
+# all-gather and ring, compositions, parameter offload) against the one-process bf16
+# run, each with the bound derived next to them; the measured bytes equal the formula
+# with bf16 payloads.
 # Bad meshes exit 2 naming the key and the numbers.
 # With a second argument `cuda` (tests/test_emu_mpi_layouts.sh) every run, the references
 # included, uses backend=cuda on the CUDA emulator (tests/tools/mpi_layout_emu: each rank
 # an emulated GPU, collectives on device buffers staged through host memory,
 # parallel/comm.h): the same layouts, bounds and byte formulas, except the host-offload
-# layouts (parameter/optimizer offload do not run on cuda: kernels/backend.h host_offload).
+# layouts (parameter/optimizer offload do not run on cuda: kernels/backend.h host_offload),
+# and of the bf16 layouts only three (fsdp 2, tensor 2, context ring 2), for its runtime.
 set -u
 . "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_mpi_layouts.sh BUILD_DIR [cpu|cuda]}"
@@ -55,7 +60,10 @@ layout() {
     if ! mpi "$np" "$tool" run "$tmp/$name" "$cfg" "$@" > "$tmp/$name.log" 2>&1; then
         fail "$name: mpirun failed: $(tail -5 "$tmp/$name.log")"; return
     fi
-    "$tool" compare "$tmp/$refn" "$tmp/$name" 1e-5 > "$tmp/$name.cmp" 2>&1 || { fail "$name vs $refn"; cat "$tmp/$name.cmp"; }
+    # TOL / PABS (bf16 layouts below): the compare bounds, else 1e-5 relative
+    "$tool" compare "$tmp/$refn" "$tmp/$name" ${TOL:-1e-5} ${PABS:-} > "$tmp/$name.cmp" 2>&1 ||
+        { fail "$name vs $refn"; cat "$tmp/$name.cmp"; }
+    [ -z "${TOL:-}" ] || grep "^loss\|worst" "$tmp/$name.cmp" | sed "s/^/$name (bound $TOL${PABS:+, params $PABS}): /"
     for ((r = 0; r < np; r++)); do
         local f="$tmp/$name/bytes.$r.txt"
         [ -f "$f" ] || { fail "$name: no $f"; continue; }
@@ -183,6 +191,101 @@ if [ "$backend" = cpu ]; then
     layout dp2xfsdp2_offload_l4 ref_b4_l4 4 per_device_batch_size=1 ici_data_parallelism=2 ici_fsdp_parallelism=2 \
         base_num_decoder_layers=4 parameter_memory_host_offload=true optimizer_memory_host_offload=true
 fi
+
+# dtype=bfloat16 (bf16 compute copy and activations, fp32 master, moments and parameter
+# gradients): each layout against the one-process bf16 run on the same global batch.
+#  fsdp: the compute copy is rounded with the stochastic-rounding bits of each element's
+#   global index (models/model_windows.c mtm_refresh_compute), so a shard's copy is
+#   bitwise the slice of the one-process copy, and the windows gather it unchanged: fsdp
+#   adds no bf16 rounding, and the layouts differ from one process only in the order of
+#   fp32 gradient sums, as in fp32: the fp32 bound 1e-5 holds. (A master element that
+#   fp32 order moves by ~1e-7 relative flips its stochastic rounding with probability
+#   ~1e-7 / 2^-7 ~ 1e-5 per step: a changed weight of one bf16 ulp in steps 2-3 moves the
+#   losses and updates far below 1e-5.)
+#  tensor / context: the activation collectives sum bf16 partials (models/model_shard.c
+#   act_cd: Megatron-LM's choice; parallel/comm.h MT_COMM_BF16: fp32 add, one rounding
+#   per step). Against one process, which rounds each full fp32 sum once, an element
+#   reduced over a group of n carries 2n roundings of relative size <= u = 2^-8 (n
+#   partials, n - 1 combinations, and the reference's one). Counting the sites that feed
+#   a gradient (the forward to the loss and the backward from it), L layers:
+#     tensor n:    4 sums per layer (o_proj and down_proj outputs, the q/k/v and gate/up
+#                  input gradients; all-reduced, or reduce-scattered with sequence
+#                  parallelism: gathers are exact) + the loss's dh: S = (4L + 1) 2n
+#     context all-gather C: the dK and dV reduce-scatters per layer: S = 4 C L
+#     context ring C: the forward's C - 1 block outputs and merges (2 (C - 1) + 1), the
+#                  backward's dq (C blocks + C - 1 adds + 1) and dK, dV (C blocks + C - 1
+#                  adds onto zero + 1, each): S = (8C - 1) L
+#   Rounding errors of mean zero and independent sites (Higham & Mary 2019, "A New
+#   Approach to Probabilistic Rounding Error Analysis", the model of
+#   tests/test_bf16_train.sh) add to about sqrt(S) u relative per element, and the
+#   per-tensor norm averages them; we allow TOL = 2 sqrt(S) u for the losses and each
+#   gradient (2: the layers' amplification of a perturbation, norms, softmax and
+#   soft-caps; the measured ratios to sqrt(S) u are 0.3-0.7 on the CPU backend), e.g. tp2
+#   with 2 layers: S = 36, TOL = 12 u = 4.7e-2. A missing or doubled sum, a sum in the
+#   wrong dtype or a stale window gives O(1) errors.
+#   Parameters after 3 steps are bounded elementwise instead (PABS): Gemma's norm scales
+#   start at 0, so their norm after k steps is ~k lr sqrt(n) and a relative error means
+#   nothing there. Each Adam step moves an element by lr |m^ / (sqrt(v^) + eps)| <=
+#   1.003 lr (Cauchy-Schwarz on the bias-corrected moments: the factor is 1.0004 at step
+#   2 and 1.001 at step 3 for b1 = 0.9, b2 = 0.95; 1.003 leaves room), plus lr wd |p| of
+#   decay whose difference between the runs is lr wd |dp|, negligible; two runs differ
+#   by at most 2 x 1.003 k lr = 1.81e-3 after k = 3 steps at lr = 3e-4.
+bf16_tol() { awk -v s="$1" 'BEGIN { printf "%.2e", 2 * sqrt(s) / 256 }'; }
+bpabs=1.81e-3
+ref ref_b4_bf16 per_device_batch_size=4 dtype=bfloat16
+ref ref_b2_g2_bf16 model_name=tinyg2 per_device_batch_size=2 num_vocab_tiling=4 dtype=bfloat16
+layout fsdp2_bf16 ref_b4_bf16 2 per_device_batch_size=2 ici_fsdp_parallelism=2 dtype=bfloat16
+TOL=$(bf16_tol 36) PABS=$bpabs layout tp2_bf16 ref_b4_bf16 2 per_device_batch_size=4 ici_tensor_parallelism=2 \
+    dtype=bfloat16
+TOL=$(bf16_tol 30) PABS=$bpabs layout cp2_ring_bf16 ref_b4_bf16 2 per_device_batch_size=4 ici_context_parallelism=2 \
+    context_parallel_strategy=ring dtype=bfloat16
+if [ "$backend" = cpu ]; then # the emulated suite keeps to the three above (its runtime)
+    ref ref_b4_l5_full_bf16 per_device_batch_size=4 base_num_decoder_layers=5 remat_policy=full dtype=bfloat16
+    ref ref_b4_l4_bf16 per_device_batch_size=4 base_num_decoder_layers=4 dtype=bfloat16
+    layout fsdp4_l5_full_bf16 ref_b4_l5_full_bf16 4 per_device_batch_size=1 ici_fsdp_parallelism=4 \
+        base_num_decoder_layers=5 remat_policy=full dtype=bfloat16
+    layout fsdp2_gemma2_bf16 ref_b2_g2_bf16 2 model_name=tinyg2 per_device_batch_size=1 num_vocab_tiling=4 \
+        ici_fsdp_parallelism=2 dtype=bfloat16
+    TOL=$(bf16_tol 36) PABS=$bpabs layout tp2_sp_gemma2_bf16 ref_b2_g2_bf16 2 model_name=tinyg2 \
+        per_device_batch_size=2 num_vocab_tiling=4 ici_tensor_parallelism=2 tensor_sequence_parallelism=true \
+        dtype=bfloat16
+    TOL=$(bf16_tol 68) PABS=$bpabs layout fsdp2xtp2_sp_bf16 ref_b4_l4_bf16 4 per_device_batch_size=2 \
+        ici_fsdp_parallelism=2 ici_tensor_parallelism=2 tensor_sequence_parallelism=true base_num_decoder_layers=4 \
+        dtype=bfloat16
+    TOL=$(bf16_tol 16) PABS=$bpabs layout cp2_bf16 ref_b4_bf16 2 per_device_batch_size=4 ici_context_parallelism=2 \
+        dtype=bfloat16
+    TOL=$(bf16_tol 62) PABS=$bpabs layout cp4_ring_gemma2_bf16 ref_b2_g2_bf16 4 model_name=tinyg2 \
+        per_device_batch_size=2 num_vocab_tiling=4 ici_context_parallelism=4 context_parallel_strategy=ring \
+        dtype=bfloat16
+    TOL=$(bf16_tol $((36 + 16))) PABS=$bpabs layout tp2xcp2_sp_bf16 ref_b4_bf16 4 per_device_batch_size=4 \
+        ici_tensor_parallelism=2 ici_context_parallelism=2 tensor_sequence_parallelism=true dtype=bfloat16
+    TOL=$(bf16_tol 16) PABS=$bpabs layout dp2xfsdp2xcp2_bf16 ref_b4_bf16 8 per_device_batch_size=1 \
+        ici_data_parallelism=2 ici_fsdp_parallelism=2 ici_context_parallelism=2 dtype=bfloat16
+    # bitwise reproducible: the same bf16 layout run again gives the same losses,
+    # gradients and parameters (fixed reduction orders, bf16 sums included; tolerance 0)
+    TOL=0 layout tp2_sp_bf16_again tp2_sp_gemma2_bf16 2 model_name=tinyg2 per_device_batch_size=2 num_vocab_tiling=4 \
+        ici_tensor_parallelism=2 tensor_sequence_parallelism=true dtype=bfloat16
+    # parameter host offload (CPU only, as above): the master and its compute copy in the
+    # host pool, the windows copied (or, fsdp, gathered) from the copy: the same values,
+    # so bitwise the runs without offload (tolerance 0)
+    ref ref_b4_bf16_param_offload per_device_batch_size=4 parameter_memory_host_offload=true dtype=bfloat16
+    "$tool" compare "$tmp/ref_b4_bf16" "$tmp/ref_b4_bf16_param_offload" 0 > "$tmp/bf16_off.cmp" 2>&1 ||
+        { fail "bf16 with parameter offload is not bitwise bf16"; cat "$tmp/bf16_off.cmp"; }
+    layout fsdp2_param_offload_bf16 ref_b4_bf16 2 per_device_batch_size=2 ici_fsdp_parallelism=2 \
+        parameter_memory_host_offload=true dtype=bfloat16
+    "$tool" compare "$tmp/fsdp2_bf16" "$tmp/fsdp2_param_offload_bf16" 0 > "$tmp/fsdp_off_bf16.cmp" 2>&1 ||
+        { fail "fsdp2 bf16 with parameter offload is not bitwise fsdp2 bf16"; cat "$tmp/fsdp_off_bf16.cmp"; }
+fi
+# fsdp with bf16 plans the compute copy of the shard and windows of 2 bytes per
+# parameter (8 layers, rank 0): 4 + 2 bytes per shard element, 2 per window element.
+for f in 1 2; do
+    got="$("$tool" plan "$cfg" per_device_batch_size=2 base_num_decoder_layers=8 ici_fsdp_parallelism=$f \
+        dtype=bfloat16 2>&1)"
+    p="$(awk '{print $2}' <<< "$got")"
+    if [ $f -eq 1 ]; then want=$((6 * numel)); else want=$((6 * ((numel + f - 1) / f) + 2 * (2 * layer + glob))); fi
+    printf 'plan fsdp%d bf16: parameter bytes %s (formula %s)\n' "$f" "$p" "$want"
+    [ "$p" = "$want" ] || fail "plan fsdp$f bf16: params $p, formula $want ($got)"
+done
 
 # bf16 accumulators, both schedules, against the fp32 reference (bound in the header).
 for s in once every; do

@@ -6,7 +6,9 @@
 # banner formats its arena, equals the banner, and the plan says it is the trainer's
 # own; so for data 2 x fsdp 2 and context 2 x fsdp 2 (optimizer shards nested in the
 # fsdp shards), and data 2 x fsdp 2 with parameter host offload (the shard in the host
-# pool: the banner's arena is the device part).
+# pool: the banner's arena is the device part); and with dtype=bfloat16 (the compute
+# copy's shard and bf16 windows, bf16 tensor / context buffers): fsdp 2 x tensor 2 with
+# sequence parallelism, context 2 (ring) x fsdp 2, data 2 x fsdp 2 with parameter offload.
 set -u
 . "$(dirname "$0")/lib.sh"
 mt_build test_mpi_plan_fsdp.sh "${1:-}"
@@ -52,7 +54,10 @@ n=0
 for lay in "2:ici_fsdp_parallelism=2" "4:ici_fsdp_parallelism=2 ici_tensor_parallelism=2" \
            "4:ici_fsdp_parallelism=2 ici_tensor_parallelism=2 remat_policy=full" \
            "4:ici_data_parallelism=2 ici_fsdp_parallelism=2" "4:ici_context_parallelism=2 ici_fsdp_parallelism=2" \
-           "4:ici_data_parallelism=2 ici_fsdp_parallelism=2 parameter_memory_host_offload=true"; do
+           "4:ici_data_parallelism=2 ici_fsdp_parallelism=2 parameter_memory_host_offload=true" \
+           "4:ici_fsdp_parallelism=2 ici_tensor_parallelism=2 tensor_sequence_parallelism=true dtype=bfloat16" \
+           "4:ici_context_parallelism=2 ici_fsdp_parallelism=2 context_parallel_strategy=ring dtype=bfloat16" \
+           "4:ici_data_parallelism=2 ici_fsdp_parallelism=2 parameter_memory_host_offload=true dtype=bfloat16"; do
     np=${lay%%:*}; keys=${lay#*:}; n=$((n + 1))
     "$bin" plan "$tmp/cfg/run.yml" num_devices=$np $keys > plan.$n 2> err || { fail "plan $keys: $(cat err)"; continue; }
     grep -q "exactly what \`train\` allocates" plan.$n || fail "plan $keys: not the trainer's: $(sed -n 2p plan.$n)"

@@ -223,20 +223,24 @@ double mt_step_model_seconds(const mt_train_config *cfg, const mt_step_model *sm
     const double Fs = dims[MT_AXIS_FSDP], Dp = dims[MT_AXIS_DATA], Tn = dims[MT_AXIS_TENSOR];
     const double ga = (double)cfg->gradient_accumulation_steps;
     const double pbytes = P * 4.0;
-    if (cfg->parameter_memory_host_offload) off_bytes += 2.0 * ga * pbytes / Fs;
+    /* the windows' host-to-device copies, of the compute dtype (the bf16 compute copy with dtype=bfloat16) */
+    if (cfg->parameter_memory_host_offload) off_bytes += 2.0 * ga * P * (double)mt_dtype_size(cfg->dtype) / Fs;
     /* the moments are sharded over data with ZeRO-1, which fsdp implies (parallel/zero1.h) */
     if (cfg->optimizer_memory_host_offload)
         off_bytes += 2.0 * 2.0 * pbytes / (Fs * (cfg->shard_optimizer_over_data || Fs > 1 ? Dp : 1));
     double comm = 0;
-    if (Fs > 1) { /* gather fwd + bwd and the gradient reduce-scatter over data x fsdp (every micro-batch),
-                   * the optimizer sub-shards all-gathered over data (parallel/zero1.h) */
-        comm += ga * 2.0 * pbytes * (Fs - 1) / Fs + ga * pbytes * (Fs * Dp - 1) / (Fs * Dp) +
+    if (Fs > 1) { /* gather fwd + bwd (of the compute dtype: the bf16 compute copy with dtype=bfloat16) and
+                   * the gradient reduce-scatter over data x fsdp (every micro-batch), the optimizer
+                   * sub-shards all-gathered over data (parallel/zero1.h) */
+        const double cbytes = P * (double)mt_dtype_size(cfg->dtype);
+        comm += ga * 2.0 * cbytes * (Fs - 1) / Fs + ga * pbytes * (Fs * Dp - 1) / (Fs * Dp) +
                 (pbytes / Fs) * (Dp - 1) / Dp;
     } else if (Dp > 1) {
         comm += 2.0 * pbytes * (Dp - 1) / Dp; /* data all-reduce (or RS + AG) */
     }
     if (Tn > 1) comm += ga * 8.0 * L * (double)(lc.per_device_batch_size * lc.max_target_length) *
-                        (double)m->emb_dim * 4.0 * (Tn - 1) / Tn;   /* 2 all-reduces per layer, fwd + bwd */
+                        (double)m->emb_dim * (double)mt_dtype_size(cfg->dtype) * (Tn - 1) /
+                        Tn; /* 2 all-reduces per layer, fwd + bwd, of the activation dtype */
     const double flops = per_tok * tokens;
     if (flops_out) *flops_out = flops;
     if (offload_out) *offload_out = off_bytes;

@@ -41,7 +41,8 @@ void mt_trainer_step_bytes(const mt_trainer *t, uint64_t *measured, uint64_t *fo
                    (t->gs.zero1 ? 3 : 2) * scalar +
                    (uint64_t)t->cfg.gradient_accumulation_steps *
                        (mt_model_shard_bytes(t->model) + /* tensor and context collectives */
-                        4 * (uint64_t)mt_model_fsdp_gather_floats(t->model)); /* fsdp parameter all-gathers */
+                        (uint64_t)mt_dtype_size(mt_model_dtype(t->model)) * /* fsdp parameter all-gathers */
+                                (uint64_t)mt_model_fsdp_gather_floats(t->model));
 }
 
 /* ----------------------------------------------------------------- a step ---- */

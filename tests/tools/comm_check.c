@@ -258,6 +258,75 @@ static void check_rest(mt_comm *c, const char *label) {
     CHECK(mt_comm_wait(NULL) == MT_OK, "mt_comm_wait(NULL)");
 }
 
+/* MT_COMM_BF16 sums (comm.h): all_reduce (blocking and async) and reduce_scatter of bf16
+ * buffers made by from_f32 on the compute stream and read back by to_f32. Elements
+ * r + j / 2 (and their sums, at most 7 significant bits) are exact in bf16 in any
+ * order, so the result is compared for equality; on two ranks one more element tests the
+ * rounding: 1 + 3 x 2^-9 (rank 0: 1, rank 1: 3 x 2^-9) rounds to nearest 1 + 2^-7 (a
+ * truncating or bitwise sum would not). Bytes: 2 per element. */
+static void *bf16_upload(const float *host, int64_t n) {
+    float *f = upload(host, n);
+    void *b = tool_alloc(g_ops, (size_t)(n > 0 ? n : 1) * 2);
+    if (n) TOOL_OK(g_ops->ops->from_f32(g_ops, b, MT_BF16, f, n, 0, 0, 0));
+    g_ops->ops->release(g_ops, f);
+    return b;
+}
+static void bf16_download(float *host, void *b, int64_t n) {
+    float *f = tool_alloc(g_ops, (size_t)(n > 0 ? n : 1) * sizeof(float));
+    if (n) TOOL_OK(g_ops->ops->to_f32(g_ops, f, b, MT_BF16, n));
+    download(host, f, n);
+    g_ops->ops->release(g_ops, f);
+}
+static void check_bf16(mt_comm *c, const char *label) {
+    const int n = mt_comm_size(c), r = mt_comm_rank(c);
+    enum { K = 33 };
+    float h[K + 1], got[K + 1];
+    const int64_t k = n == 2 ? K + 1 : K;
+    for (int async = 0; async < 2; async++) {
+        for (int j = 0; j < K; j++) h[j] = (float)r + 0.5f * (float)j;
+        h[K] = r == 0 ? 1.0f : 3.0f / 512.0f;
+        void *buf = bf16_upload(h, k);
+        const uint64_t b0 = mt_comm_bytes(c, MT_COLL_ALL_REDUCE);
+        if (async) {
+            mt_comm_request *q = NULL;
+            OK(mt_comm_all_reduce_start(c, buf, k, MT_COMM_BF16, &q));
+            OK(mt_comm_wait(q));
+        } else {
+            OK(mt_comm_all_reduce(c, buf, k, MT_COMM_BF16));
+        }
+        const uint64_t want = n > 1 ? 2 * (uint64_t)(n - 1) * (uint64_t)k * 2 / (uint64_t)n : 0;
+        CHECK(mt_comm_bytes(c, MT_COLL_ALL_REDUCE) - b0 == want, "%s bf16 all_reduce bytes %llu, formula %llu", label,
+              (unsigned long long)(mt_comm_bytes(c, MT_COLL_ALL_REDUCE) - b0), (unsigned long long)want);
+        bf16_download(got, buf, k);
+        for (int j = 0; j < K; j++) {
+            const float w = (float)(n * (n - 1) / 2) + (float)n * 0.5f * (float)j;
+            CHECK(got[j] == w, "%s bf16 all_reduce%s: element %d is %g, want %g", label, async ? "_start" : "", j,
+                  got[j], w);
+        }
+        if (n == 2)
+            CHECK(got[K] == 1.0f + 1.0f / 128.0f, "%s bf16 all_reduce%s: 1 + 3 x 2^-9 is %.9g, want 1 + 2^-7", label,
+                  async ? "_start" : "", got[K]);
+        g_ops->ops->release(g_ops, buf);
+    }
+    int64_t ce[64];
+    for (int i = 0; i < n; i++) ce[i] = 3;
+    float hs[3 * 64], gs[3];
+    for (int i = 0; i < 3 * n; i++) hs[i] = (float)(i + r);
+    void *send = bf16_upload(hs, 3 * n), *recv = bf16_upload(hs, 3);
+    const uint64_t b0 = mt_comm_bytes(c, MT_COLL_REDUCE_SCATTER);
+    OK(mt_comm_reduce_scatter(c, send, recv, ce, MT_COMM_BF16));
+    CHECK(mt_comm_bytes(c, MT_COLL_REDUCE_SCATTER) - b0 == (uint64_t)(n - 1) * 3 * 2, "%s bf16 reduce_scatter bytes",
+          label);
+    bf16_download(gs, recv, 3);
+    for (int j = 0; j < 3; j++) {
+        const float w = (float)(n * (3 * r + j) + n * (n - 1) / 2);
+        CHECK(gs[j] == w, "%s bf16 reduce_scatter: element %d is %g, want %g", label, j, gs[j], w);
+    }
+    CHECK(mt_comm_all_reduce(c, send, 1, MT_COMM_U16) == MT_ERR_INVALID, "%s raw 16-bit sum not refused", label);
+    g_ops->ops->release(g_ops, send);
+    g_ops->ops->release(g_ops, recv);
+}
+
 /* Overlap on the CPU: an all_gather of 1 MiB per rank (far above Open MPI's eager
  * limits, so it needs progress after the start) must complete while this rank only
  * sleeps, before mt_comm_wait is called: the MPI backend's progress thread moves it.
@@ -308,6 +377,7 @@ static void check_all(mt_comm_mem mem) {
     check_gather_scatter(world, uneven, "world/uneven");
     check_gather_scatter(world, equal, "world/equal");
     check_rest(world, "world");
+    check_bf16(world, "world");
     if (mem == MT_COMM_HOST) check_progress(world);
     /* a sub-group: ranks paired by R / 2 (a group of one for an odd last rank) */
     OK(mt_comm_split_on(&pair, R / 2, R, "checkpair", mem));
