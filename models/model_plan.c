@@ -180,17 +180,7 @@ static mt_status add_weights(mt_model *m, mt_plan *plan) {
     const size_t f4 = sizeof(float), es = m->es;
     const int last = ph_optim(m), loss = ph_loss(m);
     const int bwd0 = ph_bwd(m, L - 1), bwd1 = ph_bwd(m, 0);
-    if (m->dt != MT_F32) {
-        /* bf16 compute so far on one layout: the tensor- and context-axis collectives,
-         * the fsdp windows and the parameter host pool still move fp32 */
-        const char *what = m->tp.size > 1 ? "ici_tensor_parallelism > 1"
-                : m->cp.size > 1          ? "ici_context_parallelism > 1"
-                : m->fsdp.size > 1        ? "ici_fsdp_parallelism > 1"
-                : m->pwin.offload         ? "parameter_memory_host_offload"
-                                          : NULL;
-        if (what)
-            return mt_set_error(MT_ERR_UNSUPPORTED, "dtype=%s with %s is not supported yet (use dtype=float32)",
-                                mt_dtype_name(m->dt), what);
+    if (m->dt != MT_F32) { /* the layouts are mt_model_check_dtype_layout's, checked at creation */
         MT_TRY(mtm_plan_add(m, plan, GB_COMPUTE_W, "params.compute", MT_MEM_PARAMS, (size_t)m->par.numel * es, 0,
                             last));
     }

@@ -33,15 +33,13 @@ static mt_status job_dims(const mt_train_config *cfg, int dims[4]) {
 
 /* The config of one rank's local model: heads, kv heads and mlp split by tensor,
  * vocabulary split by tensor (vocab-parallel), sequence by context; one device. The
- * layout must pass the trainer's own checks (parallel/mesh.h mt_mesh_check_layout,
- * whose tensor rules refuse kv-head replication), with the trainer's message. */
+ * layout must pass the trainer's own check (train/trainer.h mt_trainer_check_layout,
+ * parallel/mesh.h's rules: no kv-head replication, 2C chunks, ...), with its message. */
 static mt_status local_config(const mt_train_config *cfg, const int dims[4], mt_train_config *lc) {
     *lc = *cfg;
     const int64_t Tn = dims[MT_AXIS_TENSOR], Cn = dims[MT_AXIS_CONTEXT];
     mt_model_config *m = &lc->model;
-    const mt_layout_sizes ls = {m->num_query_heads, m->num_kv_heads, m->mlp_dim, m->vocab_size,
-                                cfg->max_target_length, cfg->per_device_batch_size};
-    MT_TRY(mt_mesh_check_layout(dims, &ls));
+    MT_TRY(mt_trainer_check_layout(cfg, dims));
     m->num_query_heads /= Tn;
     m->num_kv_heads /= Tn;
     m->mlp_dim /= Tn;
