@@ -21,6 +21,7 @@
 #include "parallel/mesh.h"
 #include "train/config.h"
 #include "train/estimate.h"
+#include "train/metrics.h"
 #include "train/trainer.h"
 #include "tests/test_fixtures.h"
 
@@ -163,4 +164,21 @@ Test(plan_estimate, tensor_axis_beyond_kv_heads_refused_as_by_the_trainer) {
     c.num_devices = 2;
     cr_expect(isfinite(mt_step_model_seconds(&c, &sm, NULL, NULL, NULL)), "%s", mt_last_error());
     cr_expect_eq(mt_memory_plan_rank(&c, &r, NULL, NULL), MT_OK, "%s", mt_last_error());
+}
+
+/* The trainer's mfu FLOPs per token (train/metrics.h, MaxText's convention): the
+ * logits matmul, 6 V D, counted once whether lm_head is tied to the embedding (Gemma)
+ * or not (Llama), the embedding lookup not at all: 6 N + 12 L H Dh T tied,
+ * 6 (N - V D) + 12 L H Dh T untied. */
+Test(plan_estimate, flops_per_token_counts_the_logits_once) {
+    const mt_decoder_block blks[2] = {MT_DECODER_LLAMA2, MT_DECODER_GEMMA2};
+    for (int bi = 0; bi < 2; bi++) {
+        const mt_model_config m = tu_plan_model(blks[bi], 6);
+        cr_assert_eq(m.logits_via_embedding, bi == 1, "the Gemma 2 test model ties its head, the Llama not");
+        const double V = (double)m.vocab_size, D = (double)m.emb_dim, N = (double)mt_model_num_parameters(&m);
+        const double attn = 12.0 * (double)(m.num_decoder_layers * m.num_query_heads * m.head_dim) * 32.0;
+        const double want = (m.logits_via_embedding ? 6.0 * N : 6.0 * (N - V * D)) + attn;
+        cr_expect_float_eq(mt_flops_per_token(&m, 32), want, 1e-12 * want, "block %d: %.17g, want %.17g", bi,
+                           mt_flops_per_token(&m, 32), want);
+    }
 }
