@@ -182,3 +182,50 @@ Test(plan_estimate, flops_per_token_counts_the_logits_once) {
                            mt_flops_per_token(&m, 32), want);
     }
 }
+
+/* The estimator's step model takes the trainer's formulas: with every tensor kept (no
+ * recompute, no offload) its FLOPs are mt_flops_per_token x the tokens one device is
+ * credited with (train/metrics.h: a tensor group shares its sequences), its collective
+ * bytes rank 0's by the trainer's formula (mt_trainer_plan_ex), and the step is their
+ * sum over the rates; every estimate row carries the bytes of its own batch's plan. */
+Test(plan_estimate, step_model_takes_the_trainers_flops_and_bytes) {
+    const mt_decoder_block blks[2] = {MT_DECODER_LLAMA2, MT_DECODER_GEMMA2};
+    const int64_t lay[3][2] = {{1, 1}, {4, 1}, {4, 2}}; /* devices, tensor */
+    const mt_step_model sm = mt_step_model_default();
+    for (int bi = 0; bi < 2; bi++)
+        for (int li = 0; li < 3; li++) {
+            mt_train_config c;
+            base_cfg(&c, blks[bi], lay[li][0]);
+            if (lay[li][1] > 1) {
+                c.ici_tensor_parallelism = lay[li][1];
+                c.ici_fsdp_parallelism = lay[li][0] / lay[li][1];
+            }
+            c.per_device_batch_size = 2;
+            c.remat_policy = MT_REMAT_CUSTOM;
+            for (int t = 0; t < MT_RT_COUNT; t++) c.remat_custom[t] = MT_RA_DEVICE;
+            double flops = 0, comm = -1;
+            const double s = mt_step_model_seconds(&c, &sm, &flops, NULL, &comm);
+            cr_assert(isfinite(s), "%s", mt_last_error());
+            const double tokens = (double)(c.per_device_batch_size * c.max_target_length) / (double)lay[li][1];
+            const double want = mt_flops_per_token(&c.model, c.max_target_length) * tokens;
+            cr_expect_float_eq(flops, want, 1e-12 * want, "block %d layout %d: %.17g vs %.17g", bi, li, flops, want);
+            mt_memory_report r;
+            cr_assert_eq(mt_memory_plan_rank(&c, &r, NULL, NULL), MT_OK, "%s", mt_last_error());
+            cr_expect_eq(comm, (double)r.step_bytes);
+            cr_expect_eq(r.step_bytes > 0, lay[li][0] > 1, "bytes %llu on %lld device(s)",
+                         (unsigned long long)r.step_bytes, (long long)lay[li][0]);
+            cr_expect_float_eq(s, flops / sm.device_flops + comm / sm.link_bw, 1e-12 * s);
+            if (lay[li][0] == 1) continue;
+            mt_estimate_result res;
+            c.hbm_gib = 80;
+            cr_assert_eq(mt_estimate(&c, 0, NULL, &sm, &res), MT_OK, "%s", mt_last_error());
+            for (int i = 0; i < res.nrows; i++) {
+                mt_train_config rc = c;
+                rc.per_device_batch_size = res.rows[i].batch;
+                cr_assert_eq(mt_memory_plan_rank(&rc, &r, NULL, NULL), MT_OK, "%s", mt_last_error());
+                cr_expect_eq(res.rows[i].comm_bytes, r.step_bytes, "row %d (batch %lld)", i,
+                             (long long)res.rows[i].batch);
+            }
+            mt_estimate_result_free(&res);
+        }
+}

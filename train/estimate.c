@@ -9,6 +9,7 @@
 
 #include "parallel/mesh.h"
 #include "runtime/timer.h"
+#include "train/metrics.h"
 #include "train/trainer.h"
 
 /* ------------------------------------------------------------------ mesh ---- */
@@ -114,14 +115,14 @@ static void fill_report(mt_memory_report *r, const mt_plan *p, const mt_plan *h)
 /* The trainer's own plan of rank 0 of the full data x fsdp x context x tensor mesh,
  * each axis given explicitly (mt_trainer_plan resolves a -1 axis to 1). */
 static mt_status trainer_plan(const mt_train_config *cfg, const int dims[4], mt_plan **p, mt_plan **h,
-                              int64_t *local) {
+                              int64_t *local, uint64_t *step_bytes) {
     mt_train_config lc = *cfg;
     lc.ici_data_parallelism = dims[MT_AXIS_DATA];
     lc.ici_fsdp_parallelism = dims[MT_AXIS_FSDP];
     lc.ici_context_parallelism = dims[MT_AXIS_CONTEXT];
     lc.ici_tensor_parallelism = dims[MT_AXIS_TENSOR];
     lc.num_devices = cfg->num_devices;
-    return mt_trainer_plan(&lc, p, h, local);
+    return mt_trainer_plan_ex(&lc, p, h, local, step_bytes);
 }
 
 mt_status mt_memory_plan_rank(const mt_train_config *cfg, mt_memory_report *rep, mt_plan **plan, mt_plan **host_plan) {
@@ -132,10 +133,12 @@ mt_status mt_memory_plan_rank(const mt_train_config *cfg, mt_memory_report *rep,
     MT_TRY(job_dims(cfg, dims));
     mt_plan *p = NULL, *h = NULL;
     int64_t local = 0;
+    uint64_t bytes = 0;
     /* The trainer's own plan for rank 0 of the whole mesh: exactly what that rank
      * allocates, every fsdp layout included; what it refuses is refused here. */
-    mt_status st = trainer_plan(cfg, dims, &p, &h, &local);
+    mt_status st = trainer_plan(cfg, dims, &p, &h, &local, &bytes);
     if (st == MT_OK) {
+        rep->step_bytes = bytes;
         memcpy(rep->dims, dims, sizeof dims);
         rep->num_params = mt_model_num_parameters(&cfg->model);
         rep->local_params = local;
@@ -194,52 +197,58 @@ static double tensor_bytes(const mt_model_config *m, int64_t B, int64_t T, int t
     }
 }
 
-double mt_step_model_seconds(const mt_train_config *cfg, const mt_step_model *sm, double *flops_out,
-                             double *offload_out, double *comm_out) {
-    int dims[4];
+/* Tokens one device is credited with per step: a tensor x context group shares its
+ * sequences (train/metrics.h: the job's tokens over the world). */
+static double device_tokens(const mt_train_config *cfg, const int dims[4], int64_t batch) {
+    return (double)batch * (double)cfg->max_target_length * (double)cfg->gradient_accumulation_steps /
+           ((double)dims[MT_AXIS_CONTEXT] * (double)dims[MT_AXIS_TENSOR]);
+}
+
+/* Model FLOPs of one device's step without recompute: the trainer's mfu formula. */
+static double model_flops(const mt_train_config *cfg, const int dims[4], int64_t batch) {
+    return mt_flops_per_token(&cfg->model, cfg->max_target_length) * device_tokens(cfg, dims, batch);
+}
+
+/* Modelled seconds of cfg on the mesh dims with `comm` collective bytes (the caller's
+ * figure: the trainer's formula, or 0 where only policies of one layout and batch are
+ * compared, which send the same bytes). INFINITY when the layout or policy is refused. */
+static double step_time(const mt_train_config *cfg, const int dims[4], const mt_step_model *sm, double comm,
+                        double *flops_out, double *offload_out) {
     mt_train_config lc;
-    if (job_dims(cfg, dims) != MT_OK || local_config(cfg, dims, &lc) != MT_OK) return INFINITY;
+    if (local_config(cfg, dims, &lc) != MT_OK) return INFINITY;
     mt_remat_policy pol;
     if (mt_memory_remat_policy(cfg, &pol) != MT_OK) return INFINITY;
     const mt_model_config *m = &lc.model;
-    const double L = (double)m->num_decoder_layers;
-    const double tokens = (double)(lc.per_device_batch_size * lc.max_target_length) *
-                          (double)cfg->gradient_accumulation_steps;
-    const double P = (double)mt_model_num_parameters(m);
-    const double Pemb = (double)(m->vocab_size * m->emb_dim * (m->logits_via_embedding ? 1 : 2));
-    const double Tfull = (double)cfg->max_target_length;
-    double per_tok = 6.0 * (P - Pemb) + 12.0 * L * (double)(m->num_query_heads * m->head_dim) * Tfull +
-                     6.0 * (double)(m->vocab_size * m->emb_dim); /* the logits GEMMs (fwd + 2 bwd) */
-    double off_bytes = 0;
+    const double L = (double)m->num_decoder_layers, ga = (double)cfg->gradient_accumulation_steps;
+    /* this rank's rows: a tensor rank recomputes its slice of every row of its group */
+    const double rows = (double)(lc.per_device_batch_size * lc.max_target_length) * ga;
+    double recompute = 0, off_bytes = 0;
     for (int t = 1; t < MT_RT_COUNT; t++) {
-        if (pol.action[t] == MT_RA_REMAT) per_tok += L * recompute_flops(m, (int64_t)Tfull, t);
+        if (pol.action[t] == MT_RA_REMAT) recompute += L * recompute_flops(m, cfg->max_target_length, t);
         if (pol.action[t] == MT_RA_OFFLOAD)
             off_bytes += 2.0 * L * tensor_bytes(m, lc.per_device_batch_size, lc.max_target_length, t,
                                                 (double)mt_dtype_size(cfg->dtype));
     }
-    off_bytes *= (double)cfg->gradient_accumulation_steps;
-    const double Fs = dims[MT_AXIS_FSDP], Dp = dims[MT_AXIS_DATA], Tn = dims[MT_AXIS_TENSOR];
-    const double ga = (double)cfg->gradient_accumulation_steps;
-    const double pbytes = P * 4.0;
+    off_bytes *= ga;
+    const double Fs = dims[MT_AXIS_FSDP], Dp = dims[MT_AXIS_DATA];
+    const double pbytes = (double)mt_model_num_parameters(m) * 4.0;
     if (cfg->parameter_memory_host_offload) off_bytes += 2.0 * ga * pbytes / Fs;
     /* the moments are sharded over data with ZeRO-1, which fsdp implies (parallel/zero1.h) */
     if (cfg->optimizer_memory_host_offload)
         off_bytes += 2.0 * 2.0 * pbytes / (Fs * (cfg->shard_optimizer_over_data || Fs > 1 ? Dp : 1));
-    double comm = 0;
-    if (Fs > 1) { /* gather fwd + bwd and the gradient reduce-scatter over data x fsdp (every micro-batch),
-                   * the optimizer sub-shards all-gathered over data (parallel/zero1.h) */
-        comm += ga * 2.0 * pbytes * (Fs - 1) / Fs + ga * pbytes * (Fs * Dp - 1) / (Fs * Dp) +
-                (pbytes / Fs) * (Dp - 1) / Dp;
-    } else if (Dp > 1) {
-        comm += 2.0 * pbytes * (Dp - 1) / Dp; /* data all-reduce (or RS + AG) */
-    }
-    if (Tn > 1) comm += ga * 8.0 * L * (double)(lc.per_device_batch_size * lc.max_target_length) *
-                        (double)m->emb_dim * 4.0 * (Tn - 1) / Tn;   /* 2 all-reduces per layer, fwd + bwd */
-    const double flops = per_tok * tokens;
+    const double flops = model_flops(cfg, dims, cfg->per_device_batch_size) + recompute * rows;
     if (flops_out) *flops_out = flops;
     if (offload_out) *offload_out = off_bytes;
-    if (comm_out) *comm_out = comm;
     return flops / sm->device_flops + off_bytes / sm->host_bw + comm / sm->link_bw;
+}
+
+double mt_step_model_seconds(const mt_train_config *cfg, const mt_step_model *sm, double *flops_out,
+                             double *offload_out, double *comm_out) {
+    int dims[4];
+    mt_memory_report r;
+    if (job_dims(cfg, dims) != MT_OK || mt_memory_plan_rank(cfg, &r, NULL, NULL) != MT_OK) return INFINITY;
+    if (comm_out) *comm_out = (double)r.step_bytes;
+    return step_time(cfg, dims, sm, (double)r.step_bytes, flops_out, offload_out);
 }
 
 /* ------------------------------------------------------------- estimator ---- */
@@ -337,12 +346,14 @@ static mt_status max_batch(search *s, const mt_remat_policy *p, int64_t hi, int6
 /* Exact confirmation, cached: the device plan depends only on which tensors are kept
  * (remat and offload both use the layer scratch), so one plan per (batch, kept set),
  * made with every other tensor offloaded, gives the device peak of all its remat /
- * offload mixes and the host bytes of each offloaded name. */
+ * offload mixes, the host bytes of each offloaded name and the step's collective bytes
+ * (the trainer's formula counts no remat-dependent collective). */
 typedef struct confirm_entry {
     int64_t batch;
     unsigned kept;                  /* bit t: tensor t on the device */
     size_t peak, host_fixed;        /* device peak; host bytes that are not activations */
     size_t host_name[MT_RT_COUNT];  /* host bytes of each offloaded name */
+    uint64_t step_bytes;            /* collective bytes of rank 0 per step */
 } confirm_entry;
 typedef struct confirm_cache {
     confirm_entry e[4 * MT_RT_COUNT + 8];
@@ -350,7 +361,7 @@ typedef struct confirm_cache {
 } confirm_cache;
 
 static mt_status confirm(search *s, confirm_cache *c, int64_t batch, const mt_remat_policy *p, size_t *peak,
-                         size_t *host) {
+                         size_t *host, uint64_t *step_bytes) {
     unsigned kept = 0;
     for (int t = 0; t < MT_RT_COUNT; t++)
         if (p->action[t] == MT_RA_DEVICE) kept |= 1u << t;
@@ -374,6 +385,7 @@ static mt_status confirm(search *s, confirm_cache *c, int64_t batch, const mt_re
         e->kept = kept;
         e->peak = r.peak;
         e->host_fixed = r.host_total - r.host_activations;
+        e->step_bytes = r.step_bytes;
         for (int i = 0; i < mt_plan_count(h); i++) {
             const mt_plan_entry *he = mt_plan_entry_get(h, i);
             const int t = saved_tensor(he);
@@ -383,6 +395,7 @@ static mt_status confirm(search *s, confirm_cache *c, int64_t batch, const mt_re
     }
     *peak = e->peak;
     *host = e->host_fixed;
+    *step_bytes = e->step_bytes;
     for (int t = 0; t < MT_RT_COUNT; t++)
         if (p->action[t] == MT_RA_OFFLOAD) *host += e->host_name[t];
     return MT_OK;
@@ -430,20 +443,23 @@ static void pareto_filter(mt_estimate_result *r) {
 
 /* For each searched tensor order[0..n), the cheaper of remat and offload under the
  * step model (cheap[t]); the model is additive over tensors and linear in the batch,
- * so one comparison at batch 1 from the lightest policy decides for every row. */
+ * and the collective bytes do not depend on the policy (compared at 0), so one
+ * comparison at batch 1 from the lightest policy decides for every row. */
 static mt_status cheaper_non_kept(search *s, const mt_step_model *sm, const mt_remat_policy *lightest,
                                   const int *order, int n, int cheap[MT_RT_COUNT]) {
     for (int t = 0; t < MT_RT_COUNT; t++) cheap[t] = MT_RA_REMAT;
+    int dims[4];
+    MT_TRY(job_dims(s->base, dims));
     s->cfg = *s->base;
     s->cfg.per_device_batch_size = 1;
     set_policy(&s->cfg, lightest);
-    const double base = mt_step_model_seconds(&s->cfg, sm, NULL, NULL, NULL);
+    const double base = step_time(&s->cfg, dims, sm, 0.0, NULL, NULL);
     if (!isfinite(base)) return mt_set_error(MT_ERR_INVALID, "estimator: the step model rejects the config");
     for (int k = 0; k < n; k++) {
         mt_remat_policy q = *lightest;
         q.action[order[k]] = MT_RA_OFFLOAD;
         set_policy(&s->cfg, &q);
-        if (mt_step_model_seconds(&s->cfg, sm, NULL, NULL, NULL) < base) cheap[order[k]] = MT_RA_OFFLOAD;
+        if (step_time(&s->cfg, dims, sm, 0.0, NULL, NULL) < base) cheap[order[k]] = MT_RA_OFFLOAD;
     }
     return MT_OK;
 }
@@ -586,33 +602,32 @@ static mt_status add_cheaper_variants(search *s, const searched *q, const mt_ste
 }
 
 /* Confirm each row with the exact full-depth plan (stepping the batch down in the
- * unlikely case extrapolation was optimistic) and model its step time and tokens/s. */
+ * unlikely case extrapolation was optimistic) and model its step time (collective
+ * bytes: the trainer's formula from that plan) and tokens/s. */
 static mt_status confirm_and_model(search *s, const mt_step_model *sm, mt_estimate_result *out) {
     const mt_train_config *cfg = s->base;
     confirm_cache cache;
     memset(&cache, 0, sizeof cache);
-    mt_status st = MT_OK;
+    int dims[4];
+    mt_status st = job_dims(cfg, dims);
     for (int i = 0; st == MT_OK && i < out->nrows; i++) {
         mt_estimate_row *row = &out->rows[i];
         size_t peak = 0, host = 0;
+        uint64_t bytes = 0;
         for (;;) {
-            st = confirm(s, &cache, row->batch, &row->policy, &peak, &host);
+            st = confirm(s, &cache, row->batch, &row->policy, &peak, &host, &bytes);
             if (st != MT_OK || peak <= s->budget || row->batch <= 1 || out->mode == 2) break;
             row->batch--;
         }
         if (st != MT_OK) break;
         row->peak = peak;
         row->host = host;
+        row->comm_bytes = bytes;
         s->cfg = *s->base;
         s->cfg.per_device_batch_size = row->batch;
         set_policy(&s->cfg, &row->policy);
-        row->step_s = mt_step_model_seconds(&s->cfg, sm, NULL, NULL, NULL);
-        int dims[4];
-        st = job_dims(cfg, dims);
-        if (st != MT_OK) break;
-        /* a tensor (or context) group shares its sequences: tokens per device */
-        const double tokens = (double)(row->batch * cfg->max_target_length * cfg->gradient_accumulation_steps) /
-                              (double)(dims[MT_AXIS_TENSOR] * dims[MT_AXIS_CONTEXT]);
+        row->step_s = step_time(&s->cfg, dims, sm, (double)bytes, &row->flops, NULL);
+        const double tokens = device_tokens(cfg, dims, row->batch);
         row->tokens_per_s = row->step_s > 0 ? tokens / row->step_s : 0;
     }
     return st;

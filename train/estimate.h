@@ -60,6 +60,8 @@ typedef struct mt_memory_report {
     size_t host_params, host_optimizer;
     size_t host_total;
     size_t layer_kept;            /* device bytes one layer adds (its kept tensors) */
+    uint64_t step_bytes;          /* bytes rank 0 sends in one optimizer step: the trainer's formula
+                                   * (train/trainer.h mt_trainer_plan_ex, mt_trainer_step_bytes) */
 } mt_memory_report;
 
 /* Plan rank 0 of cfg (num_devices and the ici_* keys give the mesh; when every
@@ -88,16 +90,22 @@ mt_step_model mt_step_model_default(void);
 /* Largest hbm_gib mt_estimate takes: 2^33 GiB = 2^63 bytes. */
 #define MT_HBM_GIB_MAX 8589934592.0
 
-/* Modelled seconds of one optimizer step of cfg (all micro-batches): FLOPs (6 per
- * parameter per token + 12 L H Dh T per token for attention, causal not discounted,
- * plus the forward FLOPs of every recomputed tensor) / device_flops + offloaded bytes
- * (out and back) / host_bw + collective bytes (fsdp all-gather forward and backward,
- * gradient reduce-scatter, data all-reduce; ring factors (n-1)/n) / link_bw. Each
- * term is returned too (may be NULL). Tokens per device per step:
- * per_device_batch_size x max_target_length / context x gradient_accumulation_steps.
- * INFINITY for a config or layout the trainer refuses (the layout rules of
- * parallel/mesh.h mt_mesh_check_layout: no kv-head replication), with its message in
- * mt_last_error(). */
+/* Modelled seconds of one optimizer step of cfg (all micro-batches) on one device of
+ * the mesh of num_devices and the ici_* keys (all 1 = fsdp over num_devices), no
+ * overlap:
+ *   FLOPs / device_flops + offloaded bytes (out and back) / host_bw
+ *   + collective bytes / link_bw
+ * FLOPs: the trainer's mfu formula (train/metrics.h mt_flops_per_token: MaxText's
+ * maxtext_utils.py calculate_tflops_training_per_device convention, the logits matmul
+ * counted once, tied or not) times the tokens one device is credited with,
+ * per_device_batch_size x max_target_length x gradient_accumulation_steps / (context x
+ * tensor), plus the forward FLOPs of every recomputed tensor on this rank's local
+ * (tensor-split) dims and rows. Collective bytes: the trainer's own formula for rank 0
+ * (mt_memory_report.step_bytes from the full plan: parallel/zero1.h gradient and
+ * parameter collectives, models/model_shard.c tensor / context and fsdp bytes), so the
+ * estimator and `train` count the same bytes. Each term is returned too (may be NULL).
+ * INFINITY for a config or layout the trainer refuses (train/trainer.h
+ * mt_trainer_check_layout), with its message in mt_last_error(). */
 double mt_step_model_seconds(const mt_train_config *cfg, const mt_step_model *sm, double *flops,
                              double *offload_bytes, double *comm_bytes);
 
@@ -108,6 +116,8 @@ typedef struct mt_estimate_row {
     size_t peak;                /* device bytes (exact plan) */
     size_t host;                /* host bytes */
     double step_s, tokens_per_s;
+    double flops;               /* modelled FLOPs of one step on one device (mt_step_model_seconds) */
+    uint64_t comm_bytes;        /* bytes rank 0 sends in one step: the trainer's formula */
 } mt_estimate_row;
 
 typedef struct mt_estimate_result {

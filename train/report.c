@@ -239,6 +239,8 @@ static mt_status estimate_json(const mt_train_config *cfg, const mt_memory_repor
         bad |= mt_json_add_size(o, "device_bytes", row->peak);
         bad |= mt_json_add_size(o, "host_bytes", row->host);
         bad |= mt_json_add_double(o, "step_s", row->step_s, "%.9g");
+        bad |= mt_json_add_double(o, "flops", row->flops, "%.9g");
+        bad |= mt_json_add_int(o, "collective_bytes", (int64_t)row->comm_bytes);
         bad |= mt_json_add_double(o, "tokens_per_s_per_device", row->tokens_per_s, "%.9g");
         cJSON *remat = mt_json_add_object(o, "remat");
         for (int t = 0; t < MT_RT_COUNT; t++) {

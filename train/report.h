@@ -67,7 +67,8 @@ mt_status mt_report_write_commands_file(const char *path, const mt_train_config 
  * commands[i] is row i's runnable `train` line, written to commands_file (named in the
  * output); any_fixed: tensors fixed on the command line. json = 0: the header lines
  * (model, mode, step model; a note under backend=cpu) and one table row per result;
- * json = 1: one JSON object with the same figures and each row's command.
+ * json = 1: one JSON object with the same figures and each row's command, modelled
+ * FLOPs ("flops") and collective bytes ("collective_bytes": the trainer's formula).
  * Errors (json = 1 only): MT_ERR_OOM (nothing printed), MT_ERR_RUNTIME (stdout cannot
  * be written). */
 mt_status mt_report_estimate(const mt_train_config *cfg, const mt_memory_report *r0, const mt_estimate_result *res,
