@@ -807,8 +807,10 @@ static mt_status search_layout(const mt_train_config *cfg, int mode, const searc
     mt_status st = mode == 1 ? walk_batch_and_policy(&s, q, c->batch, rl) : walk_fixed_batch(&s, q, c->batch, rl);
     if (st == MT_OK && mode == 1) st = add_cheaper_variants(&s, q, sm, rl);
     if (st == MT_OK) st = confirm_and_model(&s, mode, sm, rl);
-    if (st == MT_OK) pareto_filter(rl);
-    if (st == MT_OK) qsort(rl->rows, (size_t)rl->n, sizeof *rl->rows, cmp_rows);
+    if (st == MT_OK) {
+        pareto_filter(rl);
+        qsort(rl->rows, (size_t)rl->n, sizeof *rl->rows, cmp_rows);
+    }
     *plans += s.plans;
     return st;
 }
