@@ -72,9 +72,11 @@ def layout_sizes(m):
 
 
 def flops_per_token(m, seq):
-    """train/metrics.c mt_flops_per_token: 6 (N - N_emb) + 12 L H Dh T."""
-    _, emb, _, numel = layout_sizes(m)
-    return 6.0 * (numel - emb) + 12.0 * m["L"] * m["H"] * m["Dh"] * seq
+    """train/metrics.c mt_flops_per_token: 6 (N - N_emb) + 6 V D + 12 L H Dh T, N_emb the
+    embedding and untied lm_head tables (the logits matmul counted once, tied or not)."""
+    _, emb, tail, numel = layout_sizes(m)
+    n_emb = emb if m["tied"] else 2 * emb
+    return 6.0 * (numel - n_emb) + 6.0 * emb + 12.0 * m["L"] * m["H"] * m["Dh"] * seq
 
 
 # Forward FLOPs per token and layer of recomputing each remat name (train/estimate.c
@@ -369,13 +371,16 @@ def print_tables(m, bw, rate, peak, plan_bin=None):
 
 
 def check_estimator(m, est_bin):
-    """`meshtrain estimate` models a step as FLOPs / 989e12 + bytes / 50e9 (serial). Run it
-    with each case's batch and policy fixed and back out its collective bytes."""
-    layer, emb, tail, numel = layout_sizes(m)
-    print("| case | this script GB | estimate's GB | difference |")
-    print("|---|---:|---:|---|")
+    """`meshtrain estimate` models a step as FLOPs / 989e12 + bytes / 50e9 (serial), its
+    bytes rank 0's by the trainer's own formula. Run it with each case's layout, batch
+    and policy fixed and compare its collective_bytes with this script's rank 0 bytes
+    (the per-rank average beside it: fsdp ranks differ), and its FLOPs with this
+    script's model + recompute FLOPs; the step time backed out of both must agree."""
+    print("| case | this script rank 0 GB (mean) | estimate's GB | difference | FLOPs difference |")
+    print("|---|---:|---:|---|---|")
     keys = ("query_proj", "key_proj", "value_proj", "context", "out_proj", "mlpwi_0", "mlpwi_1")
     tmp = tempfile.mkdtemp()
+    bad = 0
     try:
         for c in cases(m):
             kept = POLICY_KEPT[c["remat"]]
@@ -386,17 +391,24 @@ def check_estimator(m, est_bin):
             p = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
             if p.returncode != 0:
                 print("| %s | | exit %d | %s |" % (c["name"], p.returncode, p.stderr.strip()))
+                bad += 1
                 continue
             row = json.loads(p.stdout)["rows"][0]
             T = c["dims"][3]
             tokens = c["B"] * c["seq"] / T
-            # the estimator's FLOPs: model + recompute, on the local (tensor-split) model
-            fl = (flops_per_token(m, c["seq"]) + recompute_flops(m, c["seq"], kept)) * tokens
-            est_bytes = (row["step_s"] - fl / 989e12) * 50e9
-            mine = sum(avg_bytes(m, c).values())
-            print("| %s | %s | %s | %+.2f GB |" % (c["name"], gb(mine), gb(est_bytes), (est_bytes - mine) / 1e9))
+            # model FLOPs per device (train/metrics.c) + the recompute on the local (tensor-split) model
+            local = dict(m, H=m["H"] // T, Hkv=m["Hkv"] // T, F=m["F"] // T)
+            fl = flops_per_token(m, c["seq"]) * tokens + recompute_flops(local, c["seq"], kept) * c["B"] * c["seq"]
+            est_bytes = row["collective_bytes"]
+            backed = (row["step_s"] - row["flops"] / 989e12) * 50e9
+            mine0, mean = sum(rank_bytes(m, c, 0).values()), sum(avg_bytes(m, c).values())
+            print("| %s | %s (%s) | %s | %+.2f GB | %+.3g%% |" % (c["name"], gb(mine0), gb(mean), gb(est_bytes),
+                  (est_bytes - mine0) / 1e9, 100 * (row["flops"] - fl) / fl))
+            bad += (est_bytes != mine0 or abs(backed - est_bytes) > 1e-6 * est_bytes or
+                    abs(row["flops"] - fl) > 1e-3 * fl)
     finally:
         shutil.rmtree(tmp)
+    return bad
 
 
 # ------------------------------------------------------------ the MPI check ----
@@ -485,8 +497,7 @@ def main():
     if a.check:
         sys.exit(1 if check_mpi(a.check, a.np) else 0)
     if a.estimate:
-        check_estimator(m, a.estimate)
-        return
+        sys.exit(1 if check_estimator(m, a.estimate) else 0)
     print_tables(m, dict(nvlink=a.nvlink, nic=a.nic), a.rate, a.peak, a.plan)
 
 

@@ -107,44 +107,44 @@ static void build_param_layer(mt_model *m) {
 /* ------------------------------------------------------------------------------ */
 /* the layout                                                                      */
 
-/* Every rule a layout must satisfy, in one place, with the messages users of the
- * trainer see (the tensor split rules and messages are parallel/mesh.h's); numel is
- * the parameter count. Order: tensor, context, sequence parallelism, fsdp, dtype,
- * packing. */
+/* Every rule a layout must satisfy, with the messages users of the trainer see: the
+ * ranks inside their groups, then the divisibility rules of parallel/mesh.h
+ * mt_mesh_check_layout (tensor split, 2C context chunks, sequence-parallel rows, fsdp
+ * <= numel: the trainer and the estimator check the same function), dtype, packing;
+ * numel is the parameter count. */
 static mt_status check_layout(const mt_model_config *cfg, int64_t batch, int64_t seq, int64_t numel,
                               const mt_model_layout *lay) {
     const int tp = mtm_axis_size(lay->tensor_size), cp = mtm_axis_size(lay->context_size);
     const int fsdp = mtm_axis_size(lay->fsdp_size);
     if (tp < 1 || lay->tensor_rank < 0 || lay->tensor_rank >= tp)
         return mt_set_error(MT_ERR_INVALID, "tensor parallelism: rank %d outside a group of %d", lay->tensor_rank, tp);
-    if (tp > 1) {
-        const mt_layout_sizes split = {.num_query_heads = cfg->num_query_heads, .num_kv_heads = cfg->num_kv_heads,
-                                       .mlp_dim = cfg->mlp_dim, .vocab_size = cfg->vocab_size};
-        MT_TRY(mt_mesh_check_tensor_split(tp, &split)); /* the rules shared with mesh and estimator */
-    }
     if (cp < 1 || lay->context_rank < 0 || lay->context_rank >= cp)
         return mt_set_error(MT_ERR_INVALID, "context parallelism: rank %d outside a group of %d", lay->context_rank,
                             cp);
-    if (cp > 1 && seq % (2 * cp) != 0)
-        return mt_set_error(MT_ERR_INVALID, "max_target_length=%lld is not divisible by 2 x "
-                            "ici_context_parallelism=%d", (long long)seq, cp);
-    const int64_t N = batch * (seq / cp); /* rows per rank */
-    if (lay->sequence_parallel && tp > 1 && N % tp != 0)
-        return mt_set_error(MT_ERR_INVALID, "tensor_sequence_parallelism: the %lld rows per rank "
-                            "(per_device_batch_size=%lld x max_target_length=%lld / ici_context_parallelism=%d) "
-                            "are not divisible by ici_tensor_parallelism=%d", (long long)N, (long long)batch,
-                            (long long)seq, cp, tp);
     if (fsdp < 1 || lay->fsdp_rank < 0 || lay->fsdp_rank >= fsdp)
         return mt_set_error(MT_ERR_INVALID, "fsdp: rank %d outside a group of %d", lay->fsdp_rank, fsdp);
-    if (fsdp > 1 && numel < fsdp)
-        return mt_set_error(MT_ERR_INVALID, "ici_fsdp_parallelism=%d exceeds the %lld parameters", fsdp,
-                            (long long)numel);
+    /* the divisibility rules shared with the trainer and the estimator (parallel/mesh.h) */
+    const int dims[MT_MESH_AXES] = {[MT_AXIS_DATA] = 1, [MT_AXIS_FSDP] = fsdp, [MT_AXIS_CONTEXT] = cp,
+                                    [MT_AXIS_TENSOR] = tp};
+    const mt_layout_sizes ls = {cfg->num_query_heads, cfg->num_kv_heads, cfg->mlp_dim, cfg->vocab_size, seq, batch,
+                                lay->sequence_parallel, numel};
+    MT_TRY(mt_mesh_check_layout(dims, &ls));
     if (lay->dtype != MT_F32 && lay->dtype != MT_BF16)
         return mt_set_error(MT_ERR_INVALID, "dtype=%s: the compute dtype is float32 or bfloat16",
                             mt_dtype_name(lay->dtype));
+    MT_TRY(mt_model_check_dtype_layout(lay));
     if (lay->packing_separator < 0)
         return mt_set_error(MT_ERR_INVALID, "packing_separator_id=%d: a token id is >= 0",
                             (int)lay->packing_separator);
+    return MT_OK;
+}
+
+mt_status mt_model_check_dtype_layout(const mt_model_layout *lay) {
+    /* float32 and bfloat16 run on every layout (bf16 payloads on the tensor, context and
+     * fsdp collectives, the compute copy in the host pool with parameter offload) */
+    if (lay->dtype != MT_F32 && lay->dtype != MT_BF16)
+        return mt_set_error(MT_ERR_INVALID, "dtype=%s: the compute dtype is float32 or bfloat16",
+                            mt_dtype_name(lay->dtype));
     return MT_OK;
 }
 

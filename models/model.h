@@ -162,14 +162,22 @@ typedef struct mt_model_layout {
     int param_offload;
 } mt_model_layout;
 
+/* The compute dtype of a layout: float32 or bfloat16, each on every layout (bf16
+ * payloads on the tensor, context and fsdp collectives; the bf16 compute copy in the
+ * host pool with parameter offload). Checked by mt_model_create and, before any plan, by
+ * the trainer's layout check (train/trainer.h mt_trainer_check_layout), so the
+ * estimator's mesh search never proposes a layout the model refuses. Only lay's dtype is
+ * read. Errors: MT_ERR_INVALID naming a dtype that is neither. */
+mt_status mt_model_check_dtype_layout(const mt_model_layout *lay);
+
 /* Create a model for micro-batches of `batch` sequences of `seq` tokens, with the
  * loss cut into `num_vocab_tiling` row tiles, cut and computed as `layout` says (NULL:
  * one process, float32). Allocates no tensor memory. The layout is checked here, in
  * this order: tensor (rank inside the group; heads, kv heads, mlp_dim and vocab_size
  * divisible: the rules and messages of parallel/mesh.h mt_mesh_check_tensor_split),
  * context (rank; seq divisible by 2 x size), sequence parallelism (N divisible by the
- * tensor size), fsdp (rank; at least as many parameters as ranks), dtype, packing
- * separator.
+ * tensor size), fsdp (rank; at least as many parameters as ranks), dtype (and the
+ * layouts it runs on: mt_model_check_dtype_layout), packing separator.
  * Errors: MT_ERR_INVALID (config invalid, batch/seq/tiling < 1, tiling > batch*seq, a
  * layout that fails those checks), MT_ERR_OOM.
  *

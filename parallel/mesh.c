@@ -68,6 +68,15 @@ mt_status mt_mesh_check_layout(const int dims[MT_MESH_AXES], const mt_layout_siz
         return mt_set_error(MT_ERR_INVALID, "max_target_length=%lld is not divisible by 2 x %s=%lld (2C chunks)",
                             (long long)s->seq, ck, (long long)C);
     if (s->batch < 1) return mt_set_error(MT_ERR_INVALID, "per_device_batch_size=%lld must be >= 1", (long long)s->batch);
+    const int64_t T = dims[MT_AXIS_TENSOR], rows = s->batch * (s->seq / (C > 1 ? C : 1));
+    if (s->sequence_parallel && T > 1 && rows % T != 0)
+        return mt_set_error(MT_ERR_INVALID, "tensor_sequence_parallelism: the %lld rows per rank "
+                            "(per_device_batch_size=%lld x max_target_length=%lld / %s=%lld) are not divisible "
+                            "by %s=%lld", (long long)rows, (long long)s->batch, (long long)s->seq, ck, (long long)C,
+                            k_keys[MT_AXIS_TENSOR], (long long)T);
+    if (s->numel > 0 && dims[MT_AXIS_FSDP] > s->numel)
+        return mt_set_error(MT_ERR_INVALID, "%s=%d exceeds the %lld parameters", k_keys[MT_AXIS_FSDP],
+                            dims[MT_AXIS_FSDP], (long long)s->numel);
     return MT_OK;
 }
 

@@ -48,6 +48,8 @@ typedef struct mt_layout_sizes {
     int64_t num_query_heads, num_kv_heads, mlp_dim, vocab_size;
     int64_t seq;   /* max_target_length */
     int64_t batch; /* per_device_batch_size (sequences per data x fsdp rank) */
+    int sequence_parallel; /* tensor_sequence_parallelism: residual rows split over tensor */
+    int64_t numel; /* parameters of the whole model (0: not checked) */
 } mt_layout_sizes;
 
 /* The tensor-parallel split rules: the one place that says which tensor axis sizes
@@ -69,10 +71,18 @@ typedef struct mt_layout_sizes {
  * "<model key>=<value> is not divisible by ici_tensor_parallelism=<tp>". */
 mt_status mt_mesh_check_tensor_split(int64_t tp, const mt_layout_sizes *s);
 
-/* Divisibility checks of dims against s: the tensor split rules
- * (mt_mesh_check_tensor_split) on the tensor axis; seq by 2 x context (2C chunks);
- * batch >= 1. Errors: MT_ERR_INVALID naming the key of the axis, the model key and
- * both numbers. */
+/* The layout rules, the one place the trainer (train/trainer.c before any compute),
+ * the model (mt_model_create's layout check) and the estimator's mesh search
+ * (train/estimate.h) take them from: the tensor split rules
+ * (mt_mesh_check_tensor_split) on the tensor axis; seq by 2 x context (2C chunks, rank
+ * i holding chunks i and 2C-1-i, the causal load balance of the ring / all-gather
+ * schedule, models/model_shard.c); batch >= 1; with sequence_parallel and tensor > 1,
+ * the rows of a rank, batch x seq / context, divisible by tensor (each tensor rank
+ * holds an equal slice of the residual rows, Korthikanti et al. 2022, "Reducing
+ * Activation Recomputation in Large Transformer Models", arXiv:2205.05198, section
+ * 4.2.2); fsdp <= numel when numel > 0 (every fsdp rank holds a non-empty shard).
+ * Errors: MT_ERR_INVALID for the first rule broken, naming the key of the axis, the
+ * model or batch key and both numbers. */
 mt_status mt_mesh_check_layout(const int dims[MT_MESH_AXES], const mt_layout_sizes *s);
 
 typedef struct mt_mesh {

@@ -82,11 +82,12 @@ assert row("sum of buffers")[0] == p["live_at_peak_bytes"], row("sum of buffers"
 assert row("peak (arena size)")[0] == p["peak_bytes"]
 PY
 
-# --- what the trainer refuses for every layout (MT_ERR_UNSUPPORTED from its dtype
-# check; no fsdp layout is refused) exits 2 naming the key, on an fsdp job too ---
+# --- what the trainer refuses for every layout (MT_ERR_UNSUPPORTED: master weights are
+# fp32) exits 2 naming the key, on an fsdp job too: plan, and estimate with the fsdp
+# axis given (held, not searched) ---
 for cmd in plan estimate; do
     "$bin" $cmd "$base" $nodata model_name=llama3.1-8b num_devices=16 max_target_length=2048 weight_dtype=bfloat16 \
-        hbm_gib=80 > out 2> err
+        ici_fsdp_parallelism=16 hbm_gib=80 > out 2> err
     rc=$?
     [ $rc -eq 2 ] || fail "$cmd weight_dtype=bfloat16 on fsdp 16 exited $rc, expected 2: $(cat err)"
     grep -q "weight_dtype=bfloat16" err || fail "$cmd weight_dtype=bfloat16: message lacks the key: $(cat err)"
@@ -134,19 +135,21 @@ grep -q "configs/configs" err && fail "unknown model_name: doubled search path: 
 
 # check_rows OUT BUDGET_BYTES: the estimator's invariant on a mode-1 output (table OUT,
 # commands in ./remat_commands_from_estimator.txt, same order):
-#  - the Pareto list: no row has a batch >= and a modelled step <= another row's, one
-#    of them strictly (the step is printed with 7 significant digits);
-#  - each row's command plans (`meshtrain plan`) within the budget, and the same
-#    policy at batch + 1 does not (the walk's batches are maxima).
+#  - per layout the Pareto list: no row has a batch >= and a modelled step <= another
+#    row of its layout, one of them strictly (the step is printed with 7 significant
+#    digits);
+#  - each row's command carries its layout's ici_* keys, plans (`meshtrain plan`: the
+#    trainer accepts the layout) on that mesh within the budget, and the same policy
+#    at batch + 1 does not (the walk's batches are maxima).
 check_rows() {
     "$py" - "$1" "$2" "$bin" <<'PY'
 import json, subprocess, sys
 out, budget, binary = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-rows = []
+rows = []  # (layout, (data, fsdp, context, tensor), batch, step s)
 for line in open(out):
     f = line.split()
-    if len(f) > 6 and f[0].isdigit():
-        rows.append((int(f[1]), float(f[4])))
+    if len(f) > 12 and f[0].isdigit():
+        rows.append((int(f[1]), tuple(int(x) for x in f[2:6]), int(f[6]), float(f[9])))
 # a line is [mpirun -np N] BINARY train CONFIG key=value ... (BINARY: this binary's
 # path as invoked): plan takes CONFIG key=value ...
 cmds = []
@@ -158,19 +161,25 @@ for l in open("remat_commands_from_estimator.txt"):
         cmds.append(f[2:])
 assert rows and len(rows) == len(cmds), (len(rows), len(cmds))
 bad = 0
-for i, (b, t) in enumerate(rows):
-    for j, (b2, t2) in enumerate(rows):
-        if i != j and b2 >= b and t2 <= t and (b2 > b or t2 < t):
+for i, (l, _, b, t) in enumerate(rows):
+    for j, (l2, _, b2, t2) in enumerate(rows):
+        if i != j and l == l2 and b2 >= b and t2 <= t and (b2 > b or t2 < t):
             print("row %d (batch %d, %g s) is dominated by row %d (batch %d, %g s)" % (i + 1, b, t, j + 1, b2, t2))
             bad += 1
-def peak(args):
+def peak(args, dims=None):
     r = subprocess.run([binary, "plan"] + args + ["--json"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)["peak_bytes"]
+    p = json.loads(r.stdout)
+    if dims:
+        m = p["mesh"]
+        assert (m["data"], m["fsdp"], m["context"], m["tensor"]) == dims, (m, dims)
+    return p["peak_bytes"]
 for i, args in enumerate(cmds):
-    b = rows[i][0]
+    b, dims = rows[i][2], rows[i][1]
     assert "per_device_batch_size=%d" % b in args, (b, args)
-    p = peak(args)
+    for k, v in zip(("data", "fsdp", "context", "tensor"), dims):
+        assert "ici_%s_parallelism=%d" % (k, v) in args, (k, v, args)
+    p = peak(args, dims)
     p1 = peak([a if not a.startswith("per_device_batch_size=") else "per_device_batch_size=%d" % (b + 1) for a in args])
     print("row %d: batch %d peak %d, batch %d peak %d, budget %d" % (i + 1, b, p, b + 1, p1, budget))
     if p > budget:
@@ -221,8 +230,12 @@ done
 # --- mode 2: fixed batch, lightest policy that fits ---
 "$bin" estimate "$base" $nodata model_name=gemma2-9b num_devices=8 hbm_gib=141 max_target_length=8192 \
     per_device_batch_size=2 > est2.out 2> err || fail "estimate fixed batch: $(cat err)"
-[ "$(grep -cE "^(mpirun -np [0-9]+ )?$bin train " remat_commands_from_estimator.txt)" -eq 1 ] || fail "mode 2 gives one command"
-grep -q "per_device_batch_size=2 " remat_commands_from_estimator.txt || fail "mode 2 keeps the batch"
+# one row per listed layout (at most 5), each at the given batch
+nl=$(grep -cE "^(mpirun -np [0-9]+ )?$bin train " remat_commands_from_estimator.txt)
+[ "$nl" -ge 1 ] && [ "$nl" -le 5 ] || fail "mode 2 gives one command per listed layout, got $nl"
+[ "$(grep -c "per_device_batch_size=2 " remat_commands_from_estimator.txt)" -eq "$nl" ] || fail "mode 2 keeps the batch"
+[ "$(awk '$1 ~ /^[0-9]+$/ && NF > 12 {print $2}' est2.out | sort -u | wc -l)" -eq "$nl" ] \
+    || fail "mode 2: not one row per layout: $(cat est2.out)"
 
 # --- mode 3: a fixed tensor is left alone ---
 "$bin" estimate "$base" $nodata model_name=gemma2-9b num_devices=8 hbm_gib=141 max_target_length=8192 \

@@ -1,5 +1,7 @@
 /* train/estimate.h: the per-device memory plan of a (possibly large) job, and the
- * batch-size / remat-policy estimator (after MaxText's src/MaxText/estimator.py).
+ * batch-size / remat-policy estimator (after MaxText's src/MaxText/estimator.py), which
+ * also searches the mesh of num_devices (mt_estimate_mesh; MaxText's searches batch and
+ * remat for a given mesh only).
  *
  * Planning needs no device, no data and no mpirun. The plan of one rank is the
  * trainer's own plan (mt_trainer_plan) for rank 0 of the data x fsdp x
@@ -60,6 +62,8 @@ typedef struct mt_memory_report {
     size_t host_params, host_optimizer;
     size_t host_total;
     size_t layer_kept;            /* device bytes one layer adds (its kept tensors) */
+    uint64_t step_bytes;          /* bytes rank 0 sends in one optimizer step: the trainer's formula
+                                   * (train/trainer.h mt_trainer_plan_ex, mt_trainer_step_bytes) */
 } mt_memory_report;
 
 /* Plan rank 0 of cfg (num_devices and the ici_* keys give the mesh; when every
@@ -88,38 +92,60 @@ mt_step_model mt_step_model_default(void);
 /* Largest hbm_gib mt_estimate takes: 2^33 GiB = 2^63 bytes. */
 #define MT_HBM_GIB_MAX 8589934592.0
 
-/* Modelled seconds of one optimizer step of cfg (all micro-batches): FLOPs (6 per
- * parameter per token + 12 L H Dh T per token for attention, causal not discounted,
- * plus the forward FLOPs of every recomputed tensor) / device_flops + offloaded bytes
- * (out and back) / host_bw + collective bytes (fsdp all-gather forward and backward,
- * gradient reduce-scatter, data all-reduce; ring factors (n-1)/n) / link_bw. Each
- * term is returned too (may be NULL). Tokens per device per step:
- * per_device_batch_size x max_target_length / context x gradient_accumulation_steps.
- * INFINITY for a config or layout the trainer refuses (the layout rules of
- * parallel/mesh.h mt_mesh_check_layout: no kv-head replication), with its message in
- * mt_last_error(). */
+/* Modelled seconds of one optimizer step of cfg (all micro-batches) on one device of
+ * the mesh job_dims gives (num_devices and the ici_* keys, all 1 = fsdp over
+ * num_devices), no overlap:
+ *   FLOPs / device_flops + offloaded bytes (out and back) / host_bw
+ *   + collective bytes / link_bw
+ * FLOPs: the trainer's mfu formula (train/metrics.h mt_flops_per_token: MaxText's
+ * maxtext_utils.py calculate_tflops_training_per_device convention, the logits matmul
+ * counted once, tied or not) times the tokens one device is credited with,
+ * per_device_batch_size x max_target_length x gradient_accumulation_steps / (context x
+ * tensor), plus the forward FLOPs of every recomputed tensor on this rank's local
+ * (tensor-split) dims and rows. Collective bytes: the trainer's own formula for rank 0
+ * (mt_memory_report.step_bytes from the full plan: parallel/zero1.h gradient and
+ * parameter collectives, models/model_shard.c tensor / context and fsdp bytes), so the
+ * estimator and `train` count the same bytes. Each term is returned too (may be NULL).
+ * INFINITY for a config or layout the trainer refuses (train/trainer.h
+ * mt_trainer_check_layout), with its message in mt_last_error(). */
 double mt_step_model_seconds(const mt_train_config *cfg, const mt_step_model *sm, double *flops,
                              double *offload_bytes, double *comm_bytes);
 
-/* One estimator result. */
+/* One estimator result: a layout, a batch and a policy. */
 typedef struct mt_estimate_row {
+    int dims[4];                /* the mesh: data, fsdp, context, tensor (parallel/mesh.h order) */
+    int layout;                 /* 1-based rank of its layout in the result */
     int64_t batch;              /* per_device_batch_size */
     mt_remat_policy policy;
     size_t peak;                /* device bytes (exact plan) */
     size_t host;                /* host bytes */
     double step_s, tokens_per_s;
+    double flops;               /* modelled FLOPs of one step on one device (mt_step_model_seconds) */
+    uint64_t comm_bytes;        /* bytes rank 0 sends in one step: the trainer's formula */
 } mt_estimate_row;
 
 typedef struct mt_estimate_result {
     int mode;                   /* 1: batch and policy searched, 2: batch fixed */
-    mt_estimate_row *rows;      /* ranked by tokens_per_s, best first (mode 1: the Pareto list) */
+    mt_estimate_row *rows;      /* the listed layouts' rows: layouts best first (by their best row's
+                                 * modelled tokens/s per device), each layout's rows ranked by it
+                                 * (mode 1: that layout's Pareto list) */
     int nrows;
+    int nlayouts;               /* layouts listed (rows[].layout in 1..nlayouts) */
     int plans;                  /* plans evaluated */
     double seconds;             /* wall time of the search */
     size_t budget;              /* bytes */
+    /* the mesh search (mt_estimate_mesh) */
+    int fixed_axes[4];          /* 1: the axis was held at its ici_* value, not searched */
+    int candidates;             /* factorisations of num_devices with the fixed axes held */
+    int refused;                /* of them, refused by the trainer's layout check */
+    int no_fit;                 /* passed it, but the lightest policy at the smallest batch does not fit */
+    int bounded;                /* fit, but their bound could not reach the listed layouts: not searched */
+    int searched;               /* searched in full */
 } mt_estimate_result;
 
-/* The estimator (after MaxText's estimator.py: search the remat policy tensor by tensor, then the batch). Tensors not in `fixed` (fixed[t] = 1:
+/* The estimator on cfg's one mesh (num_devices and the ici_* keys, all 1 = fsdp over
+ * num_devices; mt_estimate_mesh with every axis fixed), after MaxText's estimator.py:
+ * search the remat policy tensor by tensor, then the batch. Tensors not in `fixed` (fixed[t] = 1:
  * left at cfg's custom action) are searched, ordered by size; tensors of zero size
  * (mlpwo without a post-MLP norm) are left remat. batch_fixed = 0: binary-search
  * the largest batch under full remat, then step toward more memory (remat ->
@@ -141,6 +167,36 @@ typedef struct mt_estimate_result {
  * "does not fit" and the smallest plan's bytes against the budget when nothing fits. */
 mt_status mt_estimate(const mt_train_config *cfg, int64_t batch_fixed, const int fixed[MT_RT_COUNT],
                       const mt_step_model *sm, mt_estimate_result *out);
+
+/* Most layouts mt_estimate_mesh lists for the CLI. */
+#define MT_ESTIMATE_TOP_LAYOUTS 5
+
+/* The estimator over layouts too: mt_estimate on every mesh of num_devices devices the
+ * trainer accepts. MaxText's estimator searches batch and remat for one mesh only.
+ * Candidates: every factorisation data x fsdp x context x tensor = num_devices, an axis
+ * with axis_fixed[a] set held at its ici_* value of cfg (-1: the axis filling what the
+ * others leave); with every axis fixed, the one mesh of mt_estimate (all ici_* = 1:
+ * fsdp over num_devices). Each candidate is checked with the trainer's own layout
+ * check (train/trainer.h mt_trainer_check_layout: tensor split of heads, kv heads,
+ * mlp_dim and vocab_size, max_target_length by 2 x context, sequence-parallel rows,
+ * fsdp <= parameters, the layouts dtype runs on) at its smallest batch, batches being searched in multiples of
+ * it; then the lightest policy must fit that batch (mode 2: the fixed batch). Of those,
+ * each gets an upper bound of its modelled tokens/s per device (the largest batch of
+ * the lightest policy, its collective bytes from the exact plan, no recompute or
+ * offload: the step is FLOPs linear in the batch plus bytes affine in it, so tokens /
+ * step is largest at the largest batch); in bound order each layout is searched in
+ * full as mt_estimate does, until the next bound is below the top-th best found
+ * (branch and bound: the listed layouts are the top `top` of all that fit, whatever
+ * was left unsearched). Every row is confirmed by the trainer's full plan of its
+ * (layout, batch, policy), which passes the trainer's checks and fits the budget.
+ * top >= 1 (smaller reads as 1); out (rows in bytes, seconds and tokens/s per device,
+ * as mt_estimate's) is freed with mt_estimate_result_free.
+ * Errors: those of mt_estimate; MT_ERR_INVALID naming num_devices when it is outside
+ * [1, 2^30], not a multiple of the fixed axes' product, or none of its layouts passes
+ * the layout check (the first refusal's message); "does not fit" with the smallest
+ * plan's bytes (and its layout) when no layout fits. */
+mt_status mt_estimate_mesh(const mt_train_config *cfg, const int axis_fixed[4], int top, int64_t batch_fixed,
+                           const int fixed[MT_RT_COUNT], const mt_step_model *sm, mt_estimate_result *out);
 void mt_estimate_result_free(mt_estimate_result *r);
 
 #ifdef __cplusplus

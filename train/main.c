@@ -24,6 +24,7 @@
 #include "models/checkpoint.h"
 #include "models/model.h"
 #include "parallel/comm.h"
+#include "parallel/mesh.h"
 #include "runtime/log.h"
 #include "runtime/plan.h"
 #include "runtime/status.h"
@@ -76,7 +77,7 @@ static void print_help(const char *cmd) {
                 "  train   train a model; outputs under <base_output_directory>/<run_name>/\n"
                 "  sample  generate text from a checkpoint (load_checkpoint=DIR)\n"
                 "  plan    print the per-device memory plan (--json for JSON)\n"
-                "  estimate  batch size and remat policy for a memory budget (hbm_gib=N)\n"
+                "  estimate  batch size, remat policy and layout for a memory budget (hbm_gib=N)\n"
                 "  prepare text / JSONL / Parquet into llm.c token shards with a tokenizer.json or\n"
                 "          SentencePiece model (meshtrain prepare --help; no CONFIG.yml)\n\n"
                 "Precedence: built-in defaults < configs/models/<model_name>.yml < CONFIG.yml <\n"
@@ -116,18 +117,30 @@ static void print_help(const char *cmd) {
     } else if (strcmp(cmd, "estimate") == 0) {
         fprintf(o,
                 "usage: meshtrain estimate CONFIG.yml hbm_gib=N [--json] [per_device_batch_size=B]\n"
+                "                          [num_devices=N [ici_*_parallelism=K ...]]\n"
                 "                          [remat_policy=custom NAME=ACTION ...] [key=value ...]\n\n"
                 "Searches batch size and remat policy (MaxText's estimator) against exact plans:\n"
                 "without per_device_batch_size, the Pareto list of (batch, policy); with it, the lightest\n"
-                "policy that fits; NAME=ACTION (device|remat|offload) fixes a tensor. Ranks by a\n"
-                "modelled step time and writes runnable commands to ./remat_commands_from_estimator.txt\n"
-                "(the current directory; written whole, then renamed): each line carries the resolved mesh\n"
-                "(ici_*) and, for num_devices > 1, its `mpirun -np N`. --json prints the rows, budget,\n"
-                "search time and commands as one JSON object. Each line starts with this binary's path\n"
-                "as invoked, so it runs as written from this directory. The step model assumes an\n"
-                "H100/H200-class GPU (no key changes it; meaningless for backend=cpu). Exit 2 when\n"
-                "nothing fits or hbm_gib is outside (0, %.0f]; a failed estimate changes no file.\n",
-                MT_HBM_GIB_MAX);
+                "policy that fits; NAME=ACTION (device|remat|offload) fixes a tensor.\n"
+                "With num_devices=N it also searches the layout: every data x fsdp x context x tensor = N\n"
+                "that the trainer's layout check accepts (heads, kv heads, mlp and vocab divisible by\n"
+                "tensor, max_target_length by 2 x context, the layouts dtype runs on). An ici_* key given\n"
+                "on the command line (even =1), or set to anything but 1 in the config, is held, not\n"
+                "searched (-1: the axis that fills the rest): what you state is kept, and a config's 1\n"
+                "cannot be told from base.yml's default, so it is searched. Give all four to estimate\n"
+                "one mesh (all 1: fsdp over N). Layouts are searched best bound first until none can\n"
+                "enter the best %d, which are listed, each with its own rows. Ranks by a modelled step\n"
+                "time (FLOPs: the trainer's mfu formula; collective bytes: the trainer's own formula for\n"
+                "that layout) and writes runnable commands to ./remat_commands_from_estimator.txt (the\n"
+                "current directory; written whole, then renamed): each line carries its layout's ici_*\n"
+                "keys and, for num_devices > 1, its `mpirun -np N`. --json prints the rows, budget, mesh\n"
+                "search, search time and commands as one JSON object. Each line starts with this\n"
+                "binary's path as invoked, so it runs as written from this directory. The step model\n"
+                "assumes an H100/H200-class GPU (no key changes it; meaningless for backend=cpu).\n"
+                "Exit 2 when nothing fits, no layout of num_devices passes the layout check,\n"
+                "num_devices is not an integer >= 1, or hbm_gib is outside (0, %.0f]; a failed estimate\n"
+                "changes no file.\n",
+                MT_ESTIMATE_TOP_LAYOUTS, MT_HBM_GIB_MAX);
     }
     print_keys(o);
 }
@@ -586,7 +599,7 @@ static int cmd_estimate(int argc, char **argv) {
     if (check_config_first(path) != MT_OK) return fail(MT_ERR_INVALID);
     const char **ov = calloc((size_t)argc + 1, sizeof(char *));
     if (!ov) return fail(mt_set_error(MT_ERR_OOM, "out of memory"));
-    int n = 0, fixed[MT_RT_COUNT] = {0}, batch_given = 0;
+    int n = 0, fixed[MT_RT_COUNT] = {0}, batch_given = 0, axis_given[4] = {0};
     int64_t batch = 0;
     for (int i = 1; i < argc; i++) {
         const char *eq = strchr(argv[i], '=');
@@ -606,6 +619,8 @@ static int cmd_estimate(int argc, char **argv) {
             } else if (strcmp(key, "per_device_batch_size") == 0) {
                 batch_given = 1; /* the config parses and range-checks the value (no atoll wrap) */
             }
+            for (int a = 0; a < 4; a++) /* an ici_* key on the command line holds its axis */
+                if (strcmp(key, mt_mesh_axis_key((mt_mesh_axis)a)) == 0) axis_given[a] = 1;
         }
         ov[n++] = argv[i];
     }
@@ -618,20 +633,19 @@ static int cmd_estimate(int argc, char **argv) {
     for (int t = 0; t < MT_RT_COUNT; t++) any_fixed |= fixed[t];
     if (any_fixed && cfg.remat_policy != MT_REMAT_CUSTOM)
         return fail(mt_set_error(MT_ERR_INVALID, "tensor actions on the command line need remat_policy=custom"));
+    /* The axes searched: an ici_* key given on the command line, or set to anything but 1
+     * (CONFIG.yml, whose 1 cannot be told from base.yml's default), is held; the rest are
+     * searched over the factorisations of num_devices (one device: nothing to search). */
+    const int64_t ici[4] = {cfg.ici_data_parallelism, cfg.ici_fsdp_parallelism, cfg.ici_context_parallelism,
+                            cfg.ici_tensor_parallelism};
+    for (int a = 0; a < 4; a++) axis_given[a] |= ici[a] != 1 || cfg.num_devices == 1;
     const mt_step_model sm = mt_step_model_default();
     mt_estimate_result res;
-    mt_memory_report r0;
     if (!(cfg.hbm_gib > 0))
         st = mt_set_error(MT_ERR_INVALID, "estimate needs hbm_gib=N, the device memory budget in GiB (> 0; e.g. "
                           "hbm_gib=80 for an 80 GiB device)");
     else
-        st = mt_estimate(&cfg, batch, fixed, &sm, &res);
-    if (st == MT_OK) {
-        mt_train_config c0 = cfg;
-        c0.per_device_batch_size = res.rows[0].batch;
-        st = mt_memory_plan_rank(&c0, &r0, NULL, NULL);
-        if (st != MT_OK) mt_estimate_result_free(&res);
-    }
+        st = mt_estimate_mesh(&cfg, axis_given, MT_ESTIMATE_TOP_LAYOUTS, batch, fixed, &sm, &res);
     if (st != MT_OK) {
         int code = fail(st);
         FILE *old = fopen(MT_REPORT_COMMANDS_FILE, "r");
@@ -648,11 +662,10 @@ static int cmd_estimate(int argc, char **argv) {
     const char (*ccmds)[MT_REPORT_COMMAND_MAX] = (const char (*)[MT_REPORT_COMMAND_MAX])cmds;
     st = cmds ? MT_OK : mt_set_error(MT_ERR_OOM, "estimate: out of memory");
     for (int i = 0; st == MT_OK && i < res.nrows; i++)
-        st = mt_report_estimate_command(cmds[i], sizeof cmds[i], prog, path, argc, argv, &cfg, r0.dims,
+        st = mt_report_estimate_command(cmds[i], sizeof cmds[i], prog, path, argc, argv, &cfg, res.rows[i].dims,
                                         &res.rows[i]);
-    if (st == MT_OK) st = mt_report_write_commands_file(path, &cfg, r0.dims, ccmds, res.nrows);
-    if (st == MT_OK)
-        st = mt_report_estimate(&cfg, &r0, &res, &sm, ccmds, MT_REPORT_COMMANDS_FILE, any_fixed, json);
+    if (st == MT_OK) st = mt_report_write_commands_file(path, &cfg, &res, ccmds, res.nrows);
+    if (st == MT_OK) st = mt_report_estimate(&cfg, &res, &sm, ccmds, MT_REPORT_COMMANDS_FILE, any_fixed, json);
     free(cmds);
     mt_estimate_result_free(&res);
     return st == MT_OK ? 0 : fail(st);

@@ -12,10 +12,11 @@
 
 double mt_flops_per_token(const mt_model_config *c, int64_t seq) {
     const double n = (double)mt_model_num_parameters(c);
-    const double n_emb = (double)c->vocab_size * (double)c->emb_dim;
+    const double vd = (double)c->vocab_size * (double)c->emb_dim;
+    const double n_emb = vd * (c->logits_via_embedding ? 1.0 : 2.0); /* embedding (+ untied lm_head) */
     const double attn = 12.0 * (double)c->num_decoder_layers * (double)c->num_query_heads *
                         (double)c->head_dim * (double)seq;
-    return 6.0 * (n - n_emb) + attn;
+    return 6.0 * (n - n_emb) + 6.0 * vd + attn; /* the logits matmul once, tied or not */
 }
 
 double mt_mfu(double flops_per_token, double tokens_per_s, double peak_flops) {

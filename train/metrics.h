@@ -41,12 +41,19 @@ typedef struct mt_step_metrics {
     int64_t total_steps;  /* steps of the run (console only) */
 } mt_step_metrics;
 
-/* Training FLOPs per token (Chinchilla /
- * PaLM appendix B convention, Chowdhery et al. 2022, arXiv:2204.02311): 6 (N - N_embedding) + 12 L H Dh T, where N is
- * mt_model_num_parameters, N_embedding = vocab_size * emb_dim (the input embedding
- * table; an untied lm_head counts as a matmul), L layers, H query heads, Dh head_dim,
- * T = seq tokens per sequence (causal attention not discounted, sliding windows not
- * discounted). */
+/* Model FLOPs of training per token, the one formula of the trainer's mfu and the
+ * estimator's step model (train/estimate.h):
+ *   6 (N - N_emb) + 6 V D + 12 L H Dh T
+ * N = mt_model_num_parameters, N_emb = the embedding and lm_head tables (V D when
+ * logits_via_embedding ties them, else 2 V D), V vocab_size, D emb_dim, L layers, H
+ * query heads, Dh head_dim, T = seq tokens per sequence. Every weight matmul is 2
+ * FLOPs per weight and token forward and 4 backward (PaLM appendix B, Chowdhery et al.
+ * 2022, arXiv:2204.02311); the logits matmul h W^T is counted once, 6 V D, whether or
+ * not its weight is the embedding's, and the embedding lookup not at all: MaxText's
+ * src/MaxText/maxtext_utils.py calculate_tflops_training_per_device ("embedding_flops"
+ * = 2 B T D V, times 3). Attention 12 L H Dh T: PaLM's, causal masking and sliding
+ * windows not discounted (MaxText halves it for the causal mask since 2025). Norm
+ * scales count as weights (6 per element: < 0.01% of N). Units: FLOPs per token. */
 double mt_flops_per_token(const mt_model_config *c, int64_t seq);
 
 /* mfu = flops_per_token * tokens_per_s / peak, or NaN when peak <= 0. */

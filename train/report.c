@@ -206,17 +206,43 @@ static const char *estimate_action(const mt_train_config *cfg, const mt_estimate
     return mt_remat_action_name(row->policy.action[t]);
 }
 
-static mt_status estimate_json(const mt_train_config *cfg, const mt_memory_report *r0,
-                               const mt_estimate_result *res, const mt_step_model *sm,
+/* "data fsdp" etc.: the axes searched (not held), or "none" into buf[n]. */
+static void searched_axes(const mt_estimate_result *res, char *buf, size_t n) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int a = 0; a < 4; a++)
+        if (!res->fixed_axes[a]) {
+            int w = snprintf(buf + used, n - used, "%s%s", used ? " " : "", k_axes[a]);
+            if (w > 0 && (size_t)w < n - used) used += (size_t)w;
+        }
+    if (!used) snprintf(buf, n, "none");
+}
+
+static mt_status estimate_json(const mt_train_config *cfg, const mt_estimate_result *res, const mt_step_model *sm,
                                const char (*commands)[MT_REPORT_COMMAND_MAX], const char *commands_file) {
     const int cpu = cfg->backend == MT_BACKEND_CPU; /* the step model is a GPU's */
     cJSON *doc = cJSON_CreateObject();
     int bad = mt_json_add_string(doc, "model_name", cfg->model.model_name);
-    bad |= mt_json_add_int(doc, "num_params", r0->num_params);
+    bad |= mt_json_add_int(doc, "num_params", mt_model_num_parameters(&cfg->model));
     bad |= mt_json_add_int(doc, "max_target_length", cfg->max_target_length);
     bad |= mt_json_add_int(doc, "gradient_accumulation_steps", cfg->gradient_accumulation_steps);
     bad |= mt_json_add_int(doc, "num_devices", cfg->num_devices);
-    bad |= json_mesh(doc, r0->dims);
+    bad |= json_mesh(doc, res->rows[0].dims); /* the top row's */
+    cJSON *ms = mt_json_add_object(doc, "mesh_search");
+    bad |= ms == NULL;
+    cJSON *held = mt_json_add_array(ms, "held_axes");
+    cJSON *free_axes = mt_json_add_array(ms, "searched_axes");
+    bad |= held == NULL || free_axes == NULL;
+    for (int a = 0; a < 4 && !bad; a++) {
+        cJSON *w = cJSON_CreateString(k_axes[a]);
+        bad |= w == NULL || !cJSON_AddItemToArray(res->fixed_axes[a] ? held : free_axes, w);
+    }
+    bad |= mt_json_add_int(ms, "candidates", res->candidates);
+    bad |= mt_json_add_int(ms, "refused", res->refused);
+    bad |= mt_json_add_int(ms, "no_fit", res->no_fit);
+    bad |= mt_json_add_int(ms, "bounded", res->bounded);
+    bad |= mt_json_add_int(ms, "searched", res->searched);
+    bad |= mt_json_add_int(ms, "listed", res->nlayouts);
     bad |= mt_json_add_double(doc, "hbm_gib", cfg->hbm_gib, "%.17g");
     bad |= mt_json_add_size(doc, "budget_bytes", res->budget);
     bad |= mt_json_add_string(doc, "mode", res->mode == 1 ? "pareto" : "fixed_batch");
@@ -235,10 +261,14 @@ static mt_status estimate_json(const mt_train_config *cfg, const mt_memory_repor
         const mt_estimate_row *row = &res->rows[i];
         cJSON *o = mt_json_add_object(rows, NULL);
         bad |= mt_json_add_int(o, "rank", i + 1);
+        bad |= mt_json_add_int(o, "layout", row->layout);
+        bad |= json_mesh(o, row->dims);
         bad |= mt_json_add_int(o, "per_device_batch_size", row->batch);
         bad |= mt_json_add_size(o, "device_bytes", row->peak);
         bad |= mt_json_add_size(o, "host_bytes", row->host);
         bad |= mt_json_add_double(o, "step_s", row->step_s, "%.9g");
+        bad |= mt_json_add_double(o, "flops", row->flops, "%.9g");
+        bad |= mt_json_add_int(o, "collective_bytes", (int64_t)row->comm_bytes);
         bad |= mt_json_add_double(o, "tokens_per_s_per_device", row->tokens_per_s, "%.9g");
         cJSON *remat = mt_json_add_object(o, "remat");
         for (int t = 0; t < MT_RT_COUNT; t++) {
@@ -251,17 +281,22 @@ static mt_status estimate_json(const mt_train_config *cfg, const mt_memory_repor
     return print_doc(doc, bad, "estimate");
 }
 
-static void estimate_table(const mt_train_config *cfg, const mt_memory_report *r0, const mt_estimate_result *res,
-                           const mt_step_model *sm, const char *commands_file, int any_fixed) {
+static void estimate_table(const mt_train_config *cfg, const mt_estimate_result *res, const mt_step_model *sm,
+                           const char *commands_file, int any_fixed) {
     const int cpu = cfg->backend == MT_BACKEND_CPU; /* the step model is a GPU's */
+    char axes[64];
+    searched_axes(res, axes, sizeof axes);
     printf("estimate: %s (%.3fB params), seq %" PRId64 ", %" PRId64 " micro-batch(es), %" PRId64
-           " device(s) = data %d x fsdp %d x context %d x tensor %d, budget hbm_gib=%g (%zu bytes)\n",
-           cfg->model.model_name, (double)r0->num_params / 1e9, cfg->max_target_length,
-           cfg->gradient_accumulation_steps, cfg->num_devices, r0->dims[0], r0->dims[1], r0->dims[2], r0->dims[3],
-           cfg->hbm_gib, res->budget);
-    printf("plans: the trainer's own (exactly what `train` allocates on rank 0)\n");
+           " device(s), budget hbm_gib=%g (%zu bytes)\n",
+           cfg->model.model_name, (double)mt_model_num_parameters(&cfg->model) / 1e9, cfg->max_target_length,
+           cfg->gradient_accumulation_steps, cfg->num_devices, cfg->hbm_gib, res->budget);
+    printf("mesh: data x fsdp x context x tensor = %" PRId64 ", axes searched: %s; %d layout(s): %d refused by the "
+           "trainer's layout rules, %d do not fit, %d bounded out, %d searched; the best %d listed\n",
+           cfg->num_devices, axes, res->candidates, res->refused, res->no_fit, res->bounded, res->searched,
+           res->nlayouts);
+    printf("plans: the trainer's own (exactly what `train` allocates on rank 0 of each layout)\n");
     printf("mode: %s%s; plans evaluated %d in %.3f s\n",
-           res->mode == 1 ? "batch size and policy searched together (Pareto list)"
+           res->mode == 1 ? "batch size and policy searched together (Pareto list per layout)"
                           : "fixed batch size, lightest policy that fits",
            any_fixed ? ", respecting the fixed tensors" : "", res->plans, res->seconds);
     printf("step model: %.0f TFLOP/s per device, host link %.0f GB/s, collective link %.0f GB/s, no overlap; "
@@ -270,8 +305,9 @@ static void estimate_table(const mt_train_config *cfg, const mt_memory_report *r
     if (cpu)
         printf("note: backend=cpu: the step model describes that GPU, not a CPU, so the step s and tokens/s "
                "columns (and the ranking) mean nothing here; the memory figures are exact\n");
-    printf("%-4s %6s %12s %10s %12s %14s  %s\n", "rank", "batch", "device GiB", "host GiB", "step s",
-           "tokens/s/dev", "policy (q k v context out_proj mlpwi_0 mlpwi_1 mlpwo)");
+    printf("%-4s %6s %5s %5s %7s %6s %6s %11s %9s %11s %9s %12s  %s\n", "rank", "layout", "data", "fsdp", "context",
+           "tensor", "batch", "device GiB", "host GiB", "step s", "comm GB", "tokens/s/dev",
+           "policy (q k v context out_proj mlpwi_0 mlpwi_1 mlpwo)");
     for (int i = 0; i < res->nrows; i++) {
         const mt_estimate_row *row = &res->rows[i];
         char pol[160] = "";
@@ -280,20 +316,21 @@ static void estimate_table(const mt_train_config *cfg, const mt_memory_report *r
             int w = snprintf(pol + used, sizeof pol - used, "%s%s", t > 1 ? " " : "", estimate_action(cfg, row, t));
             if (w > 0 && (size_t)w < sizeof pol - used) used += (size_t)w;
         }
-        printf("%-4d %6" PRId64 " %12.2f %10.2f %12.7g %14.0f  %s\n", i + 1, row->batch,
+        printf("%-4d %6d %5d %5d %7d %6d %6" PRId64 " %11.2f %9.2f %11.7g %9.2f %12.0f  %s\n", i + 1, row->layout,
+               row->dims[0], row->dims[1], row->dims[2], row->dims[3], row->batch,
                (double)row->peak / 1073741824.0, (double)row->host / 1073741824.0, row->step_s,
-               row->tokens_per_s, pol);
+               (double)row->comm_bytes / 1e9, row->tokens_per_s, pol);
     }
     if (!cfg->model.use_post_ffw_norm)
         printf("mlpwo '-': never saved (no post-MLP norm needs it), whatever the policy\n");
     printf("wrote %d command(s) to ./%s\n", res->nrows, commands_file);
 }
 
-mt_status mt_report_estimate(const mt_train_config *cfg, const mt_memory_report *r0, const mt_estimate_result *res,
-                             const mt_step_model *sm, const char (*commands)[MT_REPORT_COMMAND_MAX],
-                             const char *commands_file, int any_fixed, int json) {
-    if (json) return estimate_json(cfg, r0, res, sm, commands, commands_file);
-    estimate_table(cfg, r0, res, sm, commands_file, any_fixed);
+mt_status mt_report_estimate(const mt_train_config *cfg, const mt_estimate_result *res, const mt_step_model *sm,
+                             const char (*commands)[MT_REPORT_COMMAND_MAX], const char *commands_file, int any_fixed,
+                             int json) {
+    if (json) return estimate_json(cfg, res, sm, commands, commands_file);
+    estimate_table(cfg, res, sm, commands_file, any_fixed);
     return MT_OK;
 }
 
@@ -376,15 +413,18 @@ mt_status mt_report_estimate_command(char *buf, size_t n, const char *prog, cons
     return mt_set_error(MT_ERR_INVALID, "estimate: a command line is over %zu bytes", n);
 }
 
-mt_status mt_report_write_commands_file(const char *path, const mt_train_config *cfg, const int dims[4],
+mt_status mt_report_write_commands_file(const char *path, const mt_train_config *cfg, const mt_estimate_result *res,
                                         const char (*cmds)[MT_REPORT_COMMAND_MAX], int n) {
     const char *tmp = MT_REPORT_COMMANDS_FILE ".tmp";
     FILE *f = fopen(tmp, "w");
     if (!f) return mt_set_error(MT_ERR_IO, "cannot write %s in the current directory", tmp);
-    fprintf(f, "# meshtrain estimate %s: hbm_gib=%g, %" PRId64 " device(s) = data %d x fsdp %d x context %d x tensor "
-            "%d; ranked by modelled tokens/s; each line runs as written from the directory estimate ran in%s\n",
-            path, cfg->hbm_gib, cfg->num_devices, dims[0], dims[1], dims[2], dims[3],
-            cfg->num_devices > 1 ? " (mpirun -np N)" : "");
+    char axes[64];
+    searched_axes(res, axes, sizeof axes);
+    fprintf(f, "# meshtrain estimate %s: hbm_gib=%g, %" PRId64 " device(s), axes searched: %s; best first: data %d x "
+            "fsdp %d x context %d x tensor %d; ranked by modelled tokens/s, each line with its layout's ici_* keys; "
+            "each runs as written from the directory estimate ran in%s\n",
+            path, cfg->hbm_gib, cfg->num_devices, axes, res->rows[0].dims[0], res->rows[0].dims[1],
+            res->rows[0].dims[2], res->rows[0].dims[3], cfg->num_devices > 1 ? " (mpirun -np N)" : "");
     for (int i = 0; i < n; i++) fprintf(f, "%s\n", cmds[i]);
     const int werr = ferror(f);
     if (fclose(f) != 0 || werr || rename(tmp, MT_REPORT_COMMANDS_FILE) != 0) {

@@ -48,31 +48,35 @@ mt_status mt_report_plan(const mt_train_config *cfg, const mt_memory_report *r, 
  * PATH, so the line runs as written from where estimate ran), CONFIG path, the user's
  * key=value words argv[1..argc) without the keys it sets itself (hbm_gib dropped;
  * batch, remat, num_devices, ici_*), then the row's batch and custom policy,
- * num_devices (> 1) and the resolved mesh dims (plan/estimate read all ici_* = 1 as
- * fsdp over num_devices; train needs the axes spelled out), under `mpirun -np N` for
- * more than one device. Words a shell would split or expand are single-quoted.
+ * num_devices (> 1) and the mesh dims (the row's layout, dims = row->dims from the
+ * estimator; every axis spelled out, since train reads no layout from num_devices),
+ * under `mpirun -np N` for more than one device. Words a shell would split or expand are single-quoted.
  * Errors: MT_ERR_INVALID when the line does not fit in n bytes (buf is then ""). */
 mt_status mt_report_estimate_command(char *buf, size_t n, const char *prog, const char *path, int argc,
                                      char *const *argv, const mt_train_config *cfg, const int dims[4],
                                      const mt_estimate_row *row);
 
-/* ./MT_REPORT_COMMANDS_FILE: a header line (CONFIG path, budget, mesh dims) and
- * cmds[0..n), written whole to a temporary name and renamed into place, so that a
- * failure leaves any earlier file as it was. Errors: MT_ERR_IO. */
-mt_status mt_report_write_commands_file(const char *path, const mt_train_config *cfg, const int dims[4],
+/* ./MT_REPORT_COMMANDS_FILE: a header line (CONFIG path, budget, the axes searched and
+ * the top row's mesh) and cmds[0..n) (each carrying its own layout's ici_* keys),
+ * written whole to a temporary name and renamed into place, so that a failure leaves
+ * any earlier file as it was. res has at least one row. Errors: MT_ERR_IO. */
+mt_status mt_report_write_commands_file(const char *path, const mt_train_config *cfg, const mt_estimate_result *res,
                                         const char (*cmds)[MT_REPORT_COMMAND_MAX], int n);
 
-/* `meshtrain estimate`: the result res of mt_estimate for cfg under step model sm;
- * r0 is the plan of the first row's batch (it gives the mesh and num_params);
- * commands[i] is row i's runnable `train` line, written to commands_file (named in the
- * output); any_fixed: tensors fixed on the command line. json = 0: the header lines
- * (model, mode, step model; a note under backend=cpu) and one table row per result;
- * json = 1: one JSON object with the same figures and each row's command.
+/* `meshtrain estimate`: the result res of mt_estimate_mesh for cfg under step model sm
+ * (at least one row); commands[i] is row i's runnable `train` line, written to
+ * commands_file (named in the output); any_fixed: tensors fixed on the command line.
+ * json = 0: the header lines (model, budget, the mesh search's counts, mode, step
+ * model; a note under backend=cpu) and one table row per result: its layout's rank and
+ * mesh, batch, device and host GiB, modelled step s, collective GB (the trainer's
+ * formula) and tokens/s per device, policy; json = 1: one JSON object with the same
+ * figures ("mesh" the top row's, "mesh_search" the counts; each row its "mesh",
+ * "flops", "collective_bytes" and command).
  * Errors (json = 1 only): MT_ERR_OOM (nothing printed), MT_ERR_RUNTIME (stdout cannot
  * be written). */
-mt_status mt_report_estimate(const mt_train_config *cfg, const mt_memory_report *r0, const mt_estimate_result *res,
-                             const mt_step_model *sm, const char (*commands)[MT_REPORT_COMMAND_MAX],
-                             const char *commands_file, int any_fixed, int json);
+mt_status mt_report_estimate(const mt_train_config *cfg, const mt_estimate_result *res, const mt_step_model *sm,
+                             const char (*commands)[MT_REPORT_COMMAND_MAX], const char *commands_file, int any_fixed,
+                             int json);
 
 #ifdef __cplusplus
 }

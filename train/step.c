@@ -32,17 +32,17 @@ mt_status mt_trainer_gather_grad(mt_trainer *t, float *host) {
 /* Bytes of one all-reduce of S bytes on T ranks (parallel/comm.h accounting). */
 static uint64_t ar_bytes(uint64_t S, uint64_t T) { return T > 1 ? 2 * (T - 1) * S / T : 0; }
 
+uint64_t mtt_step_bytes_formula(const mt_model *model, const mt_grad_sync *gs, int64_t ga) {
+    const uint64_t scalar = ar_bytes(8, (uint64_t)gs->n); /* one 8-byte all-reduce on data x fsdp */
+    return mt_grad_sync_step_bytes(gs, ga) + (gs->zero1 ? 3 : 2) * scalar +
+           (uint64_t)ga * (mt_model_shard_bytes(model) + /* tensor and context collectives */
+                           (uint64_t)mt_dtype_size(mt_model_dtype(model)) * /* fsdp gathers, compute dtype */
+                               (uint64_t)mt_model_fsdp_gather_floats(model));
+}
+
 void mt_trainer_step_bytes(const mt_trainer *t, uint64_t *measured, uint64_t *formula) {
-    const uint64_t n = (uint64_t)t->gs.n;
-    const uint64_t scalar = ar_bytes(8, n); /* one 8-byte all-reduce on data x fsdp */
     if (measured) *measured = t->last_step_bytes;
-    if (formula)
-        *formula = mt_grad_sync_step_bytes(&t->gs, t->cfg.gradient_accumulation_steps) +
-                   (t->gs.zero1 ? 3 : 2) * scalar +
-                   (uint64_t)t->cfg.gradient_accumulation_steps *
-                       (mt_model_shard_bytes(t->model) + /* tensor and context collectives */
-                        (uint64_t)mt_dtype_size(mt_model_dtype(t->model)) * /* fsdp parameter all-gathers */
-                                (uint64_t)mt_model_fsdp_gather_floats(t->model));
+    if (formula) *formula = mtt_step_bytes_formula(t->model, &t->gs, t->cfg.gradient_accumulation_steps);
 }
 
 /* ----------------------------------------------------------------- a step ---- */

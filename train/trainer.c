@@ -91,11 +91,17 @@ static void cfg_ici(const mt_train_config *cfg, int64_t ici[MT_MESH_AXES]) {
     ici[MT_AXIS_TENSOR] = cfg->ici_tensor_parallelism;
 }
 
-/* Divisibility of the model and batch by the layout (every combination of the four axes runs). */
-static mt_status check_layout(const mt_train_config *cfg, const int dims[MT_MESH_AXES]) {
+mt_status mt_trainer_check_layout(const mt_train_config *cfg, const int dims[MT_MESH_AXES]) {
     const mt_layout_sizes ls = {cfg->model.num_query_heads, cfg->model.num_kv_heads, cfg->model.mlp_dim,
-                                cfg->model.vocab_size, cfg->max_target_length, cfg->per_device_batch_size};
-    return mt_mesh_check_layout(dims, &ls);
+                                cfg->model.vocab_size, cfg->max_target_length, cfg->per_device_batch_size,
+                                cfg->tensor_sequence_parallelism, mt_model_num_parameters(&cfg->model)};
+    MT_TRY(mt_mesh_check_layout(dims, &ls));
+    mt_model_layout lay; /* the layouts the compute dtype runs on (the model's rule) */
+    mt_memory_model_layout(cfg, &lay);
+    lay.tensor_size = dims[MT_AXIS_TENSOR];
+    lay.context_size = dims[MT_AXIS_CONTEXT];
+    lay.fsdp_size = dims[MT_AXIS_FSDP];
+    return mt_model_check_dtype_layout(&lay);
 }
 
 /* Axis sizes for planning without a process group: the world is the product of the
@@ -108,7 +114,7 @@ static mt_status plan_dims(const mt_train_config *cfg, int dims[MT_MESH_AXES]) {
         if (ici[a] > 0) world *= ici[a];
     if (world > INT32_MAX) return mt_set_error(MT_ERR_INVALID, "mesh of %lld ranks is too large", (long long)world);
     MT_TRY(mt_mesh_resolve(ici, (int)world, dims));
-    return check_layout(cfg, dims);
+    return mt_trainer_check_layout(cfg, dims);
 }
 
 /* The process group and the mesh sizes of the ici_* keys (checked before any compute),
@@ -121,7 +127,7 @@ static mt_status setup_layout(mt_trainer *t, const mt_backend_caps *caps, const 
     int64_t ici[MT_MESH_AXES];
     cfg_ici(&t->cfg, ici);
     MT_TRY(mt_mesh_resolve(ici, mt_comm_world_size(), dims));
-    MT_TRY(check_layout(&t->cfg, dims));
+    MT_TRY(mt_trainer_check_layout(&t->cfg, dims));
     if (mt_comm_world_size() > 1 && !caps->multi_rank)
         return mt_set_error(MT_ERR_UNSUPPORTED, "backend=%s with %d ranks: the trainer does not run multi-rank "
                             "on this backend; multi-rank runs use backend=cpu or backend=cuda", backend,
@@ -261,7 +267,13 @@ static mt_status build_plan(const mt_train_config *cfg, mt_backend *be, mt_model
 }
 
 mt_status mt_trainer_plan(const mt_train_config *cfg, mt_plan **plan, mt_plan **host_plan, int64_t *num_params) {
+    return mt_trainer_plan_ex(cfg, plan, host_plan, num_params, NULL);
+}
+
+mt_status mt_trainer_plan_ex(const mt_train_config *cfg, mt_plan **plan, mt_plan **host_plan, int64_t *num_params,
+                             uint64_t *step_bytes) {
     *plan = NULL;
+    if (step_bytes) *step_bytes = 0;
     if (host_plan) *host_plan = NULL;
     /* Sizing does not need the device: check the chosen backend's capabilities, size with
      * the CPU backend object (the plan does not depend on the backend). */
@@ -277,6 +289,7 @@ mt_status mt_trainer_plan(const mt_train_config *cfg, mt_plan **plan, mt_plan **
     mt_plan *host = NULL;
     MT_TRY(mt_plan_new(&host));
     mt_status st = build_plan(cfg, be, &model, plan, &opt, &gs, NULL, dims, host, 0);
+    if (st == MT_OK && step_bytes) *step_bytes = mtt_step_bytes_formula(model, &gs, cfg->gradient_accumulation_steps);
     mt_grad_sync_free(&gs);
     if (st == MT_OK && host_plan) {
         st = mt_model_add_to_host_plan(model, host);

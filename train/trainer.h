@@ -66,6 +66,16 @@ mt_status mt_trainer_check_caps(const mt_train_config *cfg, const mt_backend_cap
  * key; cuda not built or no device visible), MT_ERR_OOM. */
 mt_status mt_trainer_select_backend(const mt_train_config *cfg, mt_backend **be);
 
+/* The trainer's layout check of cfg on the mesh dims (data, fsdp, context, tensor;
+ * parallel/mesh.h order), run before any compute by mt_trainer_create and
+ * mt_trainer_plan: parallel/mesh.h mt_mesh_check_layout on cfg's model sizes,
+ * max_target_length, per_device_batch_size, tensor_sequence_parallelism and parameter
+ * count, then models/model.h mt_model_check_dtype_layout (the layouts dtype runs on).
+ * The estimator's mesh search (train/estimate.h) filters its layouts with this same
+ * function. Errors: MT_ERR_INVALID naming the keys and numbers of the first rule
+ * broken; MT_ERR_UNSUPPORTED for a dtype the layout does not run yet. */
+mt_status mt_trainer_check_layout(const mt_train_config *cfg, const int dims[4]);
+
 /* The finalised memory plan of a training step for cfg without allocating anything
  * or opening data: the model's buffers (mt_model_add_to_plan) plus the gradient sync's
  * and the AdamW moments, for rank 0 of the layout the ici_* keys give (a -1 axis counts
@@ -79,6 +89,17 @@ mt_status mt_trainer_select_backend(const mt_train_config *cfg, mt_backend **be)
  * Errors: MT_ERR_INVALID (config, layout), MT_ERR_UNSUPPORTED (a key the backend
  * refuses), MT_ERR_OOM. */
 mt_status mt_trainer_plan(const mt_train_config *cfg, mt_plan **plan, mt_plan **host_plan, int64_t *num_params);
+
+/* mt_trainer_plan, and *step_bytes (may be NULL) = the bytes rank 0 of that layout
+ * sends in one optimizer step: mt_trainer_step_bytes' formula (the gradient reduction
+ * and ZeRO-1 / fsdp parameter all-gathers of parallel/zero1.h, the step's 8-byte
+ * all-reduces, and per micro-batch models/model_shard.c's tensor / context collectives
+ * and fsdp layer all-gathers, with every activation kept), made from the planned model
+ * and gradient sync without any communicator. The estimator's step model takes its
+ * collective bytes from here, so it counts exactly what the trainer counts.
+ * Errors: those of mt_trainer_plan. */
+mt_status mt_trainer_plan_ex(const mt_train_config *cfg, mt_plan **plan, mt_plan **host_plan, int64_t *num_params,
+                             uint64_t *step_bytes);
 
 typedef struct mt_trainer mt_trainer;
 

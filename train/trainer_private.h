@@ -72,6 +72,18 @@ static inline int mt_trainer_dp_rank(const mt_mesh *m) {
 }
 static inline int mt_trainer_dp_size(const mt_mesh *m) { return m->dims[MT_AXIS_DATA] * m->dims[MT_AXIS_FSDP]; }
 
+/* ---- train/step.c ---- */
+
+/* Bytes one rank sends in one optimizer step of ga micro-batches (parallel/comm.h
+ * accounting) for its model and gradient sync: the gradient reduction and parameter
+ * all-gathers (parallel/zero1.h mt_grad_sync_step_bytes), the 8-byte all-reduces of
+ * loss sum, token count and, under ZeRO-1, squared norm, and per micro-batch the
+ * tensor / context collectives (models/model.h mt_model_shard_bytes) and the fsdp
+ * layer all-gathers (mt_model_fsdp_gather_floats). Needs no communicator: the figures
+ * come from the layout alone, so a plan (mt_trainer_plan_ex) gets them too.
+ * tests/test_mpi_layouts.sh holds it equal to the measured bytes of every layout. */
+uint64_t mtt_step_bytes_formula(const mt_model *model, const mt_grad_sync *gs, int64_t ga);
+
 /* ---- train/rundir.c: the run directory (checkpoint discovery, identity, history) ---- */
 
 /* 16 random hex digits and a NUL (/dev/urandom; else the clock and the process id mixed). */

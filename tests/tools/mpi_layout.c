@@ -69,6 +69,24 @@ static int write_floats(const char *path, const float *x, int64_t n) {
     return fclose(f) != 0;
 }
 
+/* 1 (with a message) when the plan's step bytes (mt_trainer_plan_ex: the formula made
+ * from the planned model of rank 0, what the estimator's step model uses) differ from
+ * rank 0's formula in the running trainer; layouts with a -1 axis are not planned
+ * (the plan reads -1 as 1). */
+static int plan_bytes_differ(const mt_train_config *cfg, uint64_t form) {
+    if (cfg->ici_data_parallelism < 1 || cfg->ici_fsdp_parallelism < 1 || cfg->ici_context_parallelism < 1 ||
+        cfg->ici_tensor_parallelism < 1)
+        return 0;
+    mt_plan *plan = NULL;
+    uint64_t pb = 0;
+    if (mt_trainer_plan_ex(cfg, &plan, NULL, NULL, &pb) != MT_OK) return die("plan");
+    mt_plan_free(plan);
+    if (pb == form) return 0;
+    fprintf(stderr, "mpi_layout: the plan's step bytes %llu differ from the running trainer's formula %llu\n",
+            (unsigned long long)pb, (unsigned long long)form);
+    return 1;
+}
+
 /* full_grads: the model's full gradient buffer instead of the gradient windows the
  * trainer would choose (mt_trainer_create_ex): the pre-window behaviour, as reference. */
 static int cmd_run(const char *out, const char *config, int n, const char *const *ov, int full_grads) {
@@ -93,6 +111,7 @@ static int cmd_run(const char *out, const char *config, int n, const char *const
         loss[s] = sm.loss;
         uint64_t meas = 0, form = 0;
         mt_trainer_step_bytes(t, &meas, &form);
+        if (s == 0 && rank == 0 && !full_grads && plan_bytes_differ(&cfg, form)) return 1;
         size_t len = strlen(bytes_txt);
         snprintf(bytes_txt + len, sizeof bytes_txt - len, "%llu %llu\n", (unsigned long long)meas,
                  (unsigned long long)form);
