@@ -48,6 +48,18 @@ mt_status mt_backend_arena_create(mt_backend *be, mt_arena *a, const mt_plan *p)
     return mt_arena_create(a, p, arena_alloc, arena_release, be);
 }
 
+static mt_status host_arena_alloc(void *ctx, size_t bytes, void **out) {
+    MT_TRY(mt_backend_host_alloc(ctx, bytes, out));
+    memset(*out, 0, bytes);
+    return MT_OK;
+}
+
+static void host_arena_release(void *ctx, void *p) { mt_backend_host_free(ctx, p); }
+
+mt_status mt_backend_host_arena_create(mt_backend *be, mt_arena *a, const mt_plan *p) {
+    return mt_arena_create(a, p, host_arena_alloc, host_arena_release, be);
+}
+
 void mt_backend_free(mt_backend *be) {
     if (be) be->ops->free(be);
 }
@@ -78,15 +90,15 @@ void mt_backend_host_free(mt_backend *be, void *p) {
 /* The CUDA backend's capabilities, kept here (not in the .cu) so that start-up checks
  * made from the config give the same answer in every build, with or without CUDA.
  * multi_rank 1: the collectives take its buffers (NCCL, or staged through host memory:
- * parallel/comm.h); host_offload 0: the host pool's parameter/optimizer offload paths
- * are CPU-only for now. */
+ * parallel/comm.h); host_offload 1: the host pool is page-locked
+ * (mt_backend_host_arena_create), which the kernels reach directly. */
 mt_backend_caps mt_cuda_backend_caps(void) {
     mt_backend_caps c = {.device_memory = 1,
                          .compute_dtypes = (1u << MT_F32) | (1u << MT_BF16),
                          .grad_dtypes = (1u << MT_F32) | (1u << MT_BF16),
                          .peak_flops = 989e12,
                          .multi_rank = 1,
-                         .host_offload = 0,
+                         .host_offload = 1,
                          .workspace_bytes = (size_t)32 << 20};
     return c;
 }

@@ -108,6 +108,15 @@ void mt_backend_host_free(mt_backend *be, void *p);
  * outlive the arena. Errors: those of mt_arena_create and be->ops->alloc. */
 mt_status mt_backend_arena_create(mt_backend *be, mt_arena *a, const mt_plan *p);
 
+/* The arena of plan p in be's host memory (mt_backend_host_alloc), zero-filled: the
+ * host pool of parameter, optimizer and activation offload. On a backend with device
+ * memory it is page-locked, so copies to and from it are DMA and the backend's kernels
+ * read and write it in place (CUDA unified addressing: memory from cudaMallocHost is
+ * directly accessible from every device; CUDA Runtime API, "Unified Addressing"), as
+ * AdamW does on offloaded moments and master weights. be must outlive the arena.
+ * Errors: those of mt_arena_create and mt_backend_host_alloc. */
+mt_status mt_backend_host_arena_create(mt_backend *be, mt_arena *a, const mt_plan *p);
+
 /* 1 when the backend computes in dtype t (caps.compute_dtypes). */
 static inline int mt_backend_has_dtype(const mt_backend_caps *c, mt_dtype t) {
     return (c->compute_dtypes >> (unsigned)t) & 1u;

@@ -128,7 +128,11 @@ typedef struct mt_ops {
      * released. */
     void (*free)(mt_backend *be);
 
-    /* ---- memory ---- */
+    /* ---- memory ----
+     * "Backend memory" below, and every op's buffer, is memory from alloc or the
+     * backend's host memory (kernels/backend.h mt_backend_host_alloc: the host pool of
+     * parameter and optimizer offload, page-locked on CUDA and reached there through
+     * unified addressing). */
     /* *out = `bytes` of backend memory (256-byte aligned; 0 bytes gives a unique
      * pointer that release accepts). Errors: MT_ERR_OOM (*out = NULL). */
     mt_status (*alloc)(mt_backend *be, size_t bytes, void **out) MT_MUST_CHECK;

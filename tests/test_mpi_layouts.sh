@@ -27,9 +27,10 @@
 # With a second argument `cuda` (tests/test_emu_mpi_layouts.sh) every run, the references
 # included, uses backend=cuda on the CUDA emulator (tests/tools/mpi_layout_emu: each rank
 # an emulated GPU, collectives on device buffers staged through host memory,
-# parallel/comm.h): the same layouts, bounds and byte formulas, except the host-offload
-# layouts (parameter/optimizer offload do not run on cuda: kernels/backend.h host_offload),
-# and of the bf16 layouts only three (fsdp 2, tensor 2, context ring 2), for its runtime.
+# parallel/comm.h): the same layouts, bounds and byte formulas, the host-offload layouts
+# included (the host pool is page-locked memory the kernels reach directly:
+# kernels/backend.h mt_backend_host_arena_create), and of the bf16 layouts only three
+# (fsdp 2, tensor 2, context ring 2), for its runtime.
 set -u
 . "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_mpi_layouts.sh BUILD_DIR [cpu|cuda]}"
@@ -184,13 +185,11 @@ layout dp2xfsdp2xcp2 ref_b4 8 per_device_batch_size=1 ici_data_parallelism=2 ici
 # gathered from it; the same collectives on the same values, so fsdp 2 with offload is
 # bitwise fsdp 2 without (tolerance 0), and data x fsdp with both offloads and 4 layers
 # (windows reused) matches one process.
-if [ "$backend" = cpu ]; then
-    layout fsdp2_param_offload ref_b4 2 per_device_batch_size=2 ici_fsdp_parallelism=2 parameter_memory_host_offload=true
-    "$tool" compare "$tmp/fsdp2" "$tmp/fsdp2_param_offload" 0 > "$tmp/fsdp_off.cmp" 2>&1 \
-        || { fail "fsdp2 with parameter offload is not bitwise fsdp2"; cat "$tmp/fsdp_off.cmp"; }
-    layout dp2xfsdp2_offload_l4 ref_b4_l4 4 per_device_batch_size=1 ici_data_parallelism=2 ici_fsdp_parallelism=2 \
-        base_num_decoder_layers=4 parameter_memory_host_offload=true optimizer_memory_host_offload=true
-fi
+layout fsdp2_param_offload ref_b4 2 per_device_batch_size=2 ici_fsdp_parallelism=2 parameter_memory_host_offload=true
+"$tool" compare "$tmp/fsdp2" "$tmp/fsdp2_param_offload" 0 > "$tmp/fsdp_off.cmp" 2>&1 \
+    || { fail "fsdp2 with parameter offload is not bitwise fsdp2"; cat "$tmp/fsdp_off.cmp"; }
+layout dp2xfsdp2_offload_l4 ref_b4_l4 4 per_device_batch_size=1 ici_data_parallelism=2 ici_fsdp_parallelism=2 \
+    base_num_decoder_layers=4 parameter_memory_host_offload=true optimizer_memory_host_offload=true
 
 # dtype=bfloat16 (bf16 compute copy and activations, fp32 master, moments and parameter
 # gradients): each layout against the one-process bf16 run on the same global batch.
@@ -265,7 +264,7 @@ if [ "$backend" = cpu ]; then # the emulated suite keeps to the three above (its
     # gradients and parameters (fixed reduction orders, bf16 sums included; tolerance 0)
     TOL=0 layout tp2_sp_bf16_again tp2_sp_gemma2_bf16 2 model_name=tinyg2 per_device_batch_size=2 num_vocab_tiling=4 \
         ici_tensor_parallelism=2 tensor_sequence_parallelism=true dtype=bfloat16
-    # parameter host offload (CPU only, as above): the master and its compute copy in the
+    # parameter host offload (in the CPU suite, as above): the master and its compute copy in the
     # host pool, the windows copied (or, fsdp, gathered) from the copy: the same values,
     # so bitwise the runs without offload (tolerance 0)
     ref ref_b4_bf16_param_offload per_device_batch_size=4 parameter_memory_host_offload=true dtype=bfloat16

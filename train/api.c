@@ -117,7 +117,7 @@ static mt_status build_standalone(mt_session *s) {
     MT_TRY(mt_model_add_to_host_plan(s->own_model, s->host_plan));
     MT_TRY(mt_plan_finalize(s->host_plan));
     if (mt_plan_count(s->host_plan) > 0) {
-        MT_TRY(mt_arena_create(&s->host_arena, s->host_plan, NULL, NULL, NULL));
+        MT_TRY(mt_backend_host_arena_create(s->be, &s->host_arena, s->host_plan));
         s->have_host_arena = 1;
         MT_TRY(mt_model_bind_host(s->own_model, &s->host_arena, s->host_plan));
     }

@@ -159,9 +159,10 @@ static const mt_config_key mt_keys[] = {
               "full keeps only decoder_layer_input, custom reads the nine tensor keys"),
     MT_LAYER_TENSORS(REMAT_SKIP_, REMAT_KEY_)
     {"parameter_memory_host_offload", MT_KEY_BOOL, OFF(parameter_memory_host_offload), 0, NULL, NULL, 0, "false",
-     0, 0, 0, 0, "parameters live in a host pool, moved to the device a layer at a time (cpu backend)"},
+     0, 0, 0, 0, "parameters live in a host pool (page-locked on cuda), moved to the device a layer at a time"},
     {"optimizer_memory_host_offload", MT_KEY_BOOL, OFF(optimizer_memory_host_offload), 0, NULL, NULL, 0, "false",
-     0, 0, 0, 0, "AdamW moments live in a host pool apart from the device arena (cpu backend)"},
+     0, 0, 0, 0, "AdamW moments live in a host pool apart from the device arena (page-locked on cuda: AdamW "
+     "reads and writes them in place)"},
     RKEY_DBL(hbm_gib, "0", 1, 0, 0, 0, "`estimate`: device memory budget in GiB (> 0 there); 0 = unset"),
     RKEY_INT(num_devices, "1", 1,
              "`plan`/`estimate`: devices of the job; the ici_* axes multiply to it (-1 fills; all 1 = fsdp)"),

@@ -332,7 +332,7 @@ static mt_status open_loader(mt_data_loader **out, const mt_train_config *cfg, c
 static mt_status setup_host_pool(mt_trainer *t) {
     MT_TRY(mt_model_add_to_host_plan(t->model, t->host_plan));
     MT_TRY(mt_plan_finalize(t->host_plan));
-    MT_TRY(mt_arena_create(&t->host_arena, t->host_plan, NULL, NULL, NULL));
+    MT_TRY(mt_backend_host_arena_create(t->be, &t->host_arena, t->host_plan));
     t->have_host_arena = 1;
     return mt_model_bind_host(t->model, &t->host_arena, t->host_plan);
 }

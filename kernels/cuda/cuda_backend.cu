@@ -116,28 +116,44 @@ static mt_status cu_copy_to_device(mt_backend *be, void *dst, const void *src_ho
         (void)cudaGetLastError(); /* an unknown pointer: treat it as pinned (the safe copy) */
         at.type = cudaMemoryTypeHost;
     }
+    /* cudaMemcpyDefault: dst is device memory or the page-locked host pool (ops.h
+     * "Backend memory"); unified addressing tells the direction */
     if (at.type == cudaMemoryTypeUnregistered)
-        MT_CUDA_TRY(be, cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, 0));
+        MT_CUDA_TRY(be, cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyDefault, 0));
     else
-        MT_CUDA_TRY(be, cudaMemcpy(dst, src_host, bytes, cudaMemcpyHostToDevice));
+        MT_CUDA_TRY(be, cudaMemcpy(dst, src_host, bytes, cudaMemcpyDefault));
     return MT_OK;
 }
 
+/* cudaMemcpyDefault in the copies below: either side may be the page-locked host pool. */
 static mt_status cu_copy_to_host(mt_backend *be, void *dst_host, const void *src, size_t bytes) {
     MT_CUDA_ENTER(be);
-    if (bytes) MT_CUDA_TRY(be, cudaMemcpy(dst_host, src, bytes, cudaMemcpyDeviceToHost));
+    if (bytes) MT_CUDA_TRY(be, cudaMemcpy(dst_host, src, bytes, cudaMemcpyDefault));
     return MT_OK;
 }
 
 static mt_status cu_copy(mt_backend *be, void *dst, const void *src, size_t bytes) {
     MT_CUDA_ENTER(be);
-    if (bytes && dst != src) MT_CUDA_TRY(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0));
+    if (bytes && dst != src) MT_CUDA_TRY(be, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, 0));
     return MT_OK;
+}
+
+/* Zero bytes [0, n) of p: the page-locked host pool, which cudaMemset does not take. */
+__global__ void zero_bytes_kernel(unsigned char *p, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = 0;
 }
 
 static mt_status cu_zero(mt_backend *be, void *p, size_t bytes) {
     MT_CUDA_ENTER(be);
-    if (bytes) MT_CUDA_TRY(be, cudaMemsetAsync(p, 0, bytes, 0));
+    if (!bytes) return MT_OK;
+    if (mt_cuda_is_device_ptr(p)) {
+        MT_CUDA_TRY(be, cudaMemsetAsync(p, 0, bytes, 0));
+    } else { /* the host pool: written in stream order through unified addressing */
+        const size_t blocks = (bytes + 255) / 256 < 1024 ? (bytes + 255) / 256 : 1024;
+        zero_bytes_kernel<<<(unsigned)blocks, 256>>>((unsigned char *)p, bytes);
+        MT_CUDA_TRY(be, cudaGetLastError());
+    }
     return MT_OK;
 }
 

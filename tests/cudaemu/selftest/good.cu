@@ -26,6 +26,12 @@ __device__ T block_sum(T v, T *sh) {
     return sh[0];
 }
 
+/* out[t] = pin[t] and pin[2 + t] = pin[t]: a kernel on page-locked host memory. */
+__global__ void cp_pinned_kernel(int *out, int *pin) {
+    out[threadIdx.x] = pin[threadIdx.x];
+    pin[2 + threadIdx.x] = pin[threadIdx.x];
+}
+
 template <typename T>
 __global__ void reduce_kernel(T *out, const T *in, int n) {
     __shared__ T sh[32];
@@ -264,6 +270,20 @@ int main(void) {
         cp_async_late_kernel<<<1, 1>>>(d, din);
         cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
         ST_CHECK(h[0] != 11 && h[1] == 11, "%d %d", h[0], h[1]);
+    }
+    /* page-locked host memory (cudaMallocHost) is a valid kernel argument under unified
+     * addressing: read and written in place, in stream order (the host pool of
+     * parameter / optimizer offload) */
+    {
+        int *pin = NULL, h[2];
+        ST_CHECK(cudaMallocHost((void **)&pin, 4 * sizeof(int)) == cudaSuccess, "cudaMallocHost");
+        pin[0] = 21, pin[1] = 22, pin[2] = 0, pin[3] = 0;
+        int *d = st_dev<int>(2);
+        cp_pinned_kernel<<<1, 2>>>(d, pin);
+        cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
+        ST_CHECK(cudaGetLastError() == cudaSuccess && h[0] == 21 && h[1] == 22, "pinned read: %d %d", h[0], h[1]);
+        ST_CHECK(pin[2] == 21 && pin[3] == 22, "pinned write: %d %d", pin[2], pin[3]);
+        cudaFreeHost(pin);
     }
     ST_CHECK(cudaDeviceSynchronize() == cudaSuccess, "error: %s", cudaGetErrorString(cudaGetLastError()));
     cudaDeviceReset(); /* frees every allocation */

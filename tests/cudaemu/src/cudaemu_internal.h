@@ -21,6 +21,12 @@ int cudaemu_device_range(const void *p, size_t bytes);
 /* 1 if p points into a live device allocation (or is one past its end), else 0. */
 int cudaemu_is_device_ptr(const void *p);
 
+/* 1 if a kernel may dereference p: a device pointer (cudaemu_is_device_ptr), or a
+ * pointer into live page-locked memory from cudaMallocHost / cudaHostAlloc, which
+ * unified addressing makes directly accessible from every device (CUDA Runtime API,
+ * "Unified Addressing"); memory from cudaHostRegister and pageable memory are not. */
+int cudaemu_is_kernel_accessible(const void *p);
+
 /* Record an error from the device half (a kernel fault or a bad launch). `e` becomes
  * the value cudaGetLastError / cudaPeekAtLastError / the next synchronising call
  * return; `sticky` != 0 makes it a context error that every later call returns, as

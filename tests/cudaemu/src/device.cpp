@@ -736,10 +736,10 @@ int launch_check(const launch_site &s, const launch_cfg &c) {
 }
 
 int check_pointer_arg(const launch_site &s, int index, const void *p) {
-    if (!p || cudaemu_is_device_ptr(p)) return 1;
+    if (!p || cudaemu_is_kernel_accessible(p)) return 1;
     cudaemu_record_error(cudaErrorIllegalAddress, 1,
-                         "kernel %s launched at %s:%d: argument %d (%p) is not device memory (a host pointer passed "
-                         "to a kernel?)",
+                         "kernel %s launched at %s:%d: argument %d (%p) is neither device memory nor page-locked "
+                         "host memory (a host pointer passed to a kernel?)",
                          s.name, s.file, s.line, index + 1, p);
     return 0;
 }

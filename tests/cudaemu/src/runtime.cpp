@@ -305,6 +305,13 @@ extern "C" int cudaemu_device_range(const void *p, size_t bytes) {
 
 extern "C" int cudaemu_is_device_ptr(const void *p) { return cudaemu_device_range(p, 0); }
 
+extern "C" int cudaemu_is_kernel_accessible(const void *p) {
+    if (cudaemu_device_range(p, 0)) return 1;
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto *in = find(p, false);
+    return in && in->second.kind == PINNED;
+}
+
 extern "C" void cudaemu_record_error(cudaError_t e, int sticky, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
