@@ -238,6 +238,13 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, mt_backend
     *out = NULL;
     if (!layout) layout = &one_process;
     MT_TRY(mt_model_config_validate(cfg));
+    /* issue 18: the gemma4 config, parameter count and its Hugging Face facts are in;
+     * the decoder (per-layer head dims and MLP widths, KV sharing, per-layer
+     * embeddings, layer_scalar) is not, so no gemma4 model is built, planned or run. */
+    if (cfg->decoder_block == MT_DECODER_GEMMA4)
+        return mt_set_error(MT_ERR_UNSUPPORTED,
+                            "decoder_block=gemma4: the Gemma 4 decoder is not implemented yet (issue 18); its config "
+                            "and parameter count are");
     if (batch < 1) return mt_set_error(MT_ERR_INVALID, "per_device_batch_size=%lld must be >= 1", (long long)batch);
     if (seq < 1 || seq > INT32_MAX)
         return mt_set_error(MT_ERR_INVALID, "max_target_length=%lld must be in [1, 2^31)", (long long)seq);

@@ -1,0 +1,126 @@
+/* tests/test_gemma4_config.c: the Gemma 4 model description (issue 18):
+ * configs/models/gemma4-e2b.yml and -e4b.yml read through the run config loader, their
+ * parameter counts against transformers' own count, the per-layer facts (local /
+ * global, head dims, MLP widths, KV donors) against transformers' modeling_gemma4.py,
+ * the proportional RoPE table, and the refusals of bad gemma4 keys.
+ *
+ * The expected figures come from transformers 5.17.0 (scripts/setup-hf5-overlay.sh),
+ * not from this code: tests/reference/gemma4_param_counts.py builds
+ * Gemma4ForCausalLM(Gemma4TextConfig(...)) on the meta device from each yml's values
+ * and prints model.num_parameters() and, per layer, self_attn.head_dim,
+ * mlp.intermediate_size and the donor (store_full_length_kv of the same layer type). */
+#include <criterion/criterion.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "models/config.h"
+#include "train/config.h"
+
+static mt_train_config load_model(const char *name) {
+    mt_train_config cfg;
+    char base[512], ov[128];
+    snprintf(base, sizeof base, "%s/configs/base.yml", MT_SOURCE_DIR);
+    snprintf(ov, sizeof ov, "model_name=%s", name);
+    const char *ovs[] = {ov};
+    mt_status s = mt_train_config_load(&cfg, base, 1, ovs);
+    cr_assert_eq(s, MT_OK, "%s: %s", name, mt_last_error());
+    return cfg;
+}
+
+Test(gemma4_config, parameter_counts_equal_transformers) {
+    mt_train_config e2b = load_model("gemma4-e2b"), e4b = load_model("gemma4-e4b");
+    cr_expect_eq(mt_model_num_parameters(&e2b.model), 4628569344LL, "gemma4-e2b: %lld",
+                 (long long)mt_model_num_parameters(&e2b.model));
+    cr_expect_eq(mt_model_num_parameters(&e4b.model), 7463013376LL, "gemma4-e4b: %lld",
+                 (long long)mt_model_num_parameters(&e4b.model));
+}
+
+Test(gemma4_config, e2b_layers) {
+    mt_train_config t = load_model("gemma4-e2b");
+    const mt_model_config *c = &t.model;
+    cr_assert_eq(c->decoder_block, MT_DECODER_GEMMA4);
+    cr_expect_eq(mt_model_norm_unit_offset(c), 0, "Gemma4RMSNorm scales by w, not 1 + w");
+    cr_expect_float_eq(mt_model_attn_scale(c), 1.0f, 0.0f, "Gemma4TextAttention.scaling = 1.0");
+    for (int64_t l = 0; l < 35; l++) {
+        const int global = l % 5 == 4; /* layer_types = ([sliding] * 4 + [full]) * 7 */
+        cr_expect_eq(mt_model_layer_is_local(c, l), !global, "layer %lld", (long long)l);
+        cr_expect_eq(mt_model_layer_head_dim(c, l), global ? 512 : 256, "layer %lld", (long long)l);
+        cr_expect_eq(mt_model_layer_mlp_dim(c, l), l >= 15 ? 12288 : 6144, "layer %lld", (long long)l);
+        cr_expect_eq(mt_model_layer_kv_donor(c, l), l < 15 ? -1 : global ? 14 : 13, "layer %lld", (long long)l);
+    }
+}
+
+Test(gemma4_config, e4b_layers) {
+    mt_train_config t = load_model("gemma4-e4b");
+    const mt_model_config *c = &t.model;
+    for (int64_t l = 0; l < 42; l++) {
+        const int global = l % 6 == 5;
+        cr_expect_eq(mt_model_layer_is_local(c, l), !global, "layer %lld", (long long)l);
+        cr_expect_eq(mt_model_layer_head_dim(c, l), global ? 512 : 256, "layer %lld", (long long)l);
+        cr_expect_eq(mt_model_layer_mlp_dim(c, l), 10240, "layer %lld", (long long)l);
+        cr_expect_eq(mt_model_layer_kv_donor(c, l), l < 24 ? -1 : global ? 23 : 22, "layer %lld", (long long)l);
+    }
+}
+
+Test(gemma4_config, last_layer_is_global) {
+    /* configuration_gemma4.py forces layer_types[-1] = "full_attention" */
+    mt_model_config c;
+    mt_model_config_defaults(&c, MT_DECODER_GEMMA4);
+    c.num_decoder_layers = 7; /* pattern 6: layer 6 would be local */
+    cr_expect_eq(mt_model_layer_is_local(&c, 6), 0);
+    cr_expect_eq(mt_model_layer_is_local(&c, 4), 1);
+    cr_expect_eq(mt_model_layer_is_local(&c, 5), 0);
+    mt_model_config_defaults(&c, MT_DECODER_GEMMA3); /* gemma3 has no such rule */
+    c.num_decoder_layers = 7;
+    cr_expect_eq(mt_model_layer_is_local(&c, 6), 1);
+}
+
+Test(gemma4_config, proportional_rope) {
+    /* _compute_proportional_rope_parameters, global_head_dim 512, partial 0.25, theta
+     * 1e6: rope_angles = int(0.25 * 512 // 2) = 64 frequencies 1e6^(-2i/512), then 192
+     * zeros; local layers the default 1e4^(-2i/256). Values to float rounding. */
+    mt_train_config t = load_model("gemma4-e2b");
+    float f[256];
+    mt_rope_inv_freq(&t.model, 4, f);
+    for (int i = 0; i < 256; i++) {
+        const double want = i < 64 ? pow(1e6, -(double)(2 * i) / 512.0) : 0.0;
+        cr_expect(fabs(f[i] - want) <= 1e-7 * want, "global inv_freq[%d] = %.9g, want %.9g", i, f[i], want);
+    }
+    mt_rope_inv_freq(&t.model, 0, f);
+    for (int i = 0; i < 128; i++) {
+        const double want = pow(1e4, -(double)(2 * i) / 256.0);
+        cr_expect(fabs(f[i] - want) <= 1e-7 * want, "local inv_freq[%d] = %.9g, want %.9g", i, f[i], want);
+    }
+}
+
+static void expect_refused(const mt_model_config *c, const char *key) {
+    cr_expect_eq(mt_model_config_validate(c), MT_ERR_INVALID, "%s accepted", key);
+    cr_expect(strstr(mt_last_error(), key) != NULL, "message '%s' does not name %s", mt_last_error(), key);
+}
+
+Test(gemma4_config, bad_keys_refused) {
+    mt_train_config t = load_model("gemma4-e2b");
+    cr_assert_eq(mt_model_config_validate(&t.model), MT_OK, "%s", mt_last_error());
+    mt_model_config c = t.model;
+    /* layers 0-4 before the sharing ones: 4 is the only global, but with pattern 6 every
+     * layer before 5 is local and the globals after it have no donor */
+    c.num_decoder_layers = 10, c.num_kv_shared_layers = 5, c.sliding_window_pattern = 6;
+    expect_refused(&c, "num_kv_shared_layers");
+    c = t.model, c.num_kv_shared_layers = 35;
+    expect_refused(&c, "num_kv_shared_layers");
+    c = t.model, c.global_head_dim = 1024;
+    expect_refused(&c, "global_head_dim");
+    c = t.model, c.rope_partial_rotary_factor = 0.0f;
+    expect_refused(&c, "rope_partial_rotary_factor");
+    mt_model_config g3;
+    mt_model_config_defaults(&g3, MT_DECODER_GEMMA3);
+    g3.vocab_size = 64, g3.emb_dim = 32, g3.num_query_heads = 4, g3.num_kv_heads = 2, g3.head_dim = 8;
+    g3.mlp_dim = 64, g3.num_decoder_layers = 2;
+    cr_assert_eq(mt_model_config_validate(&g3), MT_OK, "%s", mt_last_error());
+    g3.per_layer_input_dim = 8;
+    expect_refused(&g3, "per_layer_input_dim");
+    g3.per_layer_input_dim = 0, g3.rope_type = MT_ROPE_PROPORTIONAL;
+    expect_refused(&g3, "proportional");
+}
