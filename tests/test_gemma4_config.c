@@ -124,3 +124,51 @@ Test(gemma4_config, bad_keys_refused) {
     g3.per_layer_input_dim = 0, g3.rope_type = MT_ROPE_PROPORTIONAL;
     expect_refused(&g3, "proportional");
 }
+
+/* ---- config.json (models/checkpoint.c mt_hf_config_read / _write) ---- */
+
+#include "models/checkpoint.h"
+
+static mt_model_config read_seed(const char *name) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/tests/fuzz_corpus/hf_config/%s", MT_SOURCE_DIR, name);
+    mt_model_config c;
+    cr_assert_eq(mt_hf_config_read(path, &c), MT_OK, "%s: %s", name, mt_last_error());
+    return c;
+}
+
+Test(gemma4_config, published_config_json_is_the_yml_model) {
+    /* gemma4_e2b_multimodal_tf5.5.4.json: Gemma4Config(text_config=E2B, no towers) as
+     * transformers 5.5.4 writes it (model_type gemma4, global_head_dim key) */
+    mt_model_config hf = read_seed("gemma4_e2b_multimodal_tf5.5.4.json");
+    mt_train_config yml = load_model("gemma4-e2b");
+    char va[128], vb[128];
+    const mt_config_key *k = mt_model_config_diff(&hf, &yml.model, NULL, va, vb, sizeof va);
+    cr_expect_null(k, "config.json and gemma4-e2b.yml differ on %s: %s vs %s", k ? k->name : "", va, vb);
+    cr_expect_eq(mt_model_num_parameters(&hf), 4628569344LL);
+}
+
+Test(gemma4_config, transformers_5_17_config_json) {
+    /* gemma4_text_tiny_tf5.17.0.json: a Gemma4TextConfig as 5.17 writes it (global head
+     * dim only in per_layer_config, layers 2, 5 and 6 full) */
+    mt_model_config c = read_seed("gemma4_text_tiny_tf5.17.0.json");
+    cr_expect_eq(c.decoder_block, MT_DECODER_GEMMA4);
+    cr_expect_eq(c.global_head_dim, 32);
+    cr_expect_eq(c.head_dim, 16);
+    cr_expect_eq(c.num_kv_shared_layers, 3);
+    cr_expect_eq(c.use_double_wide_mlp, 1);
+    cr_expect_eq(c.per_layer_input_dim, 8);
+    cr_expect_eq(c.sliding_window_size, 5);
+    cr_expect_float_eq(c.final_logits_soft_cap, 30.0f, 0.0f);
+    cr_expect_float_eq(c.query_pre_attn_scalar, 1.0f, 0.0f);
+    cr_expect_eq(c.rope_type, MT_ROPE_PROPORTIONAL);
+    cr_expect_float_eq(c.rope_partial_rotary_factor, 0.25f, 0.0f);
+    cr_expect_float_eq(c.local_rope_max_timescale, 10000.0f, 0.0f);
+    static const int local[7] = {1, 1, 0, 1, 1, 0, 0};
+    static const int donor[7] = {-1, -1, -1, -1, 3, 2, 2}; /* layers 4-6 share: last earlier local 3, global 2 */
+    for (int l = 0; l < 7; l++) {
+        cr_expect_eq(mt_model_layer_is_local(&c, l), local[l], "layer %d", l);
+        cr_expect_eq(mt_model_layer_kv_donor(&c, l), donor[l], "layer %d", l);
+    }
+    cr_expect_eq(mt_model_config_validate(&c), MT_OK, "%s", mt_last_error());
+}
