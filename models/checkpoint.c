@@ -691,10 +691,34 @@ static int ck_starts(const char *s, const char *prefix) {
     return strncmp(s, prefix, strlen(prefix)) == 0;
 }
 
-static int ck_ignorable(const char *name, int tied, int gemma3) {
+/* gemma4: a KV-sharing layer's k/v projections and norms ("model.layers.N.self_attn.
+ * {k_proj,v_proj,k_norm,v_norm}.weight" with N a sharing layer), which published
+ * checkpoints carry and transformers skips (Gemma4TextModel's
+ * _keys_to_ignore_on_load_unexpected): that layer attends to its donor's K/V. */
+static int ck_gemma4_shared_kv(const char *name, const mt_model_config *c) {
+    static const char pre[] = "model.layers.";
+    if (c->decoder_block != MT_DECODER_GEMMA4 || !ck_starts(name, pre)) return 0;
+    char *end = NULL;
+    long long l = strtoll(name + sizeof pre - 1, &end, 10);
+    if (!end || end == name + sizeof pre - 1 || l < 0 || l >= c->num_decoder_layers) return 0;
+    static const char *const kv[] = {".self_attn.k_proj.weight", ".self_attn.v_proj.weight",
+                                     ".self_attn.k_norm.weight", ".self_attn.v_norm.weight"};
+    for (int i = 0; i < 4; i++)
+        if (strcmp(end, kv[i]) == 0) return mt_model_layer_kv_donor(c, l) >= 0;
+    return 0;
+}
+
+static int ck_ignorable(const char *name, int tied, int gemma3, const mt_model_config *c) {
     size_t n = strlen(name);
     static const char suf[] = "rotary_emb.inv_freq";
     if (n >= sizeof suf - 1 && strcmp(name + n - (sizeof suf - 1), suf) == 0) return 1;
+    /* Gemma 4 multimodal checkpoints (Gemma4ForConditionalGeneration): the vision and
+     * audio towers and their embedders are skipped */
+    if (c->decoder_block == MT_DECODER_GEMMA4 &&
+        (ck_starts(name, "model.vision_tower.") || ck_starts(name, "model.audio_tower.") ||
+         ck_starts(name, "model.embed_vision.") || ck_starts(name, "model.embed_audio.")))
+        return 1;
+    if (ck_gemma4_shared_kv(name, c)) return 1;
     /* Gemma 3 multimodal checkpoints (Gemma3ForConditionalGeneration): only the text
      * model is loaded; the vision tower and its projector are skipped. */
     if (gemma3 && (ck_starts(name, "vision_tower.") || ck_starts(name, "multi_modal_projector.") ||
@@ -703,7 +727,7 @@ static int ck_ignorable(const char *name, int tied, int gemma3) {
     return tied && strcmp(name, "lm_head.weight") == 0;
 }
 
-/* The text-model name of a tensor: Gemma 3 multimodal checkpoints store the text
+/* The text-model name of a tensor: Gemma 3 (and 4) multimodal checkpoints store the text
  * model as "language_model.model.*" / "language_model.lm_head.*" (transformers'
  * save_pretrained of Gemma3ForConditionalGeneration, and the published google/gemma-3-*
  * files) or "model.language_model.*" (its module names); these map to the
@@ -825,6 +849,8 @@ static mt_status ck_load(const char *dir, mt_model *m, mt_backend *be, float *pa
     const mt_model_config *cfg = mt_model_get_config(m);
     int tied = cfg->logits_via_embedding != 0;
     int gemma3 = cfg->decoder_block == MT_DECODER_GEMMA3;
+    /* multimodal names (model.language_model.*) map to the text model's */
+    int mm = gemma3 || cfg->decoder_block == MT_DECODER_GEMMA4;
 
     mt_safetensors **files = NULL;
     int nfiles = 0;
@@ -845,10 +871,10 @@ static mt_status ck_load(const char *dir, mt_model *m, mt_backend *be, float *pa
         for (int k = 0; k < mt_safetensors_count(files[f]) && s == MT_OK; k++) {
             const mt_st_tensor *t = mt_safetensors_tensor(files[f], k);
             char mapped[sizeof t->name + 16];
-            const char *pname = gemma3 ? ck_text_name(t->name, mapped, sizeof mapped) : t->name;
+            const char *pname = mm ? ck_text_name(t->name, mapped, sizeof mapped) : t->name;
             int pi = mt_model_param_find(m, pname);
             if (pi < 0) {
-                if (ck_ignorable(pname, tied, gemma3)) continue;
+                if (ck_ignorable(pname, tied, gemma3, cfg)) continue;
                 if (nunknown++ < 4) {
                     size_t u = strlen(unknown);
                     snprintf(unknown + u, sizeof unknown - u, "%s'%s'", u ? ", " : "", t->name);

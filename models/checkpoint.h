@@ -51,7 +51,12 @@ mt_status mt_checkpoint_save_host(const char *dir, mt_model *m, const float *hos
  * multimodal checkpoint (Gemma3ForConditionalGeneration) loads its text model:
  * "language_model.model.*" / "model.language_model.*" are read as "model.*",
  * "language_model.lm_head.*" as "lm_head.*", and vision_tower / multi_modal_projector
- * tensors are skipped. F32/BF16/F16/F64
+ * tensors are skipped. For gemma4 (transformers modeling_gemma4.py) the same name
+ * mapping applies to Gemma4ForConditionalGeneration files, whose vision_tower,
+ * audio_tower, embed_vision and embed_audio tensors are skipped, and the k/v
+ * projections and norms of KV-sharing layers, which published files carry, are
+ * ignored (as transformers ignores them); "model.layers.N.layer_scalar" is read like a
+ * parameter (mt_param_info.buffer). F32/BF16/F16/F64
  * data are converted to float32 (NaN/Inf rejected) and copied with
  * be->ops->copy_to_device, one tensor at a time through one host buffer.
  * Names and shapes are all checked before anything is copied into m; a NaN/Inf is

@@ -45,6 +45,9 @@ typedef struct mt_param_info {
     int64_t offset;       /* element offset in the flat buffer */
     int64_t numel;
     int weight_decay;     /* 1 for matrices (ndim == 2), 0 for norm scales */
+    int buffer;           /* 1: a constant held with the parameters so that checkpoints carry it
+                           * (gemma4's layer_scalar, a transformers buffer): its gradient is
+                           * always 0 and it has no weight decay, so AdamW leaves it unchanged */
 } mt_param_info;
 
 typedef struct mt_model mt_model;

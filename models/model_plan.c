@@ -252,11 +252,16 @@ static mt_status add_saved(mt_model *m, mt_plan *plan) {
             if (e == 0) continue;
             char name[MT_PLAN_NAME_MAX];
             snprintf(name, sizeof(name), "layers.%lld.%s", (long long)l, mt_layer_tensor_name((mt_layer_tensor)j));
-            int first = j == MT_LT_DECODER_LAYER_INPUT ? (int)l : ph_fwd(m, l);
+            int first = j == MT_LT_DECODER_LAYER_INPUT ? (int)l : ph_fwd(m, l), last = ph_bwd(m, l);
             m->plan.lid[l][j] = -1;
-            if (mtm_act_action(m, j) != MT_RA_DEVICE) continue; /* recomputed or offloaded */
+            /* gemma4: a donor's K/V are read by the sharing layers' forward and backward,
+             * between its own: kept whatever the policy */
+            const int donor_kv = m->g4.on && (j == MT_LT_KEY_PROJ || j == MT_LT_VALUE_PROJ) && mtm_g4_is_donor(m, l);
+            if (mtm_act_action(m, j) != MT_RA_DEVICE && !donor_kv) continue; /* recomputed or offloaded */
+            /* gemma4: the embedding output also feeds the per-layer inputs' backward */
+            if (m->g4.on && m->g4.P > 0 && l == 0 && j == MT_LT_DECODER_LAYER_INPUT) last = ph_embed_bwd(m);
             const mt_plan_tag tag = {l, j, MT_PLAN_KIND_SAVED};
-            MT_TRY(mt_plan_add_tagged(plan, name, MT_MEM_ACTIVATIONS, tag, mtm_act_bytes(m, j), first, ph_bwd(m, l),
+            MT_TRY(mt_plan_add_tagged(plan, name, MT_MEM_ACTIVATIONS, tag, mtm_act_bytes(m, j), first, last,
                                       &m->plan.lid[l][j]));
         }
     }
@@ -298,6 +303,7 @@ static size_t workspace_bytes(const mt_model *m) {
     mt_scratch_query q = {.rows = m->N, .width = m->D, .heads = m->H, .kv_heads = m->Hkv, .head_dim = m->Dh,
                           .attn = mtm_attn_args(m, 0), .loss_rows = mt_tiled_loss_tile_rows(m->N, m->tiles)};
     q.attn.Tk = m->T * m->cp.size;
+    q.attn.Dh = m->Dh; /* the largest (gemma4: global layers) */
     if (m->cp.size > 1 || m->pack.on) q.attn.q_pos = q.attn.k_pos = &present;
     if (m->pack.on) q.attn.q_seg = q.attn.k_seg = &present;
     const size_t ops = m->be->ops->scratch_bytes(m->be, &q);
@@ -339,6 +345,45 @@ static mt_status add_scratch(mt_model *m, mt_plan *plan) {
     return MT_OK;
 }
 
+/* gemma4's buffers (model_internal.h G4_*), each for the whole step for now: the
+ * per-layer inputs and their gradient, the per-layer temporaries, the v_norm constants,
+ * the identity and the shared-KV gradient accumulators (only with KV sharing). */
+static mt_status add_gemma4(mt_model *m, mt_plan *plan) {
+    if (!m->g4.on) return MT_OK;
+    const int64_t N = m->N, D = m->D, P = m->g4.P, L = m->cfg.num_decoder_layers;
+    const size_t es = m->es, f4 = sizeof(float);
+    const int last = ph_optim(m);
+    struct { int id; const char *name; size_t bytes; } b[] = {
+        {G4_PLE_ALL, "gemma4.per_layer_inputs", (size_t)(N * L * P) * es},
+        {G4_PLE_DALL, "gemma4.per_layer_inputs_grad", (size_t)(N * L * P) * es},
+        {G4_PLE_TMP, "gemma4.per_layer_projection_grad", (size_t)(N * L * P) * es},
+        {G4_PLE_ROWRSTD, "gemma4.per_layer_projection_rstd", (size_t)(N * L) * f4 * (P > 0)},
+        {G4_PLE_A, "gemma4.ple_gate", (size_t)(N * P) * es},
+        {G4_PLE_B, "gemma4.ple_input", (size_t)(N * P) * es},
+        {G4_PLE_C, "gemma4.ple_product", (size_t)(N * P) * es},
+        {G4_PLE_D, "gemma4.ple_gate_grad", (size_t)(N * P) * es},
+        {G4_PLE_E, "gemma4.ple_input_grad", (size_t)(N * P) * es},
+        {G4_YMID, "gemma4.layer_output_before_ple", (size_t)(N * D) * es * (P > 0)},
+        {G4_O, "gemma4.ple_projection", (size_t)(N * D) * es * (P > 0)},
+        {G4_RSTD, "gemma4.ple_norm_rstd", (size_t)N * f4 * (P > 0)},
+        {G4_IDENT, "gemma4.identity", (size_t)(P * P) * es},
+        {G4_VRSTD, "gemma4.v_norm_rstd", (size_t)(N * m->Hkv) * f4},
+        {G4_VZERO, "gemma4.v_norm_zero_weight", (size_t)m->Dh * es},
+        {G4_VDW, "gemma4.v_norm_weight_grad", (size_t)m->Dh * f4},
+    };
+    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
+        if (b[i].bytes > 0)
+            MT_TRY(mt_plan_add(plan, b[i].name, MT_MEM_SCRATCH, b[i].bytes, 0, last, &m->g4.id[b[i].id]));
+    if (m->cfg.num_kv_shared_layers > 0) {
+        static const char *const nm[4] = {"gemma4.shared_dk.local", "gemma4.shared_dv.local", "gemma4.shared_dk.global",
+                                          "gemma4.shared_dv.global"};
+        for (int i = 0; i < 4; i++)
+            MT_TRY(mt_plan_add(plan, nm[i], MT_MEM_SCRATCH, (size_t)(N * m->KVD) * es, ph_bwd(m, L - 1), ph_bwd(m, 0),
+                               &m->g4.id[G4_SKV_DK0 + i]));
+    }
+    return MT_OK;
+}
+
 mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan) {
     if (!m || !plan) return mt_set_error(MT_ERR_INVALID, "mt_model_add_to_plan: NULL argument");
     if (m->dec.on) return mtm_decode_add_to_plan(m, plan);
@@ -348,6 +393,7 @@ mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan) {
     MT_TRY(add_loss_buffers(m, plan));
     MT_TRY(add_scratch(m, plan));
     MT_TRY(add_remat_scratch(m, plan));
+    MT_TRY(add_gemma4(m, plan));
     MT_TRY(cp_add_to_plan(m, plan, ph_fwd(m, 0), ph_bwd(m, 0)));
     m->plan.planned = 1;
     m->host.planned = 0;
@@ -416,6 +462,7 @@ mt_status mt_model_bind(mt_model *m, const mt_arena *arena, const mt_plan *plan)
     }
     for (int i = 0; i < CP_COUNT; i++) MT_TRY(bind_one(arena, plan, m->cp.id[i], &m->cp.buf[i]));
     for (int i = 0; i < DEC_COUNT; i++) MT_TRY(bind_one(arena, plan, m->dec.id[i], &m->dec.buf[i]));
+    for (int i = 0; i < G4_COUNT; i++) MT_TRY(bind_one(arena, plan, m->g4.id[i], &m->g4.buf[i]));
     m->dec.len = 0; /* a new arena: the caches are empty */
     if (m->plan.gptr[GB_WORKSPACE])
         MT_TRY(m->be->ops->set_workspace(m->be, m->plan.gptr[GB_WORKSPACE], m->plan.ws_bytes));
