@@ -278,7 +278,8 @@ mt_status mt_model_bind(mt_model *m, const mt_arena *arena, const mt_plan *plan)
 
 /* Parameter table, flat parameter and gradient buffers (backend memory, float32,
  * mt_model_numel elements each, same layout). mt_model_grads is NULL with a gradient
- * sink (mt_model_set_grad_sink). */
+ * sink (mt_model_set_grad_sink). mt_model_numel is mt_model_num_parameters plus the
+ * buffers held with the parameters (mt_param_info.buffer: gemma4's L layer_scalars). */
 int mt_model_param_count(const mt_model *m);
 const mt_param_info *mt_model_param(const mt_model *m, int i);
 int mt_model_param_find(const mt_model *m, const char *name); /* index or -1 */
@@ -287,7 +288,8 @@ float *mt_model_params(mt_model *m);
 float *mt_model_grads(mt_model *m);
 
 /* Deterministic initialisation from `seed`: matrices N(0, 0.02^2) (Philox stream =
- * parameter index), norm scales 1 (Llama) or 0 (Gemma, scale 1 + w). */
+ * parameter index), norm scales 1 (Llama, Gemma 4, and gemma4's layer_scalar) or 0
+ * (Gemma 1-3, scale 1 + w). */
 mt_status mt_model_init_params(mt_model *m, uint64_t seed);
 
 /* Forward and backward of one micro-batch. tokens and labels are host int32

@@ -133,6 +133,14 @@ mt_status mtm_g4_inputs_backward(mt_model *m, void *G) {
 
 /* ------------------------------------------------------------------ the layer */
 
+/* A donor's key or value_proj that the policy does not keep: its plan entry ends with
+ * the sharing layers' backwards (model_plan.c add_saved), and its own backward takes
+ * it from the remat scratch, recomputed or restored as the policy says. */
+static int g4_donor_released(const mt_model *m, int64_t l, int j) {
+    return (j == MT_LT_KEY_PROJ || j == MT_LT_VALUE_PROJ) && mtm_act_action(m, j) != MT_RA_DEVICE &&
+           mtm_g4_is_donor(m, l);
+}
+
 /* Where layer l's tensors are; a sharing layer's key / value_proj are its donor's. */
 static void g4_ptrs(const mt_model *m, int64_t l, int fwd, void *a[MT_LT_COUNT]) {
     mtm_layer_ptrs(m, l, fwd, a);
@@ -141,12 +149,14 @@ static void g4_ptrs(const mt_model *m, int64_t l, int fwd, void *a[MT_LT_COUNT])
         a[MT_LT_KEY_PROJ] = m->plan.lptr[d][MT_LT_KEY_PROJ];
         a[MT_LT_VALUE_PROJ] = m->plan.lptr[d][MT_LT_VALUE_PROJ];
     }
+    for (int j = MT_LT_KEY_PROJ; !fwd && j <= MT_LT_VALUE_PROJ; j++) /* adjacent in mt_layer_tensor */
+        if (g4_donor_released(m, l, j)) a[j] = m->remat.bwd[j];
 }
 
 /* Recomputed in the backward: a named tensor the policy does not keep and the plan
- * did not keep anyway (a donor's K/V). */
+ * did not keep anyway, or a donor's released K/V (g4_donor_released). */
 static int g4_recompute(const mt_model *m, int64_t l, int j) {
-    return mtm_la_is_remat(m, j) && m->plan.lid[l][j] < 0;
+    return mtm_la_is_remat(m, j) && (m->plan.lid[l][j] < 0 || g4_donor_released(m, l, j));
 }
 
 /* q = rope(q_norm(n1 Wq^T)) into a[QUERY_PROJ] (tmp [N, QD] scratch). */

@@ -325,6 +325,11 @@ static inline mt_status MT_MUST_CHECK linear_bwd_x(const mt_model *m, void *dx, 
 int64_t mtm_act_elems(const mt_model *m, int j);
 /* Its bytes: the norm statistics and the attention logsumexp fp32, the rest m->dt. */
 size_t mtm_act_bytes(const mt_model *m, int j);
+/* The same for layer l itself: equal to the above except on gemma4, whose layers differ
+ * (head dims, MLP widths; no K/V on KV-sharing layers), where the above is the largest
+ * over the layers (the size of the layer-sized scratch). */
+int64_t mtm_act_elems_layer(const mt_model *m, int64_t l, int j);
+size_t mtm_act_bytes_layer(const mt_model *m, int64_t l, int j);
 /* The remat policy's action for saved tensor j (MT_RA_DEVICE for tensors without a name). */
 mt_remat_action mtm_act_action(const mt_model *m, int j);
 /* Add buffer g (GB_*) to plan, untagged (the category's tag). */

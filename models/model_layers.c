@@ -57,7 +57,7 @@ mt_status mtm_layer_offload(mt_model *m, int64_t l, void *a[MT_LT_COUNT]) {
     if (!m->remat.has_offload) return MT_OK;
     for (int j = 0; j < MT_LT_COUNT; j++)
         if (m->host.act_id[l][j] >= 0)
-            MT_TRY(m->be->ops->copy_to_host(m->be, m->host.act_ptr[l][j], a[j], mtm_act_bytes(m, j)));
+            MT_TRY(m->be->ops->copy_to_host(m->be, m->host.act_ptr[l][j], a[j], mtm_act_bytes_layer(m, l, j)));
     return MT_OK;
 }
 
@@ -66,7 +66,7 @@ mt_status mtm_layer_restore(mt_model *m, int64_t l, void *a[MT_LT_COUNT]) {
     if (!m->remat.has_offload) return MT_OK;
     for (int j = 0; j < MT_LT_COUNT; j++)
         if (m->host.act_id[l][j] >= 0)
-            MT_TRY(m->be->ops->copy_to_device(m->be, a[j], m->host.act_ptr[l][j], mtm_act_bytes(m, j)));
+            MT_TRY(m->be->ops->copy_to_device(m->be, a[j], m->host.act_ptr[l][j], mtm_act_bytes_layer(m, l, j)));
     return MT_OK;
 }
 

@@ -50,13 +50,38 @@ int64_t mtm_act_elems(const mt_model *m, int j) {
     }
 }
 
+static int act_is_f32(int j) {
+    return j == MT_LT_INPUT_NORM_RSTD || j == MT_LT_QUERY_NORM_RSTD || j == MT_LT_KEY_NORM_RSTD ||
+           j == MT_LT_CONTEXT_LSE || j == MT_LT_POST_ATTN_NORM_RSTD || j == MT_LT_PRE_MLP_NORM_RSTD ||
+           j == MT_LT_POST_FFW_NORM_RSTD;
+}
+
 /* Bytes of saved tensor j of a layer: the norm statistics (rstd) and the attention
  * logsumexp are fp32, every other tensor is of the activation dtype. */
 size_t mtm_act_bytes(const mt_model *m, int j) {
-    const int f32 = j == MT_LT_INPUT_NORM_RSTD || j == MT_LT_QUERY_NORM_RSTD || j == MT_LT_KEY_NORM_RSTD ||
-                    j == MT_LT_CONTEXT_LSE || j == MT_LT_POST_ATTN_NORM_RSTD || j == MT_LT_PRE_MLP_NORM_RSTD ||
-                    j == MT_LT_POST_FFW_NORM_RSTD;
-    return (size_t)mtm_act_elems(m, j) * (f32 ? sizeof(float) : m->es);
+    return (size_t)mtm_act_elems(m, j) * (act_is_f32(j) ? sizeof(float) : m->es);
+}
+
+int64_t mtm_act_elems_layer(const mt_model *m, int64_t l, int j) {
+    if (!m->g4.on) return mtm_act_elems(m, j);
+    /* gemma4: the layer's own head dim and MLP width; a KV-sharing layer saves no K/V */
+    const mt_model_config *c = &m->cfg;
+    const int64_t N = m->N, Dh = mt_model_layer_head_dim(c, l), F = mt_model_layer_mlp_dim(c, l);
+    const int own = mt_model_layer_kv_donor(c, l) < 0;
+    switch (j) {
+    case MT_LT_QUERY_PROJ: return N * m->H * Dh;
+    case MT_LT_KEY_PROJ: return own ? N * m->Hkv * Dh : 0;
+    case MT_LT_VALUE_PROJ: return own ? N * m->Hkv * Dh : 0;
+    case MT_LT_KEY_NORM_RSTD: return own ? N * m->Hkv : 0;
+    case MT_LT_CONTEXT: return N * m->H * Dh;
+    case MT_LT_MLPWI_0: return N * F;
+    case MT_LT_MLPWI_1: return N * F;
+    default: return mtm_act_elems(m, j);
+    }
+}
+
+size_t mtm_act_bytes_layer(const mt_model *m, int64_t l, int j) {
+    return (size_t)mtm_act_elems_layer(m, l, j) * (act_is_f32(j) ? sizeof(float) : m->es);
 }
 
 
@@ -118,12 +143,12 @@ mt_status mt_model_add_to_host_plan(mt_model *m, mt_plan *host_plan) {
     for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++)
         for (int j = 0; j < MT_LT_COUNT; j++) {
             m->host.act_id[l][j] = -1;
-            int64_t e = mtm_act_elems(m, j);
+            int64_t e = mtm_act_elems_layer(m, l, j);
             if (e == 0 || mtm_act_action(m, j) != MT_RA_OFFLOAD) continue;
             char name[MT_PLAN_NAME_MAX];
             snprintf(name, sizeof(name), "layers.%lld.%s", (long long)l, mt_layer_tensor_name((mt_layer_tensor)j));
             const mt_plan_tag tag = {l, j, MT_PLAN_KIND_OFFLOAD};
-            MT_TRY(mt_plan_add_tagged(host_plan, name, MT_MEM_ACTIVATIONS, tag, mtm_act_bytes(m, j),
+            MT_TRY(mt_plan_add_tagged(host_plan, name, MT_MEM_ACTIVATIONS, tag, mtm_act_bytes_layer(m, l, j),
                                       ph_fwd(m, l), ph_bwd(m, l), &m->host.act_id[l][j]));
         }
     m->host.params_id = -1;
@@ -243,12 +268,18 @@ static mt_status add_inputs(mt_model *m, mt_plan *plan) {
 }
 
 /* Saved activations of layer l: written in phase l (decoder_layer_input: by the
- * embedding or the previous layer) or 1 + l, read last by the layer's backward. */
+ * embedding or the previous layer) or 1 + l, read last by the layer's backward.
+ * gemma4: sizes per layer (mtm_act_elems_layer: no K/V on KV-sharing layers); a
+ * donor's key / value_proj are kept whatever the policy, until its own backward when
+ * the policy keeps them, else until the backward of the first sharing layer (the
+ * last of the sharing layers' backwards), after which the donor's backward recomputes
+ * or restores them into the remat scratch (model_gemma4.c). */
 static mt_status add_saved(mt_model *m, mt_plan *plan) {
     const int64_t L = m->cfg.num_decoder_layers;
     for (int64_t l = 0; l < L; l++) {
         for (int j = 0; j < MT_LT_COUNT; j++) {
-            int64_t e = mtm_act_elems(m, j);
+            m->plan.lid[l][j] = -1;
+            int64_t e = mtm_act_elems_layer(m, l, j);
             if (e == 0) continue;
             char name[MT_PLAN_NAME_MAX];
             snprintf(name, sizeof(name), "layers.%lld.%s", (long long)l, mt_layer_tensor_name((mt_layer_tensor)j));
@@ -258,10 +289,12 @@ static mt_status add_saved(mt_model *m, mt_plan *plan) {
              * between its own: kept whatever the policy */
             const int donor_kv = m->g4.on && (j == MT_LT_KEY_PROJ || j == MT_LT_VALUE_PROJ) && mtm_g4_is_donor(m, l);
             if (mtm_act_action(m, j) != MT_RA_DEVICE && !donor_kv) continue; /* recomputed or offloaded */
+            if (donor_kv && mtm_act_action(m, j) != MT_RA_DEVICE)
+                last = ph_bwd(m, m->cfg.num_decoder_layers - m->cfg.num_kv_shared_layers);
             /* gemma4: the embedding output also feeds the per-layer inputs' backward */
             if (m->g4.on && m->g4.P > 0 && l == 0 && j == MT_LT_DECODER_LAYER_INPUT) last = ph_embed_bwd(m);
             const mt_plan_tag tag = {l, j, MT_PLAN_KIND_SAVED};
-            MT_TRY(mt_plan_add_tagged(plan, name, MT_MEM_ACTIVATIONS, tag, mtm_act_bytes(m, j), first, last,
+            MT_TRY(mt_plan_add_tagged(plan, name, MT_MEM_ACTIVATIONS, tag, mtm_act_bytes_layer(m, l, j), first, last,
                                       &m->plan.lid[l][j]));
         }
     }
@@ -352,28 +385,33 @@ static mt_status add_gemma4(mt_model *m, mt_plan *plan) {
     if (!m->g4.on) return MT_OK;
     const int64_t N = m->N, D = m->D, P = m->g4.P, L = m->cfg.num_decoder_layers;
     const size_t es = m->es, f4 = sizeof(float);
-    const int last = ph_optim(m);
-    struct { int id; const char *name; size_t bytes; } b[] = {
-        {G4_PLE_ALL, "gemma4.per_layer_inputs", (size_t)(N * L * P) * es},
-        {G4_PLE_DALL, "gemma4.per_layer_inputs_grad", (size_t)(N * L * P) * es},
-        {G4_PLE_TMP, "gemma4.per_layer_projection_grad", (size_t)(N * L * P) * es},
-        {G4_PLE_ROWRSTD, "gemma4.per_layer_projection_rstd", (size_t)(N * L) * f4 * (P > 0)},
-        {G4_PLE_A, "gemma4.ple_gate", (size_t)(N * P) * es},
-        {G4_PLE_B, "gemma4.ple_input", (size_t)(N * P) * es},
-        {G4_PLE_C, "gemma4.ple_product", (size_t)(N * P) * es},
-        {G4_PLE_D, "gemma4.ple_gate_grad", (size_t)(N * P) * es},
-        {G4_PLE_E, "gemma4.ple_input_grad", (size_t)(N * P) * es},
-        {G4_YMID, "gemma4.layer_output_before_ple", (size_t)(N * D) * es * (P > 0)},
-        {G4_O, "gemma4.ple_projection", (size_t)(N * D) * es * (P > 0)},
-        {G4_RSTD, "gemma4.ple_norm_rstd", (size_t)N * f4 * (P > 0)},
-        {G4_IDENT, "gemma4.identity", (size_t)(P * P) * es},
-        {G4_VRSTD, "gemma4.v_norm_rstd", (size_t)(N * m->Hkv) * f4},
-        {G4_VZERO, "gemma4.v_norm_zero_weight", (size_t)m->Dh * es},
-        {G4_VDW, "gemma4.v_norm_weight_grad", (size_t)m->Dh * f4},
+    const int last = ph_optim(m), eb = ph_embed_bwd(m);
+    /* the per-layer inputs and their statistics from the embedding (phase 0) to the
+     * embedding's backward, their gradient likewise (a temporary in phase 0, then
+     * accumulated by the layers' backwards), the projection's gradient in the
+     * embedding's backward only; the other buffers for the whole step */
+    struct { int id; const char *name; size_t bytes; int first, last; } b[] = {
+        {G4_PLE_ALL, "gemma4.per_layer_inputs", (size_t)(N * L * P) * es, 0, eb},
+        {G4_PLE_DALL, "gemma4.per_layer_inputs_grad", (size_t)(N * L * P) * es, 0, eb},
+        {G4_PLE_TMP, "gemma4.per_layer_projection_grad", (size_t)(N * L * P) * es, eb, eb},
+        {G4_PLE_ROWRSTD, "gemma4.per_layer_projection_rstd", (size_t)(N * L) * f4 * (P > 0), 0, eb},
+        {G4_PLE_A, "gemma4.ple_gate", (size_t)(N * P) * es, 0, last},
+        {G4_PLE_B, "gemma4.ple_input", (size_t)(N * P) * es, 0, last},
+        {G4_PLE_C, "gemma4.ple_product", (size_t)(N * P) * es, 0, last},
+        {G4_PLE_D, "gemma4.ple_gate_grad", (size_t)(N * P) * es, 0, last},
+        {G4_PLE_E, "gemma4.ple_input_grad", (size_t)(N * P) * es, 0, last},
+        {G4_YMID, "gemma4.layer_output_before_ple", (size_t)(N * D) * es * (P > 0), 0, last},
+        {G4_O, "gemma4.ple_projection", (size_t)(N * D) * es * (P > 0), 0, last},
+        {G4_RSTD, "gemma4.ple_norm_rstd", (size_t)N * f4 * (P > 0), 0, last},
+        {G4_IDENT, "gemma4.identity", (size_t)(P * P) * es, 0, last},
+        {G4_VRSTD, "gemma4.v_norm_rstd", (size_t)(N * m->Hkv) * f4, 0, last},
+        {G4_VZERO, "gemma4.v_norm_zero_weight", (size_t)m->Dh * es, 0, last},
+        {G4_VDW, "gemma4.v_norm_weight_grad", (size_t)m->Dh * f4, 0, last},
     };
     for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
         if (b[i].bytes > 0)
-            MT_TRY(mt_plan_add(plan, b[i].name, MT_MEM_SCRATCH, b[i].bytes, 0, last, &m->g4.id[b[i].id]));
+            MT_TRY(mt_plan_add(plan, b[i].name, MT_MEM_SCRATCH, b[i].bytes, b[i].first, b[i].last,
+                               &m->g4.id[b[i].id]));
     if (m->cfg.num_kv_shared_layers > 0) {
         static const char *const nm[4] = {"gemma4.shared_dk.local", "gemma4.shared_dv.local", "gemma4.shared_dk.global",
                                           "gemma4.shared_dv.global"};
