@@ -46,7 +46,11 @@ typedef struct mt_step_metrics {
  * mt_model_num_parameters, N_embedding = vocab_size * emb_dim (the input embedding
  * table; an untied lm_head counts as a matmul), L layers, H query heads, Dh head_dim,
  * T = seq tokens per sequence (causal attention not discounted, sliding windows not
- * discounted). */
+ * discounted). gemma4: N_embedding also counts the per-layer embedding table
+ * (vocab_size x L x per_layer_input_dim, a lookup), and L H Dh is the sum over the
+ * layers of H times each layer's head dim (global_head_dim on global layers; KV-sharing
+ * layers attend like the others). This is the project's convention carried over, not
+ * MaxText's calculate_gemma4_small_tflops_training_per_device (not checked here). */
 double mt_flops_per_token(const mt_model_config *c, int64_t seq);
 
 /* mfu = flops_per_token * tokens_per_s / peak, or NaN when peak <= 0. */
