@@ -378,9 +378,10 @@ static mt_status add_scratch(mt_model *m, mt_plan *plan) {
     return MT_OK;
 }
 
-/* gemma4's buffers (model_internal.h G4_*), each for the whole step for now: the
- * per-layer inputs and their gradient, the per-layer temporaries, the v_norm constants,
- * the identity and the shared-KV gradient accumulators (only with KV sharing). */
+/* gemma4's buffers (model_internal.h G4_*): the per-layer inputs and their gradient
+ * (embedding to its backward), the per-layer temporaries, the v_norm constants and the
+ * identity (the whole step: one layer's worth, not per layer), and the shared-KV
+ * gradient accumulators (the layers' backwards, only with KV sharing). */
 static mt_status add_gemma4(mt_model *m, mt_plan *plan) {
     if (!m->g4.on) return MT_OK;
     const int64_t N = m->N, D = m->D, P = m->g4.P, L = m->cfg.num_decoder_layers;
