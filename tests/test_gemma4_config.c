@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "models/config.h"
 #include "train/config.h"
@@ -182,4 +183,33 @@ Test(gemma4_config, flops_per_token) {
     const double want = 6.0 * (4628569344.0 - 2751463424.0) + 12.0 * 8.0 * 10752.0 * 24576.0;
     cr_expect(fabs(mt_flops_per_token(&t.model, 24576) - want) <= 1e-12 * want, "%.17g vs %.17g",
               mt_flops_per_token(&t.model, 24576), want);
+}
+
+Test(gemma4_config, config_json_refusals_name_the_key) {
+    /* what the decoder does not compute is refused with MT_ERR_FORMAT naming the key */
+    static const struct { const char *json, *key; } bad[] = {
+        {"{\"model_type\": \"gemma4_text\", \"attention_k_eq_v\": true}", "attention_k_eq_v"},
+        {"{\"model_type\": \"gemma4_text\", \"enable_moe_block\": true}", "enable_moe_block"},
+        {"{\"model_type\": \"gemma4_text\", \"use_bidirectional_attention\": \"all\"}", "use_bidirectional_attention"},
+        {"{\"model_type\": \"gemma4_text\", \"vocab_size\": 100, \"vocab_size_per_layer_input\": 99}",
+         "vocab_size_per_layer_input"},
+        {"{\"model_type\": \"gemma4_text\", \"num_hidden_layers\": 6, \"layer_types\": [\"sliding_attention\", "
+         "\"sliding_attention\", \"full_attention\", \"sliding_attention\", \"sliding_attention\", \"full_attention\"], "
+         "\"per_layer_config\": {\"0\": {\"head_dim\": 512}}}",
+         "per_layer_config.0"},
+    };
+    char path[] = "/tmp/mt_test_gemma4_XXXXXX";
+    const int fd = mkstemp(path);
+    cr_assert(fd >= 0);
+    close(fd);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        FILE *f = fopen(path, "w");
+        cr_assert_not_null(f);
+        fputs(bad[i].json, f);
+        fclose(f);
+        mt_model_config c;
+        cr_expect_eq(mt_hf_config_read(path, &c), MT_ERR_FORMAT, "%s accepted", bad[i].key);
+        cr_expect(strstr(mt_last_error(), bad[i].key) != NULL, "'%s' does not name %s", mt_last_error(), bad[i].key);
+    }
+    unlink(path);
 }
