@@ -33,9 +33,12 @@ build:
 	MAKEFLAGS= cmake --build $(BUILD_DIR) -j$(NPROC) -- --no-print-directory
 
 # The transformers parity test needs a PyPI torch 2 + transformers venv (.venv-hf,
-# ~3.5 GB download the first time, then cached): scripts/setup-hf-venv.sh.
+# ~3.5 GB download the first time, then cached): scripts/setup-hf-venv.sh; the Gemma 4
+# tests add transformers 5.17 over it (.venv-hf5-overlay, ~200 MB, no second torch):
+# scripts/setup-hf5-overlay.sh.
 hf-venv:
 	scripts/setup-hf-venv.sh
+	scripts/setup-hf5-overlay.sh
 
 test: deps build hf-venv corpus
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j2

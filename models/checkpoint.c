@@ -93,14 +93,46 @@ static const char *ck_act_name(mt_activation a) {
     return a == MT_ACT_SILU ? "silu" : "gelu_pytorch_tanh";
 }
 
+/* The Gemma 4 keys of a Gemma4ForCausalLM config.json (configuration_gemma4.py
+ * Gemma4TextConfig): global_head_dim as the published files have it (transformers 5.17
+ * reads it too), rope_parameters per layer type, the KV-sharing and per-layer-input
+ * keys, and the features this decoder does not have written off. */
+static void ck_config_write_gemma4(cJSON *j, const mt_model_config *c) {
+    cJSON_AddNumberToObject(j, "global_head_dim", (double)(c->global_head_dim > 0 ? c->global_head_dim : c->head_dim));
+    cJSON_AddNumberToObject(j, "num_kv_shared_layers", (double)c->num_kv_shared_layers);
+    cJSON_AddBoolToObject(j, "use_double_wide_mlp", c->use_double_wide_mlp != 0);
+    cJSON_AddNumberToObject(j, "hidden_size_per_layer_input", (double)c->per_layer_input_dim);
+    cJSON_AddNumberToObject(j, "vocab_size_per_layer_input", (double)c->vocab_size);
+    cJSON_AddBoolToObject(j, "attention_k_eq_v", 0);
+    cJSON_AddBoolToObject(j, "enable_moe_block", 0);
+    cJSON_AddNullToObject(j, "use_bidirectional_attention");
+    cJSON *rp = cJSON_AddObjectToObject(j, "rope_parameters");
+    cJSON *full = cJSON_AddObjectToObject(rp, "full_attention");
+    cJSON_AddStringToObject(full, "rope_type", c->rope_type == MT_ROPE_PROPORTIONAL ? "proportional" : "default");
+    ck_add_real(full, "rope_theta", c->rope_max_timescale);
+    if (c->rope_type == MT_ROPE_PROPORTIONAL) {
+        ck_add_real(full, "partial_rotary_factor", c->rope_partial_rotary_factor);
+        /* read by _compute_proportional_rope_parameters, but 5.17's rope validation
+         * warns about it: written only when it is not the default 1 */
+        if (c->rope_factor != 1.0f) ck_add_real(full, "factor", c->rope_factor);
+    }
+    cJSON *slide = cJSON_AddObjectToObject(rp, "sliding_attention");
+    cJSON_AddStringToObject(slide, "rope_type", "default");
+    ck_add_real(slide, "rope_theta", c->local_rope_max_timescale > 0 ? c->local_rope_max_timescale : c->rope_max_timescale);
+}
+
 static mt_status ck_config_write(const char *path, const mt_model_config *c, const char *torch_dtype) {
-    static const char *const types[] = {"llama", "gemma", "gemma2", "gemma3_text"};
+    static const char *const types[] = {"llama", "gemma", "gemma2", "gemma3_text", "gemma4_text"};
     static const char *const archs[] = {"LlamaForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
-                                        "Gemma3ForCausalLM"};
+                                        "Gemma3ForCausalLM", "Gemma4ForCausalLM"};
     int b = (int)c->decoder_block;
-    if (b < 0 || b > 3) return mt_set_error(MT_ERR_INVALID, "%s: unknown decoder_block %d", path, b);
+    if (b < 0 || b > 4) return mt_set_error(MT_ERR_INVALID, "%s: unknown decoder_block %d", path, b);
+    if (b == MT_DECODER_GEMMA4 && c->rope_type != MT_ROPE_DEFAULT && c->rope_type != MT_ROPE_PROPORTIONAL)
+        return mt_set_error(MT_ERR_INVALID, "%s: gemma4 with rope_type %d has no config.json form", path,
+                            (int)c->rope_type);
     int gemma = b != MT_DECODER_LLAMA2;
-    int local_attn = b == MT_DECODER_GEMMA2 || b == MT_DECODER_GEMMA3;
+    int g4 = b == MT_DECODER_GEMMA4;
+    int local_attn = b == MT_DECODER_GEMMA2 || b == MT_DECODER_GEMMA3 || g4;
     cJSON *j = cJSON_CreateObject();
     cJSON *ar = cJSON_AddArrayToObject(j, "architectures");
     cJSON_AddItemToArray(ar, cJSON_CreateString(archs[b]));
@@ -115,6 +147,9 @@ static mt_status ck_config_write(const char *path, const mt_model_config *c, con
     cJSON_AddStringToObject(j, "hidden_act", ck_act_name(c->mlp_activation));
     if (gemma) cJSON_AddStringToObject(j, "hidden_activation", ck_act_name(c->mlp_activation));
     cJSON_AddNumberToObject(j, "rms_norm_eps", ck_short(c->normalization_layer_epsilon));
+    if (g4) {
+        ck_config_write_gemma4(j, c);
+    } else {
     cJSON_AddNumberToObject(j, "rope_theta", ck_short(c->rope_max_timescale));
     if (c->rope_type == MT_ROPE_LLAMA3) {
         cJSON *r = cJSON_AddObjectToObject(j, "rope_scaling");
@@ -130,21 +165,26 @@ static mt_status ck_config_write(const char *path, const mt_model_config *c, con
     } else {
         cJSON_AddNullToObject(j, "rope_scaling");
     }
+    }
     /* Not a field of mt_model_config: the value of the published files (Llama 3.1/3.2
      * with llama3 scaling and Gemma 3: 131072; Gemma 1/2 and Llama 3: 8192). */
-    double maxpos = c->rope_type == MT_ROPE_LLAMA3 || b == MT_DECODER_GEMMA3 ? 131072.0 : 8192.0;
+    double maxpos = c->rope_type == MT_ROPE_LLAMA3 || b == MT_DECODER_GEMMA3 || g4 ? 131072.0 : 8192.0;
     cJSON_AddNumberToObject(j, "max_position_embeddings", maxpos);
     cJSON_AddBoolToObject(j, "tie_word_embeddings", c->logits_via_embedding != 0);
     cJSON_AddBoolToObject(j, "attention_bias", 0);
     if (b == MT_DECODER_LLAMA2) cJSON_AddBoolToObject(j, "mlp_bias", 0);
     if (local_attn) {
+        if (!g4) /* Gemma 4's scale is 1.0 with no key */
         cJSON_AddNumberToObject(j, "query_pre_attn_scalar",
                                 c->query_pre_attn_scalar > 0 ? ck_short(c->query_pre_attn_scalar) : (double)c->head_dim);
         if (c->sliding_window_size > 0) cJSON_AddNumberToObject(j, "sliding_window", (double)c->sliding_window_size);
         else cJSON_AddNullToObject(j, "sliding_window");
         if (c->attn_logits_soft_cap > 0) cJSON_AddNumberToObject(j, "attn_logit_softcapping", ck_short(c->attn_logits_soft_cap));
-        else cJSON_AddNullToObject(j, "attn_logit_softcapping");
-        if (c->final_logits_soft_cap > 0) cJSON_AddNumberToObject(j, "final_logit_softcapping", ck_short(c->final_logits_soft_cap));
+        else if (!g4) cJSON_AddNullToObject(j, "attn_logit_softcapping");
+        if (c->final_logits_soft_cap > 0 && g4) /* Gemma4TextConfig is strict: a float must look like one */
+            ck_add_real(j, "final_logit_softcapping", c->final_logits_soft_cap);
+        else if (c->final_logits_soft_cap > 0)
+            cJSON_AddNumberToObject(j, "final_logit_softcapping", ck_short(c->final_logits_soft_cap));
         else cJSON_AddNullToObject(j, "final_logit_softcapping");
         if (b == MT_DECODER_GEMMA3) {
             cJSON_AddNumberToObject(j, "sliding_window_pattern", (double)c->sliding_window_pattern);
@@ -277,6 +317,16 @@ static mt_status ck_rope(const ck_reader *r, const cJSON *o, const char *key, in
             return mt_set_error(MT_ERR_FORMAT, "%s: key \"%s.factor\" is required for rope_type linear", r->path, key);
         return ck_float(r, o, "factor", 0, 0, 0, &c->rope_factor);
     }
+    if (strcmp(ty, "proportional") == 0) {
+        /* modeling_rope_utils.py _compute_proportional_rope_parameters: factor and
+         * partial_rotary_factor default to 1.0 */
+        c->rope_type = MT_ROPE_PROPORTIONAL;
+        MT_TRY(ck_float(r, o, "factor", 1.0f, 1.0f, 0, &c->rope_factor));
+        MT_TRY(ck_float(r, o, "partial_rotary_factor", 1.0f, 1.0f, 0, &c->rope_partial_rotary_factor));
+        if (c->rope_partial_rotary_factor > 1.0f)
+            return mt_set_error(MT_ERR_FORMAT, "%s: key \"%s.partial_rotary_factor\" must be in (0, 1]", r->path, key);
+        return MT_OK;
+    }
     if (strcmp(ty, "llama3") == 0) {
         c->rope_type = MT_ROPE_LLAMA3;
         static const char *const need[] = {"factor", "low_freq_factor", "high_freq_factor",
@@ -290,7 +340,8 @@ static mt_status ck_rope(const ck_reader *r, const cJSON *o, const char *key, in
         MT_TRY(ck_float(r, o, "high_freq_factor", 0, 0, 0, &c->rope_high_freq_factor));
         return ck_int(r, o, "original_max_position_embeddings", 0, 1, &c->rope_original_max_position);
     }
-    return mt_set_error(MT_ERR_FORMAT, "%s: key \"%s\": rope_type \"%s\" is not supported (default, linear, llama3)",
+    return mt_set_error(MT_ERR_FORMAT,
+                        "%s: key \"%s\": rope_type \"%s\" is not supported (default, linear, llama3, proportional)",
                         r->path, key, ty);
 }
 
@@ -332,6 +383,68 @@ static mt_status ck_layer_types(const ck_reader *r, const cJSON *lt, mt_model_co
     return MT_OK;
 }
 
+/* Gemma 4 text keys (configuration_gemma4.py Gemma4TextConfig; defaults from its class
+ * fields). The global head dim is "global_head_dim" (the published files, transformers
+ * 5.5) or, as transformers 5.17 writes it, "per_layer_config": {"<layer>": {"head_dim":
+ * n}} on the full-attention layers. Refused: what this decoder does not compute
+ * (attention_k_eq_v, the MoE block, bidirectional attention, a per-layer table with a
+ * vocabulary of its own). Called after layer_types has set the local/global pattern. */
+static mt_status ck_gemma4(const ck_reader *r, mt_model_config *c) {
+    c->query_pre_attn_scalar = 1.0f; /* Gemma4TextAttention.scaling = 1.0, no config key */
+    c->attn_logits_soft_cap = 0.0f;  /* Gemma 4 has no attention soft-cap */
+    MT_TRY(ck_int(r, NULL, "global_head_dim", 512, 1, &c->global_head_dim));
+    const cJSON *plc = ck_get(r, "per_layer_config");
+    if (plc && !cJSON_IsNull(plc)) {
+        if (!cJSON_IsObject(plc))
+            return mt_set_error(MT_ERR_FORMAT, "%s: key \"per_layer_config\" must be an object", r->path);
+        int64_t gh = -1;
+        for (const cJSON *e = plc->child; e; e = e->next) {
+            char *end = NULL;
+            long long l = strtoll(e->string, &end, 10);
+            if (!end || *end || l < 0 || l >= c->num_decoder_layers || mt_model_layer_is_local(c, l) ||
+                !cJSON_IsObject(e))
+                return mt_set_error(MT_ERR_FORMAT, "%s: key \"per_layer_config.%s\": only full-attention layers may "
+                                    "override (with an object)", r->path, e->string);
+            for (const cJSON *f = e->child; f; f = f->next)
+                if (strcmp(f->string, "head_dim") != 0)
+                    return mt_set_error(MT_ERR_FORMAT, "%s: key \"per_layer_config.%s.%s\" is not supported (only "
+                                        "head_dim)", r->path, e->string, f->string);
+            int64_t h;
+            MT_TRY(ck_int(r, e, "head_dim", c->head_dim, 1, &h));
+            if (gh >= 0 && h != gh)
+                return mt_set_error(MT_ERR_FORMAT, "%s: key \"per_layer_config\": full-attention layers with head_dim "
+                                    "%lld and %lld", r->path, (long long)gh, (long long)h);
+            gh = h;
+        }
+        /* the layers it does not list keep head_dim */
+        for (int64_t l = 0; gh >= 0 && l < c->num_decoder_layers; l++) {
+            char key[32];
+            snprintf(key, sizeof key, "%lld", (long long)l);
+            if (!mt_model_layer_is_local(c, l) && !cJSON_GetObjectItemCaseSensitive(plc, key)) gh = c->head_dim;
+        }
+        c->global_head_dim = gh >= 0 ? gh : c->head_dim;
+    }
+    MT_TRY(ck_int(r, NULL, "num_kv_shared_layers", 0, 0, &c->num_kv_shared_layers));
+    MT_TRY(ck_bool(r, "use_double_wide_mlp", 0, &c->use_double_wide_mlp));
+    MT_TRY(ck_int(r, NULL, "hidden_size_per_layer_input", 256, 0, &c->per_layer_input_dim));
+    int64_t pv = 0;
+    MT_TRY(ck_int(r, NULL, "vocab_size_per_layer_input", 262144, 1, &pv));
+    if (c->per_layer_input_dim > 0 && pv != c->vocab_size)
+        return mt_set_error(MT_ERR_FORMAT, "%s: key \"vocab_size_per_layer_input\" = %lld differs from vocab_size = "
+                            "%lld (not supported)", r->path, (long long)pv, (long long)c->vocab_size);
+    static const char *const refused[] = {"attention_k_eq_v", "enable_moe_block"};
+    for (int i = 0; i < 2; i++) {
+        int on = 0;
+        MT_TRY(ck_bool(r, refused[i], 0, &on));
+        if (on) return mt_set_error(MT_ERR_FORMAT, "%s: key \"%s\" = true is not supported", r->path, refused[i]);
+    }
+    const cJSON *bi = ck_get(r, "use_bidirectional_attention");
+    if (bi && !cJSON_IsNull(bi) && !(cJSON_IsString(bi) && strcmp(bi->valuestring, "vision") == 0))
+        return mt_set_error(MT_ERR_FORMAT, "%s: key \"use_bidirectional_attention\" is not supported (null or "
+                            "\"vision\": text tokens attend causally)", r->path);
+    return MT_OK;
+}
+
 static mt_status ck_config_read(ck_reader *r, mt_model_config *c) {
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(r->top, "text_config");
     if (tc && !cJSON_IsNull(tc)) {
@@ -347,9 +460,10 @@ static mt_status ck_config_read(ck_reader *r, mt_model_config *c) {
     else if (strcmp(ty, "gemma") == 0) b = MT_DECODER_GEMMA;
     else if (strcmp(ty, "gemma2") == 0) b = MT_DECODER_GEMMA2;
     else if (strcmp(ty, "gemma3_text") == 0 || strcmp(ty, "gemma3") == 0) b = MT_DECODER_GEMMA3;
+    else if (strcmp(ty, "gemma4_text") == 0 || strcmp(ty, "gemma4") == 0) b = MT_DECODER_GEMMA4;
     else
         return mt_set_error(MT_ERR_FORMAT, "%s: key \"model_type\" = \"%s\" is not supported (llama, gemma, gemma2, "
-                            "gemma3_text)", r->path, ty);
+                            "gemma3_text, gemma4_text)", r->path, ty);
     mt_model_config_defaults(c, b);
 
     /* transformers' class defaults for absent keys (-1: derived, see below). */
@@ -362,6 +476,7 @@ static mt_status ck_config_read(ck_reader *r, mt_model_config *c) {
         {256000, 3072, 24576, 28, 16, 16, 256, 10000.0f, 1},   /* GemmaConfig */
         {256000, 2304, 9216, 26, 8, 4, 256, 10000.0f, 1},      /* Gemma2Config */
         {262208, 2304, 9216, 26, 8, 4, 256, 1000000.0f, 1},    /* Gemma3TextConfig */
+        {262144, 2304, 9216, 30, 8, 4, 256, 1000000.0f, 1},    /* Gemma4TextConfig */
     };
     const struct ck_hf_defaults d = k_defaults[b];
     MT_TRY(ck_int(r, NULL, "vocab_size", d.vocab, 1, &c->vocab_size));
@@ -392,14 +507,14 @@ static mt_status ck_config_read(ck_reader *r, mt_model_config *c) {
     else MT_TRY(ck_act(r, "hidden_activation", "gelu_pytorch_tanh", &c->mlp_activation));
 
     /* Attention features by family (HF modeling_*.py). */
-    c->use_qk_norm = b == MT_DECODER_GEMMA3;
-    c->use_post_attn_norm = c->use_post_ffw_norm = b == MT_DECODER_GEMMA2 || b == MT_DECODER_GEMMA3;
+    c->use_qk_norm = b == MT_DECODER_GEMMA3 || b == MT_DECODER_GEMMA4;
+    c->use_post_attn_norm = c->use_post_ffw_norm = b != MT_DECODER_LLAMA2 && b != MT_DECODER_GEMMA;
     c->query_pre_attn_scalar = 0;
     c->attn_logits_soft_cap = c->final_logits_soft_cap = 0;
     c->sliding_window_size = 0;
     c->sliding_window_pattern = 0;
     c->local_rope_max_timescale = 0;
-    if (b == MT_DECODER_GEMMA2 || b == MT_DECODER_GEMMA3) {
+    if (b == MT_DECODER_GEMMA2 || b == MT_DECODER_GEMMA3 || b == MT_DECODER_GEMMA4) {
         int g2 = b == MT_DECODER_GEMMA2;
         MT_TRY(ck_float(r, NULL, "query_pre_attn_scalar", 256.0f, 0.0f, 0, &c->query_pre_attn_scalar));
         /* null means head_dim (0 in mt_model_config); store the value it stands for, as the
@@ -407,18 +522,26 @@ static mt_status ck_config_read(ck_reader *r, mt_model_config *c) {
         if (c->query_pre_attn_scalar == 0.0f) c->query_pre_attn_scalar = (float)c->head_dim;
         const cJSON *sw = ck_get(r, "sliding_window");
         if (sw && cJSON_IsNull(sw)) c->sliding_window_size = 0; /* None: no sliding layers */
-        else MT_TRY(ck_int(r, NULL, "sliding_window", 4096, 1, &c->sliding_window_size));
+        else MT_TRY(ck_int(r, NULL, "sliding_window", b == MT_DECODER_GEMMA4 ? 512 : 4096, 1, &c->sliding_window_size));
         MT_TRY(ck_float(r, NULL, "attn_logit_softcapping", g2 ? 50.0f : 0.0f, 0.0f, 1, &c->attn_logits_soft_cap));
         MT_TRY(ck_float(r, NULL, "final_logit_softcapping", g2 ? 30.0f : 0.0f, 0.0f, 1, &c->final_logits_soft_cap));
         MT_TRY(ck_int(r, NULL, "sliding_window_pattern", g2 ? 2 : 6, 0, &c->sliding_window_pattern));
         const cJSON *lt = ck_get(r, "layer_types");
         if (lt && !cJSON_IsNull(lt)) MT_TRY(ck_layer_types(r, lt, c));
     }
+    if (b == MT_DECODER_GEMMA4) MT_TRY(ck_gemma4(r, c));
 
     /* RoPE: rope_parameters (newer transformers) or rope_theta + rope_scaling. */
     float theta = d.theta;
-    float local_theta = b == MT_DECODER_GEMMA3 ? 10000.0f : 0.0f;
+    float local_theta = b == MT_DECODER_GEMMA3 || b == MT_DECODER_GEMMA4 ? 10000.0f : 0.0f;
     c->rope_type = MT_ROPE_DEFAULT;
+    c->rope_partial_rotary_factor = 0.0f;
+    if (b == MT_DECODER_GEMMA4 && !ck_get(r, "rope_parameters")) {
+        /* Gemma4TextConfig.__post_init__'s default rope_parameters */
+        c->rope_type = MT_ROPE_PROPORTIONAL;
+        c->rope_factor = 1.0f;
+        c->rope_partial_rotary_factor = 0.25f;
+    }
     const cJSON *rp = ck_get(r, "rope_parameters");
     if (rp && !cJSON_IsNull(rp)) {
         if (!cJSON_IsObject(rp))
@@ -442,6 +565,9 @@ static mt_status ck_config_read(ck_reader *r, mt_model_config *c) {
     }
     c->rope_max_timescale = theta;
     c->local_rope_max_timescale = local_theta;
+    if (b == MT_DECODER_GEMMA4 && c->rope_type != MT_ROPE_DEFAULT && c->rope_type != MT_ROPE_PROPORTIONAL)
+        return mt_set_error(MT_ERR_FORMAT, "%s: key \"rope_parameters.full_attention.rope_type\": gemma4 takes default "
+                            "or proportional", r->path);
     return MT_OK;
 }
 
@@ -565,10 +691,34 @@ static int ck_starts(const char *s, const char *prefix) {
     return strncmp(s, prefix, strlen(prefix)) == 0;
 }
 
-static int ck_ignorable(const char *name, int tied, int gemma3) {
+/* gemma4: a KV-sharing layer's k/v projections and norms ("model.layers.N.self_attn.
+ * {k_proj,v_proj,k_norm,v_norm}.weight" with N a sharing layer), which published
+ * checkpoints carry and transformers skips (Gemma4TextModel's
+ * _keys_to_ignore_on_load_unexpected): that layer attends to its donor's K/V. */
+static int ck_gemma4_shared_kv(const char *name, const mt_model_config *c) {
+    static const char pre[] = "model.layers.";
+    if (c->decoder_block != MT_DECODER_GEMMA4 || !ck_starts(name, pre)) return 0;
+    char *end = NULL;
+    long long l = strtoll(name + sizeof pre - 1, &end, 10);
+    if (!end || end == name + sizeof pre - 1 || l < 0 || l >= c->num_decoder_layers) return 0;
+    static const char *const kv[] = {".self_attn.k_proj.weight", ".self_attn.v_proj.weight",
+                                     ".self_attn.k_norm.weight", ".self_attn.v_norm.weight"};
+    for (int i = 0; i < 4; i++)
+        if (strcmp(end, kv[i]) == 0) return mt_model_layer_kv_donor(c, l) >= 0;
+    return 0;
+}
+
+static int ck_ignorable(const char *name, int tied, int gemma3, const mt_model_config *c) {
     size_t n = strlen(name);
     static const char suf[] = "rotary_emb.inv_freq";
     if (n >= sizeof suf - 1 && strcmp(name + n - (sizeof suf - 1), suf) == 0) return 1;
+    /* Gemma 4 multimodal checkpoints (Gemma4ForConditionalGeneration): the vision and
+     * audio towers and their embedders are skipped */
+    if (c->decoder_block == MT_DECODER_GEMMA4 &&
+        (ck_starts(name, "model.vision_tower.") || ck_starts(name, "model.audio_tower.") ||
+         ck_starts(name, "model.embed_vision.") || ck_starts(name, "model.embed_audio.")))
+        return 1;
+    if (ck_gemma4_shared_kv(name, c)) return 1;
     /* Gemma 3 multimodal checkpoints (Gemma3ForConditionalGeneration): only the text
      * model is loaded; the vision tower and its projector are skipped. */
     if (gemma3 && (ck_starts(name, "vision_tower.") || ck_starts(name, "multi_modal_projector.") ||
@@ -577,7 +727,7 @@ static int ck_ignorable(const char *name, int tied, int gemma3) {
     return tied && strcmp(name, "lm_head.weight") == 0;
 }
 
-/* The text-model name of a tensor: Gemma 3 multimodal checkpoints store the text
+/* The text-model name of a tensor: Gemma 3 (and 4) multimodal checkpoints store the text
  * model as "language_model.model.*" / "language_model.lm_head.*" (transformers'
  * save_pretrained of Gemma3ForConditionalGeneration, and the published google/gemma-3-*
  * files) or "model.language_model.*" (its module names); these map to the
@@ -699,6 +849,8 @@ static mt_status ck_load(const char *dir, mt_model *m, mt_backend *be, float *pa
     const mt_model_config *cfg = mt_model_get_config(m);
     int tied = cfg->logits_via_embedding != 0;
     int gemma3 = cfg->decoder_block == MT_DECODER_GEMMA3;
+    /* multimodal names (model.language_model.*) map to the text model's */
+    int mm = gemma3 || cfg->decoder_block == MT_DECODER_GEMMA4;
 
     mt_safetensors **files = NULL;
     int nfiles = 0;
@@ -719,10 +871,10 @@ static mt_status ck_load(const char *dir, mt_model *m, mt_backend *be, float *pa
         for (int k = 0; k < mt_safetensors_count(files[f]) && s == MT_OK; k++) {
             const mt_st_tensor *t = mt_safetensors_tensor(files[f], k);
             char mapped[sizeof t->name + 16];
-            const char *pname = gemma3 ? ck_text_name(t->name, mapped, sizeof mapped) : t->name;
+            const char *pname = mm ? ck_text_name(t->name, mapped, sizeof mapped) : t->name;
             int pi = mt_model_param_find(m, pname);
             if (pi < 0) {
-                if (ck_ignorable(pname, tied, gemma3)) continue;
+                if (ck_ignorable(pname, tied, gemma3, cfg)) continue;
                 if (nunknown++ < 4) {
                     size_t u = strlen(unknown);
                     snprintf(unknown + u, sizeof unknown - u, "%s'%s'", u ? ", " : "", t->name);

@@ -51,7 +51,12 @@ mt_status mt_checkpoint_save_host(const char *dir, mt_model *m, const float *hos
  * multimodal checkpoint (Gemma3ForConditionalGeneration) loads its text model:
  * "language_model.model.*" / "model.language_model.*" are read as "model.*",
  * "language_model.lm_head.*" as "lm_head.*", and vision_tower / multi_modal_projector
- * tensors are skipped. F32/BF16/F16/F64
+ * tensors are skipped. For gemma4 (transformers modeling_gemma4.py) the same name
+ * mapping applies to Gemma4ForConditionalGeneration files, whose vision_tower,
+ * audio_tower, embed_vision and embed_audio tensors are skipped, and the k/v
+ * projections and norms of KV-sharing layers, which published files carry, are
+ * ignored (as transformers ignores them); "model.layers.N.layer_scalar" is read like a
+ * parameter (mt_param_info.buffer). F32/BF16/F16/F64
  * data are converted to float32 (NaN/Inf rejected) and copied with
  * be->ops->copy_to_device, one tensor at a time through one host buffer.
  * Names and shapes are all checked before anything is copied into m; a NaN/Inf is
@@ -68,7 +73,7 @@ mt_status mt_checkpoint_load_model(const char *dir, mt_model *m);
 mt_status mt_checkpoint_load_host(const char *dir, mt_model *m, float *host_params);
 
 /* Write a Hugging Face config.json for c: model_type llama | gemma | gemma2 |
- * gemma3_text, architectures, vocab_size, hidden_size, intermediate_size,
+ * gemma3_text | gemma4_text, architectures, vocab_size, hidden_size, intermediate_size,
  * num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim,
  * hidden_act / hidden_activation (silu | gelu_pytorch_tanh), rms_norm_eps, rope_theta,
  * rope_scaling (null, {"rope_type": "llama3", factor, low_freq_factor,
@@ -76,16 +81,27 @@ mt_status mt_checkpoint_load_host(const char *dir, mt_model *m, float *host_para
  * factor}), tie_word_embeddings, max_position_embeddings; gemma2 adds
  * query_pre_attn_scalar, sliding_window, attn_logit_softcapping,
  * final_logit_softcapping; gemma3 adds query_pre_attn_scalar, sliding_window,
- * sliding_window_pattern, rope_local_base_freq. Atomic (tmp + rename).
- * Errors: MT_ERR_IO, MT_ERR_OOM. */
+ * sliding_window_pattern, rope_local_base_freq; gemma4 (Gemma4ForCausalLM,
+ * transformers configuration_gemma4.py Gemma4TextConfig) writes rope_parameters per
+ * layer type (full_attention proportional or default, sliding_attention default),
+ * global_head_dim, num_kv_shared_layers, use_double_wide_mlp,
+ * hidden_size_per_layer_input, vocab_size_per_layer_input (= vocab_size),
+ * sliding_window, final_logit_softcapping (a JSON real: that class is strictly typed)
+ * and layer_types, no query_pre_attn_scalar. Atomic (tmp + rename).
+ * Errors: MT_ERR_IO, MT_ERR_OOM, MT_ERR_INVALID (gemma4 with llama3/linear RoPE). */
 mt_status mt_hf_config_write(const char *path, const mt_model_config *c);
 
 /* Read a Hugging Face config.json into c (filled from mt_model_config_defaults of
  * the block given by model_type, then the file's fields). Accepts rope_theta +
  * rope_scaling or rope_parameters (flat, or per attention type
- * {"full_attention": ..., "sliding_attention": ...}), gemma3 files that nest the text
- * model under "text_config", sliding_window_pattern or layer_types, and
- * hidden_act / hidden_activation. Unknown keys are ignored.
+ * {"full_attention": ..., "sliding_attention": ...}), gemma3 / gemma4 files that nest
+ * the text model under "text_config", sliding_window_pattern or layer_types, and
+ * hidden_act / hidden_activation. gemma4 (model_type gemma4 or gemma4_text): the global
+ * head dim from global_head_dim (transformers 5.5) or per_layer_config (5.17), the
+ * KV-sharing and per-layer-input keys, rope_type proportional; refuses
+ * attention_k_eq_v, enable_moe_block, use_bidirectional_attention "all" and a per-layer
+ * vocabulary other than vocab_size (MT_ERR_FORMAT naming the key). Unknown keys are
+ * ignored.
  * Errors: MT_ERR_IO (cannot read), MT_ERR_FORMAT naming the file and the key (invalid
  * JSON, unknown model_type, wrong type or out-of-range value, unknown activation or
  * rope type), MT_ERR_OOM. The result is not validated (mt_model_config_validate). */

@@ -7,7 +7,8 @@
 #include <math.h>
 #include <string.h>
 
-static const char *const k_block_names[] = {"llama2", "gemma", "gemma2", "gemma3"};
+static const char *const k_block_names[] = {"llama2", "gemma", "gemma2", "gemma3", "gemma4"};
+#define K_BLOCK_COUNT ((int)(sizeof k_block_names / sizeof k_block_names[0]))
 
 void mt_model_config_defaults(mt_model_config *c, mt_decoder_block block) {
     memset(c, 0, sizeof(*c));
@@ -60,15 +61,78 @@ void mt_model_config_defaults(mt_model_config *c, mt_decoder_block block) {
         c->rope_factor = 8.0f;
         c->local_rope_max_timescale = 10000.0f;
         break;
+    case MT_DECODER_GEMMA4:
+        /* Gemma 4 small (configuration_gemma4.py Gemma4TextConfig defaults, and
+         * modeling_gemma4.py): window 512, 5 local then 1 global (E2B sets 5), head_dim
+         * 512 on global layers, QK-norm (and v_norm) with plain-w RMSNorm, attention
+         * scale 1.0 (query_pre_attn_scalar 1), final soft-cap 30 (the published
+         * configs), per-layer embeddings of 256 per layer, RoPE 1e4 on local layers and
+         * proportional 1e6 with 1/4 of the frequencies on global layers. */
+        c->mlp_activation = MT_ACT_GELU_TANH;
+        c->normalization_layer_epsilon = 1e-6f;
+        c->logits_via_embedding = 1;
+        c->final_logits_soft_cap = 30.0f;
+        c->sliding_window_size = 512;
+        c->sliding_window_pattern = 6;
+        c->query_pre_attn_scalar = 1.0f;
+        c->use_qk_norm = 1;
+        c->use_post_attn_norm = 1;
+        c->use_post_ffw_norm = 1;
+        c->rope_max_timescale = 1000000.0f;
+        c->rope_type = MT_ROPE_PROPORTIONAL;
+        c->rope_factor = 1.0f;
+        c->rope_partial_rotary_factor = 0.25f;
+        c->local_rope_max_timescale = 10000.0f;
+        c->global_head_dim = 512;
+        c->per_layer_input_dim = 256;
+        break;
     default:
         break;
     }
 }
 
+/* The gemma4 keys: zero on the other blocks; on gemma4 a global head_dim that the
+ * attention can take, and a donor for every KV-sharing layer. */
+static mt_status validate_gemma4(const mt_model_config *c) {
+    if (c->decoder_block != MT_DECODER_GEMMA4) {
+        struct { const char *key; double v; } g4[] = {
+            {"global_head_dim", (double)c->global_head_dim},
+            {"num_kv_shared_layers", (double)c->num_kv_shared_layers},
+            {"use_double_wide_mlp", (double)c->use_double_wide_mlp},
+            {"per_layer_input_dim", (double)c->per_layer_input_dim},
+        };
+        for (size_t i = 0; i < sizeof(g4) / sizeof(g4[0]); i++)
+            if (g4[i].v != 0.0)
+                return mt_set_error(MT_ERR_INVALID, "%s=%g is a gemma4 key (decoder_block=%s must leave it 0)",
+                                    g4[i].key, g4[i].v, mt_decoder_block_name(c->decoder_block));
+        if (c->rope_type == MT_ROPE_PROPORTIONAL)
+            return mt_set_error(MT_ERR_INVALID, "rope_type=proportional is gemma4's (decoder_block=%s)",
+                                mt_decoder_block_name(c->decoder_block));
+        return MT_OK;
+    }
+    if (c->global_head_dim < 0 || c->global_head_dim % 2 != 0 || c->global_head_dim > 512)
+        return mt_set_error(MT_ERR_INVALID, "global_head_dim=%lld must be even, in [0, 512] (0 = head_dim)",
+                            (long long)c->global_head_dim);
+    if (c->per_layer_input_dim < 0)
+        return mt_set_error(MT_ERR_INVALID, "per_layer_input_dim=%lld must be >= 0", (long long)c->per_layer_input_dim);
+    if (c->num_kv_shared_layers < 0 || c->num_kv_shared_layers >= c->num_decoder_layers)
+        return mt_set_error(MT_ERR_INVALID, "num_kv_shared_layers=%lld must be in [0, base_num_decoder_layers=%lld)",
+                            (long long)c->num_kv_shared_layers, (long long)c->num_decoder_layers);
+    for (int64_t l = c->num_decoder_layers - c->num_kv_shared_layers; l < c->num_decoder_layers; l++)
+        if (mt_model_layer_kv_donor(c, l) < 0)
+            return mt_set_error(MT_ERR_INVALID,
+                                "num_kv_shared_layers=%lld: KV-sharing layer %lld (%s) has no earlier %s layer to "
+                                "share with",
+                                (long long)c->num_kv_shared_layers, (long long)l,
+                                mt_model_layer_is_local(c, l) ? "local" : "global",
+                                mt_model_layer_is_local(c, l) ? "local" : "global");
+    return MT_OK;
+}
+
 mt_status mt_model_config_validate(const mt_model_config *c) {
     if (!c) return mt_set_error(MT_ERR_INVALID, "model config is NULL");
-    if ((int)c->decoder_block < 0 || (int)c->decoder_block > (int)MT_DECODER_GEMMA3)
-        return mt_set_error(MT_ERR_INVALID, "decoder_block=%d is not one of llama2|gemma|gemma2|gemma3",
+    if ((int)c->decoder_block < 0 || (int)c->decoder_block >= K_BLOCK_COUNT)
+        return mt_set_error(MT_ERR_INVALID, "decoder_block=%d is not one of llama2|gemma|gemma2|gemma3|gemma4",
                             (int)c->decoder_block);
     struct { const char *key; int64_t v; } dims[] = {
         {"vocab_size", c->vocab_size},
@@ -93,6 +157,7 @@ mt_status mt_model_config_validate(const mt_model_config *c) {
     if (c->head_dim % 2 != 0 || c->head_dim > 256)
         return mt_set_error(MT_ERR_INVALID, "head_dim=%lld must be even and at most 256",
                             (long long)c->head_dim);
+    MT_TRY(validate_gemma4(c));
     if (c->mlp_activation != MT_ACT_SILU && c->mlp_activation != MT_ACT_GELU_TANH)
         return mt_set_error(MT_ERR_INVALID, "mlp_activations=%d is not silu or gelu",
                             (int)c->mlp_activation);
@@ -123,6 +188,15 @@ mt_status mt_model_config_validate(const mt_model_config *c) {
     switch (c->rope_type) {
     case MT_ROPE_DEFAULT:
         break;
+    case MT_ROPE_PROPORTIONAL:
+        if (!(c->rope_partial_rotary_factor > 0.0f && c->rope_partial_rotary_factor <= 1.0f))
+            return mt_set_error(MT_ERR_INVALID,
+                                "rope_partial_rotary_factor=%g must be in (0, 1] for rope_type=proportional",
+                                (double)c->rope_partial_rotary_factor);
+        if (!(c->rope_factor > 0.0f)) /* the frequencies are divided by it */
+            return mt_set_error(MT_ERR_INVALID, "rope_factor=%g must be positive for rope_type=proportional",
+                                (double)c->rope_factor);
+        break;
     case MT_ROPE_LINEAR:
         if (!(c->rope_factor > 0.0f))
             return mt_set_error(MT_ERR_INVALID, "rope_factor=%g must be positive for rope_type=linear",
@@ -144,7 +218,7 @@ mt_status mt_model_config_validate(const mt_model_config *c) {
                                 (long long)c->rope_original_max_position);
         break;
     default:
-        return mt_set_error(MT_ERR_INVALID, "rope_type=%d is not one of default|llama3|linear",
+        return mt_set_error(MT_ERR_INVALID, "rope_type=%d is not one of default|llama3|linear|proportional",
                             (int)c->rope_type);
     }
     return MT_OK;
@@ -152,22 +226,22 @@ mt_status mt_model_config_validate(const mt_model_config *c) {
 
 mt_status mt_decoder_block_parse(const char *s, mt_decoder_block *out) {
     if (s)
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < K_BLOCK_COUNT; i++)
             if (strcmp(s, k_block_names[i]) == 0) {
                 *out = (mt_decoder_block)i;
                 return MT_OK;
             }
-    return mt_set_error(MT_ERR_INVALID, "decoder_block=%s is not one of llama2|gemma|gemma2|gemma3",
+    return mt_set_error(MT_ERR_INVALID, "decoder_block=%s is not one of llama2|gemma|gemma2|gemma3|gemma4",
                         s ? s : "(null)");
 }
 
 const char *mt_decoder_block_name(mt_decoder_block b) {
-    if ((int)b < 0 || (int)b > 3) return "unknown";
+    if ((int)b < 0 || (int)b >= K_BLOCK_COUNT) return "unknown";
     return k_block_names[b];
 }
 
 int mt_model_norm_unit_offset(const mt_model_config *c) {
-    return c->decoder_block != MT_DECODER_LLAMA2;
+    return c->decoder_block != MT_DECODER_LLAMA2 && c->decoder_block != MT_DECODER_GEMMA4;
 }
 
 float mt_model_embedding_scale(const mt_model_config *c) {
@@ -183,22 +257,50 @@ int mt_model_layer_is_local(const mt_model_config *c, int64_t layer) {
      * gemma2/3 without a pattern have only global layers */
     if (c->sliding_window_pattern <= 0)
         return c->decoder_block == MT_DECODER_LLAMA2 || c->decoder_block == MT_DECODER_GEMMA;
-    /* HF gemma2: sliding on even layers; gemma3: sliding unless (layer+1) % pattern == 0.
+    /* gemma4: the last layer is global whatever the pattern (Gemma4TextConfig.__post_init__) */
+    if (c->decoder_block == MT_DECODER_GEMMA4 && layer == c->num_decoder_layers - 1) return 0;
+    /* HF gemma2: sliding on even layers; gemma3/4: sliding unless (layer+1) % pattern == 0.
      * Both are "the last layer of each period is global". */
     return ((layer + 1) % c->sliding_window_pattern) != 0;
 }
 
+int64_t mt_model_layer_head_dim(const mt_model_config *c, int64_t layer) {
+    if (c->decoder_block == MT_DECODER_GEMMA4 && c->global_head_dim > 0 && !mt_model_layer_is_local(c, layer))
+        return c->global_head_dim;
+    return c->head_dim;
+}
+
+int64_t mt_model_layer_mlp_dim(const mt_model_config *c, int64_t layer) {
+    const int shared = layer >= c->num_decoder_layers - c->num_kv_shared_layers && c->num_kv_shared_layers > 0;
+    return c->use_double_wide_mlp && shared ? 2 * c->mlp_dim : c->mlp_dim;
+}
+
+int64_t mt_model_layer_kv_donor(const mt_model_config *c, int64_t layer) {
+    const int64_t first = c->num_decoder_layers - c->num_kv_shared_layers;
+    if (c->num_kv_shared_layers <= 0 || layer < first) return -1;
+    const int local = mt_model_layer_is_local(c, layer);
+    for (int64_t d = first - 1; d >= 0; d--)
+        if (mt_model_layer_is_local(c, d) == local) return d;
+    return -1;
+}
+
 void mt_rope_inv_freq(const mt_model_config *c, int64_t layer, float *inv_freq) {
-    const int64_t half = c->head_dim / 2;
+    const int64_t Dh = mt_model_layer_head_dim(c, layer), half = Dh / 2;
     const int local = mt_model_layer_is_local(c, layer) && c->local_rope_max_timescale > 0.0f;
     const double base = local ? (double)c->local_rope_max_timescale : (double)c->rope_max_timescale;
     const mt_rope_type type = local ? MT_ROPE_DEFAULT : c->rope_type;
     const double factor = (double)c->rope_factor;
     const double pi = 3.14159265358979323846;
+    /* _compute_proportional_rope_parameters: rope_angles = int(factor * Dh // 2) */
+    const int64_t angles = type == MT_ROPE_PROPORTIONAL
+                               ? (int64_t)floor((double)c->rope_partial_rotary_factor * (double)Dh / 2.0)
+                               : half;
     for (int64_t i = 0; i < half; i++) {
         /* _compute_default_rope_parameters: 1 / base^(2i / dim) */
-        double f = 1.0 / pow(base, (double)(2 * i) / (double)c->head_dim);
-        if (type == MT_ROPE_LINEAR) {
+        double f = 1.0 / pow(base, (double)(2 * i) / (double)Dh);
+        if (type == MT_ROPE_PROPORTIONAL) {
+            f = i < angles ? f / factor : 0.0;
+        } else if (type == MT_ROPE_LINEAR) {
             f /= factor; /* _compute_linear_scaling_rope_parameters */
         } else if (type == MT_ROPE_LLAMA3) {
             /* _compute_llama3_parameters */
@@ -222,7 +324,27 @@ float mt_model_attn_scale(const mt_model_config *c) {
     return (float)(1.0 / sqrt(s));
 }
 
+/* gemma4 (modeling_gemma4.py Gemma4TextModel, Gemma4TextDecoderLayer): per-layer head
+ * dims and MLP widths, no k/v (nor k_norm) on KV-sharing layers, v_norm without a
+ * weight, four block norms, the per-layer-input gate / projection / norm in every
+ * layer, and the per-layer embedding table with its projection and norm. */
+static int64_t gemma4_num_parameters(const mt_model_config *c) {
+    const int64_t D = c->emb_dim, V = c->vocab_size, P = c->per_layer_input_dim, L = c->num_decoder_layers;
+    int64_t n = V * D + D; /* embed_tokens (tied lm_head), norm */
+    if (P > 0) n += V * L * P + L * P * D + P; /* embed_tokens_per_layer, per_layer_model_projection, _norm */
+    for (int64_t l = 0; l < L; l++) {
+        const int64_t Dh = mt_model_layer_head_dim(c, l), F = mt_model_layer_mlp_dim(c, l);
+        const int64_t QD = c->num_query_heads * Dh, KVD = c->num_kv_heads * Dh;
+        n += 4 * D + 2 * QD * D + Dh + 3 * F * D; /* norms, q, o, q_norm, mlp */
+        if (mt_model_layer_kv_donor(c, l) < 0) n += 2 * KVD * D + Dh; /* k, v, k_norm */
+        if (P > 0) n += 2 * P * D + D;                                 /* gate, projection, post norm */
+    }
+    if (!c->logits_via_embedding) n += V * D;
+    return n;
+}
+
 int64_t mt_model_num_parameters(const mt_model_config *c) {
+    if (c->decoder_block == MT_DECODER_GEMMA4) return gemma4_num_parameters(c);
     const int64_t D = c->emb_dim, V = c->vocab_size, F = c->mlp_dim, Dh = c->head_dim;
     const int64_t QD = c->num_query_heads * Dh, KVD = c->num_kv_heads * Dh;
     int64_t layer = D                       /* input_layernorm */

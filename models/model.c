@@ -26,8 +26,8 @@
 
 /* Most parameters a layer has (4 projections, q/k norms, 4 norms, 3 MLP matrices) and
  * outside the layers (embedding, final norm, lm_head): the table's capacity. */
-#define MT_PARAMS_PER_LAYER_MAX 13
-#define MT_PARAMS_GLOBAL_MAX 3
+#define MT_PARAMS_PER_LAYER_MAX 17 /* + gemma4's per-layer-input gate, projection, norm, layer_scalar */
+#define MT_PARAMS_GLOBAL_MAX 6     /* + gemma4's per-layer embedding, its projection and norm */
 
 /* ------------------------------------------------------------------------------ */
 /* parameter table                                                                  */
@@ -53,8 +53,60 @@ static int add_layer_param(mt_model *m, int64_t l, const char *suffix, int ndim,
     return add_param(m, name, ndim, s0, s1);
 }
 
+/* Gemma 4 (modeling_gemma4.py; HF names of Gemma4ForCausalLM): per-layer head dims and
+ * MLP widths, q_norm everywhere, k/v and k_norm only on layers with their own K/V, four
+ * block norms, the per-layer-input gate / projection / norm and layer_scalar (a [1]
+ * buffer; model_internal.h layer_params), and after the embedding the per-layer
+ * embedding [V, L*P], its projection [L*P, D] and norm [P]. Each layer's entries are
+ * consecutive from input_layernorm to mlp.down_proj, as build_param_layer expects. */
+static void build_param_table_gemma4(mt_model *m) {
+    const mt_model_config *c = &m->cfg;
+    const int64_t D = m->D, H = m->H, Hkv = m->Hkv, P = m->g4.P, L = c->num_decoder_layers;
+    m->par.embed = add_param(m, "model.embed_tokens.weight", 2, m->V, D);
+    m->par.ple_embed = m->par.ple_model_proj = m->par.ple_proj_norm = -1;
+    if (P > 0) {
+        m->par.ple_embed = add_param(m, "model.embed_tokens_per_layer.weight", 2, m->V, L * P);
+        m->par.ple_model_proj = add_param(m, "model.per_layer_model_projection.weight", 2, L * P, D);
+        m->par.ple_proj_norm = add_param(m, "model.per_layer_projection_norm.weight", 1, P, 0);
+    }
+    for (int64_t l = 0; l < L; l++) {
+        layer_params *lp = &m->par.layer[l];
+        const int64_t Dh = mt_model_layer_head_dim(c, l), F = mt_model_layer_mlp_dim(c, l);
+        const int own = mt_model_layer_kv_donor(c, l) < 0;
+        lp->in_norm = add_layer_param(m, l, "input_layernorm.weight", 1, D, 0);
+        lp->q = add_layer_param(m, l, "self_attn.q_proj.weight", 2, H * Dh, D);
+        lp->k = own ? add_layer_param(m, l, "self_attn.k_proj.weight", 2, Hkv * Dh, D) : -1;
+        lp->v = own ? add_layer_param(m, l, "self_attn.v_proj.weight", 2, Hkv * Dh, D) : -1;
+        lp->o = add_layer_param(m, l, "self_attn.o_proj.weight", 2, D, H * Dh);
+        lp->q_norm = add_layer_param(m, l, "self_attn.q_norm.weight", 1, Dh, 0);
+        lp->k_norm = own ? add_layer_param(m, l, "self_attn.k_norm.weight", 1, Dh, 0) : -1;
+        lp->post_attn_norm = add_layer_param(m, l, "post_attention_layernorm.weight", 1, D, 0);
+        lp->pre_mlp_norm = add_layer_param(m, l, "pre_feedforward_layernorm.weight", 1, D, 0);
+        lp->post_ffw_norm = add_layer_param(m, l, "post_feedforward_layernorm.weight", 1, D, 0);
+        lp->gate = add_layer_param(m, l, "mlp.gate_proj.weight", 2, F, D);
+        lp->up = add_layer_param(m, l, "mlp.up_proj.weight", 2, F, D);
+        lp->ple_gate = lp->ple_proj = lp->ple_norm = -1;
+        if (P > 0) {
+            lp->ple_gate = add_layer_param(m, l, "per_layer_input_gate.weight", 2, P, D);
+            lp->ple_proj = add_layer_param(m, l, "per_layer_projection.weight", 2, D, P);
+            lp->ple_norm = add_layer_param(m, l, "post_per_layer_input_norm.weight", 1, D, 0);
+        }
+        lp->scalar = add_layer_param(m, l, "layer_scalar", 1, 1, 0);
+        m->par.info[lp->scalar].buffer = 1;
+        lp->down = add_layer_param(m, l, "mlp.down_proj.weight", 2, D, F);
+    }
+    m->par.final_norm = add_param(m, "model.norm.weight", 1, D, 0);
+    m->par.lm_head = -1;
+    if (!c->logits_via_embedding) m->par.lm_head = add_param(m, "lm_head.weight", 2, m->V, D);
+}
+
 static void build_param_table(mt_model *m) {
     const mt_model_config *c = &m->cfg;
+    if (m->g4.on) {
+        build_param_table_gemma4(m);
+        return;
+    }
+    m->par.ple_embed = m->par.ple_model_proj = m->par.ple_proj_norm = -1;
     const int64_t D = m->D, F = m->F, QD = m->QD, KVD = m->KVD, Dh = m->Dh;
     m->par.embed = add_param(m, "model.embed_tokens.weight", 2, m->V, D);
     for (int64_t l = 0; l < c->num_decoder_layers; l++) {
@@ -85,6 +137,7 @@ static void build_param_table(mt_model *m) {
         lp->gate = add_layer_param(m, l, "mlp.gate_proj.weight", 2, F, D);
         lp->up = add_layer_param(m, l, "mlp.up_proj.weight", 2, F, D);
         lp->down = add_layer_param(m, l, "mlp.down_proj.weight", 2, D, F);
+        lp->ple_gate = lp->ple_proj = lp->ple_norm = lp->scalar = -1;
     }
     m->par.final_norm = add_param(m, "model.norm.weight", 1, D, 0);
     m->par.lm_head = -1;
@@ -129,9 +182,6 @@ static mt_status check_layout(const mt_model_config *cfg, int64_t batch, int64_t
     const mt_layout_sizes ls = {cfg->num_query_heads, cfg->num_kv_heads, cfg->mlp_dim, cfg->vocab_size, seq, batch,
                                 lay->sequence_parallel, numel};
     MT_TRY(mt_mesh_check_layout(dims, &ls));
-    if (lay->dtype != MT_F32 && lay->dtype != MT_BF16)
-        return mt_set_error(MT_ERR_INVALID, "dtype=%s: the compute dtype is float32 or bfloat16",
-                            mt_dtype_name(lay->dtype));
     MT_TRY(mt_model_check_dtype_layout(lay));
     if (lay->packing_separator < 0)
         return mt_set_error(MT_ERR_INVALID, "packing_separator_id=%d: a token id is >= 0",
@@ -146,6 +196,26 @@ mt_status mt_model_check_dtype_layout(const mt_model_layout *lay) {
         return mt_set_error(MT_ERR_INVALID, "dtype=%s: the compute dtype is float32 or bfloat16",
                             mt_dtype_name(lay->dtype));
     return MT_OK;
+}
+
+/* gemma4 runs in one process so far (model_gemma4.c): no tensor, context or fsdp axis,
+ * no sequence parallelism, packing or parameter host offload. */
+static mt_status check_gemma4_layout(const mt_model_layout *lay) {
+    const char *what = mtm_axis_size(lay->tensor_size) > 1    ? "ici_tensor_parallelism > 1"
+                       : mtm_axis_size(lay->context_size) > 1 ? "ici_context_parallelism > 1"
+                       : mtm_axis_size(lay->fsdp_size) > 1    ? "ici_fsdp_parallelism > 1"
+                       : lay->sequence_parallel               ? "tensor_sequence_parallelism"
+                       : lay->packing                         ? "packing"
+                       : lay->param_offload                   ? "parameter_memory_host_offload"
+                                                              : NULL;
+    if (what)
+        return mt_set_error(MT_ERR_UNSUPPORTED, "decoder_block=gemma4 with %s is not supported yet (issue 18: one "
+                            "process)", what);
+    return MT_OK;
+}
+
+mt_status mt_model_check_block_layout(const mt_model_config *cfg, const mt_model_layout *lay) {
+    return cfg->decoder_block == MT_DECODER_GEMMA4 ? check_gemma4_layout(lay) : MT_OK;
 }
 
 /* The checked layout applied: the axes (model_shard.c), then dtype, packing, offload. */
@@ -180,6 +250,17 @@ static void init_fields(mt_model *m, const mt_model_config *cfg, mt_backend *be,
     m->Dh = cfg->head_dim;
     m->QD = m->H * m->Dh;
     m->KVD = m->Hkv * m->Dh;
+    m->g4.on = cfg->decoder_block == MT_DECODER_GEMMA4;
+    if (m->g4.on) { /* the largest over the layers: every buffer sized by them holds any layer's */
+        m->g4.P = cfg->per_layer_input_dim;
+        for (int64_t l = 0; l < cfg->num_decoder_layers; l++) {
+            m->Dh = max64(m->Dh, mt_model_layer_head_dim(cfg, l));
+            m->F = max64(m->F, mt_model_layer_mlp_dim(cfg, l));
+        }
+        m->QD = m->H * m->Dh;
+        m->KVD = m->Hkv * m->Dh;
+    }
+    for (int i = 0; i < G4_COUNT; i++) m->g4.id[i] = -1;
     m->eps = cfg->normalization_layer_epsilon;
     m->dt = MT_F32;
     m->es = sizeof(float);
@@ -225,6 +306,7 @@ static mt_status alloc_tables(mt_model *m) {
     g.sliding_window_size = 0;
     lc.sliding_window_size = 1;
     lc.sliding_window_pattern = 2; /* layer 0 of a 2-period is local in every block */
+    lc.num_decoder_layers = 2;     /* ... and not gemma4's always-global last layer */
     mt_rope_inv_freq(&g, 0, m->inv_freq_host);
     mt_rope_inv_freq(&lc, 0, m->inv_freq_host + m->Dh / 2);
     for (int64_t n = 0; n < m->T; n++) m->pos_host[n] = (int32_t)n;
@@ -238,6 +320,7 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, mt_backend
     *out = NULL;
     if (!layout) layout = &one_process;
     MT_TRY(mt_model_config_validate(cfg));
+    MT_TRY(mt_model_check_block_layout(cfg, layout));
     if (batch < 1) return mt_set_error(MT_ERR_INVALID, "per_device_batch_size=%lld must be >= 1", (long long)batch);
     if (seq < 1 || seq > INT32_MAX)
         return mt_set_error(MT_ERR_INVALID, "max_target_length=%lld must be in [1, 2^31)", (long long)seq);
@@ -280,6 +363,7 @@ void mt_model_free(mt_model *m) {
     free(m->host.act_ptr);
     free(m->inv_freq_host);
     free(m->pos_host);
+    free(m->g4.ident_host);
     free(m->tp.off);
     free(m->tp.sp_counts);
     (void)mt_comm_wait(m->fsdp.req); /* NULL unless a pass stopped mid-way */
@@ -310,6 +394,9 @@ mt_dtype mt_model_dtype(const mt_model *m) { return m->dt; }
 
 mt_status mt_model_set_grad_sink(mt_model *m, mt_grad_sink_fn fn, void *ctx) {
     if (!m) return mt_set_error(MT_ERR_INVALID, "mt_model_set_grad_sink: NULL model");
+    if (m->g4.on && fn) /* its layers' gradient windows differ in size and the per-layer inputs' come last */
+        return mt_set_error(MT_ERR_UNSUPPORTED, "decoder_block=gemma4: gradient windows (ZeRO-1 / fsdp) are not "
+                            "supported yet (issue 18)");
     if (m->plan.planned) return mt_set_error(MT_ERR_INVALID, "mt_model_set_grad_sink: set it before planning");
     m->sink.fn = fn;
     m->sink.ctx = ctx;

@@ -45,6 +45,9 @@ typedef struct mt_param_info {
     int64_t offset;       /* element offset in the flat buffer */
     int64_t numel;
     int weight_decay;     /* 1 for matrices (ndim == 2), 0 for norm scales */
+    int buffer;           /* 1: a constant held with the parameters so that checkpoints carry it
+                           * (gemma4's layer_scalar, a transformers buffer): its gradient is
+                           * always 0 and it has no weight decay, so AdamW leaves it unchanged */
 } mt_param_info;
 
 typedef struct mt_model mt_model;
@@ -169,6 +172,13 @@ typedef struct mt_model_layout {
  * estimator's mesh search never proposes a layout the model refuses. Only lay's dtype is
  * read. Errors: MT_ERR_INVALID naming a dtype that is neither. */
 mt_status mt_model_check_dtype_layout(const mt_model_layout *lay);
+
+/* The layouts the decoder block runs on: every block on every layout except gemma4, one
+ * process so far (no tensor, context or fsdp axis, sequence parallelism, packing or
+ * parameter offload). Checked by mt_model_create and by the trainer's layout check, so
+ * the estimator's mesh search never proposes a layout the model refuses. Errors:
+ * MT_ERR_UNSUPPORTED "decoder_block=gemma4 with <key> is not supported yet". */
+mt_status mt_model_check_block_layout(const mt_model_config *cfg, const mt_model_layout *lay);
 
 /* Create a model for micro-batches of `batch` sequences of `seq` tokens, with the
  * loss cut into `num_vocab_tiling` row tiles, cut and computed as `layout` says (NULL:
@@ -307,7 +317,8 @@ mt_status mt_model_bind(mt_model *m, const mt_arena *arena, const mt_plan *plan)
 
 /* Parameter table, flat parameter and gradient buffers (backend memory, float32,
  * mt_model_numel elements each, same layout). mt_model_grads is NULL with a gradient
- * sink (mt_model_set_grad_sink). */
+ * sink (mt_model_set_grad_sink). mt_model_numel is mt_model_num_parameters plus the
+ * buffers held with the parameters (mt_param_info.buffer: gemma4's L layer_scalars). */
 int mt_model_param_count(const mt_model *m);
 const mt_param_info *mt_model_param(const mt_model *m, int i);
 int mt_model_param_find(const mt_model *m, const char *name); /* index or -1 */
@@ -316,7 +327,8 @@ float *mt_model_params(mt_model *m);
 float *mt_model_grads(mt_model *m);
 
 /* Deterministic initialisation from `seed`: matrices N(0, 0.02^2) (Philox stream =
- * parameter index), norm scales 1 (Llama) or 0 (Gemma, scale 1 + w). */
+ * parameter index), norm scales 1 (Llama, Gemma 4, and gemma4's layer_scalar) or 0
+ * (Gemma 1-3, scale 1 + w). */
 mt_status mt_model_init_params(mt_model *m, uint64_t seed);
 
 /* Forward and backward of one micro-batch. tokens and labels are host int32

@@ -43,6 +43,9 @@ mt_status mtm_decode_add_to_plan(mt_model *m, mt_plan *plan) {
 mt_status mt_model_set_decode(mt_model *m, int on) {
     if (!m) return mt_set_error(MT_ERR_INVALID, "mt_model_set_decode: NULL model");
     if (m->plan.planned) return mt_set_error(MT_ERR_INVALID, "mt_model_set_decode: set it before planning");
+    if (on && m->g4.on)
+        return mt_set_error(MT_ERR_UNSUPPORTED, "decoder_block=gemma4: incremental decoding is not supported yet "
+                            "(issue 18)");
     if (on && m->B != 1)
         return mt_set_error(MT_ERR_INVALID, "mt_model_set_decode: the KV cache holds one sequence (batch %lld, "
                             "must be 1)", (long long)m->B);

@@ -7,6 +7,8 @@
  *   model_layers.c   one layer's forward, backward, recompute, offload / restore
  *   model_loss.c     the step: inputs, forward, tiled loss, backward; public entry points
  *   model_decode.c   incremental decoding with a KV cache
+ *   model_gemma4.c   Gemma 4's layer (per-layer head dims and MLP widths, KV sharing,
+ *                    v_norm, per-layer inputs, layer_scalar) and its per-layer inputs
  * Every file includes this header and no other file of the model: no include circle.
  * Functions shared between the files are prefixed mtm_ (meshtrain model, internal).
  *
@@ -90,10 +92,14 @@ enum {
     DEC_COUNT
 };
 
-/* Parameter indices of one layer (-1 when absent). */
+/* Parameter indices of one layer (-1 when absent). gemma4 adds the per-layer-input
+ * gate, projection and norm and the layer_scalar (a [1] constant: transformers' buffer,
+ * held with the parameters so that checkpoints carry it, never given a gradient); its
+ * KV-sharing layers have no k, v, k_norm. */
 typedef struct layer_params {
     int in_norm, q, k, v, o, q_norm, k_norm, post_attn_norm, pre_mlp_norm, post_ffw_norm;
     int gate, up, down;
+    int ple_gate, ple_proj, ple_norm, scalar;
 } layer_params;
 
 /* The parameter table (model.c): Hugging Face names and shapes, one flat layout. */
@@ -102,6 +108,7 @@ typedef struct mtm_param_table {
     int count;
     int64_t numel;         /* floats of the flat buffer */
     int embed, final_norm, lm_head; /* indices; lm_head -1 when logits_via_embedding */
+    int ple_embed, ple_model_proj, ple_proj_norm; /* gemma4 per-layer inputs, -1 when none */
     layer_params *layer;   /* [L] */
     int *layer_of;         /* [count]: the parameter's layer, -1 for embed / final norm / head */
     int64_t layer_numel;   /* floats of one layer (input_layernorm .. mlp.down_proj, contiguous) */
@@ -216,6 +223,33 @@ typedef struct mtm_decode {
     void *buf[DEC_COUNT];
 } mtm_decode;
 
+/* ---- Gemma 4 buffers (plan names "gemma4.*", model_plan.c; model_gemma4.c uses them):
+ * N rows, P = per_layer_input_dim, L layers, Dh = the largest head dim ---- */
+enum {
+    G4_PLE_ALL = 0,  /* [N, L*P] the per-layer inputs (HF per_layer_inputs after project_per_layer_inputs) */
+    G4_PLE_DALL,     /* [N, L*P] their gradient (forward: the scaled-embedding temporary) */
+    G4_PLE_TMP,      /* [N, L*P] backward temporary (the projection's gradient) */
+    G4_PLE_ROWRSTD,  /* [N*L] fp32 per_layer_projection_norm statistics */
+    G4_PLE_A, G4_PLE_B, G4_PLE_C, G4_PLE_D, G4_PLE_E, /* [N, P] a layer's gate / input / product temporaries */
+    G4_YMID,         /* [N, D] the layer output before the per-layer input (backward) */
+    G4_O,            /* [N, D] per_layer_projection output */
+    G4_RSTD,         /* [N] fp32 post_per_layer_input_norm statistics */
+    G4_VRSTD,        /* [N*Hkv] fp32 v_norm statistics */
+    G4_VZERO,        /* [Dh] zeros: v_norm's weight (scale 1 + 0: no weight) */
+    G4_VDW,          /* [Dh] fp32 the discarded gradient of that weight */
+    G4_IDENT,        /* [P, P] identity: a strided column slice as a GEMM */
+    G4_SKV_DK0, G4_SKV_DV0, G4_SKV_DK1, G4_SKV_DV1, /* [N, KVD] shared K/V gradients of the local (0) and global (1) donor */
+    G4_COUNT
+};
+
+typedef struct mtm_gemma4 {
+    int on;                /* decoder_block == gemma4 */
+    int64_t P;             /* per_layer_input_dim (0: no per-layer inputs) */
+    int id[G4_COUNT];
+    void *buf[G4_COUNT];
+    void *ident_host;      /* [P, P] of the activation dtype: uploaded to G4_IDENT */
+} mtm_gemma4;
+
 struct mt_model {
     mt_model_config cfg;
     mt_backend *be;
@@ -243,6 +277,7 @@ struct mt_model {
     mtm_fsdp_state fsdp;
     mtm_packing pack;
     mtm_decode dec;
+    mtm_gemma4 g4;
 };
 
 /* ---- small helpers ---- */
@@ -298,6 +333,11 @@ static inline mt_status MT_MUST_CHECK linear_bwd_x(const mt_model *m, void *dx, 
 int64_t mtm_act_elems(const mt_model *m, int j);
 /* Its bytes: the norm statistics and the attention logsumexp fp32, the rest m->dt. */
 size_t mtm_act_bytes(const mt_model *m, int j);
+/* The same for layer l itself: equal to the above except on gemma4, whose layers differ
+ * (head dims, MLP widths; no K/V on KV-sharing layers), where the above is the largest
+ * over the layers (the size of the layer-sized scratch). */
+int64_t mtm_act_elems_layer(const mt_model *m, int64_t l, int j);
+size_t mtm_act_bytes_layer(const mt_model *m, int64_t l, int j);
 /* The remat policy's action for saved tensor j (MT_RA_DEVICE for tensors without a name). */
 mt_remat_action mtm_act_action(const mt_model *m, int j);
 /* Add buffer g (GB_*) to plan, untagged (the category's tag). */
@@ -349,6 +389,15 @@ void mtm_fsdp_wait(mt_model *m);
 /* ---- model_layers.c ---- */
 
 mt_attn_args mtm_attn_args(const mt_model *m, int64_t l);
+/* Shared with model_gemma4.c: the RoPE positions of the local rows, layer l's RoPE
+ * table, where layer l's saved tensors are (fwd 1: forward, 0: backward), their host
+ * offload / restore, and whether saved tensor j is recomputed in the backward. */
+const int32_t *mtm_rope_positions(const mt_model *m);
+const float *mtm_layer_inv_freq(const mt_model *m, int64_t l);
+void mtm_layer_ptrs(const mt_model *m, int64_t l, int fwd, void *a[MT_LT_COUNT]);
+mt_status MT_MUST_CHECK mtm_layer_offload(mt_model *m, int64_t l, void *a[MT_LT_COUNT]);
+mt_status MT_MUST_CHECK mtm_layer_restore(mt_model *m, int64_t l, void *a[MT_LT_COUNT]);
+int mtm_la_is_remat(const mt_model *m, int j);
 mt_status MT_MUST_CHECK mtm_layer_forward(mt_model *m, int64_t l);
 mt_status MT_MUST_CHECK mtm_layer_backward(mt_model *m, int64_t l);
 
@@ -356,6 +405,20 @@ mt_status MT_MUST_CHECK mtm_layer_backward(mt_model *m, int64_t l);
 
 /* The unembedding matrix [V, D]: lm_head, or the embedding when tied. */
 const void *mtm_unembedding(const mt_model *m);
+
+/* ---- model_gemma4.c ---- */
+
+/* Gemma 4's layer forward / backward (as mtm_layer_forward / _backward), its per-layer
+ * inputs after the embedding (forward) and their backward into the embedding gradient
+ * G[N, D] (+=) and the per-layer-input parameters, and the zeroing of the accumulated
+ * gradients at the start of a backward. One process only (model.c refuses the rest). */
+mt_status MT_MUST_CHECK mtm_g4_layer_forward(mt_model *m, int64_t l);
+mt_status MT_MUST_CHECK mtm_g4_layer_backward(mt_model *m, int64_t l);
+mt_status MT_MUST_CHECK mtm_g4_inputs_forward(mt_model *m);
+mt_status MT_MUST_CHECK mtm_g4_backward_begin(mt_model *m);
+mt_status MT_MUST_CHECK mtm_g4_inputs_backward(mt_model *m, void *G);
+/* Whether layer l's K/V are used by KV-sharing layers (its key/value_proj are kept). */
+int mtm_g4_is_donor(const mt_model *m, int64_t l);
 
 /* ---- model_decode.c ---- */
 

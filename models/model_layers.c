@@ -25,7 +25,7 @@ mt_attn_args mtm_attn_args(const mt_model *m, int64_t l) {
     a.Tq = a.Tk = m->T;
     a.H = m->H;
     a.Hkv = m->Hkv;
-    a.Dh = m->Dh;
+    a.Dh = mt_model_layer_head_dim(&m->cfg, l); /* m->Dh but on gemma4's global layers */
     a.scale = mt_model_attn_scale(&m->cfg);
     a.softcap = m->cfg.attn_logits_soft_cap;
     a.window = mt_model_layer_is_local(&m->cfg, l) ? m->cfg.sliding_window_size : 0;
@@ -36,58 +36,59 @@ mt_attn_args mtm_attn_args(const mt_model *m, int64_t l) {
 }
 
 /* RoPE positions of the local rows: per document with packing, else the original ones. */
-static const int32_t *rope_positions(const mt_model *m) {
+const int32_t *mtm_rope_positions(const mt_model *m) {
     return m->plan.gptr[m->pack.on ? GB_DOC_POS : GB_POSITIONS];
 }
 
-static const float *layer_inv_freq(const mt_model *m, int64_t l) {
+const float *mtm_layer_inv_freq(const mt_model *m, int64_t l) {
     const float *t = m->plan.gptr[GB_INV_FREQ];
     return mt_model_layer_is_local(&m->cfg, l) ? t + m->Dh / 2 : t;
 }
 
 /* Where tensor j of layer l is during the forward (fwd = 1) or the backward (0):
  * its own plan entry when kept, else the layer-sized remat scratch. */
-static void layer_ptrs(const mt_model *m, int64_t l, int fwd, void *a[MT_LT_COUNT]) {
+void mtm_layer_ptrs(const mt_model *m, int64_t l, int fwd, void *a[MT_LT_COUNT]) {
     for (int j = 0; j < MT_LT_COUNT; j++)
         a[j] = m->plan.lid[l][j] >= 0 ? m->plan.lptr[l][j] : (fwd ? m->remat.fwd[j] : m->remat.bwd[j]);
 }
 
 /* After the forward of layer l: copy its offloaded tensors to the host pool. */
-static mt_status MT_MUST_CHECK layer_offload(mt_model *m, int64_t l, void *a[MT_LT_COUNT]) {
+mt_status mtm_layer_offload(mt_model *m, int64_t l, void *a[MT_LT_COUNT]) {
     if (!m->remat.has_offload) return MT_OK;
     for (int j = 0; j < MT_LT_COUNT; j++)
         if (m->host.act_id[l][j] >= 0)
-            MT_TRY(m->be->ops->copy_to_host(m->be, m->host.act_ptr[l][j], a[j], mtm_act_bytes(m, j)));
+            MT_TRY(m->be->ops->copy_to_host(m->be, m->host.act_ptr[l][j], a[j], mtm_act_bytes_layer(m, l, j)));
     return MT_OK;
 }
 
 /* Before the backward of layer l: bring its offloaded tensors back. */
-static mt_status MT_MUST_CHECK layer_restore(mt_model *m, int64_t l, void *a[MT_LT_COUNT]) {
+mt_status mtm_layer_restore(mt_model *m, int64_t l, void *a[MT_LT_COUNT]) {
     if (!m->remat.has_offload) return MT_OK;
     for (int j = 0; j < MT_LT_COUNT; j++)
         if (m->host.act_id[l][j] >= 0)
-            MT_TRY(m->be->ops->copy_to_device(m->be, a[j], m->host.act_ptr[l][j], mtm_act_bytes(m, j)));
+            MT_TRY(m->be->ops->copy_to_device(m->be, a[j], m->host.act_ptr[l][j], mtm_act_bytes_layer(m, l, j)));
     return MT_OK;
 }
 
-static int la_is_remat(const mt_model *m, int j) {
+int mtm_la_is_remat(const mt_model *m, int j) {
     return mtm_act_elems(m, j) > 0 && mtm_act_action(m, j) == MT_RA_REMAT;
 }
 
 /* Forward of layer l (phase 1 + l): layer input -> next layer input. */
 mt_status mtm_layer_forward(mt_model *m, int64_t l) {
+    if (m->g4.on) return mtm_g4_layer_forward(m, l);
     mt_backend *be = m->be;
     const layer_params *lp = &m->par.layer[l];
     void *a[MT_LT_COUNT];
-    layer_ptrs(m, l, 1, a);
+    mtm_layer_ptrs(m, l, 1, a);
     const int64_t N = m->N, D = m->D, F = m->F, H = m->H, Hkv = m->Hkv, Dh = m->Dh;
     const int64_t QD = m->QD, KVD = m->KVD;
     const int64_t Ns = seq_rows(m); /* residual rows (sequence parallelism: N / tp) */
     const size_t ND = (size_t)(Ns * D) * m->es;
     void *nrm = m->plan.gptr[GB_FWD_NORM], *res = m->plan.gptr[GB_FWD_RESID];
     void *tmp = m->plan.gptr[GB_FWD_TMP], *glu = m->plan.gptr[GB_FWD_GLU];
-    const int32_t *pos = rope_positions(m);
-    const float *inv_freq = layer_inv_freq(m, l);
+    const int32_t *pos = mtm_rope_positions(m);
+    const float *inv_freq = mtm_layer_inv_freq(m, l);
     const void *x = a[MT_LT_DECODER_LAYER_INPUT];
     void *y = l + 1 < m->cfg.num_decoder_layers ? m->plan.lptr[l + 1][MT_LT_DECODER_LAYER_INPUT]
                                                 : m->plan.gptr[GB_FINAL_INPUT];
@@ -132,7 +133,7 @@ mt_status mtm_layer_forward(mt_model *m, int64_t l) {
     } else {
         MT_TRY(mtm_row_fwd(m, y, glu, lp->down, F, m->tp.Fg, 1.0f, nrm, tmp));
     }
-    MT_TRY(layer_offload(m, l, a));
+    MT_TRY(mtm_layer_offload(m, l, a));
     return MT_OK;
 }
 
@@ -143,10 +144,10 @@ static mt_status MT_MUST_CHECK layer_recompute_attn(mt_model *m, int64_t l, void
     mt_backend *be = m->be;
     const layer_params *lp = &m->par.layer[l];
     const int64_t N = m->N, D = m->D, H = m->H, Hkv = m->Hkv, Dh = m->Dh, QD = m->QD, KVD = m->KVD;
-    const int rq = la_is_remat(m, MT_LT_QUERY_PROJ), rk = la_is_remat(m, MT_LT_KEY_PROJ),
-              rv = la_is_remat(m, MT_LT_VALUE_PROJ);
-    const int32_t *pos = rope_positions(m);
-    const float *inv_freq = layer_inv_freq(m, l);
+    const int rq = mtm_la_is_remat(m, MT_LT_QUERY_PROJ), rk = mtm_la_is_remat(m, MT_LT_KEY_PROJ),
+              rv = mtm_la_is_remat(m, MT_LT_VALUE_PROJ);
+    const int32_t *pos = mtm_rope_positions(m);
+    const float *inv_freq = mtm_layer_inv_freq(m, l);
     void *nrm = m->plan.gptr[GB_BWD_NORM], *tmp = m->plan.gptr[GB_BWD_W0];
     if (rq || rk || rv)
         MT_TRY(mtm_norm_gather(m, nrm, a[MT_LT_INPUT_NORM_RSTD], a[MT_LT_DECODER_LAYER_INPUT], lp->in_norm));
@@ -171,11 +172,11 @@ static mt_status MT_MUST_CHECK layer_recompute_attn(mt_model *m, int64_t l, void
         MT_TRY(be->ops->rope_fwd(be, a[MT_LT_KEY_PROJ], pos, inv_freq, N, Hkv, Dh, m->dt));
     }
     if (rv) MT_TRY(linear_fwd(m, a[MT_LT_VALUE_PROJ], nrm, mtm_pw(m, lp->v), N, D, KVD, 0.0f));
-    if (la_is_remat(m, MT_LT_CONTEXT)) {
+    if (mtm_la_is_remat(m, MT_LT_CONTEXT)) {
         MT_TRY(mtm_cp_attention_fwd(m, l, a[MT_LT_CONTEXT], a[MT_LT_CONTEXT_LSE], a[MT_LT_QUERY_PROJ],
                                     a[MT_LT_KEY_PROJ], a[MT_LT_VALUE_PROJ]));
     }
-    if (la_is_remat(m, MT_LT_OUT_PROJ))
+    if (mtm_la_is_remat(m, MT_LT_OUT_PROJ))
         MT_TRY(mtm_row_fwd(m, a[MT_LT_OUT_PROJ], a[MT_LT_CONTEXT], lp->o, QD, m->tp.QDg, 0.0f, nrm, NULL));
     return MT_OK;
 }
@@ -187,9 +188,9 @@ static mt_status MT_MUST_CHECK layer_recompute_mlp(mt_model *m, int64_t l, void 
     mt_backend *be = m->be;
     const layer_params *lp = &m->par.layer[l];
     const int64_t N = m->N, D = m->D, F = m->F;
-    if (la_is_remat(m, MT_LT_MLPWI_0)) MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_0], nrm, mtm_pw(m, lp->gate), N, D, F, 0.0f));
-    if (la_is_remat(m, MT_LT_MLPWI_1)) MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_1], nrm, mtm_pw(m, lp->up), N, D, F, 0.0f));
-    if (la_is_remat(m, MT_LT_MLPWO)) {
+    if (mtm_la_is_remat(m, MT_LT_MLPWI_0)) MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_0], nrm, mtm_pw(m, lp->gate), N, D, F, 0.0f));
+    if (mtm_la_is_remat(m, MT_LT_MLPWI_1)) MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_1], nrm, mtm_pw(m, lp->up), N, D, F, 0.0f));
+    if (mtm_la_is_remat(m, MT_LT_MLPWO)) {
         MT_TRY(be->ops->glu_fwd(be, glu, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
         MT_TRY(mtm_row_fwd(m, a[MT_LT_MLPWO], glu, lp->down, F, m->tp.Fg, 0.0f, full, NULL));
     }
@@ -199,11 +200,12 @@ static mt_status MT_MUST_CHECK layer_recompute_mlp(mt_model *m, int64_t l, void 
 /* Backward of layer l (phase 2L + 1 - l): on entry G = dloss/d(layer output), on exit
  * G = dloss/d(layer input); parameter gradients accumulated. */
 mt_status mtm_layer_backward(mt_model *m, int64_t l) {
+    if (m->g4.on) return mtm_g4_layer_backward(m, l);
     mt_backend *be = m->be;
     const layer_params *lp = &m->par.layer[l];
     void *a[MT_LT_COUNT];
-    layer_ptrs(m, l, 0, a);
-    MT_TRY(layer_restore(m, l, a));
+    mtm_layer_ptrs(m, l, 0, a);
+    MT_TRY(mtm_layer_restore(m, l, a));
     MT_TRY(layer_recompute_attn(m, l, a));
     const int64_t N = m->N, D = m->D, F = m->F, H = m->H, Hkv = m->Hkv, Dh = m->Dh;
     const int64_t QD = m->QD, KVD = m->KVD;
@@ -215,8 +217,8 @@ mt_status mtm_layer_backward(mt_model *m, int64_t l) {
     void *d1 = m->plan.gptr[GB_BWD_D1], *d2 = m->plan.gptr[GB_BWD_D2];
     void *w0 = m->plan.gptr[GB_BWD_W0], *w1 = m->plan.gptr[GB_BWD_W1], *w2 = m->plan.gptr[GB_BWD_W2];
     void *w3 = m->plan.gptr[GB_BWD_W3], *w4 = m->plan.gptr[GB_BWD_W4];
-    const int32_t *pos = rope_positions(m);
-    const float *inv_freq = layer_inv_freq(m, l);
+    const int32_t *pos = mtm_rope_positions(m);
+    const float *inv_freq = mtm_layer_inv_freq(m, l);
     const void *x = a[MT_LT_DECODER_LAYER_INPUT];
 
     /* ---- MLP block: y = h + [post_ffw](down(act(g) u)) ---- */

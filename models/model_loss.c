@@ -87,6 +87,7 @@ static mt_status MT_MUST_CHECK model_forward(mt_model *m, const int32_t *tokens)
     const int64_t Ns = seq_rows(m), s0 = seq_row0(m); /* sequence parallelism: this rank's rows */
     MT_TRY(be->ops->embedding_fwd(be, m->plan.lptr[0][MT_LT_DECODER_LAYER_INPUT], mtm_pw(m, m->par.embed),
                                   (const int32_t *)m->plan.gptr[GB_TOKENS] + s0, Ns, D, m->emb_scale, m->dt));
+    if (m->g4.on) MT_TRY(mtm_g4_inputs_forward(m));
     for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++) {
         MT_TRY(mtm_fetch_layer(m, l));
         mtm_prefetch_layer(m, l + 1); /* fsdp: layer l + 1's all-gather overlaps layer l */
@@ -128,6 +129,7 @@ static mt_status backward_from_final_hidden(mt_model *m) {
     m->plan.fwd_kept = 0;
     void *G = m->plan.gptr[GB_RESID_GRAD];
     MT_TRY(be->ops->zero(be, G, (size_t)(Ns * D) * m->es));
+    if (m->g4.on) MT_TRY(mtm_g4_backward_begin(m));
     /* dloss/dfinal_hidden [N, D] is the same on every tensor rank; under sequence
      * parallelism each rank takes its rows */
     MT_TRY(be->ops->rmsnorm_bwd(be, G, mtm_gw(m, m->par.final_norm), AT(m, m->plan.gptr[GB_FINAL_HIDDEN_GRAD], s0 * D),
@@ -167,6 +169,7 @@ static mt_status backward_from_final_hidden(mt_model *m) {
     if (m->sink.fn && !m->cfg.logits_via_embedding)
         MT_TRY(be->ops->zero(be, m->sink.ptr[MT_GWIN_EMBEDDING],
                              (size_t)m->par.info[m->par.embed].numel * sizeof(float)));
+    if (m->g4.on) MT_TRY(mtm_g4_inputs_backward(m, G)); /* adds the per-layer inputs' share to G */
     if (m->tp.rank == 0 || m->tp.sp)
         MT_TRY(be->ops->embedding_bwd(be, mtm_gw(m, m->par.embed), G, (const int32_t *)m->plan.gptr[GB_TOKENS] + s0, Ns,
                                       m->V, D, m->emb_scale, m->dt));

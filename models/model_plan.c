@@ -52,13 +52,38 @@ int64_t mtm_act_elems(const mt_model *m, int j) {
     }
 }
 
+static int act_is_f32(int j) {
+    return j == MT_LT_INPUT_NORM_RSTD || j == MT_LT_QUERY_NORM_RSTD || j == MT_LT_KEY_NORM_RSTD ||
+           j == MT_LT_CONTEXT_LSE || j == MT_LT_POST_ATTN_NORM_RSTD || j == MT_LT_PRE_MLP_NORM_RSTD ||
+           j == MT_LT_POST_FFW_NORM_RSTD;
+}
+
 /* Bytes of saved tensor j of a layer: the norm statistics (rstd) and the attention
  * logsumexp are fp32, every other tensor is of the activation dtype. */
 size_t mtm_act_bytes(const mt_model *m, int j) {
-    const int f32 = j == MT_LT_INPUT_NORM_RSTD || j == MT_LT_QUERY_NORM_RSTD || j == MT_LT_KEY_NORM_RSTD ||
-                    j == MT_LT_CONTEXT_LSE || j == MT_LT_POST_ATTN_NORM_RSTD || j == MT_LT_PRE_MLP_NORM_RSTD ||
-                    j == MT_LT_POST_FFW_NORM_RSTD;
-    return (size_t)mtm_act_elems(m, j) * (f32 ? sizeof(float) : m->es);
+    return (size_t)mtm_act_elems(m, j) * (act_is_f32(j) ? sizeof(float) : m->es);
+}
+
+int64_t mtm_act_elems_layer(const mt_model *m, int64_t l, int j) {
+    if (!m->g4.on) return mtm_act_elems(m, j);
+    /* gemma4: the layer's own head dim and MLP width; a KV-sharing layer saves no K/V */
+    const mt_model_config *c = &m->cfg;
+    const int64_t N = m->N, Dh = mt_model_layer_head_dim(c, l), F = mt_model_layer_mlp_dim(c, l);
+    const int own = mt_model_layer_kv_donor(c, l) < 0;
+    switch (j) {
+    case MT_LT_QUERY_PROJ: return N * m->H * Dh;
+    case MT_LT_KEY_PROJ: return own ? N * m->Hkv * Dh : 0;
+    case MT_LT_VALUE_PROJ: return own ? N * m->Hkv * Dh : 0;
+    case MT_LT_KEY_NORM_RSTD: return own ? N * m->Hkv : 0;
+    case MT_LT_CONTEXT: return N * m->H * Dh;
+    case MT_LT_MLPWI_0: return N * F;
+    case MT_LT_MLPWI_1: return N * F;
+    default: return mtm_act_elems(m, j);
+    }
+}
+
+size_t mtm_act_bytes_layer(const mt_model *m, int64_t l, int j) {
+    return (size_t)mtm_act_elems_layer(m, l, j) * (act_is_f32(j) ? sizeof(float) : m->es);
 }
 
 
@@ -120,12 +145,12 @@ mt_status mt_model_add_to_host_plan(mt_model *m, mt_plan *host_plan) {
     for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++)
         for (int j = 0; j < MT_LT_COUNT; j++) {
             m->host.act_id[l][j] = -1;
-            int64_t e = mtm_act_elems(m, j);
+            int64_t e = mtm_act_elems_layer(m, l, j);
             if (e == 0 || mtm_act_action(m, j) != MT_RA_OFFLOAD) continue;
             char name[MT_PLAN_NAME_MAX];
             snprintf(name, sizeof(name), "layers.%lld.%s", (long long)l, mt_layer_tensor_name((mt_layer_tensor)j));
             const mt_plan_tag tag = {l, j, MT_PLAN_KIND_OFFLOAD};
-            MT_TRY(mt_plan_add_tagged(host_plan, name, MT_MEM_ACTIVATIONS, tag, mtm_act_bytes(m, j),
+            MT_TRY(mt_plan_add_tagged(host_plan, name, MT_MEM_ACTIVATIONS, tag, mtm_act_bytes_layer(m, l, j),
                                       ph_fwd(m, l), ph_bwd(m, l), &m->host.act_id[l][j]));
         }
     m->host.params_id = m->host.compute_id = -1;
@@ -258,20 +283,33 @@ static mt_status add_inputs(mt_model *m, mt_plan *plan) {
 }
 
 /* Saved activations of layer l: written in phase l (decoder_layer_input: by the
- * embedding or the previous layer) or 1 + l, read last by the layer's backward. */
+ * embedding or the previous layer) or 1 + l, read last by the layer's backward.
+ * gemma4: sizes per layer (mtm_act_elems_layer: no K/V on KV-sharing layers); a
+ * donor's key / value_proj are kept whatever the policy, until its own backward when
+ * the policy keeps them, else until the backward of the first sharing layer (the
+ * last of the sharing layers' backwards), after which the donor's backward recomputes
+ * or restores them into the remat scratch (model_gemma4.c). */
 static mt_status add_saved(mt_model *m, mt_plan *plan) {
     const int64_t L = m->cfg.num_decoder_layers;
     for (int64_t l = 0; l < L; l++) {
         for (int j = 0; j < MT_LT_COUNT; j++) {
-            int64_t e = mtm_act_elems(m, j);
+            m->plan.lid[l][j] = -1;
+            int64_t e = mtm_act_elems_layer(m, l, j);
             if (e == 0) continue;
             char name[MT_PLAN_NAME_MAX];
             snprintf(name, sizeof(name), "layers.%lld.%s", (long long)l, mt_layer_tensor_name((mt_layer_tensor)j));
-            int first = j == MT_LT_DECODER_LAYER_INPUT ? (int)l : ph_fwd(m, l);
+            int first = j == MT_LT_DECODER_LAYER_INPUT ? (int)l : ph_fwd(m, l), last = ph_bwd(m, l);
             m->plan.lid[l][j] = -1;
-            if (mtm_act_action(m, j) != MT_RA_DEVICE) continue; /* recomputed or offloaded */
+            /* gemma4: a donor's K/V are read by the sharing layers' forward and backward,
+             * between its own: kept whatever the policy */
+            const int donor_kv = m->g4.on && (j == MT_LT_KEY_PROJ || j == MT_LT_VALUE_PROJ) && mtm_g4_is_donor(m, l);
+            if (mtm_act_action(m, j) != MT_RA_DEVICE && !donor_kv) continue; /* recomputed or offloaded */
+            if (donor_kv && mtm_act_action(m, j) != MT_RA_DEVICE)
+                last = ph_bwd(m, m->cfg.num_decoder_layers - m->cfg.num_kv_shared_layers);
+            /* gemma4: the embedding output also feeds the per-layer inputs' backward */
+            if (m->g4.on && m->g4.P > 0 && l == 0 && j == MT_LT_DECODER_LAYER_INPUT) last = ph_embed_bwd(m);
             const mt_plan_tag tag = {l, j, MT_PLAN_KIND_SAVED};
-            MT_TRY(mt_plan_add_tagged(plan, name, MT_MEM_ACTIVATIONS, tag, mtm_act_bytes(m, j), first, ph_bwd(m, l),
+            MT_TRY(mt_plan_add_tagged(plan, name, MT_MEM_ACTIVATIONS, tag, mtm_act_bytes_layer(m, l, j), first, last,
                                       &m->plan.lid[l][j]));
         }
     }
@@ -313,6 +351,7 @@ static size_t workspace_bytes(const mt_model *m) {
     mt_scratch_query q = {.rows = m->N, .width = m->D, .heads = m->H, .kv_heads = m->Hkv, .head_dim = m->Dh,
                           .attn = mtm_attn_args(m, 0), .loss_rows = mt_tiled_loss_tile_rows(m->N, m->tiles)};
     q.attn.Tk = m->T * m->cp.size;
+    q.attn.Dh = m->Dh; /* the largest (gemma4: global layers) */
     if (m->cp.size > 1 || m->pack.on) q.attn.q_pos = q.attn.k_pos = &present;
     if (m->pack.on) q.attn.q_seg = q.attn.k_seg = &present;
     const size_t ops = m->be->ops->scratch_bytes(m->be, &q);
@@ -354,6 +393,51 @@ static mt_status add_scratch(mt_model *m, mt_plan *plan) {
     return MT_OK;
 }
 
+/* gemma4's buffers (model_internal.h G4_*): the per-layer inputs and their gradient
+ * (embedding to its backward), the per-layer temporaries, the v_norm constants and the
+ * identity (the whole step: one layer's worth, not per layer), and the shared-KV
+ * gradient accumulators (the layers' backwards, only with KV sharing). */
+static mt_status add_gemma4(mt_model *m, mt_plan *plan) {
+    if (!m->g4.on) return MT_OK;
+    const int64_t N = m->N, D = m->D, P = m->g4.P, L = m->cfg.num_decoder_layers;
+    const size_t es = m->es, f4 = sizeof(float);
+    const int last = ph_optim(m), eb = ph_embed_bwd(m);
+    /* the per-layer inputs and their statistics from the embedding (phase 0) to the
+     * embedding's backward, their gradient likewise (a temporary in phase 0, then
+     * accumulated by the layers' backwards), the projection's gradient in the
+     * embedding's backward only; the other buffers for the whole step */
+    struct { int id; const char *name; size_t bytes; int first, last; } b[] = {
+        {G4_PLE_ALL, "gemma4.per_layer_inputs", (size_t)(N * L * P) * es, 0, eb},
+        {G4_PLE_DALL, "gemma4.per_layer_inputs_grad", (size_t)(N * L * P) * es, 0, eb},
+        {G4_PLE_TMP, "gemma4.per_layer_projection_grad", (size_t)(N * L * P) * es, eb, eb},
+        {G4_PLE_ROWRSTD, "gemma4.per_layer_projection_rstd", (size_t)(N * L) * f4 * (P > 0), 0, eb},
+        {G4_PLE_A, "gemma4.ple_gate", (size_t)(N * P) * es, 0, last},
+        {G4_PLE_B, "gemma4.ple_input", (size_t)(N * P) * es, 0, last},
+        {G4_PLE_C, "gemma4.ple_product", (size_t)(N * P) * es, 0, last},
+        {G4_PLE_D, "gemma4.ple_gate_grad", (size_t)(N * P) * es, 0, last},
+        {G4_PLE_E, "gemma4.ple_input_grad", (size_t)(N * P) * es, 0, last},
+        {G4_YMID, "gemma4.layer_output_before_ple", (size_t)(N * D) * es * (P > 0), 0, last},
+        {G4_O, "gemma4.ple_projection", (size_t)(N * D) * es * (P > 0), 0, last},
+        {G4_RSTD, "gemma4.ple_norm_rstd", (size_t)N * f4 * (P > 0), 0, last},
+        {G4_IDENT, "gemma4.identity", (size_t)(P * P) * es, 0, last},
+        {G4_VRSTD, "gemma4.v_norm_rstd", (size_t)(N * m->Hkv) * f4, 0, last},
+        {G4_VZERO, "gemma4.v_norm_zero_weight", (size_t)m->Dh * es, 0, last},
+        {G4_VDW, "gemma4.v_norm_weight_grad", (size_t)m->Dh * f4, 0, last},
+    };
+    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
+        if (b[i].bytes > 0)
+            MT_TRY(mt_plan_add(plan, b[i].name, MT_MEM_SCRATCH, b[i].bytes, b[i].first, b[i].last,
+                               &m->g4.id[b[i].id]));
+    if (m->cfg.num_kv_shared_layers > 0) {
+        static const char *const nm[4] = {"gemma4.shared_dk.local", "gemma4.shared_dv.local", "gemma4.shared_dk.global",
+                                          "gemma4.shared_dv.global"};
+        for (int i = 0; i < 4; i++)
+            MT_TRY(mt_plan_add(plan, nm[i], MT_MEM_SCRATCH, (size_t)(N * m->KVD) * es, ph_bwd(m, L - 1), ph_bwd(m, 0),
+                               &m->g4.id[G4_SKV_DK0 + i]));
+    }
+    return MT_OK;
+}
+
 mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan) {
     if (!m || !plan) return mt_set_error(MT_ERR_INVALID, "mt_model_add_to_plan: NULL argument");
     if (m->dec.on) return mtm_decode_add_to_plan(m, plan);
@@ -363,6 +447,7 @@ mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan) {
     MT_TRY(add_loss_buffers(m, plan));
     MT_TRY(add_scratch(m, plan));
     MT_TRY(add_remat_scratch(m, plan));
+    MT_TRY(add_gemma4(m, plan));
     MT_TRY(cp_add_to_plan(m, plan, ph_fwd(m, 0), ph_bwd(m, 0)));
     m->plan.planned = 1;
     m->host.planned = 0;
@@ -431,6 +516,7 @@ mt_status mt_model_bind(mt_model *m, const mt_arena *arena, const mt_plan *plan)
     }
     for (int i = 0; i < CP_COUNT; i++) MT_TRY(bind_one(arena, plan, m->cp.id[i], &m->cp.buf[i]));
     for (int i = 0; i < DEC_COUNT; i++) MT_TRY(bind_one(arena, plan, m->dec.id[i], &m->dec.buf[i]));
+    for (int i = 0; i < G4_COUNT; i++) MT_TRY(bind_one(arena, plan, m->g4.id[i], &m->g4.buf[i]));
     m->dec.len = 0; /* a new arena: the caches are empty */
     if (m->plan.gptr[GB_WORKSPACE])
         MT_TRY(m->be->ops->set_workspace(m->be, m->plan.gptr[GB_WORKSPACE], m->plan.ws_bytes));

@@ -12,6 +12,10 @@
 #   mt_need_python3         exit 77 (skipped) when python3 is not on PATH
 #   mt_need_hf_venv         venv=$MT_HF_VENV (default $src/.venv-hf), py=its python; exit 77
 #                           (skipped) when it cannot import tokenizers
+#   mt_need_hf5             py=the venv's python and PYTHONPATH (exported) starting with
+#                           $MT_HF5_OVERLAY (default $src/.venv-hf5-overlay): transformers
+#                           5.17 with Gemma 4 over the venv's torch (scripts/setup-hf5-overlay.sh);
+#                           exit 77 (skipped) when it cannot import Gemma4ForCausalLM
 #   mt_need_mpirun          exit 77 (skipped) when mpirun is not on PATH
 #   mt_need_tools NAME...   tools=paths of BUILD_DIR/tests/tools/NAME (in order); exit 1
 #                           naming the first that is not executable
@@ -73,6 +77,16 @@ mt_need_hf_venv() {
     py="$venv/bin/python"
     if ! "$py" -c "import tokenizers" 2>/dev/null; then
         echo "skip: no tokenizers in $venv (run scripts/setup-hf-venv.sh)"
+        exit 77
+    fi
+}
+
+mt_need_hf5() {
+    local venv5="${MT_HF_VENV:-$src/.venv-hf}" overlay="${MT_HF5_OVERLAY:-$src/.venv-hf5-overlay}"
+    py="$venv5/bin/python"
+    export PYTHONPATH="$overlay${PYTHONPATH:+:$PYTHONPATH}"
+    if ! "$py" -c "from transformers import Gemma4ForCausalLM" 2>/dev/null; then
+        echo "skip: no transformers 5 with Gemma 4 at $overlay over $venv5 (run scripts/setup-hf5-overlay.sh)"
         exit 77
     fi
 }

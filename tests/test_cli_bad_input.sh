@@ -94,6 +94,13 @@ expect_bad "missing data dir (new run)" "$tmp/nodata" -- train "$run" dataset_pa
 expect_bad "shard with wrong magic" "bad_magic/train_000.bin" "magic" -- train "$run" dataset_path="$tmp/bad_magic"
 expect_bad "truncated shard" "truncated/train_000.bin" -- train "$run" dataset_path="$tmp/truncated"
 expect_bad "token id beyond the vocabulary" "vocab_size" -- train "$run" dataset_path="$tmp/big_token"
+# gemma4 keys (issue 18): a sharing layer without a donor, a gemma4 key on another block
+cp "$(dirname "$0")/../configs/models/gemma4-e2b.yml" "$tmp/cfg/models/"
+expect_bad "gemma4: every layer shares KV" "num_kv_shared_layers=35" -- train "$run" model_name=gemma4-e2b \
+    num_kv_shared_layers=35
+expect_bad "gemma4: a global layer without a donor" "num_kv_shared_layers=34" "no earlier global layer" -- \
+    train "$run" model_name=gemma4-e2b num_kv_shared_layers=34
+expect_bad "gemma4 key on llama" "global_head_dim=64" "gemma4 key" -- train "$run" global_head_dim=64
 expect_bad "missing checkpoint" "$tmp/nockpt" -- train "$run" load_checkpoint="$tmp/nockpt"
 expect_bad "not key=value" "steps" -- train "$run" steps
 expect_bad "unknown command" "frobnicate" -- frobnicate "$run"

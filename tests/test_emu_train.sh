@@ -5,7 +5,7 @@
 #  - 20 steps of a tiny Llama and a tiny Gemma 2 (soft-caps, sliding window, tied
 #    embedding) on backend=cuda and backend=cpu: every step's loss within the bound below;
 #    3 steps of configs/models/llama3-tiny.yml (GQA 8/2, head_dim 32, llama3 RoPE) and
-#    gemma-tiny.yml (MQA, head_dim 64) likewise;
+#    gemma-tiny.yml (MQA, head_dim 64) likewise; 5 steps of a tiny Gemma 4 likewise;
 #  - 60 steps of the tiny Llama with dtype=bfloat16 on cuda within the band of float32 on
 #    cpu (tests/test_bf16_train.sh derives the band);
 #  - save and resume on cuda: resuming from step_5 gives steps 6..10 bitwise;
@@ -100,6 +100,32 @@ for m in llama3-tiny gemma-tiny; do
     mt_train "$m-cuda" "${args[@]}" backend=cuda || continue
     compare "$m-cpu" "$m-cuda" 3 4 8192
 done
+
+# 1c. gemma4 (issue 18, models/model_gemma4.c) on cuda against cpu: 5 steps of a tiny
+# model with KV sharing (layers 2-4 attend to 0 and 1), per-layer inputs, double-wide
+# MLPs and global head_dim 16 (the CUDA attention kernels take head_dim <= 256: Gemma 4's
+# 512 does not run on cuda yet). About 21 stages per layer (the 16 above plus the
+# per-layer input's gate, product, projection and norm and the layer_scalar): counted as
+# 7 layers of 16 for its 5; KMAX 128 (the double-wide MLP).
+cat > "$tmp/cfg/models/tiny-gemma4.yml" <<'YML'
+decoder_block: "gemma4"
+vocab_size: 64
+base_emb_dim: 32
+base_num_query_heads: 4
+base_num_kv_heads: 2
+head_dim: 8
+global_head_dim: 16
+base_mlp_dim: 64
+use_double_wide_mlp: true
+base_num_decoder_layers: 5
+num_kv_shared_layers: 3
+per_layer_input_dim: 4
+sliding_window_size: 4
+sliding_window_pattern: 2
+YML
+mt_train g4-cpu model_name=tiny-gemma4 steps=5 backend=cpu &&
+mt_train g4-cuda model_name=tiny-gemma4 steps=5 backend=cuda &&
+compare g4-cpu g4-cuda 5 7 128
 
 # 1b. dtype=bfloat16 on cuda (bf16 kernels, bf16 cuBLASLt GEMMs) against float32 on cpu,
 # 60 steps of the tiny Llama: the band of tests/test_bf16_train.sh (which derives it),

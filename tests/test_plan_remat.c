@@ -404,3 +404,90 @@ Test(plan_remat, zero1_job_is_the_trainers_plan) {
     cr_expect_eq(r4.total.params, r1.total.params);
 }
 
+
+/* ---- gemma4 (issue 18): backward memory bounded by construction ----
+ * gemma4-e2b at max_target_length 24576, per_device_batch_size 8 (the MaxText report of
+ * peak HBM past 400 GB), planned at 35 and 70 layers with the same 20 KV-sharing
+ * layers: the 35 added layers are 7 periods of 4 local + 1 global layer with their own
+ * K/V, and each period must cost exactly what layers 0-4 cost at 35 layers (their
+ * aligned "layers.<l>.*" entries), plus the parameter state of the added parameters
+ * (16 bytes each in fp32: parameters, gradients, AdamW m and v, and the AdamW segment
+ * table's 24 bytes per tensor; alignment aside), plus
+ * the added layers' share of the per-layer inputs and their gradient (2 x N x 256
+ * floats and N norm statistics per layer): nothing else may grow with depth. */
+typedef struct g4_point {
+    size_t peak, period, state, ple;
+    int64_t numel;
+    int donor_k_last, donor_v_last; /* last phase of layers.13.key_proj / value_proj (-1: none) */
+} g4_point;
+
+static g4_point g4_plan_at(mt_train_config *c, int64_t L) {
+    c->model.num_decoder_layers = L;
+    mt_memory_report r;
+    mt_plan *p = NULL;
+    cr_assert_eq(mt_memory_plan_rank(c, &r, &p, NULL), MT_OK, "%s", mt_last_error());
+    g4_point d = {r.peak, 0, 0, 0, 0, -1, -1};
+    char last[32];
+    snprintf(last, sizeof last, "layers.%lld.", (long long)(L - 1));
+    d.numel = mt_model_num_parameters(&c->model) + L; /* + the layer_scalar buffers */
+    for (int i = 0; i < mt_plan_count(p); i++) {
+        const mt_plan_entry *e = mt_plan_entry_get(p, i);
+        if (e->category == MT_MEM_PARAMS || e->category == MT_MEM_GRADS || e->category == MT_MEM_OPTIMIZER)
+            d.state += al(e->bytes);
+        if (strncmp(e->name, "layers.", 7) == 0 && e->name[7] >= '0' && e->name[7] <= '4' && e->name[8] == '.')
+            d.period += al(e->bytes);
+        if (strncmp(e->name, "gemma4.per_layer_inputs", 23) == 0 ||
+            strcmp(e->name, "gemma4.per_layer_projection_rstd") == 0)
+            d.ple += al(e->bytes);
+        /* a KV-sharing layer saves no K/V of its own */
+        if (strcmp(e->name, "layers.13.key_proj") == 0) d.donor_k_last = e->last;
+        if (strcmp(e->name, "layers.13.value_proj") == 0) d.donor_v_last = e->last;
+        if (strncmp(e->name, last, strlen(last)) == 0)
+            cr_expect(strstr(e->name, "key_proj") == NULL && strstr(e->name, "value_proj") == NULL &&
+                          strstr(e->name, "key_norm") == NULL,
+                      "sharing layer %lld has %s", (long long)(L - 1), e->name);
+    }
+    mt_plan_free(p);
+    return d;
+}
+
+/* keep_kv: the policy keeps key / value_proj (the donor's live until its own backward,
+ * else until the backward of layer 15, the first KV-sharing layer). */
+static void g4_check_depth(const char *policy, int keep_kv) {
+    mt_train_config c;
+    char base[512];
+    snprintf(base, sizeof base, "%s/configs/base.yml", MT_SOURCE_DIR);
+    char pol[64];
+    snprintf(pol, sizeof pol, "remat_policy=%s", policy);
+    const char *ov[] = {"model_name=gemma4-e2b", "max_target_length=24576", "per_device_batch_size=8", pol,
+                        "backend=cpu"};
+    cr_assert_eq(mt_train_config_load(&c, base, 5, ov), MT_OK, "%s", mt_last_error());
+    const g4_point a = g4_plan_at(&c, 35), b = g4_plan_at(&c, 70);
+    const int want_last = 2 * 35 + 1 - (keep_kv ? 13 : 15); /* models/model.h phases: backward of layer l = 2L + 1 - l */
+    cr_expect(a.donor_k_last == want_last && a.donor_v_last == want_last,
+              "%s: the local donor's K/V end in phases %d / %d, expected %d", policy, a.donor_k_last, a.donor_v_last,
+              want_last);
+    const int64_t N = 8 * 24576;
+    const size_t dstate = b.state - a.state, dple = b.ple - a.ple;
+    /* the parameter state: 16 bytes per added parameter and the AdamW segment table's 24
+     * per added tensor (17 in a layer with its own K/V and per-layer inputs), up to each
+     * entry's alignment */
+    const size_t want_state = 16 * (size_t)(b.numel - a.numel) + 24 * 17 * 35;
+    cr_expect(dstate >= want_state - 8 * MT_PLAN_ALIGN && dstate <= want_state + 8 * MT_PLAN_ALIGN,
+              "%s: parameter state grows by %zu, expected 16 x %lld", policy, dstate, (long long)(b.numel - a.numel));
+    const size_t want_ple = 35 * (size_t)N * (2 * 256 * 4 + 4);
+    cr_expect(dple >= want_ple && dple - want_ple < 3 * MT_PLAN_ALIGN, "%s: per-layer inputs grow by %zu, expected %zu",
+              policy, dple, want_ple);
+    cr_expect_eq(b.peak - a.peak, 7 * a.period + dstate + dple,
+                 "%s: 35 -> 70 layers adds %zu bytes, expected 7 periods x %zu + parameter state %zu + per-layer "
+                 "inputs %zu",
+                 policy, b.peak - a.peak, a.period, dstate, dple);
+    cr_log_info("gemma4-e2b %s: peak %.2f GiB at 35 layers, %.2f GiB at 70; a period of 5 layers keeps %.2f GiB",
+                policy, (double)a.peak / 1073741824.0, (double)b.peak / 1073741824.0,
+                (double)a.period / 1073741824.0);
+}
+
+Test(plan_remat, gemma4_e2b_depth_adds_a_constant_per_period) {
+    g4_check_depth("minimal_with_context", 1);
+    g4_check_depth("full", 0);
+}

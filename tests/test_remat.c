@@ -5,7 +5,7 @@
  * keeping everything: recomputation replays the forward's exact op sequence on the
  * same inputs, and offload copies bytes. fp32, CPU backend. Three decoders cover
  * every optional path (llama GQA; gemma2 post-norms, which save mlpwo, soft-caps and
- * sliding windows; gemma3 QK-norm). The plan must shrink by exactly the bytes not kept
+ * sliding windows; gemma3 QK-norm; gemma4 its whole layer, numbers only). The plan must shrink by exactly the bytes not kept
  * and grow by one layer's worth of scratch; the host pool holds exactly the
  * offloaded bytes. */
 #include <criterion/criterion.h>
@@ -35,6 +35,19 @@ static mt_model_config cfg_gemma3(void) {
     mt_model_config c = tu_tiny_gqa(MT_DECODER_GEMMA3, 31, 3);
     c.sliding_window_size = 3;
     c.sliding_window_pattern = 2;
+    return c;
+}
+
+/* gemma4 (models/model_gemma4.c): layers 1, 3 and 4 global (head dim 16, the others
+ * 8), the last three sharing K/V with layer 0 (local) and 1 (global), double-wide MLPs,
+ * per-layer inputs of 4. */
+static mt_model_config cfg_gemma4(void) {
+    mt_model_config c;
+    mt_model_config_defaults(&c, MT_DECODER_GEMMA4);
+    c.vocab_size = 41, c.emb_dim = 32, c.num_query_heads = 4, c.num_kv_heads = 2, c.head_dim = 8;
+    c.global_head_dim = 16, c.mlp_dim = 48, c.num_decoder_layers = 5, c.sliding_window_size = 3;
+    c.sliding_window_pattern = 2, c.num_kv_shared_layers = 3, c.use_double_wide_mlp = 1;
+    c.per_layer_input_dim = 4, c.final_logits_soft_cap = 3.0f;
     return c;
 }
 
@@ -255,6 +268,38 @@ Test(remat, gemma2_every_policy_bitwise) {
 Test(remat, gemma3_every_policy_bitwise) {
     mt_model_config c = cfg_gemma3();
     all_policies(&c, "gemma3");
+}
+
+/* gemma4: losses, gradients and parameters bitwise for every policy and the custom
+ * mixes. Its plan sizes are not tensor_bytes' (per-layer head dims and MLP widths, the
+ * donors' K/V kept whatever the policy) and it refuses parameter host offload, so only
+ * the numbers are compared here. */
+Test(remat, gemma4_every_policy_bitwise) {
+    mt_model_config c = cfg_gemma4();
+    cr_assert_eq(mt_model_config_validate(&c), MT_OK, "%s", mt_last_error());
+    mt_remat_policy keep = mt_remat_policy_keep_all();
+    run_out ref;
+    run(&c, &keep, &ref);
+    const mt_remat_action mix[MT_RT_COUNT] = {MT_RA_DEVICE, MT_RA_OFFLOAD, MT_RA_REMAT, MT_RA_DEVICE, MT_RA_OFFLOAD,
+                                             MT_RA_REMAT, MT_RA_DEVICE, MT_RA_OFFLOAD, MT_RA_OFFLOAD};
+    for (int k = 0; k <= MT_REMAT_POLICY_COUNT; k++) {
+        mt_remat_policy pol;
+        const char *name = k < MT_REMAT_POLICY_COUNT ? mt_remat_policy_name((mt_remat_policy_kind)k) : "custom mix";
+        cr_assert_eq(mt_remat_policy_resolve(k < MT_REMAT_POLICY_COUNT ? (mt_remat_policy_kind)k : MT_REMAT_CUSTOM,
+                                             k < MT_REMAT_POLICY_COUNT ? NULL : mix, &pol),
+                     MT_OK, "%s", mt_last_error());
+        run_out o;
+        run(&c, &pol, &o);
+        for (int s = 0; s < STEPS; s++)
+            cr_expect(memcmp(&o.loss[s], &ref.loss[s], sizeof(double)) == 0, "gemma4 %s: step %d loss %.17g vs %.17g",
+                      name, s + 1, o.loss[s], ref.loss[s]);
+        cr_expect(memcmp(o.grads, ref.grads, (size_t)o.numel * sizeof(float)) == 0, "gemma4 %s: gradients differ",
+                  name);
+        cr_expect(memcmp(o.params, ref.params, (size_t)o.numel * sizeof(float)) == 0,
+                  "gemma4 %s: parameters differ after %d steps", name, STEPS);
+        run_free(&o);
+    }
+    run_free(&ref);
 }
 
 /* MaxText's policy table (src/MaxText/layers/decoders.py get_remat_policy), spelled out here independently. */

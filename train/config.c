@@ -22,11 +22,11 @@ _Static_assert(sizeof(mt_activation) == sizeof(int), "enum keys are stored as in
 
 /* ---------------------------------------------------------------- key table ---- */
 
-static const char *const decoder_names[] = {"llama2", "gemma", "gemma2", "gemma3", NULL};
+static const char *const decoder_names[] = {"llama2", "gemma", "gemma2", "gemma3", "gemma4", NULL};
 static const int decoder_values[] = {MT_DECODER_LLAMA2, MT_DECODER_GEMMA, MT_DECODER_GEMMA2,
-                                     MT_DECODER_GEMMA3};
-static const char *const rope_names[] = {"default", "llama3", "linear", NULL};
-static const int rope_values[] = {MT_ROPE_DEFAULT, MT_ROPE_LLAMA3, MT_ROPE_LINEAR};
+                                     MT_DECODER_GEMMA3, MT_DECODER_GEMMA4};
+static const char *const rope_names[] = {"default", "llama3", "linear", "proportional", NULL};
+static const int rope_values[] = {MT_ROPE_DEFAULT, MT_ROPE_LLAMA3, MT_ROPE_LINEAR, MT_ROPE_PROPORTIONAL};
 static const char *const dtype_names[] = {"float32", "bfloat16", NULL};
 static const int dtype_values[] = {MT_F32, MT_BF16};
 static const char *const backend_names[] = {"auto", "cpu", "cuda", NULL};
@@ -197,7 +197,15 @@ static const mt_config_key mt_keys[] = {
              "RoPE base of local layers (gemma3); 0 = rope_max_timescale"),
     MKEY_BOOL("use_qk_norm", use_qk_norm, "RMSNorm on each query/key head (gemma3)"),
     MKEY_BOOL("use_post_attn_norm", use_post_attn_norm, "norm after attention (gemma2/3)"),
-    MKEY_BOOL("use_post_ffw_norm", use_post_ffw_norm, "norm after the MLP (gemma2/3)"),
+    MKEY_BOOL("use_post_ffw_norm", use_post_ffw_norm, "norm after the MLP (gemma2/3/4)"),
+    MKEY_INT("global_head_dim", global_head_dim, 0, "head_dim of global layers (gemma4); 0 = head_dim"),
+    MKEY_INT("num_kv_shared_layers", num_kv_shared_layers, 0,
+             "the last N layers reuse the K/V of the last earlier layer of their kind (gemma4)"),
+    MKEY_BOOL("use_double_wide_mlp", use_double_wide_mlp, "2 x base_mlp_dim on KV-sharing layers (gemma4)"),
+    MKEY_INT("per_layer_input_dim", per_layer_input_dim, 0,
+             "per-layer embedding width per layer (gemma4 hidden_size_per_layer_input); 0 = none"),
+    MKEY_FLT("rope_partial_rotary_factor", rope_partial_rotary_factor, 0,
+             "rope_type=proportional: share of the frequencies that rotate (gemma4 0.25)"),
 };
 
 #define MT_KEY_N ((int)(sizeof mt_keys / sizeof mt_keys[0]))
@@ -552,7 +560,10 @@ static const char *const checkpoint_model_keys[][2] = {
     {"rope_high_freq_factor", "rope_scaling.high_freq_factor"},
     {"rope_original_max_position", "rope_scaling.original_max_position_embeddings"},
     {"local_rope_max_timescale", "rope_local_base_freq"}, {"use_qk_norm", "model_type"},
-    {"use_post_attn_norm", "model_type"}, {"use_post_ffw_norm", "model_type"}, {NULL, NULL}};
+    {"use_post_attn_norm", "model_type"}, {"use_post_ffw_norm", "model_type"},
+    {"global_head_dim", "global_head_dim/per_layer_config"}, {"num_kv_shared_layers", "num_kv_shared_layers"},
+    {"use_double_wide_mlp", "use_double_wide_mlp"}, {"per_layer_input_dim", "hidden_size_per_layer_input"},
+    {"rope_partial_rotary_factor", "rope_parameters.full_attention.partial_rotary_factor"}, {NULL, NULL}};
 
 const char *mt_model_config_hf_field(const char *key) {
     for (int i = 0; key && checkpoint_model_keys[i][0]; i++)
@@ -575,6 +586,8 @@ static mt_model_config model_effective(const mt_model_config *c) {
     if (e.local_rope_max_timescale == e.rope_max_timescale && e.rope_type == MT_ROPE_DEFAULT)
         e.local_rope_max_timescale = 0;
     if (e.rope_type == MT_ROPE_DEFAULT) e.rope_factor = 0;
+    if (e.rope_type != MT_ROPE_PROPORTIONAL) e.rope_partial_rotary_factor = 0;
+    if (e.global_head_dim == e.head_dim) e.global_head_dim = 0;
     if (e.rope_type != MT_ROPE_LLAMA3)
         e.rope_low_freq_factor = e.rope_high_freq_factor = 0, e.rope_original_max_position = 0;
     return e;

@@ -302,10 +302,11 @@ static mt_status exact_peak(search *s, int64_t batch, const mt_remat_policy *p, 
 /* Device peak by depth extrapolation: every layer adds the same kept bytes and the
  * scratch is one layer's worth (tests/test_plan_remat.c checks that the plan is
  * additive in depth), so peak(L) = peak(3) + (L - 3) (peak(3) - peak(2)). The
- * frontier found this way is confirmed with exact plans afterwards. */
+ * frontier found this way is confirmed with exact plans afterwards. gemma4's layers are
+ * not alike (head dims, MLP widths, KV sharing by position): its peak is always exact. */
 static mt_status fast_peak(search *s, int64_t batch, const mt_remat_policy *p, double *peak) {
     const int64_t L = s->base->model.num_decoder_layers;
-    if (L <= 4) {
+    if (L <= 4 || s->base->model.decoder_block == MT_DECODER_GEMMA4) {
         mt_memory_report r;
         MT_TRY(exact_peak(s, batch, p, &r));
         *peak = (double)r.peak;

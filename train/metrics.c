@@ -13,9 +13,12 @@
 double mt_flops_per_token(const mt_model_config *c, int64_t seq) {
     const double n = (double)mt_model_num_parameters(c);
     const double vd = (double)c->vocab_size * (double)c->emb_dim;
-    const double n_emb = vd * (c->logits_via_embedding ? 1.0 : 2.0); /* embedding (+ untied lm_head) */
-    const double attn = 12.0 * (double)c->num_decoder_layers * (double)c->num_query_heads *
-                        (double)c->head_dim * (double)seq;
+    double n_emb = vd * (c->logits_via_embedding ? 1.0 : 2.0); /* embedding (+ untied lm_head) */
+    if (c->decoder_block == MT_DECODER_GEMMA4) /* the per-layer embedding table: a lookup */
+        n_emb += (double)c->vocab_size * (double)c->num_decoder_layers * (double)c->per_layer_input_dim;
+    double head_dims = 0.0; /* sum over the layers of the head dim (gemma4: global layers' own) */
+    for (int64_t l = 0; l < c->num_decoder_layers; l++) head_dims += (double)mt_model_layer_head_dim(c, l);
+    const double attn = 12.0 * (double)c->num_query_heads * head_dims * (double)seq;
     return 6.0 * (n - n_emb) + 6.0 * vd + attn; /* the logits matmul once, tied or not */
 }
 

@@ -53,7 +53,12 @@ typedef struct mt_step_metrics {
  * src/MaxText/maxtext_utils.py calculate_tflops_training_per_device ("embedding_flops"
  * = 2 B T D V, times 3). Attention 12 L H Dh T: PaLM's, causal masking and sliding
  * windows not discounted (MaxText halves it for the causal mask since 2025). Norm
- * scales count as weights (6 per element: < 0.01% of N). Units: FLOPs per token. */
+ * scales count as weights (6 per element: < 0.01% of N). gemma4: N_emb also counts
+ * the per-layer embedding table (vocab_size x L x per_layer_input_dim, a lookup), and
+ * L H Dh is the sum over the layers of H times each layer's head dim (global_head_dim on
+ * global layers; KV-sharing layers attend like the others): the convention above
+ * carried over, not MaxText's calculate_gemma4_small_tflops_training_per_device (not
+ * checked here). Units: FLOPs per token. */
 double mt_flops_per_token(const mt_model_config *c, int64_t seq);
 
 /* mfu = flops_per_token * tokens_per_s / peak, or NaN when peak <= 0. */

@@ -148,6 +148,11 @@ static void plan_table_saved(const mt_train_config *cfg, const mt_memory_report 
                  pol->action[t] == MT_RA_DEVICE ? "" : " (not on the device)");
         if (pol->action[t] == MT_RA_DEVICE && L > 0)
             snprintf(note, sizeof note, "device, %" PRId64 " layers x %zu", L, rt->saved[t] / (size_t)L);
+        if (pol->action[t] == MT_RA_DEVICE && L > 0 && cfg->model.decoder_block == MT_DECODER_GEMMA4)
+            snprintf(note, sizeof note, "device, %" PRId64 " layers of their own sizes", L); /* not alike */
+        if (pol->action[t] != MT_RA_DEVICE && rt->saved[t] > 0) /* gemma4's KV donors (models/model_plan.c) */
+            snprintf(note, sizeof note, "%s; the KV donors' kept for the sharing layers",
+                     mt_remat_action_name(pol->action[t]));
         if (t == MT_RT_MLPWO && !cfg->model.use_post_ffw_norm)
             snprintf(note, sizeof note, "never saved: no post-MLP norm needs it");
         print_bytes_row(label, &rl->saved[t], &rt->saved[t], note);

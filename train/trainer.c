@@ -101,7 +101,8 @@ mt_status mt_trainer_check_layout(const mt_train_config *cfg, const int dims[MT_
     lay.tensor_size = dims[MT_AXIS_TENSOR];
     lay.context_size = dims[MT_AXIS_CONTEXT];
     lay.fsdp_size = dims[MT_AXIS_FSDP];
-    return mt_model_check_dtype_layout(&lay);
+    MT_TRY(mt_model_check_dtype_layout(&lay));
+    return mt_model_check_block_layout(&cfg->model, &lay); /* gemma4: one process so far */
 }
 
 /* Axis sizes for planning without a process group: the world is the product of the

@@ -3,12 +3,14 @@
 (tests/test_hf_parity.sh; meshtrain's side is tests/tools/hf_parity.c).
 
 Runs in the environment made by scripts/setup-hf-venv.sh (pinned there: torch 2.5.1,
-transformers 4.57.6, safetensors 0.8.0). The models are transformers' own modelling
-classes (LlamaForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM),
-in float32 with the eager attention implementation.
+transformers 4.57.6, safetensors 0.8.0); the gemma4 family needs transformers 5.17 from
+scripts/setup-hf5-overlay.sh first on PYTHONPATH. The models are transformers' own
+modelling classes (LlamaForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM,
+Gemma3ForCausalLM, Gemma4ForCausalLM), in float32 with the eager attention
+implementation.
 
   hf_parity.py make ROOT FAMILY...   for each FAMILY (llama3 | gemma | gemma2 | gemma3 |
-      gemma3mm, a Gemma3ForConditionalGeneration whose text model meshtrain loads):
+      gemma3mm, a Gemma3ForConditionalGeneration whose text model meshtrain loads | gemma4):
       a tiny random model saved with save_pretrained (safetensors) to ROOT/FAMILY/hf;
       tokens and next-token labels (int32, -1 = ignored) to ROOT/FAMILY/mt/{tokens,
       labels}.bin; the reference outputs to ROOT/FAMILY/ref: logits.bin (float32
@@ -29,6 +31,10 @@ Tolerances (fp32 on both sides, the same math in a different order):
       hand-written in meshtrain and autograd in torch; both are fp32, and the
       difference is dominated by the softmax/soft-cap chains, well under 1e-4 in
       practice; 1e-3 is the issue's bound.
+  gemma4 is worse conditioned (attention scale 1.0 on normed q and k: scores of tens,
+      a sharp softmax): its logits differ by ~2e-5 relative, and so do transformers'
+      own float32 logits from its float64 ones (2.7e-5 measured on the gemma4 family),
+      still within 1e-4.
 """
 import json
 import os
@@ -86,6 +92,39 @@ def family_config(family):
             rope_scaling={"rope_type": "linear", "factor": 8.0},
             attn_logit_softcapping=None, final_logit_softcapping=None,
             tie_word_embeddings=True, **common)
+    if family == "gemma4":
+        # Gemma 4 (transformers 5.x, scripts/setup-hf5-overlay.sh): 7 layers, local
+        # (head_dim 16, window 5 < T) and global (global_head_dim 32, proportional RoPE
+        # with 4 of 16 frequencies) layers [s, s, f, s, s, f, f] (the last is global
+        # anyway), the last 3 sharing K/V with layers 3 (local) and 2 (global) and
+        # double-wide (96) MLPs, per-layer inputs of 8, a final soft-cap small enough to
+        # bend the logits, vocabulary 71 (3 tiles do not divide it). Scale 1.0 and
+        # plain-w norms are the model's own.
+        return transformers.Gemma4TextConfig(
+            vocab_size=71, vocab_size_per_layer_input=71, hidden_size=32, intermediate_size=48,
+            num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            global_head_dim=32, hidden_activation="gelu_pytorch_tanh", sliding_window=5,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2 + ["full_attention"],
+            num_kv_shared_layers=3, use_double_wide_mlp=True, hidden_size_per_layer_input=8,
+            final_logit_softcapping=1.5, tie_word_embeddings=True,
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                             "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                "rope_theta": 1000000.0}},
+            **common)
+    if family == "gemma4mm":
+        # Gemma 4 as published (Gemma4ForConditionalGeneration, model_type gemma4, the
+        # text model under text_config and model.language_model.*, tiny vision and audio
+        # towers beside it): meshtrain loads the text weights only. The multimodal
+        # forward needs a pad token (0, as published): nn.Embedding(padding_idx=0) gives
+        # row 0 no lookup gradient, so the inputs avoid token 0 (tokens_and_labels low).
+        text = family_config("gemma4").to_dict()
+        text["pad_token_id"] = 0
+        return transformers.Gemma4Config(
+            text_config=text,
+            vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               num_key_value_heads=2, head_dim=8, patch_size=4, position_embedding_size=64),
+            audio_config=dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                              subsampling_conv_channels=[8, 4], output_proj_dims=16))
     if family == "gemma3mm":
         # Gemma 3 as published (Gemma3ForConditionalGeneration, model_type gemma3, the
         # text model under text_config, a SigLIP vision tower): meshtrain loads the text
@@ -102,8 +141,10 @@ def family_config(family):
 MODEL_CLASSES = {
     "llama3": "LlamaForCausalLM", "gemma": "GemmaForCausalLM",
     "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
-    "gemma3mm": "Gemma3ForConditionalGeneration",
+    "gemma3mm": "Gemma3ForConditionalGeneration", "gemma4": "Gemma4ForCausalLM",
+    "gemma4mm": "Gemma4ForConditionalGeneration",
 }
+PLAIN_NORMS = ("llama3", "gemma4", "gemma4mm")  # RMSNorm scale w (the others: 1 + w)
 
 
 def text_name(name):
@@ -113,21 +154,25 @@ def text_name(name):
 
 def randomize(model, family, gen):
     """Weights that put every nonlinearity away from its linear regime: matrices
-    N(0, 0.16^2), norm scales moved off their init (Llama w = 1 + N(0, 0.2^2); Gemma,
-    whose norms scale by 1 + w, w = N(0, 0.2^2))."""
+    N(0, 0.16^2), norm scales moved off their init (Llama and Gemma 4 w = 1 + N(0, 0.2^2);
+    Gemma 1-3, whose norms scale by 1 + w, w = N(0, 0.2^2)); Gemma 4's layer_scalar
+    buffers U(0.5, 1.5)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
             if p.ndim == 2:
                 p.copy_(0.16 * noise)
-            elif family == "llama3":
+            elif family in PLAIN_NORMS:
                 p.copy_(1.0 + 0.2 * noise)
             else:
                 p.copy_(0.2 * noise)
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_(0.5 + torch.rand(b.shape, generator=gen, dtype=torch.float32))
 
 
-def tokens_and_labels(vocab, gen):
-    tokens = torch.randint(0, vocab, (B, T), generator=gen, dtype=torch.int64)
+def tokens_and_labels(vocab, gen, low=0):
+    tokens = torch.randint(low, vocab, (B, T), generator=gen, dtype=torch.int64)
     labels = torch.empty_like(tokens)
     labels[:, :-1] = tokens[:, 1:]
     labels[:, -1] = torch.randint(0, vocab, (B,), generator=gen)
@@ -143,7 +188,8 @@ def write(path, array):
 
 def cmd_make(family, root):
     torch.manual_seed(0)
-    gen = torch.Generator().manual_seed({"llama3": 11, "gemma": 12, "gemma2": 13, "gemma3": 14, "gemma3mm": 15}[family])
+    gen = torch.Generator().manual_seed({"llama3": 11, "gemma": 12, "gemma2": 13, "gemma3": 14, "gemma3mm": 15,
+                                         "gemma4": 16, "gemma4mm": 17}[family])
     cfg = family_config(family)
     cls = getattr(transformers, MODEL_CLASSES[family])
     model = cls(cfg).to(torch.float32)
@@ -154,6 +200,8 @@ def cmd_make(family, root):
     for d in (mt_dir, ref_dir):
         os.makedirs(d, exist_ok=True)
     model.save_pretrained(hf_dir, safe_serialization=True)
+    if family == "gemma4mm":
+        add_shared_kv(hf_dir, cfg.get_text_config(), gen)
     # The same weights as transformers shards them (model.safetensors.index.json), and
     # in bfloat16 / float16 next to their exact float32 values: meshtrain must load
     # each pair to bitwise the same parameters (tests/tools/hf_parity same).
@@ -166,7 +214,8 @@ def cmd_make(family, root):
         low.to(torch.float32).save_pretrained(os.path.join(root, f"hf_{tag}_f32"), safe_serialization=True)
 
     vocab = cfg.get_text_config().vocab_size
-    tokens, labels = tokens_and_labels(vocab - 3 if family == "gemma3mm" else vocab, gen)  # no image tokens
+    tokens, labels = tokens_and_labels(vocab - 3 if family == "gemma3mm" else vocab, gen,
+                                       1 if family == "gemma4mm" else 0)  # no image tokens, no pad token
     write(os.path.join(mt_dir, "tokens.bin"), tokens.numpy().astype("<i4"))
     write(os.path.join(mt_dir, "labels.bin"), labels.numpy().astype("<i4"))
 
@@ -186,6 +235,24 @@ def cmd_make(family, root):
         names.append(text_name(name))
     with open(os.path.join(ref_dir, "params.json"), "w") as f:
         json.dump({"family": family, "names": names, "vocab": vocab}, f)
+
+
+def add_shared_kv(hf_dir, text, gen):
+    """The published Gemma 4 files carry k_proj / v_proj / k_norm for the KV-sharing
+    layers too (transformers ignores them on load): add random ones to the saved file,
+    which meshtrain must ignore as well."""
+    from safetensors.torch import load_file, save_file
+    path = os.path.join(hf_dir, "model.safetensors")
+    tensors = load_file(path)
+    L, shared = text.num_hidden_layers, text.num_kv_shared_layers
+    for i in range(L - shared, L):
+        dh = text.per_layer_config[i].head_dim  # transformers 5.17: head_dim is per layer
+        kvd = text.per_layer_config[i].num_key_value_heads * dh
+        pre = f"model.language_model.layers.{i}.self_attn."
+        tensors[pre + "k_proj.weight"] = torch.randn((kvd, text.hidden_size), generator=gen)
+        tensors[pre + "v_proj.weight"] = torch.randn((kvd, text.hidden_size), generator=gen)
+        tensors[pre + "k_norm.weight"] = torch.randn((dh,), generator=gen)
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
 def rel(a, b):

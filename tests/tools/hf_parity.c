@@ -147,6 +147,7 @@ static int cmd_run(const char *hfdir, const char *outdir, int64_t b, int64_t t, 
     rc |= write_bin(outdir, "loss.bin", loss, sizeof loss);
     for (int i = 0; i < mt_model_param_count(h.m); i++) {
         const mt_param_info *p = mt_model_param(h.m, i);
+        if (p->buffer) continue; /* transformers' buffers have no gradient */
         char name[256];
         snprintf(name, sizeof(name), "grad.%s.bin", p->name);
         rc |= write_bin(outdir, name, grads + p->offset, (size_t)p->numel * sizeof(float));
@@ -181,6 +182,8 @@ static int config_diff(const mt_model_config *a, const mt_model_config *b) {
     HP_I(logits_via_embedding) HP_F(final_logits_soft_cap) HP_F(attn_logits_soft_cap) HP_I(sliding_window_size)
     HP_I(sliding_window_pattern) HP_F(query_pre_attn_scalar) HP_F(rope_max_timescale) HP_I(rope_type)
     HP_I(use_qk_norm) HP_I(use_post_attn_norm) HP_I(use_post_ffw_norm) HP_F(local_rope_max_timescale)
+    HP_I(global_head_dim) HP_I(num_kv_shared_layers) HP_I(use_double_wide_mlp) HP_I(per_layer_input_dim)
+    HP_F(rope_partial_rotary_factor)
     if (a->rope_type != MT_ROPE_DEFAULT) { HP_F(rope_factor) }
     if (a->rope_type == MT_ROPE_LLAMA3) {
         HP_F(rope_low_freq_factor) HP_F(rope_high_freq_factor) HP_I(rope_original_max_position)

@@ -1,0 +1,402 @@
+/* models/model_gemma4.c: the Gemma 4 decoder layer and its per-layer inputs, forward
+ * and backward (transformers models/gemma4/modeling_gemma4.py, 5.17:
+ * Gemma4TextDecoderLayer, Gemma4TextAttention, Gemma4TextModel.get_per_layer_inputs /
+ * project_per_layer_inputs).
+ *
+ * Layer l, N rows, Dh / QD / KVD / F of the layer (global layers have global_head_dim,
+ * KV-sharing layers 2 x mlp_dim with use_double_wide_mlp), every RMSNorm with plain w:
+ *   n1 = input_layernorm(x)
+ *   q  = rope(q_norm(n1 Wq^T))
+ *   own K/V:  k = rope(k_norm(n1 Wk^T)), v = v_norm(n1 Wv^T) (v_norm: no weight)
+ *   sharing:  k, v = the donor's (the last earlier layer of the same kind), as saved
+ *   c  = attention(q, k, v), scale 1.0, window on local layers
+ *   h  = x + post_attention_layernorm(c Wo^T)
+ *   y1 = h + post_feedforward_layernorm(down(gelu(gate(n2)) up(n2))), n2 = pre_feedforward_layernorm(h)
+ *   y2 = y1 + post_per_layer_input_norm(per_layer_projection(gelu(per_layer_input_gate(y1)) * P_l))
+ *   y  = y2 * layer_scalar
+ * and before the layers, from the scaled embedding x0 and the tokens:
+ *   P = (RMSNorm_P(reshape(x0 Wplmp^T * D^-0.5, [N, L, P])) + E_ple[tokens] * sqrt(P)) * 2^-0.5
+ * P_l = P[:, l, :] is a strided column block of the [N, L*P] buffer: it is copied out
+ * (and its gradient back in) by a GEMM with a [P, P] identity, which is exact (one
+ * product by 1 and sums with exact zeros).
+ *
+ * Gradients: a sharing layer's dK / dV (with respect to the donor's post-RoPE K and
+ * post-norm V) are summed into an accumulator per kind, which the donor's backward
+ * adds to its own before the RoPE / norm backward: every sharing layer's gradient
+ * reaches the donor's projections. layer_scalar gets none (a buffer in transformers).
+ * The donor's key_proj / value_proj are kept from its forward to its backward
+ * whatever the remat policy (model_plan.c), since the sharing layers read them in
+ * between. */
+#include "models/model_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define G4B(m, i) ((m)->g4.buf[i])
+
+static int64_t g4_dh(const mt_model *m, int64_t l) { return mt_model_layer_head_dim(&m->cfg, l); }
+static int64_t g4_f(const mt_model *m, int64_t l) { return mt_model_layer_mlp_dim(&m->cfg, l); }
+static int g4_kind(const mt_model *m, int64_t l) { return mt_model_layer_is_local(&m->cfg, l) ? 0 : 1; }
+
+int mtm_g4_is_donor(const mt_model *m, int64_t l) {
+    const int64_t L = m->cfg.num_decoder_layers;
+    for (int64_t s = L - m->cfg.num_kv_shared_layers; s < L; s++)
+        if (mt_model_layer_kv_donor(&m->cfg, s) == l) return 1;
+    return 0;
+}
+
+/* dst[N, P] = all[:, l*P : (l+1)*P] of all [N, L*P] (GEMM with the identity). */
+static mt_status ple_slice(mt_model *m, void *dst, const void *all, int64_t l) {
+    const int64_t N = m->N, P = m->g4.P, LP = m->cfg.num_decoder_layers * P;
+    return m->be->ops->gemm(m->be, 0, 0, N, P, P, 1.0f, AT(m, all, l * P), LP, G4B(m, G4_IDENT), P, m->dt, 0.0f,
+                            dst, P, m->dt);
+}
+
+/* all[:, l*P : (l+1)*P] += src[N, P]. */
+static mt_status ple_unslice_add(mt_model *m, void *all, const void *src, int64_t l) {
+    const int64_t N = m->N, P = m->g4.P, LP = m->cfg.num_decoder_layers * P;
+    return m->be->ops->gemm(m->be, 0, 0, N, P, P, 1.0f, src, P, G4B(m, G4_IDENT), P, m->dt, 1.0f,
+                            AT(m, all, l * P), LP, m->dt);
+}
+
+/* y[N*D] = x[N*D] * s[0] with s the layer_scalar parameter (a [1] tensor in backend
+ * memory): a GEMM [N*D, 1] x [1, 1], one exact product per element. */
+static mt_status times_scalar(mt_model *m, void *y, const void *x, int pi) {
+    return m->be->ops->gemm(m->be, 0, 0, m->N * m->D, 1, 1, 1.0f, x, 1, mtm_pw(m, pi), 1, m->dt, 0.0f, y, 1, m->dt);
+}
+
+/* ------------------------------------------------------------------ per-layer inputs */
+
+mt_status mtm_g4_inputs_forward(mt_model *m) {
+    mt_backend *be = m->be;
+    MT_TRY(be->ops->zero(be, G4B(m, G4_VZERO), (size_t)m->Dh * m->es));
+    if (m->g4.P == 0) return MT_OK;
+    const int64_t N = m->N, D = m->D, P = m->g4.P, L = m->cfg.num_decoder_layers, LP = L * P;
+    const size_t nlp = (size_t)(N * LP);
+    if (!m->g4.ident_host) { /* the [P, P] identity of the activation dtype (bf16 one: 0x3f80) */
+        m->g4.ident_host = calloc((size_t)(P * P), m->es);
+        if (!m->g4.ident_host) return mt_set_error(MT_ERR_OOM, "gemma4: out of memory");
+        for (int64_t i = 0; i < P; i++) {
+            if (m->es == sizeof(float)) ((float *)m->g4.ident_host)[i * P + i] = 1.0f;
+            else ((uint16_t *)m->g4.ident_host)[i * P + i] = 0x3f80;
+        }
+    }
+    MT_TRY(be->ops->copy_to_device(be, G4B(m, G4_IDENT), m->g4.ident_host, (size_t)(P * P) * m->es));
+    const void *x0 = m->plan.lptr[0][MT_LT_DECODER_LAYER_INPUT];
+    void *all = G4B(m, G4_PLE_ALL), *tmp = G4B(m, G4_PLE_DALL);
+    /* per_layer_model_projection(inputs_embeds) * hidden_size**-0.5, normed per layer */
+    MT_TRY(linear_fwd(m, tmp, x0, mtm_pw(m, m->par.ple_model_proj), N, D, LP, 0.0f));
+    MT_TRY(be->ops->scale(be, tmp, (float)(1.0 / sqrt((double)D)), (int64_t)nlp, m->dt));
+    MT_TRY(be->ops->rmsnorm_fwd(be, all, G4B(m, G4_PLE_ROWRSTD), tmp, mtm_pw(m, m->par.ple_proj_norm), N * L, P, m->eps,
+                                m->w_off, m->dt));
+    /* + embed_tokens_per_layer(ids) * sqrt(hidden_size_per_layer_input), then * 2**-0.5 */
+    MT_TRY(be->ops->embedding_fwd(be, tmp, mtm_pw(m, m->par.ple_embed), (const int32_t *)m->plan.gptr[GB_TOKENS], N, LP,
+                                  (float)sqrt((double)P), m->dt));
+    MT_TRY(be->ops->axpy(be, all, tmp, 1.0f, (int64_t)nlp, m->dt));
+    return be->ops->scale(be, all, (float)(1.0 / sqrt(2.0)), (int64_t)nlp, m->dt);
+}
+
+mt_status mtm_g4_backward_begin(mt_model *m) {
+    mt_backend *be = m->be;
+    const size_t kv = (size_t)(m->N * m->KVD) * m->es;
+    for (int i = G4_SKV_DK0; i <= G4_SKV_DV1; i++)
+        if (G4B(m, i)) MT_TRY(be->ops->zero(be, G4B(m, i), kv));
+    if (m->g4.P > 0)
+        MT_TRY(be->ops->zero(be, G4B(m, G4_PLE_DALL),
+                             (size_t)(m->N * m->cfg.num_decoder_layers * m->g4.P) * m->es));
+    return MT_OK;
+}
+
+mt_status mtm_g4_inputs_backward(mt_model *m, void *G) {
+    if (m->g4.P == 0) return MT_OK;
+    mt_backend *be = m->be;
+    const int64_t N = m->N, D = m->D, P = m->g4.P, L = m->cfg.num_decoder_layers, LP = L * P, V = m->V;
+    const size_t nlp = (size_t)(N * LP);
+    const float dscale = (float)(1.0 / sqrt((double)D));
+    const void *x0 = m->plan.lptr[0][MT_LT_DECODER_LAYER_INPUT];
+    void *all = G4B(m, G4_PLE_ALL), *dall = G4B(m, G4_PLE_DALL), *dproj = G4B(m, G4_PLE_TMP);
+    /* d(sum) = dP * 2**-0.5 reaches both the scaled per-layer embedding and the norm */
+    MT_TRY(be->ops->scale(be, dall, (float)(1.0 / sqrt(2.0)), (int64_t)nlp, m->dt));
+    MT_TRY(be->ops->embedding_bwd(be, mtm_gw(m, m->par.ple_embed), dall, (const int32_t *)m->plan.gptr[GB_TOKENS], N, V,
+                                  LP, (float)sqrt((double)P), m->dt));
+    /* the projection before its norm, recomputed (the forward's op sequence) */
+    MT_TRY(linear_fwd(m, all, x0, mtm_pw(m, m->par.ple_model_proj), N, D, LP, 0.0f));
+    MT_TRY(be->ops->scale(be, all, dscale, (int64_t)nlp, m->dt));
+    MT_TRY(be->ops->zero(be, dproj, nlp * m->es));
+    MT_TRY(be->ops->rmsnorm_bwd(be, dproj, mtm_gw(m, m->par.ple_proj_norm), dall, all, mtm_pw(m, m->par.ple_proj_norm),
+                                G4B(m, G4_PLE_ROWRSTD), N * L, P, m->w_off, m->dt));
+    MT_TRY(be->ops->scale(be, dproj, dscale, (int64_t)nlp, m->dt));
+    MT_TRY(linear_bwd_w(m, mtm_gw(m, m->par.ple_model_proj), dproj, x0, N, D, LP));
+    return linear_bwd_x(m, G, dproj, mtm_pw(m, m->par.ple_model_proj), N, D, LP, 1.0f);
+}
+
+/* ------------------------------------------------------------------ the layer */
+
+/* A donor's key or value_proj that the policy does not keep: its plan entry ends with
+ * the sharing layers' backwards (model_plan.c add_saved), and its own backward takes
+ * it from the remat scratch, recomputed or restored as the policy says. */
+static int g4_donor_released(const mt_model *m, int64_t l, int j) {
+    return (j == MT_LT_KEY_PROJ || j == MT_LT_VALUE_PROJ) && mtm_act_action(m, j) != MT_RA_DEVICE &&
+           mtm_g4_is_donor(m, l);
+}
+
+/* Where layer l's tensors are; a sharing layer's key / value_proj are its donor's. */
+static void g4_ptrs(const mt_model *m, int64_t l, int fwd, void *a[MT_LT_COUNT]) {
+    mtm_layer_ptrs(m, l, fwd, a);
+    const int64_t d = mt_model_layer_kv_donor(&m->cfg, l);
+    if (d >= 0) {
+        a[MT_LT_KEY_PROJ] = m->plan.lptr[d][MT_LT_KEY_PROJ];
+        a[MT_LT_VALUE_PROJ] = m->plan.lptr[d][MT_LT_VALUE_PROJ];
+    }
+    for (int j = MT_LT_KEY_PROJ; !fwd && j <= MT_LT_VALUE_PROJ; j++) /* adjacent in mt_layer_tensor */
+        if (g4_donor_released(m, l, j)) a[j] = m->remat.bwd[j];
+}
+
+/* Recomputed in the backward: a named tensor the policy does not keep and the plan
+ * did not keep anyway, or a donor's released K/V (g4_donor_released). */
+static int g4_recompute(const mt_model *m, int64_t l, int j) {
+    return mtm_la_is_remat(m, j) && (m->plan.lid[l][j] < 0 || g4_donor_released(m, l, j));
+}
+
+/* q = rope(q_norm(n1 Wq^T)) into a[QUERY_PROJ] (tmp [N, QD] scratch). */
+static mt_status g4_q_fwd(mt_model *m, int64_t l, void *a[MT_LT_COUNT], const void *n1, void *tmp) {
+    mt_backend *be = m->be;
+    const layer_params *lp = &m->par.layer[l];
+    const int64_t N = m->N, D = m->D, H = m->H, Dh = g4_dh(m, l), QD = H * Dh;
+    MT_TRY(linear_fwd(m, tmp, n1, mtm_pw(m, lp->q), N, D, QD, 0.0f));
+    MT_TRY(be->ops->rmsnorm_fwd(be, a[MT_LT_QUERY_PROJ], a[MT_LT_QUERY_NORM_RSTD], tmp, mtm_pw(m, lp->q_norm), N * H, Dh,
+                                m->eps, m->w_off, m->dt));
+    return be->ops->rope_fwd(be, a[MT_LT_QUERY_PROJ], mtm_rope_positions(m), mtm_layer_inv_freq(m, l), N, H, Dh, m->dt);
+}
+
+/* k = rope(k_norm(n1 Wk^T)) into a[KEY_PROJ] (when want_k), v = v_norm(n1 Wv^T) into
+ * a[VALUE_PROJ] (when want_v; its statistics into G4_VRSTD). */
+static mt_status g4_kv_fwd(mt_model *m, int64_t l, void *a[MT_LT_COUNT], const void *n1, void *tmp, int want_k,
+                           int want_v) {
+    mt_backend *be = m->be;
+    const layer_params *lp = &m->par.layer[l];
+    const int64_t N = m->N, D = m->D, Hkv = m->Hkv, Dh = g4_dh(m, l), KVD = Hkv * Dh;
+    if (want_k) {
+        MT_TRY(linear_fwd(m, tmp, n1, mtm_pw(m, lp->k), N, D, KVD, 0.0f));
+        MT_TRY(be->ops->rmsnorm_fwd(be, a[MT_LT_KEY_PROJ], a[MT_LT_KEY_NORM_RSTD], tmp, mtm_pw(m, lp->k_norm), N * Hkv,
+                                    Dh, m->eps, m->w_off, m->dt));
+        MT_TRY(be->ops->rope_fwd(be, a[MT_LT_KEY_PROJ], mtm_rope_positions(m), mtm_layer_inv_freq(m, l), N, Hkv, Dh,
+                                 m->dt));
+    }
+    if (want_v) {
+        MT_TRY(linear_fwd(m, tmp, n1, mtm_pw(m, lp->v), N, D, KVD, 0.0f));
+        MT_TRY(be->ops->rmsnorm_fwd(be, a[MT_LT_VALUE_PROJ], G4B(m, G4_VRSTD), tmp, G4B(m, G4_VZERO), N * Hkv, Dh,
+                                    m->eps, 1.0f, m->dt));
+    }
+    return MT_OK;
+}
+
+/* y += post_per_layer_input_norm(per_layer_projection(gelu(per_layer_input_gate(y)) *
+ * P_l)); out [N, D] scratch for the norm's output. */
+static mt_status g4_ple_fwd(mt_model *m, int64_t l, void *y, void *out) {
+    mt_backend *be = m->be;
+    const layer_params *lp = &m->par.layer[l];
+    const int64_t N = m->N, D = m->D, P = m->g4.P;
+    MT_TRY(linear_fwd(m, G4B(m, G4_PLE_A), y, mtm_pw(m, lp->ple_gate), N, D, P, 0.0f));
+    MT_TRY(ple_slice(m, G4B(m, G4_PLE_B), G4B(m, G4_PLE_ALL), l));
+    MT_TRY(be->ops->glu_fwd(be, G4B(m, G4_PLE_C), G4B(m, G4_PLE_A), G4B(m, G4_PLE_B), N * P, m->cfg.mlp_activation,
+                            m->dt));
+    MT_TRY(linear_fwd(m, G4B(m, G4_O), G4B(m, G4_PLE_C), mtm_pw(m, lp->ple_proj), N, P, D, 0.0f));
+    MT_TRY(be->ops->rmsnorm_fwd(be, out, G4B(m, G4_RSTD), G4B(m, G4_O), mtm_pw(m, lp->ple_norm), N, D, m->eps,
+                                m->w_off, m->dt));
+    return be->ops->axpy(be, y, out, 1.0f, N * D, m->dt);
+}
+
+mt_status mtm_g4_layer_forward(mt_model *m, int64_t l) {
+    mt_backend *be = m->be;
+    const layer_params *lp = &m->par.layer[l];
+    void *a[MT_LT_COUNT];
+    g4_ptrs(m, l, 1, a);
+    const int64_t N = m->N, D = m->D, Dh = g4_dh(m, l), QD = m->H * Dh, F = g4_f(m, l);
+    const size_t ND = (size_t)(N * D) * m->es;
+    void *nrm = m->plan.gptr[GB_FWD_NORM], *res = m->plan.gptr[GB_FWD_RESID];
+    void *tmp = m->plan.gptr[GB_FWD_TMP], *glu = m->plan.gptr[GB_FWD_GLU];
+    const void *x = a[MT_LT_DECODER_LAYER_INPUT];
+    void *y = l + 1 < m->cfg.num_decoder_layers ? m->plan.lptr[l + 1][MT_LT_DECODER_LAYER_INPUT]
+                                                : m->plan.gptr[GB_FINAL_INPUT];
+    /* attention */
+    MT_TRY(mtm_norm_gather(m, nrm, a[MT_LT_INPUT_NORM_RSTD], x, lp->in_norm));
+    MT_TRY(g4_q_fwd(m, l, a, nrm, tmp));
+    if (mt_model_layer_kv_donor(&m->cfg, l) < 0) MT_TRY(g4_kv_fwd(m, l, a, nrm, tmp, 1, 1));
+    MT_TRY(mtm_cp_attention_fwd(m, l, a[MT_LT_CONTEXT], a[MT_LT_CONTEXT_LSE], a[MT_LT_QUERY_PROJ], a[MT_LT_KEY_PROJ],
+                                a[MT_LT_VALUE_PROJ]));
+    MT_TRY(mtm_row_fwd(m, a[MT_LT_OUT_PROJ], a[MT_LT_CONTEXT], lp->o, QD, QD, 0.0f, tmp, NULL));
+    MT_TRY(be->ops->rmsnorm_fwd(be, tmp, a[MT_LT_POST_ATTN_NORM_RSTD], a[MT_LT_OUT_PROJ], mtm_pw(m, lp->post_attn_norm),
+                                N, D, m->eps, m->w_off, m->dt));
+    /* MLP */
+    MT_TRY(mtm_add_norm_gather(m, res, nrm, a[MT_LT_PRE_MLP_NORM_RSTD], x, tmp, lp->pre_mlp_norm));
+    MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_0], nrm, mtm_pw(m, lp->gate), N, D, F, 0.0f));
+    MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_1], nrm, mtm_pw(m, lp->up), N, D, F, 0.0f));
+    MT_TRY(be->ops->glu_fwd(be, glu, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
+    MT_TRY(mtm_row_fwd(m, a[MT_LT_MLPWO], glu, lp->down, F, F, 0.0f, nrm, NULL));
+    MT_TRY(be->ops->rmsnorm_fwd(be, tmp, a[MT_LT_POST_FFW_NORM_RSTD], a[MT_LT_MLPWO], mtm_pw(m, lp->post_ffw_norm), N, D,
+                                m->eps, m->w_off, m->dt));
+    MT_TRY(be->ops->copy(be, y, res, ND));
+    MT_TRY(be->ops->axpy(be, y, tmp, 1.0f, N * D, m->dt));
+    /* per-layer input, then layer_scalar */
+    if (m->g4.P > 0) MT_TRY(g4_ple_fwd(m, l, y, tmp));
+    MT_TRY(be->ops->copy(be, res, y, ND));
+    MT_TRY(times_scalar(m, y, res, lp->scalar));
+    return mtm_layer_offload(m, l, a);
+}
+
+/* The attention tensors the backward needs and did not keep, from decoder_layer_input
+ * with the forward's op sequence (bitwise the forward's values). Uses nrm and tmp. */
+static mt_status g4_recompute_attn(mt_model *m, int64_t l, void *a[MT_LT_COUNT], void *nrm, void *tmp) {
+    const layer_params *lp = &m->par.layer[l];
+    const int own = mt_model_layer_kv_donor(&m->cfg, l) < 0;
+    const int rq = g4_recompute(m, l, MT_LT_QUERY_PROJ);
+    const int rk = own && g4_recompute(m, l, MT_LT_KEY_PROJ), rv = own && g4_recompute(m, l, MT_LT_VALUE_PROJ);
+    const int64_t QD = m->H * g4_dh(m, l);
+    if (rq || rk || rv)
+        MT_TRY(mtm_norm_gather(m, nrm, a[MT_LT_INPUT_NORM_RSTD], a[MT_LT_DECODER_LAYER_INPUT], lp->in_norm));
+    if (rq) MT_TRY(g4_q_fwd(m, l, a, nrm, tmp));
+    if (rk || rv) MT_TRY(g4_kv_fwd(m, l, a, nrm, tmp, rk, rv));
+    if (g4_recompute(m, l, MT_LT_CONTEXT))
+        MT_TRY(mtm_cp_attention_fwd(m, l, a[MT_LT_CONTEXT], a[MT_LT_CONTEXT_LSE], a[MT_LT_QUERY_PROJ],
+                                    a[MT_LT_KEY_PROJ], a[MT_LT_VALUE_PROJ]));
+    if (g4_recompute(m, l, MT_LT_OUT_PROJ))
+        MT_TRY(mtm_row_fwd(m, a[MT_LT_OUT_PROJ], a[MT_LT_CONTEXT], lp->o, QD, QD, 0.0f, nrm, NULL));
+    return MT_OK;
+}
+
+/* Backward of the per-layer input: on entry G = dloss/dy2, res = h and a[MLPWO] (with
+ * its norm statistics) as the forward had them; on exit G = dloss/dy1, the gate /
+ * projection / norm gradients added and dP_l added into G4_PLE_DALL. d1, d2 [N, D]
+ * scratch. */
+static mt_status g4_ple_bwd(mt_model *m, int64_t l, void *a[MT_LT_COUNT], void *G, const void *res, void *d1,
+                            void *d2) {
+    mt_backend *be = m->be;
+    const layer_params *lp = &m->par.layer[l];
+    const int64_t N = m->N, D = m->D, P = m->g4.P;
+    void *ymid = G4B(m, G4_YMID), *o = G4B(m, G4_O);
+    void *pa = G4B(m, G4_PLE_A), *pb = G4B(m, G4_PLE_B), *pc = G4B(m, G4_PLE_C);
+    void *pd = G4B(m, G4_PLE_D), *pe = G4B(m, G4_PLE_E);
+    /* recompute y1 = h + post_feedforward_layernorm(mlpwo), then the gate, input, product, projection */
+    MT_TRY(be->ops->rmsnorm_fwd(be, d2, a[MT_LT_POST_FFW_NORM_RSTD], a[MT_LT_MLPWO], mtm_pw(m, lp->post_ffw_norm), N, D,
+                                m->eps, m->w_off, m->dt));
+    MT_TRY(be->ops->copy(be, ymid, res, (size_t)(N * D) * m->es));
+    MT_TRY(be->ops->axpy(be, ymid, d2, 1.0f, N * D, m->dt));
+    MT_TRY(linear_fwd(m, pa, ymid, mtm_pw(m, lp->ple_gate), N, D, P, 0.0f));
+    MT_TRY(ple_slice(m, pb, G4B(m, G4_PLE_ALL), l));
+    MT_TRY(be->ops->glu_fwd(be, pc, pa, pb, N * P, m->cfg.mlp_activation, m->dt));
+    MT_TRY(linear_fwd(m, o, pc, mtm_pw(m, lp->ple_proj), N, P, D, 0.0f));
+    MT_TRY(be->ops->rmsnorm_fwd(be, d2, G4B(m, G4_RSTD), o, mtm_pw(m, lp->ple_norm), N, D, m->eps, m->w_off, m->dt));
+    /* backward */
+    MT_TRY(be->ops->zero(be, d1, (size_t)(N * D) * m->es));
+    MT_TRY(be->ops->rmsnorm_bwd(be, d1, mtm_gw(m, lp->ple_norm), G, o, mtm_pw(m, lp->ple_norm), G4B(m, G4_RSTD), N, D,
+                                m->w_off, m->dt));
+    MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->ple_proj), d1, pc, N, P, D));
+    MT_TRY(linear_bwd_x(m, pc, d1, mtm_pw(m, lp->ple_proj), N, P, D, 0.0f));
+    MT_TRY(be->ops->glu_bwd(be, pd, pe, pc, pa, pb, N * P, m->cfg.mlp_activation, m->dt));
+    MT_TRY(ple_unslice_add(m, G4B(m, G4_PLE_DALL), pe, l));
+    MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->ple_gate), pd, ymid, N, D, P));
+    return linear_bwd_x(m, G, pd, mtm_pw(m, lp->ple_gate), N, D, P, 1.0f);
+}
+
+mt_status mtm_g4_layer_backward(mt_model *m, int64_t l) {
+    mt_backend *be = m->be;
+    const layer_params *lp = &m->par.layer[l];
+    void *a[MT_LT_COUNT];
+    g4_ptrs(m, l, 0, a);
+    MT_TRY(mtm_layer_restore(m, l, a));
+    const int64_t N = m->N, D = m->D, H = m->H, Hkv = m->Hkv, Dh = g4_dh(m, l), F = g4_f(m, l);
+    const int64_t QD = H * Dh, KVD = Hkv * Dh;
+    const size_t ND = (size_t)(N * D) * m->es;
+    const float eps = m->eps, off = m->w_off;
+    const int64_t donor = mt_model_layer_kv_donor(&m->cfg, l);
+    const int k = g4_kind(m, l);
+    void *G = m->plan.gptr[GB_RESID_GRAD];
+    void *nrm = m->plan.gptr[GB_BWD_NORM], *res = m->plan.gptr[GB_BWD_RESID];
+    void *d1 = m->plan.gptr[GB_BWD_D1], *d2 = m->plan.gptr[GB_BWD_D2];
+    void *w0 = m->plan.gptr[GB_BWD_W0], *w1 = m->plan.gptr[GB_BWD_W1], *w2 = m->plan.gptr[GB_BWD_W2];
+    void *w3 = m->plan.gptr[GB_BWD_W3], *w4 = m->plan.gptr[GB_BWD_W4];
+    const int32_t *pos = mtm_rope_positions(m);
+    const float *inv_freq = mtm_layer_inv_freq(m, l);
+    const void *x = a[MT_LT_DECODER_LAYER_INPUT];
+    MT_TRY(g4_recompute_attn(m, l, a, nrm, w0));
+
+    /* y = y2 * layer_scalar: G <- G * layer_scalar (no gradient for the scalar) */
+    MT_TRY(be->ops->copy(be, d1, G, ND));
+    MT_TRY(times_scalar(m, G, d1, lp->scalar));
+    /* recompute h and n2, then the MLP tensors not kept */
+    MT_TRY(be->ops->rmsnorm_fwd(be, d2, a[MT_LT_POST_ATTN_NORM_RSTD], a[MT_LT_OUT_PROJ], mtm_pw(m, lp->post_attn_norm), N,
+                                D, eps, off, m->dt));
+    MT_TRY(mtm_add_norm_gather(m, res, nrm, a[MT_LT_PRE_MLP_NORM_RSTD], x, d2, lp->pre_mlp_norm));
+    if (g4_recompute(m, l, MT_LT_MLPWI_0)) MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_0], nrm, mtm_pw(m, lp->gate), N, D, F, 0.0f));
+    if (g4_recompute(m, l, MT_LT_MLPWI_1)) MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_1], nrm, mtm_pw(m, lp->up), N, D, F, 0.0f));
+    if (g4_recompute(m, l, MT_LT_MLPWO)) {
+        MT_TRY(be->ops->glu_fwd(be, w0, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
+        MT_TRY(mtm_row_fwd(m, a[MT_LT_MLPWO], w0, lp->down, F, F, 0.0f, d2, NULL));
+    }
+    /* y2 = y1 + per-layer input: G <- dloss/dy1 */
+    if (m->g4.P > 0) MT_TRY(g4_ple_bwd(m, l, a, G, res, d1, d2));
+
+    /* ---- MLP: y1 = h + post_ffw(down(act(g) u)) ---- */
+    MT_TRY(be->ops->zero(be, d1, ND));
+    MT_TRY(be->ops->rmsnorm_bwd(be, d1, mtm_gw(m, lp->post_ffw_norm), G, a[MT_LT_MLPWO], mtm_pw(m, lp->post_ffw_norm),
+                                a[MT_LT_POST_FFW_NORM_RSTD], N, D, off, m->dt));
+    MT_TRY(be->ops->glu_fwd(be, w0, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
+    MT_TRY(mtm_row_bwd_w(m, lp->down, d1, w0, F, F));
+    MT_TRY(mtm_row_bwd_x(m, w0, d1, lp->down, F, F, 0.0f));
+    MT_TRY(be->ops->glu_bwd(be, w1, w2, w0, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
+    MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->gate), w1, nrm, N, D, F));
+    MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->up), w2, nrm, N, D, F));
+    MT_TRY(linear_bwd_x(m, d2, w1, mtm_pw(m, lp->gate), N, D, F, 0.0f));
+    MT_TRY(linear_bwd_x(m, d2, w2, mtm_pw(m, lp->up), N, D, F, 1.0f));
+    MT_TRY(be->ops->rmsnorm_bwd(be, G, mtm_gw(m, lp->pre_mlp_norm), d2, res, mtm_pw(m, lp->pre_mlp_norm),
+                                a[MT_LT_PRE_MLP_NORM_RSTD], N, D, off, m->dt));
+
+    /* ---- attention: h = x + post_attn(o_proj(attn(q, k, v))) ---- */
+    MT_TRY(be->ops->zero(be, d1, ND));
+    MT_TRY(be->ops->rmsnorm_bwd(be, d1, mtm_gw(m, lp->post_attn_norm), G, a[MT_LT_OUT_PROJ], mtm_pw(m, lp->post_attn_norm),
+                                a[MT_LT_POST_ATTN_NORM_RSTD], N, D, off, m->dt));
+    MT_TRY(mtm_row_bwd_w(m, lp->o, d1, a[MT_LT_CONTEXT], QD, QD));
+    MT_TRY(mtm_row_bwd_x(m, w0, d1, lp->o, QD, QD, 0.0f)); /* dcontext */
+    MT_TRY(mtm_cp_attention_bwd(m, l, w1, w2, w3, w0, a[MT_LT_QUERY_PROJ], a[MT_LT_KEY_PROJ], a[MT_LT_VALUE_PROJ],
+                                a[MT_LT_CONTEXT], a[MT_LT_CONTEXT_LSE]));
+    void *acc_k = G4B(m, k ? G4_SKV_DK1 : G4_SKV_DK0), *acc_v = G4B(m, k ? G4_SKV_DV1 : G4_SKV_DV0);
+    if (donor >= 0) { /* the donor's K/V: their gradient waits in the kind's accumulator */
+        MT_TRY(be->ops->axpy(be, acc_k, w2, 1.0f, N * KVD, m->dt));
+        MT_TRY(be->ops->axpy(be, acc_v, w3, 1.0f, N * KVD, m->dt));
+    } else if (mtm_g4_is_donor(m, l)) { /* add every sharing layer's */
+        MT_TRY(be->ops->axpy(be, w2, acc_k, 1.0f, N * KVD, m->dt));
+        MT_TRY(be->ops->axpy(be, w3, acc_v, 1.0f, N * KVD, m->dt));
+    }
+    MT_TRY(be->ops->rope_bwd(be, w1, pos, inv_freq, N, H, Dh, m->dt));
+    MT_TRY(mtm_norm_gather(m, nrm, a[MT_LT_INPUT_NORM_RSTD], x, lp->in_norm)); /* recompute n1 */
+    /* q: through q_norm to q_proj */
+    MT_TRY(linear_fwd(m, w0, nrm, mtm_pw(m, lp->q), N, D, QD, 0.0f));
+    MT_TRY(be->ops->zero(be, w4, (size_t)(N * QD) * m->es));
+    MT_TRY(be->ops->rmsnorm_bwd(be, w4, mtm_gw(m, lp->q_norm), w1, w0, mtm_pw(m, lp->q_norm), a[MT_LT_QUERY_NORM_RSTD],
+                                N * H, Dh, off, m->dt));
+    MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->q), w4, nrm, N, D, QD));
+    MT_TRY(linear_bwd_x(m, d2, w4, mtm_pw(m, lp->q), N, D, QD, 0.0f));
+    if (donor < 0) {
+        /* k: RoPE, k_norm, k_proj */
+        MT_TRY(be->ops->rope_bwd(be, w2, pos, inv_freq, N, Hkv, Dh, m->dt));
+        MT_TRY(linear_fwd(m, w0, nrm, mtm_pw(m, lp->k), N, D, KVD, 0.0f));
+        MT_TRY(be->ops->zero(be, w1, (size_t)(N * KVD) * m->es));
+        MT_TRY(be->ops->rmsnorm_bwd(be, w1, mtm_gw(m, lp->k_norm), w2, w0, mtm_pw(m, lp->k_norm),
+                                    a[MT_LT_KEY_NORM_RSTD], N * Hkv, Dh, off, m->dt));
+        /* v: v_norm (statistics recomputed; its weightless scale's gradient discarded), v_proj */
+        MT_TRY(linear_fwd(m, w0, nrm, mtm_pw(m, lp->v), N, D, KVD, 0.0f));
+        MT_TRY(be->ops->rmsnorm_fwd(be, w2, G4B(m, G4_VRSTD), w0, G4B(m, G4_VZERO), N * Hkv, Dh, eps, 1.0f, m->dt));
+        MT_TRY(be->ops->zero(be, w2, (size_t)(N * KVD) * m->es));
+        MT_TRY(be->ops->zero(be, G4B(m, G4_VDW), (size_t)m->Dh * sizeof(float)));
+        MT_TRY(be->ops->rmsnorm_bwd(be, w2, G4B(m, G4_VDW), w3, w0, G4B(m, G4_VZERO), G4B(m, G4_VRSTD), N * Hkv, Dh,
+                                    1.0f, m->dt));
+        MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->k), w1, nrm, N, D, KVD));
+        MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->v), w2, nrm, N, D, KVD));
+        MT_TRY(linear_bwd_x(m, d2, w1, mtm_pw(m, lp->k), N, D, KVD, 1.0f));
+        MT_TRY(linear_bwd_x(m, d2, w2, mtm_pw(m, lp->v), N, D, KVD, 1.0f));
+    }
+    return be->ops->rmsnorm_bwd(be, G, mtm_gw(m, lp->in_norm), d2, x, mtm_pw(m, lp->in_norm), a[MT_LT_INPUT_NORM_RSTD],
+                                N, D, off, m->dt);
+}
