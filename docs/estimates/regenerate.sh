@@ -21,6 +21,9 @@ while read -r name args; do
     if [ -f remat_commands_from_estimator.txt ]; then
         mv remat_commands_from_estimator.txt "$out/${name}_remat_commands_from_estimator.txt"
     fi
+    # the commands name the binary that ran; the committed files name the README's
+    # build/meshtrain (run from the repository root), not this machine's path
+    sed -i "s|$bin |build/meshtrain |g" "$out/$name.txt" "$out/${name}_remat_commands_from_estimator.txt" 2>/dev/null
     [ $st -eq 0 ] || [ $st -eq 2 ] || rc=1
     echo "$name: exit $st"
 done <<'JOBS'
