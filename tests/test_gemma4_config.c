@@ -177,10 +177,11 @@ Test(gemma4_config, transformers_5_17_config_json) {
 
 Test(gemma4_config, flops_per_token) {
     /* train/metrics.h convention, by hand for gemma4-e2b at T = 24576: N = 4,628,569,344;
-     * N_embedding = 262144 x 1536 + 262144 x 35 x 256 = 2,751,463,424; the head dims sum
-     * to 28 x 256 + 7 x 512 = 10752. */
+     * N_embedding = 262144 x 1536 (tied) + 262144 x 35 x 256 = 2,751,463,424; the logits
+     * matmul once, 6 x 262144 x 1536; the head dims sum to 28 x 256 + 7 x 512 = 10752. */
     mt_train_config t = load_model("gemma4-e2b");
-    const double want = 6.0 * (4628569344.0 - 2751463424.0) + 12.0 * 8.0 * 10752.0 * 24576.0;
+    const double want =
+        6.0 * (4628569344.0 - 2751463424.0) + 6.0 * 262144.0 * 1536.0 + 12.0 * 8.0 * 10752.0 * 24576.0;
     cr_expect(fabs(mt_flops_per_token(&t.model, 24576) - want) <= 1e-12 * want, "%.17g vs %.17g",
               mt_flops_per_token(&t.model, 24576), want);
 }
