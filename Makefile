@@ -53,8 +53,11 @@ corpus:
 	if [ $$ok = 1 ]; then echo "corpus: $(CORPUS) is up to date"; \
 	else rm -f $(CORPUS)/.stamp && scripts/prepare_corpus.sh $(CORPUS) && touch $(CORPUS)/.stamp; fi
 
-# A fresh run each time: the previous demo output is removed first.
+# A fresh run each time: the previous demo output is removed first, once the config with
+# DEMO_ARGS is known to be good (`plan` checks every key and value, exit 2 naming a bad
+# one), so a typo in DEMO_ARGS does not cost the previous run.
 demo: deps build corpus
+	$(MESHTRAIN) plan configs/demo.yml $(DEMO_ARGS) > /dev/null
 	rm -rf $(DEMO_RUN)
 	$(MESHTRAIN) train configs/demo.yml $(DEMO_ARGS)
 	@# only complete checkpoints (step_<digits>), never a step_N.tmp left by a crash

@@ -84,6 +84,12 @@ printf 'model_name: tiny\nbogus_key: 1\n' > "$tmp/cfg/bogus.yml"
 expect_bad "unknown key in file" "bogus_key" "bogus.yml" -- train "$tmp/cfg/bogus.yml" base_output_directory="$tmp/out2"
 expect_bad "wrong type" "steps" "abc" "integer" -- train "$run" steps=abc
 expect_bad "wrong type (float)" "learning_rate" "fast" -- train "$run" learning_rate=fast
+# integers are decimal digits with an optional '-': no '+', no blanks (strtoll takes both)
+expect_bad "integer with a plus sign" "steps" "+5" "integer" -- train "$run" steps=+5
+expect_bad "integer with a blank" "per_device_batch_size" "integer" -- train "$run" "per_device_batch_size= 8"
+expect_bad "decimal beyond double" "learning_rate" "1e400" "out of range" -- train "$run" learning_rate=1e400
+# the nine remat tensor keys are read with remat_policy=custom only: a changed one is refused
+expect_bad "remat tensor key without custom" "query_proj" "remat_policy=custom" -- train "$run" query_proj=device
 expect_bad "enum value" "dtype" "float32|bfloat16" -- train "$run" dtype=fp8
 expect_bad "range" "per_device_batch_size" -- train "$run" per_device_batch_size=0
 expect_bad "bfloat16 master weights" "weight_dtype=bfloat16" "float32" -- train "$run" backend=cpu weight_dtype=bfloat16

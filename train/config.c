@@ -293,8 +293,14 @@ static const char *closest_key(const char *name) {
 /* ---------------------------------------------------------- value parsing ---- */
 
 /* 1 = parsed; 0 = not an integer; -1 = an integer outside int64_t. */
+/* Decimal digits with an optional leading '-' (docs/configuration.md): strtoll alone
+ * would also take leading blanks and a '+'. 1 parsed, 0 not an integer, -1 out of range. */
 static int parse_int(const char *s, int64_t *out) {
     if (!s || !*s) return 0;
+    for (const char *c = s + (*s == '-'); ; c++) {
+        if (!isdigit((unsigned char)*c)) return 0;
+        if (!c[1]) break;
+    }
     errno = 0;
     char *end;
     long long v = strtoll(s, &end, 10);
@@ -305,16 +311,19 @@ static int parse_int(const char *s, int64_t *out) {
     return 1;
 }
 
+/* A decimal number (strtod would also take hex floats (0x10), inf and nan, and leading
+ * blanks). 1 parsed, 0 not a decimal number, -1 a decimal number beyond the double
+ * range (1e400). */
 static int parse_double(const char *s, double *out) {
     if (!s || !*s) return 0;
-    /* decimal only: strtod would also take hex floats (0x10), inf and nan */
     for (const char *c = s; *c; c++)
         if (!isdigit((unsigned char)*c) && !strchr("+-.eE", *c)) return 0;
     errno = 0;
     char *end;
     double v = strtod(s, &end);
-    if (errno == ERANGE && fabs(v) == HUGE_VAL) return 0;
-    if (*end || !isfinite(v)) return 0;
+    if (*end) return 0;
+    if (errno == ERANGE && fabs(v) == HUGE_VAL) return -1;
+    if (!isfinite(v)) return 0;
     *out = v;
     return 1;
 }
@@ -395,7 +404,11 @@ mt_status mt_train_config_set(mt_train_config *cfg, const char *name, const char
     case MT_KEY_FLOAT:
     case MT_KEY_DOUBLE: {
         double v;
-        if (!parse_double(value, &v))
+        const int pr = parse_double(value, &v);
+        if (pr < 0)
+            return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': out of range (beyond the double range, "
+                                "about 1.8e308)", source, k->name, value);
+        if (!pr)
             return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': expected a decimal number", source,
                                 k->name, value);
         if (k->type == MT_KEY_FLOAT) {
@@ -839,6 +852,16 @@ mt_status mt_train_config_validate(const mt_train_config *c) {
         mt_remat_action acts[MT_RT_COUNT];
         for (int i = 0; i < MT_RT_COUNT; i++) acts[i] = (mt_remat_action)c->remat_custom[i];
         MT_TRY(mt_remat_policy_resolve(MT_REMAT_CUSTOM, acts, &rp));
+    } else { /* the nine tensor keys are read with custom only: a changed one would be ignored */
+        mt_remat_policy dflt;
+        MT_TRY(mt_remat_policy_resolve(MT_REMAT_CUSTOM, NULL, &dflt));
+        for (int i = 0; i < MT_RT_COUNT; i++)
+            if (c->remat_custom[i] != (int)dflt.action[i])
+                return mt_set_error(MT_ERR_INVALID, "key '%s' = %s is read only with remat_policy=custom (here "
+                                    "remat_policy=%s, which decides every tensor itself): set remat_policy=custom "
+                                    "or drop the key", mt_remat_tensor_name((mt_remat_tensor)i),
+                                    mt_remat_action_name((mt_remat_action)c->remat_custom[i]),
+                                    mt_remat_policy_name((mt_remat_policy_kind)c->remat_policy));
     }
     if (c->load_checkpoint[0] && c->load_parameters_path[0])
         return mt_set_error(MT_ERR_INVALID, "keys 'load_checkpoint' = '%s' and 'load_parameters_path' = '%s' "

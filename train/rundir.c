@@ -308,7 +308,8 @@ mt_status mt_trainer_check_checkpoint_dir(const mt_train_config *cfg, const char
     char hint[512] = "";
     if (strcmp(k->name, "decoder_block") == 0)
         snprintf(hint, sizeof hint, " (config.json is a %s model: set model_name to a configs/models/<name>.yml "
-                 "of that family%s)", vb, default_name ? "; model_name is not set and defaults to this one" : "");
+                 "of that family%s%s%s)", vb, default_name ? "; model_name=" : "",
+                 default_name ? cfg->model.model_name : "", default_name ? " is also the built-in default" : "");
     if (resume)
         return mt_set_error(MT_ERR_INVALID, "%s: field '%s' gives %s = %s, but the configured model '%s' has "
                             "%s = %s%s: resume with the model the checkpoint was written with", path,
@@ -483,9 +484,13 @@ static mt_status check_outputs_here(const mt_trainer *t) {
         else *slash = '\0';
         if (strcmp(anc, "/") == 0) break;
     }
-    if (stat(anc, &sb) == 0 && S_ISDIR(sb.st_mode) && access(anc, W_OK | X_OK) != 0)
+    if (stat(anc, &sb) == 0 && S_ISDIR(sb.st_mode) && access(anc, W_OK | X_OK) != 0) {
+        if (strcmp(anc, t->run_dir) == 0) /* the run directory itself exists and is read-only */
+            return mt_set_error(MT_ERR_IO, "key 'run_name' = '%s': the run directory '%s' is not writable (%s)",
+                                c->run_name, t->run_dir, strerror(errno));
         return mt_set_error(MT_ERR_IO, "key 'base_output_directory' = '%s': cannot write the run directory '%s': "
                             "'%s' is not writable (%s)", c->base_output_directory, t->run_dir, anc, strerror(errno));
+    }
     if (stat(t->run_dir, &sb) != 0) return probe_run_dir(c, t->run_dir); /* a new run directory */
     if (!S_ISDIR(sb.st_mode))
         return mt_set_error(MT_ERR_INVALID, "run directory '%s' exists and is not a directory (run_name '%s')",

@@ -102,7 +102,7 @@ static mt_status ts_check_batch_shape(const mt_trainer *t, mt_safetensors *f, co
     for (int i = 0; i < 3; i++) {
         const char *sv = mt_safetensors_metadata(f, mk[i]);
         if (sv && strtoll(sv, NULL, 10) != now[i]) {
-            const char *key = i == 2 ? "ici_data_parallelism" : mk[i];
+            const char *key = i == 2 ? "ici_data_parallelism x ici_fsdp_parallelism" : mk[i];
             return mt_set_error(MT_ERR_INVALID, "%s: key '%s': the checkpoint's data position was made with "
                                 "%s = %s, this run has %" PRId64 "%s; resume with the same batch shape",
                                 path, key, mk[i], sv, now[i], i == 2 ? " (data x fsdp ranks)" : "");
