@@ -288,17 +288,18 @@ if [ "$backend" = cpu ]; then # the emulated suite keeps to the three above (its
     # gradients and parameters (fixed reduction orders, bf16 sums included; tolerance 0)
     TOL=0 layout tp2_sp_bf16_again tp2_sp_gemma2_bf16 2 model_name=tinyg2 per_device_batch_size=2 num_vocab_tiling=4 \
         ici_tensor_parallelism=2 tensor_sequence_parallelism=true dtype=bfloat16
-    # parameter host offload (in the CPU suite, as above): the master and its compute copy in the
-    # host pool, the windows copied (or, fsdp, gathered) from the copy: the same values,
-    # so bitwise the runs without offload (tolerance 0)
-    ref ref_b4_bf16_param_offload per_device_batch_size=4 parameter_memory_host_offload=true dtype=bfloat16
-    "$tool" compare "$tmp/ref_b4_bf16" "$tmp/ref_b4_bf16_param_offload" 0 > "$tmp/bf16_off.cmp" 2>&1 ||
-        { fail "bf16 with parameter offload is not bitwise bf16"; cat "$tmp/bf16_off.cmp"; }
-    layout fsdp2_param_offload_bf16 ref_b4_bf16 2 per_device_batch_size=2 ici_fsdp_parallelism=2 \
-        parameter_memory_host_offload=true dtype=bfloat16
-    "$tool" compare "$tmp/fsdp2_bf16" "$tmp/fsdp2_param_offload_bf16" 0 > "$tmp/fsdp_off_bf16.cmp" 2>&1 ||
-        { fail "fsdp2 bf16 with parameter offload is not bitwise fsdp2 bf16"; cat "$tmp/fsdp_off_bf16.cmp"; }
 fi
+# parameter host offload with bf16 (both suites: on cuda the pool is page-locked and the
+# compute copy is rounded there by a kernel): the master and its compute copy in the
+# host pool, the windows copied (or, fsdp, gathered) from the copy: the same values, so
+# bitwise the runs without offload (tolerance 0)
+ref ref_b4_bf16_param_offload per_device_batch_size=4 parameter_memory_host_offload=true dtype=bfloat16
+"$tool" compare "$tmp/ref_b4_bf16" "$tmp/ref_b4_bf16_param_offload" 0 > "$tmp/bf16_off.cmp" 2>&1 ||
+    { fail "bf16 with parameter offload is not bitwise bf16"; cat "$tmp/bf16_off.cmp"; }
+layout fsdp2_param_offload_bf16 ref_b4_bf16 2 per_device_batch_size=2 ici_fsdp_parallelism=2 \
+    parameter_memory_host_offload=true dtype=bfloat16
+"$tool" compare "$tmp/fsdp2_bf16" "$tmp/fsdp2_param_offload_bf16" 0 > "$tmp/fsdp_off_bf16.cmp" 2>&1 ||
+    { fail "fsdp2 bf16 with parameter offload is not bitwise fsdp2 bf16"; cat "$tmp/fsdp_off_bf16.cmp"; }
 # fsdp with bf16 plans the compute copy of the shard and windows of 2 bytes per
 # parameter (8 layers, rank 0): 4 + 2 bytes per shard element, 2 per window element.
 for f in 1 2; do
