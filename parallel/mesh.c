@@ -37,7 +37,8 @@ mt_status mt_mesh_resolve(const int64_t ici[MT_MESH_AXES], int world, int dims[M
     if (prod != world)
         return mt_set_error(MT_ERR_INVALID,
                             "ici_data_parallelism x ici_fsdp_parallelism x ici_context_parallelism x "
-                            "ici_tensor_parallelism = %lld x %lld x %lld x %lld = %lld but the world has %d ranks",
+                            "ici_tensor_parallelism = %lld x %lld x %lld x %lld = %lld but the world has %d ranks "
+                            "(mpirun -np; num_devices for plan and estimate)",
                             (long long)ici[0], (long long)ici[1], (long long)ici[2], (long long)ici[3],
                             (long long)prod, world);
     for (int a = 0; a < MT_MESH_AXES; a++) dims[a] = (int)ici[a];

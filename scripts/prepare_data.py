@@ -65,8 +65,11 @@ class BadInput(Exception):
     """Bad input: exit 2 with the message."""
 
 
+PROG = "meshtrain prepare"  # `meshtrain sample` runs the encode subcommand: "meshtrain sample"
+
+
 def die(code, msg):
-    sys.stderr.write("meshtrain prepare: error: %s\n" % msg)
+    sys.stderr.write("%s: error: %s\n" % (PROG, msg))
     sys.exit(code)
 
 
@@ -122,7 +125,7 @@ def load_tokenizer(path):
         t.token_id = tid
         t.is_special = lambda i: sp.IsControl(i) or sp.IsUnknown(i)
         return t
-    tk = need("tokenizers", "a tokenizer.json")
+    tk = need("tokenizers", "a Hugging Face tokenizer.json (a file not ending in .model is read as one)")
     try:
         tok = tk.Tokenizer.from_file(path)
     except Exception as e:  # noqa: BLE001 (tokenizers raises its own Exception)
@@ -331,6 +334,9 @@ def cmd_prepare(args):
         raise BadInput("--val-every %d: must be >= 0 (0 = no val split)" % args.val_every)
     if args.batch_docs < 1:
         raise BadInput("--batch-docs must be >= 1")
+    for path in args.inputs:  # bad input (exit 2) before a missing Python package (exit 1)
+        if not os.path.exists(path):
+            raise BadInput("input '%s': no such file or directory" % path)
     tok = load_tokenizer(args.tokenizer)
     if tok.vocab_size > 2**32:
         raise BadInput("tokenizer '%s': vocabulary of %d ids is over 2^32, more than uint32 shards hold"
@@ -476,6 +482,9 @@ def main(argv):
         args = ap.parse_args(argv)
     except SystemExit as e:
         sys.exit(2 if e.code else 0)
+    global PROG
+    if args.cmd == "encode":
+        PROG = "meshtrain sample: encoding the prompt"
     try:
         return cmd_prepare(args) if args.cmd == "prepare" else cmd_encode(args)
     except BadInput as e:

@@ -42,6 +42,12 @@ expect_bad() {
 }
 T=(--tokenizer "$tmp/tok.json" --output "$tmp/o")
 expect_bad "missing input" "$tmp/nope.txt" "no such file" -- "${T[@]}" "$tmp/nope.txt"
+# a missing input is bad input (exit 2) even where the Python lacks the tokenizer
+# package (checked before the tokenizer is loaded): Debian's python3 without tokenizers
+if [ -x /usr/bin/python3 ] && ! /usr/bin/python3 -c "import tokenizers" 2> /dev/null; then
+    MESHTRAIN_PYTHON=/usr/bin/python3 expect_bad "missing input, no tokenizers package" "$tmp/nope.txt" \
+        "no such file" -- "${T[@]}" "$tmp/nope.txt"
+fi
 expect_bad "not UTF-8" "$tmp/latin.txt" "not UTF-8" -- "${T[@]}" "$tmp/latin.txt"
 expect_bad "unknown format" "$tmp/table.csv" "unknown format" -- "${T[@]}" "$tmp/table.csv"
 expect_bad "empty document set" "no documents" "$tmp/empty/blank.txt" -- "${T[@]}" "$tmp/empty"

@@ -487,7 +487,7 @@ static mt_status encode_prompt(const mt_train_config *cfg, int32_t **ids, int64_
         st = mt_set_error(WIFEXITED(status) && WEXITSTATUS(status) == 2 ? MT_ERR_INVALID : MT_ERR_RUNTIME,
                           "key 'prompt': encoding it with %s (%s encode) failed%s", enc, script,
                           WIFEXITED(status) && WEXITSTATUS(status) == 127 ? " (no Python: run scripts/setup-hf-venv.sh "
-                          "or set MESHTRAIN_PYTHON)" : " (its message is above)");
+                          "or set MESHTRAIN_PYTHON)" : " (the encoder's own message, if it printed one, is above)");
     else
         st = mt_sample_parse_ids("prompt", buf, ids, n);
     free(buf);
