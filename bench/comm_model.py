@@ -285,7 +285,7 @@ def step_model(m, case, bw, rate, peak):
         serial = comp + tot
         # as scheduled (parallel/comm.h: a blocking NCCL call makes the compute stream wait
         # for it at once): the fsdp layer prefetch hides behind the previous layer, and
-        # (overlap_grad_reduce, every case here reduce-scatters per window) the layer
+        # (overlap_grad_reduce=true; every case here reduce-scatters per window) the layer
         # windows' reduce-scatters of layers L-1 .. 1 behind the next layer's backward
         # (parallel/zero1.c mt_grad_sync_window_wait); the tail's, layer 0's and the
         # embedding's are waited for at once, and the tensor all-reduce in the window

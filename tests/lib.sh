@@ -40,8 +40,9 @@
 #   mt_layout_cfg MODEL     $tmp/data (synthetic shards from tests/tools/mpi_layout data,
 #                           $tool must be set) and $tmp/cfg/run.yml (MODEL, length 16,
 #                           3 steps, lr 3e-4, adam_eps 1e-5, no warm-up, no eval,
-#                           backend $MT_LAYOUT_BACKEND (default cpu),
-#                           seed 3); sets cfg to it; exits 1 if the shards cannot be written
+#                           backend $MT_LAYOUT_BACKEND (default cpu), seed 3,
+#                           overlap_grad_reduce true: the layout suites run the
+#                           overlapped reduce-scatters); sets cfg to it; exits 1 if the shards cannot be written
 #   mt_train RUN ARGS...    $bin train $tmp/cfg/run.yml run_name=RUN ARGS..., output in
 #                           $tmp/RUN.out and .err; on failure fail (with that output), return 1
 #   mt_column RUN FIELD FIRST LAST
@@ -173,6 +174,7 @@ warmup_steps_fraction: 0
 eval_interval: 0
 backend: ${MT_LAYOUT_BACKEND:-cpu}
 seed: 3
+overlap_grad_reduce: true
 YML
     cfg="$tmp/cfg/run.yml"
 }

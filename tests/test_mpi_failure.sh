@@ -35,6 +35,7 @@ backend: $backend
 ici_data_parallelism: 4
 shard_optimizer_over_data: true
 collective_timeout_s: 5
+overlap_grad_reduce: true
 YML
 
 # a collective as the messages name it: "all_gather", or an asynchronous one with its MPI

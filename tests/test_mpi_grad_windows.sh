@@ -34,8 +34,8 @@
 #    reduce-scatters each micro-batch (no full buffer): against one process within
 #    1e-5 (fp32 sums in another order, as tests/test_mpi_layouts.sh). Every run's bytes
 #    per step equal the formula (parallel/zero1.h). The window runs overlap each
-#    layer's reduce-scatter with the next layer's backward (overlap_grad_reduce, on by
-#    default); fsdp K = 1 also runs blocking (overlap_grad_reduce=false), and both give
+#    layer's reduce-scatter with the next layer's backward (overlap_grad_reduce, on in
+#    the layout config of tests/lib.sh); fsdp K = 1 also runs blocking (false), and both give
 #    the same gradient file bitwise (the same collectives on the same windows).
 set -u
 . "$(dirname "$0")/lib.sh"

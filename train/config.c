@@ -142,10 +142,11 @@ static const mt_config_key mt_keys[] = {
     RKEY_ENUM(gradient_accumulation_reduce, ga_reduce_names, ga_reduce_values, "once",
               "once = reduce after the last micro-batch (full accumulator); every = reduce-scatter each "
               "micro-batch into the ZeRO-1 shard accumulator"),
-    {"overlap_grad_reduce", MT_KEY_BOOL, OFF(overlap_grad_reduce), 0, NULL, NULL, 0, "true", 0, 0, 0, 0,
-     "where layer gradients are reduce-scattered one layer at a time (ZeRO-1, fsdp) over more than one rank: "
-     "layer l's reduce-scatter runs while layer l-1's backward computes (one more layer-sized fp32 gradient "
-     "window, \"grads.window.layer.overlap\"); false = blocking, one window (Megatron-LM overlap_grad_reduce)"},
+    {"overlap_grad_reduce", MT_KEY_BOOL, OFF(overlap_grad_reduce), 0, NULL, NULL, 0, "false", 0, 0, 0, 0,
+     "true: where layer gradients are reduce-scattered one layer at a time (ZeRO-1, fsdp) over more than one "
+     "rank, layer l's reduce-scatter runs while layer l-1's backward computes, for one more layer-sized fp32 "
+     "gradient window (\"grads.window.layer.overlap\"; 12.75 GB per device for llama3.1-405b); false: "
+     "blocking, one window (Megatron-LM's overlap_grad_reduce, off by default there too)"},
     RKEY_ENUM(context_parallel_strategy, cp_strategy_names, cp_strategy_values, "all_gather",
               "context parallelism: all_gather keys/values, or pass them around a ring"),
     {"tensor_sequence_parallelism", MT_KEY_BOOL, OFF(tensor_sequence_parallelism), 0, NULL, NULL, 0, "false", 0,
