@@ -286,6 +286,17 @@ static mt_status MT_MUST_CHECK cp_scatter(mt_model *m, void *x, const void *full
     return MT_OK;
 }
 
+/* Context all-gather: the group's K and V into CP_K / CP_V, and args set to attend to
+ * them (all Tg keys with their gathered positions and, with packing, segments). */
+static mt_status cp_gather_kv(mt_model *m, mt_attn_args *args, const void *k, const void *v) {
+    MT_TRY(cp_gather(m, m->cp.buf[CP_K], k));
+    MT_TRY(cp_gather(m, m->cp.buf[CP_V], v));
+    args->Tk = m->Tg;
+    args->k_pos = m->cp.buf[CP_KPOS];
+    if (m->pack.on) args->k_seg = m->cp.buf[CP_KSEG];
+    return MT_OK;
+}
+
 mt_status mtm_cp_attention_fwd(mt_model *m, int64_t l, void *out, float *lse, const void *q,
                                                 const void *k, const void *v) {
     mt_attn_args args = mtm_attn_args(m, l);
@@ -299,11 +310,7 @@ mt_status mtm_cp_attention_fwd(mt_model *m, int64_t l, void *out, float *lse, co
         MT_TRY(cp_ring_fwd(m, &args, out, lse, q, k, v));
         return MT_OK;
     }
-    MT_TRY(cp_gather(m, m->cp.buf[CP_K], k));
-    MT_TRY(cp_gather(m, m->cp.buf[CP_V], v));
-    args.Tk = m->Tg;
-    args.k_pos = m->cp.buf[CP_KPOS];
-    if (m->pack.on) args.k_seg = m->cp.buf[CP_KSEG];
+    MT_TRY(cp_gather_kv(m, &args, k, v));
     MT_TRY(m->be->ops->attention_fwd(m->be, &args, out, lse, q, m->cp.buf[CP_K], m->cp.buf[CP_V]));
     return MT_OK;
 }
@@ -322,11 +329,7 @@ mt_status mtm_cp_attention_bwd(mt_model *m, int64_t l, void *dq, void *dk, void 
         MT_TRY(cp_ring_bwd(m, &args, dq, dk, dv, dout, q, k, v, out, lse));
         return MT_OK;
     }
-    MT_TRY(cp_gather(m, m->cp.buf[CP_K], k));
-    MT_TRY(cp_gather(m, m->cp.buf[CP_V], v));
-    args.Tk = m->Tg;
-    args.k_pos = m->cp.buf[CP_KPOS];
-    if (m->pack.on) args.k_seg = m->cp.buf[CP_KSEG];
+    MT_TRY(cp_gather_kv(m, &args, k, v));
     MT_TRY(m->be->ops->attention_bwd(m->be, &args, dq, m->cp.buf[CP_DK], m->cp.buf[CP_DV], dout, q, m->cp.buf[CP_K],
                           m->cp.buf[CP_V], out, lse));
     MT_TRY(cp_scatter(m, dk, m->cp.buf[CP_DK]));

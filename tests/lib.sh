@@ -32,8 +32,11 @@
 #   mt_tiny_model FILE KIND [LAYERS]
 #                           a tiny model YAML (vocab 64, D 32, 4 query / 2 kv heads of 8,
 #                           MLP 64, LAYERS layers, default 2): KIND llama (llama2, silu),
-#                           gemma (tied embedding, gelu) or gemma2 (tied, soft-caps
-#                           30 / 50, sliding window 8 every 2nd layer, post-norms)
+#                           gemma (tied embedding, gelu), gemma2 (tied, soft-caps
+#                           30 / 50, sliding window 8 every 2nd layer, post-norms) or
+#                           gemma4 (global head_dim 16, double-wide MLP, the last 3
+#                           layers sharing KV, per-layer inputs of 4, window 4 every
+#                           2nd layer; LAYERS 5 in the tests)
 #   mt_run_yml [MODEL]      $tmp/cfg/run.yml: model_name MODEL (default tiny),
 #                           base_output_directory $tmp/out, dataset_path $tmp/data, then
 #                           the lines on stdin; makes $tmp/cfg and $tmp/data; sets cfg to it
@@ -132,6 +135,7 @@ mt_tiny_model() {
         llama) printf 'decoder_block: llama2\n' ;;
         gemma) printf 'decoder_block: gemma\n' ;;
         gemma2) printf 'decoder_block: gemma2\n' ;;
+        gemma4) printf 'decoder_block: gemma4\n' ;;
         *) echo "mt_tiny_model: unknown kind $kind" >&2; return 1 ;;
     esac > "$file"
     cat >> "$file" <<YML
@@ -149,8 +153,10 @@ YML
         gemma2) printf '%s\n' 'mlp_activations: ["gelu", "linear"]' 'logits_via_embedding: true' \
             'final_logits_soft_cap: 30.0' 'attn_logits_soft_cap: 50.0' 'sliding_window_size: 8' \
             'sliding_window_pattern: 2' 'use_post_attn_norm: true' 'use_post_ffw_norm: true' ;;
+        gemma4) printf '%s\n' 'global_head_dim: 16' 'use_double_wide_mlp: true' 'num_kv_shared_layers: 3' \
+            'per_layer_input_dim: 4' 'sliding_window_size: 4' 'sliding_window_pattern: 2' ;;
     esac >> "$file"
-    printf 'rope_max_timescale: 10000\n' >> "$file"
+    [ "$kind" = gemma4 ] || printf 'rope_max_timescale: 10000\n' >> "$file" # gemma4: its own RoPE defaults
 }
 
 mt_run_yml() {

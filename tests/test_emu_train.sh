@@ -107,22 +107,7 @@ done
 # 512 does not run on cuda yet). About 21 stages per layer (the 16 above plus the
 # per-layer input's gate, product, projection and norm and the layer_scalar): counted as
 # 7 layers of 16 for its 5; KMAX 128 (the double-wide MLP).
-cat > "$tmp/cfg/models/tiny-gemma4.yml" <<'YML'
-decoder_block: "gemma4"
-vocab_size: 64
-base_emb_dim: 32
-base_num_query_heads: 4
-base_num_kv_heads: 2
-head_dim: 8
-global_head_dim: 16
-base_mlp_dim: 64
-use_double_wide_mlp: true
-base_num_decoder_layers: 5
-num_kv_shared_layers: 3
-per_layer_input_dim: 4
-sliding_window_size: 4
-sliding_window_pattern: 2
-YML
+mt_tiny_model "$tmp/cfg/models/tiny-gemma4.yml" gemma4 5
 mt_train g4-cpu model_name=tiny-gemma4 steps=5 backend=cpu &&
 mt_train g4-cuda model_name=tiny-gemma4 steps=5 backend=cuda &&
 compare g4-cpu g4-cuda 5 7 128

@@ -97,22 +97,7 @@ layout dp2_untied_tiles4 ref_b4_untied 2 per_device_batch_size=2 num_vocab_tilin
 # gemma4 (issue 18, models/model_gemma4.c: one model per process so far; its tensor,
 # context and fsdp layouts and ZeRO-1's gradient windows are refused): data parallelism
 # with KV sharing, per-layer inputs, double-wide MLPs, two head dims.
-cat > "$tmp/cfg/models/tinyg4.yml" <<'YML'
-decoder_block: "gemma4"
-vocab_size: 64
-base_emb_dim: 32
-base_num_query_heads: 4
-base_num_kv_heads: 2
-head_dim: 8
-global_head_dim: 16
-base_mlp_dim: 64
-use_double_wide_mlp: true
-base_num_decoder_layers: 5
-num_kv_shared_layers: 3
-per_layer_input_dim: 4
-sliding_window_size: 4
-sliding_window_pattern: 2
-YML
+mt_tiny_model "$tmp/cfg/models/tinyg4.yml" gemma4 5
 ref ref_b4_g4 model_name=tinyg4 per_device_batch_size=4 num_vocab_tiling=4
 layout dp2_gemma4 ref_b4_g4 2 model_name=tinyg4 per_device_batch_size=2 num_vocab_tiling=4 ici_data_parallelism=2
 layout dp4_gemma4 ref_b4_g4 4 model_name=tinyg4 per_device_batch_size=1 num_vocab_tiling=1 ici_data_parallelism=4
