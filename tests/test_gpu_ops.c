@@ -1021,7 +1021,7 @@ Test(gpu_ops, from_f32, .init = setup) {
  * use a shape the attention kernels refuse (not sticky), then check the backend still
  * works, and that sync reports no error. */
 Test(gpu_ops, errors_reach_the_caller, .init = setup) {
-    mt_attn_args a = {.B = 1, .Tq = 1, .Tk = 1, .H = 1, .Hkv = 1, .Dh = 512, .scale = 1.0f};
+    mt_attn_args a = {.B = 1, .Tq = 1, .Tk = 1, .H = 1, .Hkv = 1, .Dh = 513, .scale = 1.0f}; /* over 512 */
     float *d = tu_balloc(G, 4096);
     cr_expect_eq(G->ops->attention_fwd(G, &a, d, d, d, d, d), MT_ERR_INVALID);
     cr_expect(strstr(mt_last_error(), "attention") != NULL, "%s", mt_last_error());
@@ -1395,10 +1395,29 @@ Test(gpu_ops, attention_documents_cp_window_softcap, .init = setup) {
     run_attention(&c, MT_F32);
 }
 
+/* head_dim over 256 (attention.cu's second column count, NC = 16): Gemma 4's global
+ * layers at 512 (causal GQA; a window, soft-cap and MQA), and 300, whose last columns
+ * per lane are partly past Dh, with context-parallel positions, packed documents and
+ * rows that see no key. The bounds are the ones derived above, functions of Dh. */
+Test(gpu_ops, attention_hd512_gqa_causal, .init = setup) {
+    const att_case c = {"hd512 gqa", 1, 70, 70, 4, 2, 512, 0.0f, 0, 0, 0};
+    run_attention(&c, MT_F32);
+}
+
+Test(gpu_ops, attention_hd512_window_softcap_mqa, .init = setup) {
+    const att_case c = {"hd512 window", 1, 70, 70, 2, 1, 512, 20.0f, 16, 0, 0};
+    run_attention(&c, MT_F32);
+}
+
+Test(gpu_ops, attention_hd300_documents_cp_empty_rows, .init = setup) {
+    const att_case c = {"hd300 documents empty", 2, 24, 50, 3, 3, 300, 0.0f, 30, 2, 1};
+    run_attention(&c, MT_F32);
+}
+
 /* bfloat16. attention.cu hands bf16 shapes the tensor-core kernels take (head_dim a
  * multiple of 8: attention_mma.cuh) to those, the rest to its SIMT kernels: the first
- * three cases (head_dim 64, 256, 40) run the former through the op table, the last two
- * (head_dim 36, 60) the latter. Covered: causal GQA, head_dim 256 with window, soft-cap
+ * three cases (head_dim 64, 256, 40) run the former through the op table, the last three
+ * (head_dim 36, 60, 300) the latter. Covered: causal GQA, head_dim 256 with window, soft-cap
  * and MQA, packed documents on a context-parallel chunk pair, and rows that see no key
  * (exact zeros and -inf in bf16 too). */
 Test(gpu_ops, attention_bf16_gqa_causal, .init = setup) {
@@ -1423,6 +1442,12 @@ Test(gpu_ops, attention_bf16_simt_gqa_causal_hd36, .init = setup) {
 
 Test(gpu_ops, attention_bf16_simt_documents_cp_empty_rows_hd60, .init = setup) {
     const att_case c = {"documents empty bf16 simt", 2, 24, 50, 3, 3, 60, 20.0f, 30, 2, 1};
+    run_attention(&c, MT_BF16);
+}
+
+Test(gpu_ops, attention_bf16_simt_documents_cp_empty_rows_hd300, .init = setup) {
+    /* head_dim 300 is not a multiple of 8: the SIMT kernels with 16 columns per lane */
+    const att_case c = {"documents empty bf16 simt hd300", 2, 24, 50, 3, 3, 300, 20.0f, 30, 2, 1};
     run_attention(&c, MT_BF16);
 }
 

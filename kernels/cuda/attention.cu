@@ -3,15 +3,21 @@
  *
  * Why this shape: it is the simplest kernel that keeps no [Tq, Tk] matrix, handles
  * every case the op table allows (GQA/MQA, sliding window, soft-cap, arbitrary
- * q_pos/k_pos, any head_dim up to 256) with no template per head_dim, and is
- * deterministic without atomics. It is a correctness baseline, not the fast path:
- * the bf16 wgmma/TMA kernel of issue 4 replaces it for speed.
+ * q_pos/k_pos, any head_dim up to 512) with one template argument for the head_dim's
+ * range (NC, below), and is deterministic without atomics. It is a correctness
+ * baseline, not the fast path: the bf16 wgmma/TMA kernel of issue 4 replaces it for speed.
  * - Forward: one block (4 warps) per (query tile of 16 rows, head, batch). Each warp
  *   owns 4 query rows. Key/value tiles of 32 rows are staged in shared memory; lane j
  *   scores key j of the tile (K rows padded to Dh + 1 floats so the 32 lanes hit 32
  *   banks), the warp's max/sum shuffles give the online-softmax update, and each lane
- *   accumulates output columns d = lane + 32 c (c < 8, so Dh <= 256) with p_j broadcast
- *   by shuffle. The scale is folded into the staged queries, as on the CPU.
+ *   accumulates output columns d = lane + 32 c (c < NC) with p_j broadcast by shuffle.
+ *   The scale is folded into the staged queries, as on the CPU.
+ * - NC, the output columns per lane, is a compile-time argument chosen by head_dim
+ *   (att_nc): 8 for Dh <= 256 (the kernels as they were before head_dim 512: the same
+ *   code and registers), 16 for 256 < Dh <= 512 (Gemma 4's global layers). The
+ *   accumulators are registers indexed by the unrolled c; a run-time column count
+ *   would put them in local memory. Shared memory grows with Dh: at 512 the forward
+ *   stages 160 KiB, each backward kernel 193 KiB, under sm_90's 227 KiB opt-in.
  * - A (query tile, key tile) pair with no allowed entry is skipped (a block vote), which
  *   gives the causal and windowed savings for any positions. Document masking
  *   (q_seg / k_seg, packed sequences) stages each tile's segment ids beside its
@@ -45,8 +51,9 @@
 #define AT_BK 32                   /* keys per staged tile (one per lane) */
 #define AT_BKV (AT_WARPS * AT_RW)  /* 16 key rows per dk/dv block */
 #define AT_BQ2 32                  /* queries per dk/dv tile (one per lane) */
-#define AT_NC 8                    /* output columns per lane: Dh <= 256 */
-#define AT_DMAX (32 * AT_NC)
+#define AT_NC_SMALL 8              /* output columns per lane for Dh <= 256 */
+#define AT_NC_LARGE 16             /* ... for 256 < Dh <= 512 */
+#define AT_DMAX (32 * AT_NC_LARGE)
 
 typedef struct att_p {
     int64_t B, Tq, Tk, H, Hkv, Dh, G;
@@ -127,7 +134,7 @@ __device__ __forceinline__ float att_cap(const att_p &p, float s, float *t_out) 
     return s;
 }
 
-template <typename S>
+template <typename S, int NC>
 __global__ void __launch_bounds__(AT_THREADS) att_fwd_kernel(att_p p, S *out, float *lse, const S *q, const S *k,
                                                              const S *v) {
     extern __shared__ float sm[];
@@ -145,11 +152,11 @@ __global__ void __launch_bounds__(AT_THREADS) att_fwd_kernel(att_p p, S *out, fl
     att_stage(sQ, Dh, q, p, b, p.Tq, p.H, h, i0, AT_BQ, p.scale);
     att_stage_pos(sQp, p.q_pos, p.Tq, i0, AT_BQ);
     att_stage_seg(sQs, p.q_seg, b, p.Tq, i0, AT_BQ);
-    float m[AT_RW], l[AT_RW], acc[AT_RW][AT_NC];
+    float m[AT_RW], l[AT_RW], acc[AT_RW][NC];
     for (int rr = 0; rr < AT_RW; rr++) {
         m[rr] = -INFINITY;
         l[rr] = 0.0f;
-        for (int c = 0; c < AT_NC; c++) acc[rr][c] = 0.0f;
+        for (int c = 0; c < NC; c++) acc[rr][c] = 0.0f;
     }
     for (int64_t j0 = 0; j0 < p.Tk; j0 += AT_BK) {
         __syncthreads(); /* the previous tile is no longer read */
@@ -177,10 +184,10 @@ __global__ void __launch_bounds__(AT_THREADS) att_fwd_kernel(att_p p, S *out, fl
             const float pv = mt_round_as(q, pj); /* P as the P @ V operand: bf16 for bf16 */
             const float corr = expf(m[rr] - mnew); /* 0 when m was -inf */
             l[rr] = l[rr] * corr + warp_sum(pj);
-            for (int c = 0; c < AT_NC; c++) acc[rr][c] *= corr;
+            for (int c = 0; c < NC; c++) acc[rr][c] *= corr;
             for (int jj = 0; jj < AT_BK; jj++) {
                 const float pb = __shfl_sync(0xffffffffu, pv, jj);
-                for (int c = 0; c < AT_NC; c++) {
+                for (int c = 0; c < NC; c++) {
                     const int d = lane + 32 * c;
                     if (d < Dh) acc[rr][c] += pb * sV[jj * Dh + d];
                 }
@@ -193,7 +200,7 @@ __global__ void __launch_bounds__(AT_THREADS) att_fwd_kernel(att_p p, S *out, fl
         if (i >= p.Tq) break;
         const float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
         S *o = out + ((b * p.Tq + i) * p.H + h) * p.Dh;
-        for (int c = 0; c < AT_NC; c++) {
+        for (int c = 0; c < NC; c++) {
             const int d = lane + 32 * c;
             if (d < Dh) mt_st(o, d, acc[rr][c] * inv);
         }
@@ -217,7 +224,7 @@ __global__ void att_bwd_dot_kernel(att_p p, float *Dv, const S *dout, const S *o
     }
 }
 
-template <typename S>
+template <typename S, int NC>
 __global__ void __launch_bounds__(AT_THREADS) att_bwd_dq_kernel(att_p p, S *dq, const S *dout, const S *q,
                                                                 const S *k, const S *v, const float *lse,
                                                                 const float *Dv) {
@@ -238,12 +245,12 @@ __global__ void __launch_bounds__(AT_THREADS) att_bwd_dq_kernel(att_p p, S *dq, 
     att_stage(sO, Dh, dout, p, b, p.Tq, p.H, h, i0, AT_BQ, 1.0f);
     att_stage_pos(sQp, p.q_pos, p.Tq, i0, AT_BQ);
     att_stage_seg(sQs, p.q_seg, b, p.Tq, i0, AT_BQ);
-    float L[AT_RW], Di[AT_RW], acc[AT_RW][AT_NC];
+    float L[AT_RW], Di[AT_RW], acc[AT_RW][NC];
     for (int rr = 0; rr < AT_RW; rr++) {
         const int64_t i = i0 + w * AT_RW + rr;
         L[rr] = i < p.Tq ? lse[(b * p.H + h) * p.Tq + i] : 0.0f;
         Di[rr] = i < p.Tq ? Dv[(b * p.H + h) * p.Tq + i] : 0.0f;
-        for (int c = 0; c < AT_NC; c++) acc[rr][c] = 0.0f;
+        for (int c = 0; c < NC; c++) acc[rr][c] = 0.0f;
     }
     for (int64_t j0 = 0; j0 < p.Tk; j0 += AT_BK) {
         __syncthreads();
@@ -274,7 +281,7 @@ __global__ void __launch_bounds__(AT_THREADS) att_bwd_dq_kernel(att_p p, S *dq, 
             }
             for (int jj = 0; jj < AT_BK; jj++) {
                 const float db = __shfl_sync(0xffffffffu, ds, jj);
-                for (int c = 0; c < AT_NC; c++) {
+                for (int c = 0; c < NC; c++) {
                     const int d = lane + 32 * c;
                     if (d < Dh) acc[rr][c] += db * sK[jj * ldk + d];
                 }
@@ -285,14 +292,14 @@ __global__ void __launch_bounds__(AT_THREADS) att_bwd_dq_kernel(att_p p, S *dq, 
         const int64_t i = i0 + w * AT_RW + rr;
         if (i >= p.Tq) break;
         S *o = dq + ((b * p.Tq + i) * p.H + h) * p.Dh;
-        for (int c = 0; c < AT_NC; c++) {
+        for (int c = 0; c < NC; c++) {
             const int d = lane + 32 * c;
             if (d < Dh) mt_st(o, d, p.scale * acc[rr][c]);
         }
     }
 }
 
-template <typename S>
+template <typename S, int NC>
 __global__ void __launch_bounds__(AT_THREADS) att_bwd_dkdv_kernel(att_p p, S *dk, S *dv, const S *dout,
                                                                   const S *q, const S *k, const S *v,
                                                                   const float *lse, const float *Dv) {
@@ -315,9 +322,9 @@ __global__ void __launch_bounds__(AT_THREADS) att_bwd_dkdv_kernel(att_p p, S *dk
     att_stage(sV, Dh, v, p, b, p.Tk, p.Hkv, hk, j0, AT_BKV, 1.0f);
     att_stage_pos(sKp, p.k_pos, p.Tk, j0, AT_BKV);
     att_stage_seg(sKs, p.k_seg, b, p.Tk, j0, AT_BKV);
-    float adk[AT_RW][AT_NC], adv[AT_RW][AT_NC];
+    float adk[AT_RW][NC], adv[AT_RW][NC];
     for (int rr = 0; rr < AT_RW; rr++)
-        for (int c = 0; c < AT_NC; c++) adk[rr][c] = adv[rr][c] = 0.0f;
+        for (int c = 0; c < NC; c++) adk[rr][c] = adv[rr][c] = 0.0f;
     for (int64_t gi = 0; gi < p.G; gi++) {
         const int64_t h = hk * p.G + gi;
         for (int64_t i0 = 0; i0 < p.Tq; i0 += AT_BQ2) {
@@ -357,7 +364,7 @@ __global__ void __launch_bounds__(AT_THREADS) att_bwd_dkdv_kernel(att_p p, S *dk
                 for (int ii = 0; ii < AT_BQ2; ii++) {
                     const float pb = __shfl_sync(0xffffffffu, pr, ii);
                     const float db = __shfl_sync(0xffffffffu, ds, ii);
-                    for (int c = 0; c < AT_NC; c++) {
+                    for (int c = 0; c < NC; c++) {
                         const int d = lane + 32 * c;
                         if (d < Dh) {
                             adv[rr][c] += pb * sO[ii * ldq + d];
@@ -373,7 +380,7 @@ __global__ void __launch_bounds__(AT_THREADS) att_bwd_dkdv_kernel(att_p p, S *dk
         if (j >= p.Tk) break;
         S *ok_ = dk + ((b * p.Tk + j) * p.Hkv + hk) * p.Dh;
         S *ov = dv + ((b * p.Tk + j) * p.Hkv + hk) * p.Dh;
-        for (int c = 0; c < AT_NC; c++) {
+        for (int c = 0; c < NC; c++) {
             const int d = lane + 32 * c;
             if (d < Dh) {
                 mt_st(ok_, d, adk[rr][c]);
@@ -406,7 +413,7 @@ static att_p att_params(const mt_attn_args *a) {
 static mt_status att_check(const mt_attn_args *a) {
     if (a->Dh > AT_DMAX || a->Dh <= 0 || a->Hkv <= 0 || a->H % a->Hkv != 0 || a->H > 65535 || a->B > 65535)
         return mt_set_error(MT_ERR_INVALID, "cuda: attention: unsupported shape (head_dim %lld, H %lld, Hkv %lld, "
-                            "B %lld; head_dim 1..256, H %% Hkv == 0, H and B <= 65535)", (long long)a->Dh,
+                            "B %lld; head_dim 1..512, H %% Hkv == 0, H and B <= 65535)", (long long)a->Dh,
                             (long long)a->H, (long long)a->Hkv, (long long)a->B);
     return MT_OK;
 }
@@ -419,17 +426,27 @@ static mt_status att_smem(mt_backend *be, K kernel, size_t bytes) {
     return MT_OK;
 }
 
-template <typename S>
+template <typename S, int NC>
 static mt_status att_fwd_run(mt_backend *be, const att_p &p, S *out, float *lse, const S *q, const S *k,
                              const S *v) {
     const size_t Dh = (size_t)p.Dh;
     const size_t smem = (AT_BQ * Dh + AT_BK * (Dh + 1) + AT_BK * Dh) * sizeof(float) +
                         (AT_BQ + AT_BK) * (sizeof(long long) + sizeof(int));
-    MT_TRY(att_smem(be, att_fwd_kernel<S>, smem));
+    MT_TRY(att_smem(be, att_fwd_kernel<S, NC>, smem));
     dim3 grid((unsigned)((p.Tq + AT_BQ - 1) / AT_BQ), (unsigned)p.H, (unsigned)p.B);
-    att_fwd_kernel<S><<<grid, AT_THREADS, smem>>>(p, out, lse, q, k, v);
+    att_fwd_kernel<S, NC><<<grid, AT_THREADS, smem>>>(p, out, lse, q, k, v);
     MT_CUDA_LAUNCHED(be, "att_fwd_kernel");
     return MT_OK;
+}
+
+/* The columns per lane for p.Dh (att_check has held it to 1..AT_DMAX): the file comment's NC. */
+static int att_nc(const att_p &p) { return p.Dh <= 32 * AT_NC_SMALL ? AT_NC_SMALL : AT_NC_LARGE; }
+
+template <typename S>
+static mt_status att_fwd_any(mt_backend *be, const att_p &p, S *out, float *lse, const S *q, const S *k,
+                             const S *v) {
+    if (att_nc(p) == AT_NC_SMALL) return att_fwd_run<S, AT_NC_SMALL>(be, p, out, lse, q, k, v);
+    return att_fwd_run<S, AT_NC_LARGE>(be, p, out, lse, q, k, v);
 }
 
 /* The backward's scratch: D = rowsum(dO * O), [B, H, Tq] fp32. */
@@ -449,12 +466,12 @@ mt_status mt_cuda_attention_fwd(mt_backend *be, const mt_attn_args *a, void *out
     MT_TRY(att_check(a));
     const att_p p = att_params(a);
     if (a->dtype == MT_BF16)
-        return att_fwd_run(be, p, (__nv_bfloat16 *)out, lse, (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k,
+        return att_fwd_any(be, p, (__nv_bfloat16 *)out, lse, (const __nv_bfloat16 *)q, (const __nv_bfloat16 *)k,
                            (const __nv_bfloat16 *)v);
-    return att_fwd_run(be, p, (float *)out, lse, (const float *)q, (const float *)k, (const float *)v);
+    return att_fwd_any(be, p, (float *)out, lse, (const float *)q, (const float *)k, (const float *)v);
 }
 
-template <typename S>
+template <typename S, int NC>
 static mt_status att_bwd_run(mt_backend *be, const att_p &p, S *dq, S *dk, S *dv, const S *dout, const S *q,
                              const S *k, const S *v, const S *out, const float *lse) {
     const size_t Dh = (size_t)p.Dh;
@@ -472,17 +489,24 @@ static mt_status att_bwd_run(mt_backend *be, const att_p &p, S *dq, S *dk, S *dv
     MT_CUDA_LAUNCHED(be, "att_bwd_dot_kernel");
     const size_t smem_dq = (2 * AT_BQ * Dh + 2 * AT_BK * (Dh + 1)) * sizeof(float) +
                            (AT_BQ + AT_BK) * (sizeof(long long) + sizeof(int));
-    MT_TRY(att_smem(be, att_bwd_dq_kernel<S>, smem_dq));
+    MT_TRY(att_smem(be, att_bwd_dq_kernel<S, NC>, smem_dq));
     dim3 gq((unsigned)((p.Tq + AT_BQ - 1) / AT_BQ), (unsigned)p.H, (unsigned)p.B);
-    att_bwd_dq_kernel<S><<<gq, AT_THREADS, smem_dq>>>(p, dq, dout, q, k, v, lse, Dv);
+    att_bwd_dq_kernel<S, NC><<<gq, AT_THREADS, smem_dq>>>(p, dq, dout, q, k, v, lse, Dv);
     MT_CUDA_LAUNCHED(be, "att_bwd_dq_kernel");
     const size_t smem_kv = (2 * AT_BKV * Dh + 2 * AT_BQ2 * (Dh + 1) + 2 * AT_BQ2) * sizeof(float) +
                            (AT_BQ2 + AT_BKV) * (sizeof(long long) + sizeof(int));
-    MT_TRY(att_smem(be, att_bwd_dkdv_kernel<S>, smem_kv));
+    MT_TRY(att_smem(be, att_bwd_dkdv_kernel<S, NC>, smem_kv));
     dim3 gk((unsigned)((p.Tk + AT_BKV - 1) / AT_BKV), (unsigned)p.Hkv, (unsigned)p.B);
-    att_bwd_dkdv_kernel<S><<<gk, AT_THREADS, smem_kv>>>(p, dk, dv, dout, q, k, v, lse, Dv);
+    att_bwd_dkdv_kernel<S, NC><<<gk, AT_THREADS, smem_kv>>>(p, dk, dv, dout, q, k, v, lse, Dv);
     MT_CUDA_LAUNCHED(be, "att_bwd_dkdv_kernel");
     return MT_OK;
+}
+
+template <typename S>
+static mt_status att_bwd_any(mt_backend *be, const att_p &p, S *dq, S *dk, S *dv, const S *dout, const S *q,
+                             const S *k, const S *v, const S *out, const float *lse) {
+    if (att_nc(p) == AT_NC_SMALL) return att_bwd_run<S, AT_NC_SMALL>(be, p, dq, dk, dv, dout, q, k, v, out, lse);
+    return att_bwd_run<S, AT_NC_LARGE>(be, p, dq, dk, dv, dout, q, k, v, out, lse);
 }
 
 mt_status mt_cuda_attention_bwd(mt_backend *be, const mt_attn_args *a, void *dq, void *dk, void *dv,
@@ -497,9 +521,9 @@ mt_status mt_cuda_attention_bwd(mt_backend *be, const mt_attn_args *a, void *dq,
     const att_p p = att_params(a);
     if (a->dtype == MT_BF16) {
         typedef __nv_bfloat16 S;
-        return att_bwd_run(be, p, (S *)dq, (S *)dk, (S *)dv, (const S *)dout, (const S *)q, (const S *)k,
+        return att_bwd_any(be, p, (S *)dq, (S *)dk, (S *)dv, (const S *)dout, (const S *)q, (const S *)k,
                            (const S *)v, (const S *)out, lse);
     }
-    return att_bwd_run(be, p, (float *)dq, (float *)dk, (float *)dv, (const float *)dout, (const float *)q,
+    return att_bwd_any(be, p, (float *)dq, (float *)dk, (float *)dv, (const float *)dout, (const float *)q,
                        (const float *)k, (const float *)v, (const float *)out, lse);
 }
