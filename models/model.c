@@ -198,19 +198,15 @@ mt_status mt_model_check_dtype_layout(const mt_model_layout *lay) {
     return MT_OK;
 }
 
-/* gemma4 runs in one process so far (model_gemma4.c): no tensor, context or fsdp axis,
- * no sequence parallelism, packing or parameter host offload. */
+/* gemma4 (model_gemma4.c) runs on data, tensor (with or without sequence parallelism)
+ * and context parallelism; not yet with fsdp, packing or parameter host offload. */
 static mt_status check_gemma4_layout(const mt_model_layout *lay) {
-    const char *what = mtm_axis_size(lay->tensor_size) > 1    ? "ici_tensor_parallelism > 1"
-                       : mtm_axis_size(lay->context_size) > 1 ? "ici_context_parallelism > 1"
-                       : mtm_axis_size(lay->fsdp_size) > 1    ? "ici_fsdp_parallelism > 1"
-                       : lay->sequence_parallel               ? "tensor_sequence_parallelism"
-                       : lay->packing                         ? "packing"
-                       : lay->param_offload                   ? "parameter_memory_host_offload"
-                                                              : NULL;
+    const char *what = mtm_axis_size(lay->fsdp_size) > 1 ? "ici_fsdp_parallelism > 1"
+                       : lay->packing                   ? "packing"
+                       : lay->param_offload             ? "parameter_memory_host_offload"
+                                                        : NULL;
     if (what)
-        return mt_set_error(MT_ERR_UNSUPPORTED, "decoder_block=gemma4 with %s is not supported yet (issue 18: one "
-                            "process)", what);
+        return mt_set_error(MT_ERR_UNSUPPORTED, "decoder_block=gemma4 with %s is not supported yet (issue 18)", what);
     return MT_OK;
 }
 
@@ -395,8 +391,9 @@ mt_dtype mt_model_dtype(const mt_model *m) { return m->dt; }
 mt_status mt_model_set_grad_sink(mt_model *m, mt_grad_sink_fn fn, void *ctx) {
     if (!m) return mt_set_error(MT_ERR_INVALID, "mt_model_set_grad_sink: NULL model");
     if (m->g4.on && fn) /* its layers' gradient windows differ in size and the per-layer inputs' come last */
-        return mt_set_error(MT_ERR_UNSUPPORTED, "decoder_block=gemma4: gradient windows (ZeRO-1 / fsdp) are not "
-                            "supported yet (issue 18)");
+        return mt_set_error(MT_ERR_UNSUPPORTED, "decoder_block=gemma4 with gradient windows "
+                            "(shard_optimizer_over_data=true or ici_fsdp_parallelism > 1) is not supported yet "
+                            "(issue 18)");
     if (m->plan.planned) return mt_set_error(MT_ERR_INVALID, "mt_model_set_grad_sink: set it before planning");
     m->sink.fn = fn;
     m->sink.ctx = ctx;

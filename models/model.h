@@ -63,8 +63,9 @@ typedef struct mt_model mt_model;
  * (parallel/vocab_loss.h); o_proj / down_proj outputs and the column-parallel input
  * gradients are all-reduced over the group. Parameters and gradients keep the full flat
  * layout: this rank's gradient holds its slices of the split matrices, its embedding
- * rows' share (the embedding backward runs on rank 0 only) and the 1-D norm gradients,
- * which are identical on every rank (mt_model_tp_grad_replicated): summing the group's
+ * rows' share (the embedding backward runs on rank 0 only) and the 1-D norm gradients
+ * (with gemma4 the per-layer-input parameters too), which are identical on every rank
+ * (mt_model_tp_grad_replicated): summing the group's
  * gradients with the replicated ones taken from one rank gives the full gradient.
  * Activation buffers shrink to the local heads / mlp columns / vocab slice.
  *
@@ -173,9 +174,9 @@ typedef struct mt_model_layout {
  * read. Errors: MT_ERR_INVALID naming a dtype that is neither. */
 mt_status mt_model_check_dtype_layout(const mt_model_layout *lay);
 
-/* The layouts the decoder block runs on: every block on every layout except gemma4, one
- * process so far (no tensor, context or fsdp axis, sequence parallelism, packing or
- * parameter offload). Checked by mt_model_create and by the trainer's layout check, so
+/* The layouts the decoder block runs on: every block on every layout except gemma4,
+ * which runs on the data, tensor (with sequence parallelism too) and context axes so
+ * far (no fsdp axis, packing or parameter offload). Checked by mt_model_create and by the trainer's layout check, so
  * the estimator's mesh search never proposes a layout the model refuses. Errors:
  * MT_ERR_UNSUPPORTED "decoder_block=gemma4 with <key> is not supported yet". */
 mt_status mt_model_check_block_layout(const mt_model_config *cfg, const mt_model_layout *lay);
@@ -309,7 +310,10 @@ int64_t mt_model_fsdp_gather_floats(const mt_model *m);
 uint64_t mt_model_shard_bytes(const mt_model *m);
 
 /* 1 when parameter i's gradient is identical on every rank of the tensor group (the
- * 1-D norm scales except q_norm / k_norm), 0 otherwise and without tensor parallelism. */
+ * 1-D norm scales except q_norm / k_norm, and gemma4's per-layer-input parameters:
+ * the per-layer embedding, its projection and norm, each layer's per_layer_input_gate,
+ * per_layer_projection and post_per_layer_input_norm), 0 otherwise, under sequence
+ * parallelism and without tensor parallelism. */
 int mt_model_tp_grad_replicated(const mt_model *m, int i);
 
 /* Point the model's buffers into `arena` (allocated from the finalised plan). */

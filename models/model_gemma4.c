@@ -26,7 +26,21 @@
  * reaches the donor's projections. layer_scalar gets none (a buffer in transformers).
  * The donor's key_proj / value_proj are kept from its forward to its backward
  * whatever the remat policy (model_plan.c), since the sharing layers read them in
- * between. */
+ * between.
+ *
+ * Parallelism (model_shard.c, as for the other families). Tensor: q/k/v and gate/up
+ * column-parallel, o_proj and down_proj row-parallel, with each layer's own widths (its
+ * head dim, its MLP width / tp: mtm_layer_qd / mtm_layer_f); q_norm / k_norm / v_norm
+ * are per head, so local. A sharing layer's K/V are the donor's local kv heads, which
+ * are its own too, so the accumulators stay per rank. The per-layer inputs and each
+ * layer's per-layer-input block run whole on every rank from the replicated residual
+ * stream: their parameters' gradients are replicated (mt_model_tp_grad_replicated).
+ * Sequence parallelism: the residual stream, the per-layer inputs (from this rank's
+ * rows of the embedding and tokens) and the per-layer-input blocks hold this rank's
+ * seq_rows; their gradients are then partial and summed over the group. Context: each
+ * layer, a sharing one included, gathers (or rings) the K/V it attends to with its own
+ * width; a sharing layer's dK / dV come back to this rank's rows before they reach the
+ * accumulator. */
 #include "models/model_internal.h"
 
 #include <math.h>
@@ -35,8 +49,13 @@
 
 #define G4B(m, i) ((m)->g4.buf[i])
 
-static int64_t g4_dh(const mt_model *m, int64_t l) { return mt_model_layer_head_dim(&m->cfg, l); }
-static int64_t g4_f(const mt_model *m, int64_t l) { return mt_model_layer_mlp_dim(&m->cfg, l); }
+static int64_t g4_dh(const mt_model *m, int64_t l) { return mtm_layer_dh(m, l); }
+/* The layer's MLP width on this rank (its tensor-parallel slice) and in all: the
+ * latter is the row stride of the row-parallel down_proj. */
+static int64_t g4_f(const mt_model *m, int64_t l) { return mtm_layer_f(m, l); }
+static int64_t g4_fg(const mt_model *m, int64_t l) { return mt_model_layer_mlp_dim(&m->cfg, l); }
+/* The layer's query width in all (this rank's is H x Dh): the row stride of o_proj. */
+static int64_t g4_qdg(const mt_model *m, int64_t l) { return m->tp.size * m->H * g4_dh(m, l); }
 static int g4_kind(const mt_model *m, int64_t l) { return mt_model_layer_is_local(&m->cfg, l) ? 0 : 1; }
 
 int mtm_g4_is_donor(const mt_model *m, int64_t l) {
@@ -46,24 +65,26 @@ int mtm_g4_is_donor(const mt_model *m, int64_t l) {
     return 0;
 }
 
-/* dst[N, P] = all[:, l*P : (l+1)*P] of all [N, L*P] (GEMM with the identity). */
+/* dst[Ns, P] = all[:, l*P : (l+1)*P] of all [Ns, L*P] (GEMM with the identity); Ns =
+ * seq_rows, this rank's residual rows (all N without sequence parallelism). */
 static mt_status ple_slice(mt_model *m, void *dst, const void *all, int64_t l) {
-    const int64_t N = m->N, P = m->g4.P, LP = m->cfg.num_decoder_layers * P;
+    const int64_t N = seq_rows(m), P = m->g4.P, LP = m->cfg.num_decoder_layers * P;
     return m->be->ops->gemm(m->be, 0, 0, N, P, P, 1.0f, AT(m, all, l * P), LP, G4B(m, G4_IDENT), P, m->dt, 0.0f,
                             dst, P, m->dt);
 }
 
-/* all[:, l*P : (l+1)*P] += src[N, P]. */
+/* all[:, l*P : (l+1)*P] += src[Ns, P]. */
 static mt_status ple_unslice_add(mt_model *m, void *all, const void *src, int64_t l) {
-    const int64_t N = m->N, P = m->g4.P, LP = m->cfg.num_decoder_layers * P;
+    const int64_t N = seq_rows(m), P = m->g4.P, LP = m->cfg.num_decoder_layers * P;
     return m->be->ops->gemm(m->be, 0, 0, N, P, P, 1.0f, src, P, G4B(m, G4_IDENT), P, m->dt, 1.0f,
                             AT(m, all, l * P), LP, m->dt);
 }
 
-/* y[N*D] = x[N*D] * s[0] with s the layer_scalar parameter (a [1] tensor in backend
- * memory): a GEMM [N*D, 1] x [1, 1], one exact product per element. */
+/* y[Ns*D] = x[Ns*D] * s[0] with s the layer_scalar parameter (a [1] tensor in backend
+ * memory): a GEMM [Ns*D, 1] x [1, 1], one exact product per element. */
 static mt_status times_scalar(mt_model *m, void *y, const void *x, int pi) {
-    return m->be->ops->gemm(m->be, 0, 0, m->N * m->D, 1, 1, 1.0f, x, 1, mtm_pw(m, pi), 1, m->dt, 0.0f, y, 1, m->dt);
+    return m->be->ops->gemm(m->be, 0, 0, seq_rows(m) * m->D, 1, 1, 1.0f, x, 1, mtm_pw(m, pi), 1, m->dt, 0.0f, y, 1,
+                            m->dt);
 }
 
 /* ------------------------------------------------------------------ per-layer inputs */
@@ -72,7 +93,9 @@ mt_status mtm_g4_inputs_forward(mt_model *m) {
     mt_backend *be = m->be;
     MT_TRY(be->ops->zero(be, G4B(m, G4_VZERO), (size_t)m->Dh * m->es));
     if (m->g4.P == 0) return MT_OK;
-    const int64_t N = m->N, D = m->D, P = m->g4.P, L = m->cfg.num_decoder_layers, LP = L * P;
+    /* this rank's residual rows (sequence parallelism: the layers read P for those only) */
+    const int64_t N = seq_rows(m), D = m->D, P = m->g4.P, L = m->cfg.num_decoder_layers, LP = L * P;
+    const int32_t *tok = (const int32_t *)m->plan.gptr[GB_TOKENS] + seq_row0(m);
     const size_t nlp = (size_t)(N * LP);
     if (!m->g4.ident_host) { /* the [P, P] identity of the activation dtype (bf16 one: 0x3f80) */
         m->g4.ident_host = calloc((size_t)(P * P), m->es);
@@ -91,8 +114,7 @@ mt_status mtm_g4_inputs_forward(mt_model *m) {
     MT_TRY(be->ops->rmsnorm_fwd(be, all, G4B(m, G4_PLE_ROWRSTD), tmp, mtm_pw(m, m->par.ple_proj_norm), N * L, P, m->eps,
                                 m->w_off, m->dt));
     /* + embed_tokens_per_layer(ids) * sqrt(hidden_size_per_layer_input), then * 2**-0.5 */
-    MT_TRY(be->ops->embedding_fwd(be, tmp, mtm_pw(m, m->par.ple_embed), (const int32_t *)m->plan.gptr[GB_TOKENS], N, LP,
-                                  (float)sqrt((double)P), m->dt));
+    MT_TRY(be->ops->embedding_fwd(be, tmp, mtm_pw(m, m->par.ple_embed), tok, N, LP, (float)sqrt((double)P), m->dt));
     MT_TRY(be->ops->axpy(be, all, tmp, 1.0f, (int64_t)nlp, m->dt));
     return be->ops->scale(be, all, (float)(1.0 / sqrt(2.0)), (int64_t)nlp, m->dt);
 }
@@ -111,15 +133,15 @@ mt_status mtm_g4_backward_begin(mt_model *m) {
 mt_status mtm_g4_inputs_backward(mt_model *m, void *G) {
     if (m->g4.P == 0) return MT_OK;
     mt_backend *be = m->be;
-    const int64_t N = m->N, D = m->D, P = m->g4.P, L = m->cfg.num_decoder_layers, LP = L * P, V = m->V;
+    const int64_t N = seq_rows(m), D = m->D, P = m->g4.P, L = m->cfg.num_decoder_layers, LP = L * P, V = m->V;
+    const int32_t *tok = (const int32_t *)m->plan.gptr[GB_TOKENS] + seq_row0(m);
     const size_t nlp = (size_t)(N * LP);
     const float dscale = (float)(1.0 / sqrt((double)D));
     const void *x0 = m->plan.lptr[0][MT_LT_DECODER_LAYER_INPUT];
     void *all = G4B(m, G4_PLE_ALL), *dall = G4B(m, G4_PLE_DALL), *dproj = G4B(m, G4_PLE_TMP);
     /* d(sum) = dP * 2**-0.5 reaches both the scaled per-layer embedding and the norm */
     MT_TRY(be->ops->scale(be, dall, (float)(1.0 / sqrt(2.0)), (int64_t)nlp, m->dt));
-    MT_TRY(be->ops->embedding_bwd(be, mtm_gw(m, m->par.ple_embed), dall, (const int32_t *)m->plan.gptr[GB_TOKENS], N, V,
-                                  LP, (float)sqrt((double)P), m->dt));
+    MT_TRY(be->ops->embedding_bwd(be, mtm_gw(m, m->par.ple_embed), dall, tok, N, V, LP, (float)sqrt((double)P), m->dt));
     /* the projection before its norm, recomputed (the forward's op sequence) */
     MT_TRY(linear_fwd(m, all, x0, mtm_pw(m, m->par.ple_model_proj), N, D, LP, 0.0f));
     MT_TRY(be->ops->scale(be, all, dscale, (int64_t)nlp, m->dt));
@@ -193,11 +215,11 @@ static mt_status g4_kv_fwd(mt_model *m, int64_t l, void *a[MT_LT_COUNT], const v
 }
 
 /* y += post_per_layer_input_norm(per_layer_projection(gelu(per_layer_input_gate(y)) *
- * P_l)); out [N, D] scratch for the norm's output. */
+ * P_l)) on this rank's residual rows; out [Ns, D] scratch for the norm's output. */
 static mt_status g4_ple_fwd(mt_model *m, int64_t l, void *y, void *out) {
     mt_backend *be = m->be;
     const layer_params *lp = &m->par.layer[l];
-    const int64_t N = m->N, D = m->D, P = m->g4.P;
+    const int64_t N = seq_rows(m), D = m->D, P = m->g4.P;
     MT_TRY(linear_fwd(m, G4B(m, G4_PLE_A), y, mtm_pw(m, lp->ple_gate), N, D, P, 0.0f));
     MT_TRY(ple_slice(m, G4B(m, G4_PLE_B), G4B(m, G4_PLE_ALL), l));
     MT_TRY(be->ops->glu_fwd(be, G4B(m, G4_PLE_C), G4B(m, G4_PLE_A), G4B(m, G4_PLE_B), N * P, m->cfg.mlp_activation,
@@ -214,7 +236,8 @@ mt_status mtm_g4_layer_forward(mt_model *m, int64_t l) {
     void *a[MT_LT_COUNT];
     g4_ptrs(m, l, 1, a);
     const int64_t N = m->N, D = m->D, Dh = g4_dh(m, l), QD = m->H * Dh, F = g4_f(m, l);
-    const size_t ND = (size_t)(N * D) * m->es;
+    const int64_t Ns = seq_rows(m); /* residual rows (sequence parallelism: N / tp) */
+    const size_t ND = (size_t)(Ns * D) * m->es;
     void *nrm = m->plan.gptr[GB_FWD_NORM], *res = m->plan.gptr[GB_FWD_RESID];
     void *tmp = m->plan.gptr[GB_FWD_TMP], *glu = m->plan.gptr[GB_FWD_GLU];
     const void *x = a[MT_LT_DECODER_LAYER_INPUT];
@@ -226,19 +249,19 @@ mt_status mtm_g4_layer_forward(mt_model *m, int64_t l) {
     if (mt_model_layer_kv_donor(&m->cfg, l) < 0) MT_TRY(g4_kv_fwd(m, l, a, nrm, tmp, 1, 1));
     MT_TRY(mtm_cp_attention_fwd(m, l, a[MT_LT_CONTEXT], a[MT_LT_CONTEXT_LSE], a[MT_LT_QUERY_PROJ], a[MT_LT_KEY_PROJ],
                                 a[MT_LT_VALUE_PROJ]));
-    MT_TRY(mtm_row_fwd(m, a[MT_LT_OUT_PROJ], a[MT_LT_CONTEXT], lp->o, QD, QD, 0.0f, tmp, NULL));
+    MT_TRY(mtm_row_fwd(m, a[MT_LT_OUT_PROJ], a[MT_LT_CONTEXT], lp->o, QD, g4_qdg(m, l), 0.0f, tmp, NULL));
     MT_TRY(be->ops->rmsnorm_fwd(be, tmp, a[MT_LT_POST_ATTN_NORM_RSTD], a[MT_LT_OUT_PROJ], mtm_pw(m, lp->post_attn_norm),
-                                N, D, m->eps, m->w_off, m->dt));
+                                Ns, D, m->eps, m->w_off, m->dt));
     /* MLP */
     MT_TRY(mtm_add_norm_gather(m, res, nrm, a[MT_LT_PRE_MLP_NORM_RSTD], x, tmp, lp->pre_mlp_norm));
     MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_0], nrm, mtm_pw(m, lp->gate), N, D, F, 0.0f));
     MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_1], nrm, mtm_pw(m, lp->up), N, D, F, 0.0f));
     MT_TRY(be->ops->glu_fwd(be, glu, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
-    MT_TRY(mtm_row_fwd(m, a[MT_LT_MLPWO], glu, lp->down, F, F, 0.0f, nrm, NULL));
-    MT_TRY(be->ops->rmsnorm_fwd(be, tmp, a[MT_LT_POST_FFW_NORM_RSTD], a[MT_LT_MLPWO], mtm_pw(m, lp->post_ffw_norm), N, D,
-                                m->eps, m->w_off, m->dt));
+    MT_TRY(mtm_row_fwd(m, a[MT_LT_MLPWO], glu, lp->down, F, g4_fg(m, l), 0.0f, nrm, NULL));
+    MT_TRY(be->ops->rmsnorm_fwd(be, tmp, a[MT_LT_POST_FFW_NORM_RSTD], a[MT_LT_MLPWO], mtm_pw(m, lp->post_ffw_norm), Ns,
+                                D, m->eps, m->w_off, m->dt));
     MT_TRY(be->ops->copy(be, y, res, ND));
-    MT_TRY(be->ops->axpy(be, y, tmp, 1.0f, N * D, m->dt));
+    MT_TRY(be->ops->axpy(be, y, tmp, 1.0f, Ns * D, m->dt));
     /* per-layer input, then layer_scalar */
     if (m->g4.P > 0) MT_TRY(g4_ple_fwd(m, l, y, tmp));
     MT_TRY(be->ops->copy(be, res, y, ND));
@@ -262,7 +285,7 @@ static mt_status g4_recompute_attn(mt_model *m, int64_t l, void *a[MT_LT_COUNT],
         MT_TRY(mtm_cp_attention_fwd(m, l, a[MT_LT_CONTEXT], a[MT_LT_CONTEXT_LSE], a[MT_LT_QUERY_PROJ],
                                     a[MT_LT_KEY_PROJ], a[MT_LT_VALUE_PROJ]));
     if (g4_recompute(m, l, MT_LT_OUT_PROJ))
-        MT_TRY(mtm_row_fwd(m, a[MT_LT_OUT_PROJ], a[MT_LT_CONTEXT], lp->o, QD, QD, 0.0f, nrm, NULL));
+        MT_TRY(mtm_row_fwd(m, a[MT_LT_OUT_PROJ], a[MT_LT_CONTEXT], lp->o, QD, g4_qdg(m, l), 0.0f, nrm, NULL));
     return MT_OK;
 }
 
@@ -274,7 +297,7 @@ static mt_status g4_ple_bwd(mt_model *m, int64_t l, void *a[MT_LT_COUNT], void *
                             void *d2) {
     mt_backend *be = m->be;
     const layer_params *lp = &m->par.layer[l];
-    const int64_t N = m->N, D = m->D, P = m->g4.P;
+    const int64_t N = seq_rows(m), D = m->D, P = m->g4.P; /* this rank's residual rows */
     void *ymid = G4B(m, G4_YMID), *o = G4B(m, G4_O);
     void *pa = G4B(m, G4_PLE_A), *pb = G4B(m, G4_PLE_B), *pc = G4B(m, G4_PLE_C);
     void *pd = G4B(m, G4_PLE_D), *pe = G4B(m, G4_PLE_E);
@@ -308,7 +331,8 @@ mt_status mtm_g4_layer_backward(mt_model *m, int64_t l) {
     MT_TRY(mtm_layer_restore(m, l, a));
     const int64_t N = m->N, D = m->D, H = m->H, Hkv = m->Hkv, Dh = g4_dh(m, l), F = g4_f(m, l);
     const int64_t QD = H * Dh, KVD = Hkv * Dh;
-    const size_t ND = (size_t)(N * D) * m->es;
+    const int64_t Ns = seq_rows(m), s0 = seq_row0(m); /* residual rows (sequence parallelism) */
+    const size_t ND = (size_t)(Ns * D) * m->es;
     const float eps = m->eps, off = m->w_off;
     const int64_t donor = mt_model_layer_kv_donor(&m->cfg, l);
     const int k = g4_kind(m, l);
@@ -326,39 +350,43 @@ mt_status mtm_g4_layer_backward(mt_model *m, int64_t l) {
     MT_TRY(be->ops->copy(be, d1, G, ND));
     MT_TRY(times_scalar(m, G, d1, lp->scalar));
     /* recompute h and n2, then the MLP tensors not kept */
-    MT_TRY(be->ops->rmsnorm_fwd(be, d2, a[MT_LT_POST_ATTN_NORM_RSTD], a[MT_LT_OUT_PROJ], mtm_pw(m, lp->post_attn_norm), N,
-                                D, eps, off, m->dt));
+    MT_TRY(be->ops->rmsnorm_fwd(be, d2, a[MT_LT_POST_ATTN_NORM_RSTD], a[MT_LT_OUT_PROJ], mtm_pw(m, lp->post_attn_norm),
+                                Ns, D, eps, off, m->dt));
     MT_TRY(mtm_add_norm_gather(m, res, nrm, a[MT_LT_PRE_MLP_NORM_RSTD], x, d2, lp->pre_mlp_norm));
     if (g4_recompute(m, l, MT_LT_MLPWI_0)) MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_0], nrm, mtm_pw(m, lp->gate), N, D, F, 0.0f));
     if (g4_recompute(m, l, MT_LT_MLPWI_1)) MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_1], nrm, mtm_pw(m, lp->up), N, D, F, 0.0f));
     if (g4_recompute(m, l, MT_LT_MLPWO)) {
         MT_TRY(be->ops->glu_fwd(be, w0, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
-        MT_TRY(mtm_row_fwd(m, a[MT_LT_MLPWO], w0, lp->down, F, F, 0.0f, d2, NULL));
+        MT_TRY(mtm_row_fwd(m, a[MT_LT_MLPWO], w0, lp->down, F, g4_fg(m, l), 0.0f, d2, NULL));
     }
     /* y2 = y1 + per-layer input: G <- dloss/dy1 */
     if (m->g4.P > 0) MT_TRY(g4_ple_bwd(m, l, a, G, res, d1, d2));
 
     /* ---- MLP: y1 = h + post_ffw(down(act(g) u)) ---- */
-    MT_TRY(be->ops->zero(be, d1, ND));
-    MT_TRY(be->ops->rmsnorm_bwd(be, d1, mtm_gw(m, lp->post_ffw_norm), G, a[MT_LT_MLPWO], mtm_pw(m, lp->post_ffw_norm),
-                                a[MT_LT_POST_FFW_NORM_RSTD], N, D, off, m->dt));
+    /* d(down_proj output) [N, D]: under sequence parallelism this rank's rows, all-gathered */
+    MT_TRY(be->ops->zero(be, AT(m, d1, s0 * D), ND));
+    MT_TRY(be->ops->rmsnorm_bwd(be, AT(m, d1, s0 * D), mtm_gw(m, lp->post_ffw_norm), G, a[MT_LT_MLPWO],
+                                mtm_pw(m, lp->post_ffw_norm), a[MT_LT_POST_FFW_NORM_RSTD], Ns, D, off, m->dt));
+    mtm_sp_gather(m, d1);
     MT_TRY(be->ops->glu_fwd(be, w0, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
-    MT_TRY(mtm_row_bwd_w(m, lp->down, d1, w0, F, F));
-    MT_TRY(mtm_row_bwd_x(m, w0, d1, lp->down, F, F, 0.0f));
+    MT_TRY(mtm_row_bwd_w(m, lp->down, d1, w0, F, g4_fg(m, l)));
+    MT_TRY(mtm_row_bwd_x(m, w0, d1, lp->down, F, g4_fg(m, l), 0.0f));
     MT_TRY(be->ops->glu_bwd(be, w1, w2, w0, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
     MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->gate), w1, nrm, N, D, F));
     MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->up), w2, nrm, N, D, F));
     MT_TRY(linear_bwd_x(m, d2, w1, mtm_pw(m, lp->gate), N, D, F, 0.0f));
     MT_TRY(linear_bwd_x(m, d2, w2, mtm_pw(m, lp->up), N, D, F, 1.0f));
-    MT_TRY(be->ops->rmsnorm_bwd(be, G, mtm_gw(m, lp->pre_mlp_norm), d2, res, mtm_pw(m, lp->pre_mlp_norm),
-                                a[MT_LT_PRE_MLP_NORM_RSTD], N, D, off, m->dt));
+    const void *dn2 = mtm_tp_sum_input_grad(m, d2, d1); /* column-parallel gate/up: partial sums */
+    MT_TRY(be->ops->rmsnorm_bwd(be, G, mtm_gw(m, lp->pre_mlp_norm), dn2, res, mtm_pw(m, lp->pre_mlp_norm),
+                                a[MT_LT_PRE_MLP_NORM_RSTD], Ns, D, off, m->dt));
 
     /* ---- attention: h = x + post_attn(o_proj(attn(q, k, v))) ---- */
-    MT_TRY(be->ops->zero(be, d1, ND));
-    MT_TRY(be->ops->rmsnorm_bwd(be, d1, mtm_gw(m, lp->post_attn_norm), G, a[MT_LT_OUT_PROJ], mtm_pw(m, lp->post_attn_norm),
-                                a[MT_LT_POST_ATTN_NORM_RSTD], N, D, off, m->dt));
-    MT_TRY(mtm_row_bwd_w(m, lp->o, d1, a[MT_LT_CONTEXT], QD, QD));
-    MT_TRY(mtm_row_bwd_x(m, w0, d1, lp->o, QD, QD, 0.0f)); /* dcontext */
+    MT_TRY(be->ops->zero(be, AT(m, d1, s0 * D), ND));
+    MT_TRY(be->ops->rmsnorm_bwd(be, AT(m, d1, s0 * D), mtm_gw(m, lp->post_attn_norm), G, a[MT_LT_OUT_PROJ],
+                                mtm_pw(m, lp->post_attn_norm), a[MT_LT_POST_ATTN_NORM_RSTD], Ns, D, off, m->dt));
+    mtm_sp_gather(m, d1);
+    MT_TRY(mtm_row_bwd_w(m, lp->o, d1, a[MT_LT_CONTEXT], QD, g4_qdg(m, l)));
+    MT_TRY(mtm_row_bwd_x(m, w0, d1, lp->o, QD, g4_qdg(m, l), 0.0f)); /* dcontext */
     MT_TRY(mtm_cp_attention_bwd(m, l, w1, w2, w3, w0, a[MT_LT_QUERY_PROJ], a[MT_LT_KEY_PROJ], a[MT_LT_VALUE_PROJ],
                                 a[MT_LT_CONTEXT], a[MT_LT_CONTEXT_LSE]));
     void *acc_k = G4B(m, k ? G4_SKV_DK1 : G4_SKV_DK0), *acc_v = G4B(m, k ? G4_SKV_DV1 : G4_SKV_DV0);
@@ -397,6 +425,7 @@ mt_status mtm_g4_layer_backward(mt_model *m, int64_t l) {
         MT_TRY(linear_bwd_x(m, d2, w1, mtm_pw(m, lp->k), N, D, KVD, 1.0f));
         MT_TRY(linear_bwd_x(m, d2, w2, mtm_pw(m, lp->v), N, D, KVD, 1.0f));
     }
-    return be->ops->rmsnorm_bwd(be, G, mtm_gw(m, lp->in_norm), d2, x, mtm_pw(m, lp->in_norm), a[MT_LT_INPUT_NORM_RSTD],
-                                N, D, off, m->dt);
+    const void *dn1 = mtm_tp_sum_input_grad(m, d2, d1); /* column-parallel q/k/v: partial sums */
+    return be->ops->rmsnorm_bwd(be, G, mtm_gw(m, lp->in_norm), dn1, x, mtm_pw(m, lp->in_norm), a[MT_LT_INPUT_NORM_RSTD],
+                                Ns, D, off, m->dt);
 }

@@ -299,6 +299,19 @@ static inline int64_t seq_row0(const mt_model *m) { return m->tp.sp ? m->tp.rank
 /* A layout axis size: 0 counts as 1, so a zeroed mt_model_layout is one process. */
 static inline int mtm_axis_size(int n) { return n == 0 ? 1 : n; }
 
+/* Layer l's widths on this rank (m->H, m->Hkv are this rank's heads after
+ * model_shard.c tp_setup; every layer has the config's widths but gemma4's, whose
+ * global layers have global_head_dim and whose KV-sharing layers may have a
+ * double-wide MLP): head dim, query width H x Dh, kv width Hkv x Dh, and the MLP
+ * width's tensor-parallel slice (mt_model_layer_mlp_dim / tp; the layout check keeps
+ * mlp_dim, and so twice it, divisible). */
+static inline int64_t mtm_layer_dh(const mt_model *m, int64_t l) { return mt_model_layer_head_dim(&m->cfg, l); }
+static inline int64_t mtm_layer_qd(const mt_model *m, int64_t l) { return m->H * mtm_layer_dh(m, l); }
+static inline int64_t mtm_layer_kvd(const mt_model *m, int64_t l) { return m->Hkv * mtm_layer_dh(m, l); }
+static inline int64_t mtm_layer_f(const mt_model *m, int64_t l) {
+    return mt_model_layer_mlp_dim(&m->cfg, l) / m->tp.size;
+}
+
 /* The parameters live in windows (parameter host offload or fsdp), not in GB_PARAMS. */
 static inline int params_windowed(const mt_model *m) { return m->pwin.offload || m->fsdp.size > 1; }
 
@@ -411,7 +424,9 @@ const void *mtm_unembedding(const mt_model *m);
 /* Gemma 4's layer forward / backward (as mtm_layer_forward / _backward), its per-layer
  * inputs after the embedding (forward) and their backward into the embedding gradient
  * G[N, D] (+=) and the per-layer-input parameters, and the zeroing of the accumulated
- * gradients at the start of a backward. One process only (model.c refuses the rest). */
+ * gradients at the start of a backward. Tensor, sequence and context parallelism as
+ * the other families (model_shard.c); model.c check_gemma4_layout refuses the layouts
+ * not written yet. */
 mt_status MT_MUST_CHECK mtm_g4_layer_forward(mt_model *m, int64_t l);
 mt_status MT_MUST_CHECK mtm_g4_layer_backward(mt_model *m, int64_t l);
 mt_status MT_MUST_CHECK mtm_g4_inputs_forward(mt_model *m);

@@ -66,9 +66,10 @@ size_t mtm_act_bytes(const mt_model *m, int j) {
 
 int64_t mtm_act_elems_layer(const mt_model *m, int64_t l, int j) {
     if (!m->g4.on) return mtm_act_elems(m, j);
-    /* gemma4: the layer's own head dim and MLP width; a KV-sharing layer saves no K/V */
+    /* gemma4: the layer's own head dim and MLP width (this rank's slice); a KV-sharing
+     * layer saves no K/V */
     const mt_model_config *c = &m->cfg;
-    const int64_t N = m->N, Dh = mt_model_layer_head_dim(c, l), F = mt_model_layer_mlp_dim(c, l);
+    const int64_t N = m->N, Dh = mtm_layer_dh(m, l), F = mtm_layer_f(m, l);
     const int own = mt_model_layer_kv_donor(c, l) < 0;
     switch (j) {
     case MT_LT_QUERY_PROJ: return N * m->H * Dh;

@@ -158,8 +158,23 @@ mt_status mtm_row_bwd_x(mt_model *m, void *dx, const void *dy, int pi, int64_t i
                             m->dt);
 }
 
+/* gemma4's per-layer-input parameters: the per-layer embedding, its projection and
+ * norm, and each layer's gate, projection and norm. Every tensor rank computes them
+ * whole from the replicated residual stream (model_gemma4.c), so without sequence
+ * parallelism their gradients are replicated, 2-D ones included. */
+static int g4_ple_param(const mt_model *m, int i) {
+    if (i == m->par.ple_embed || i == m->par.ple_model_proj || i == m->par.ple_proj_norm) return 1;
+    for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++) {
+        const layer_params *lp = &m->par.layer[l];
+        if (i == lp->ple_gate || i == lp->ple_proj || i == lp->ple_norm) return 1;
+    }
+    return 0;
+}
+
 int mt_model_tp_grad_replicated(const mt_model *m, int i) {
-    if (!m || m->tp.size == 1 || m->tp.sp || i < 0 || i >= m->par.count || m->par.info[i].ndim != 1) return 0;
+    if (!m || m->tp.size == 1 || m->tp.sp || i < 0 || i >= m->par.count) return 0;
+    if (m->g4.on && g4_ple_param(m, i)) return 1;
+    if (m->par.info[i].ndim != 1) return 0;
     for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++)
         if (i == m->par.layer[l].q_norm || i == m->par.layer[l].k_norm)
             return 0; /* summed over the heads of each rank */
@@ -187,11 +202,17 @@ int mt_model_tp_grad_replicated(const mt_model *m, int i) {
  * per-block dq (summed here) and dK/dV, which travel with the block and are sent
  * home after the last step. */
 
-static void cp_ring_pass(mt_model *m, void *const *send, void *const *recv, int nbuf) {
+/* The layer's K/V width on this rank: Hkv x the attention's head dim (gemma4's
+ * global layers have a larger one than m->Dh's local layers; the buffers are sized by
+ * the largest, m->KVD). */
+static int64_t cp_kvd(const mt_model *m, const mt_attn_args *args) { return m->Hkv * args->Dh; }
+
+/* Each of send[nbuf] ([N, kvd] blocks) to rank r + 1, recv[] from rank r - 1. */
+static void cp_ring_pass(mt_model *m, void *const *send, void *const *recv, int nbuf, int64_t kvd) {
     const int C = m->cp.size, r = m->cp.rank;
     for (int i = 0; i < nbuf && m->cp.status == MT_OK; i++)
-        m->cp.status = mt_comm_sendrecv(m->cp.comm, send[i], (r + 1) % C, recv[i], (r + C - 1) % C,
-                                        m->N * m->KVD, act_cd(m));
+        m->cp.status = mt_comm_sendrecv(m->cp.comm, send[i], (r + 1) % C, recv[i], (r + C - 1) % C, m->N * kvd,
+                                        act_cd(m));
 }
 
 /* out/lse (running, [B, Tq, H, Dh] / [B, H, Tq]) merged with one block's ob/lb. */
@@ -199,7 +220,8 @@ static void cp_ring_pass(mt_model *m, void *const *send, void *const *recv, int 
 static mt_status MT_MUST_CHECK cp_ring_fwd(mt_model *m, mt_attn_args *args, void *out, float *lse, const void *q,
                                            const void *k, const void *v) {
     const int C = m->cp.size, r = m->cp.rank;
-    const size_t kvb = (size_t)(m->N * m->KVD) * m->es;
+    const int64_t kvd = cp_kvd(m, args);
+    const size_t kvb = (size_t)(m->N * kvd) * m->es;
     void *kb[2] = {m->cp.buf[CP_RK0], m->cp.buf[CP_RK1]}, *vb[2] = {m->cp.buf[CP_RV0], m->cp.buf[CP_RV1]};
     MT_TRY(m->be->ops->copy(m->be, kb[0], k, kvb));
     MT_TRY(m->be->ops->copy(m->be, vb[0], v, kvb));
@@ -212,11 +234,11 @@ static mt_status MT_MUST_CHECK cp_ring_fwd(mt_model *m, mt_attn_args *args, void
         } else {
             MT_TRY(m->be->ops->attention_fwd(m->be, args, m->cp.buf[CP_ROUT], m->cp.buf[CP_RLSE], q, kb[cur], vb[cur]));
             MT_TRY(m->be->ops->attn_merge(m->be, out, lse, m->cp.buf[CP_ROUT], m->cp.buf[CP_RLSE], m->B, m->T, m->H,
-                                          m->Dh, m->dt));
+                                          args->Dh, m->dt));
         }
         if (s + 1 < C) {
             void *snd[2] = {kb[cur], vb[cur]}, *rcv[2] = {kb[!cur], vb[!cur]};
-            cp_ring_pass(m, snd, rcv, 2);
+            cp_ring_pass(m, snd, rcv, 2, kvd);
         }
     }
     return MT_OK;
@@ -226,7 +248,7 @@ static mt_status MT_MUST_CHECK cp_ring_bwd(mt_model *m, mt_attn_args *args, void
                                            const void *dout, const void *q, const void *k, const void *v,
                                            const void *out, const float *lse) {
     const int C = m->cp.size, r = m->cp.rank;
-    const int64_t nq = m->N * m->QD, nkv = m->N * m->KVD;
+    const int64_t kvd = cp_kvd(m, args), nq = m->N * m->H * args->Dh, nkv = m->N * kvd;
     const size_t kvb = (size_t)nkv * m->es;
     void *kb[2] = {m->cp.buf[CP_RK0], m->cp.buf[CP_RK1]}, *vb[2] = {m->cp.buf[CP_RV0], m->cp.buf[CP_RV1]};
     void *dkb[2] = {m->cp.buf[CP_RDK0], m->cp.buf[CP_RDK1]}, *dvb[2] = {m->cp.buf[CP_RDV0], m->cp.buf[CP_RDV1]};
@@ -248,18 +270,18 @@ static mt_status MT_MUST_CHECK cp_ring_bwd(mt_model *m, mt_attn_args *args, void
         MT_TRY(m->be->ops->axpy(m->be, dvb[cur], dv, 1.0f, nkv, m->dt));
         if (s + 1 < C) {
             void *snd[4] = {kb[cur], vb[cur], dkb[cur], dvb[cur]}, *rcv[4] = {kb[!cur], vb[!cur], dkb[!cur], dvb[!cur]};
-            cp_ring_pass(m, snd, rcv, 4);
+            cp_ring_pass(m, snd, rcv, 4, kvd);
         }
     }
     /* the block now here belongs to rank r + 1: send its gradients home, receive ours */
     void *snd[2] = {dkb[cur], dvb[cur]}, *rcv[2] = {dk, dv};
-    cp_ring_pass(m, snd, rcv, 2);
+    cp_ring_pass(m, snd, rcv, 2, kvd);
     return MT_OK;
 }
 
 /* full[B, Tg, KVD] (rank-major chunks reordered per sequence) = gather of x[B, 2Tc, KVD]. */
-static mt_status MT_MUST_CHECK cp_gather(mt_model *m, void *full, const void *x) {
-    const int64_t C = m->cp.size, B = m->B, Tl = m->T, KVD = m->KVD, blk = B * Tl * KVD;
+static mt_status MT_MUST_CHECK cp_gather(mt_model *m, void *full, const void *x, int64_t KVD) {
+    const int64_t C = m->cp.size, B = m->B, Tl = m->T, blk = B * Tl * KVD;
     void *stage = m->cp.buf[CP_STAGE];
     int64_t counts[C];
     for (int64_t r = 0; r < C; r++) counts[r] = blk;
@@ -272,8 +294,8 @@ static mt_status MT_MUST_CHECK cp_gather(mt_model *m, void *full, const void *x)
 }
 
 /* x[B, 2Tc, KVD] = this rank's rows of the group's sum of full[B, Tg, KVD]. */
-static mt_status MT_MUST_CHECK cp_scatter(mt_model *m, void *x, const void *full) {
-    const int64_t C = m->cp.size, B = m->B, Tl = m->T, KVD = m->KVD, blk = B * Tl * KVD;
+static mt_status MT_MUST_CHECK cp_scatter(mt_model *m, void *x, const void *full, int64_t KVD) {
+    const int64_t C = m->cp.size, B = m->B, Tl = m->T, blk = B * Tl * KVD;
     void *stage = m->cp.buf[CP_STAGE];
     int64_t counts[C];
     for (int64_t r = 0; r < C; r++) {
@@ -289,8 +311,8 @@ static mt_status MT_MUST_CHECK cp_scatter(mt_model *m, void *x, const void *full
 /* Context all-gather: the group's K and V into CP_K / CP_V, and args set to attend to
  * them (all Tg keys with their gathered positions and, with packing, segments). */
 static mt_status cp_gather_kv(mt_model *m, mt_attn_args *args, const void *k, const void *v) {
-    MT_TRY(cp_gather(m, m->cp.buf[CP_K], k));
-    MT_TRY(cp_gather(m, m->cp.buf[CP_V], v));
+    MT_TRY(cp_gather(m, m->cp.buf[CP_K], k, cp_kvd(m, args)));
+    MT_TRY(cp_gather(m, m->cp.buf[CP_V], v, cp_kvd(m, args)));
     args->Tk = m->Tg;
     args->k_pos = m->cp.buf[CP_KPOS];
     if (m->pack.on) args->k_seg = m->cp.buf[CP_KSEG];
@@ -332,8 +354,8 @@ mt_status mtm_cp_attention_bwd(mt_model *m, int64_t l, void *dq, void *dk, void 
     MT_TRY(cp_gather_kv(m, &args, k, v));
     MT_TRY(m->be->ops->attention_bwd(m->be, &args, dq, m->cp.buf[CP_DK], m->cp.buf[CP_DV], dout, q, m->cp.buf[CP_K],
                           m->cp.buf[CP_V], out, lse));
-    MT_TRY(cp_scatter(m, dk, m->cp.buf[CP_DK]));
-    MT_TRY(cp_scatter(m, dv, m->cp.buf[CP_DV]));
+    MT_TRY(cp_scatter(m, dk, m->cp.buf[CP_DK], cp_kvd(m, &args)));
+    MT_TRY(cp_scatter(m, dv, m->cp.buf[CP_DV], cp_kvd(m, &args)));
     return MT_OK;
 }
 
@@ -437,10 +459,11 @@ uint64_t mt_model_shard_bytes(const mt_model *m) {
             b += ar_bytes(4 * R, T) + ar_bytes(16 * R, T);
         }
     }
-    if (C > 1) { /* blocks of this rank's rows x local kv width */
-        const uint64_t blk = es * (uint64_t)(N * m->KVD);
-        b += m->cp.ring ? L * ((C - 1) * 6 * blk + 2 * blk) : 6 * L * (C - 1) * blk;
-    }
+    if (C > 1) /* blocks of this rank's rows x the layer's local kv width (gemma4's vary) */
+        for (int64_t l = 0; l < (int64_t)L; l++) {
+            const uint64_t blk = es * (uint64_t)(N * mtm_layer_kvd(m, l));
+            b += m->cp.ring ? (C - 1) * 6 * blk + 2 * blk : 6 * (C - 1) * blk;
+        }
     return b;
 }
 
@@ -465,15 +488,16 @@ static mt_status tp_setup(mt_model *m, mt_comm *comm, int size, int rank) {
     m->tp.Vl = m->V / T;
     m->tp.v0 = rank * m->tp.Vl;
     const int64_t D = m->D;
-    for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++) {
+    for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++) { /* each layer's own widths (gemma4's differ) */
         const layer_params *lp = &m->par.layer[l];
-        m->tp.off[lp->q] = rank * m->QD * D;   /* column-parallel: rows of [out, in] */
-        m->tp.off[lp->k] = rank * m->KVD * D;
-        m->tp.off[lp->v] = rank * m->KVD * D;
-        m->tp.off[lp->gate] = rank * m->F * D;
-        m->tp.off[lp->up] = rank * m->F * D;
-        m->tp.off[lp->o] = rank * m->QD;       /* row-parallel: columns of [out, in] */
-        m->tp.off[lp->down] = rank * m->F;
+        const int64_t QD = mtm_layer_qd(m, l), KVD = mtm_layer_kvd(m, l), F = mtm_layer_f(m, l);
+        m->tp.off[lp->q] = rank * QD * D; /* column-parallel: rows of [out, in] */
+        if (lp->k >= 0) m->tp.off[lp->k] = rank * KVD * D; /* gemma4's KV-sharing layers have no k, v */
+        if (lp->v >= 0) m->tp.off[lp->v] = rank * KVD * D;
+        m->tp.off[lp->gate] = rank * F * D;
+        m->tp.off[lp->up] = rank * F * D;
+        m->tp.off[lp->o] = rank * QD; /* row-parallel: columns of [out, in] */
+        m->tp.off[lp->down] = rank * F;
     }
     return MT_OK;
 }

@@ -102,7 +102,7 @@ mt_status mt_trainer_check_layout(const mt_train_config *cfg, const int dims[MT_
     lay.context_size = dims[MT_AXIS_CONTEXT];
     lay.fsdp_size = dims[MT_AXIS_FSDP];
     MT_TRY(mt_model_check_dtype_layout(&lay));
-    return mt_model_check_block_layout(&cfg->model, &lay); /* gemma4: one process so far */
+    return mt_model_check_block_layout(&cfg->model, &lay); /* gemma4: not every layout yet */
 }
 
 /* Axis sizes for planning without a process group: the world is the product of the
