@@ -152,8 +152,8 @@ static void build_param_layer(mt_model *m) {
      * flat buffer, from input_layernorm to mlp.down_proj (build_param_table) */
     for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++)
         for (int i = m->par.layer[l].in_norm; i <= m->par.layer[l].down; i++) m->par.layer_of[i] = (int)l;
-    const layer_params *l0 = &m->par.layer[0];
-    m->par.layer_numel = m->par.info[l0->down].offset + m->par.info[l0->down].numel - m->par.info[l0->in_norm].offset;
+    m->par.layer_numel = 0; /* the largest layer's (gemma4's differ: mtm_layer_numel) */
+    for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++) m->par.layer_numel = max64(m->par.layer_numel, mtm_layer_numel(m, l));
     m->par.tail_off = m->par.info[m->par.final_norm].offset;
 }
 
@@ -390,10 +390,6 @@ mt_dtype mt_model_dtype(const mt_model *m) { return m->dt; }
 
 mt_status mt_model_set_grad_sink(mt_model *m, mt_grad_sink_fn fn, void *ctx) {
     if (!m) return mt_set_error(MT_ERR_INVALID, "mt_model_set_grad_sink: NULL model");
-    if (m->g4.on && fn) /* its layers' gradient windows differ in size and the per-layer inputs' come last */
-        return mt_set_error(MT_ERR_UNSUPPORTED, "decoder_block=gemma4 with gradient windows "
-                            "(shard_optimizer_over_data=true or ici_fsdp_parallelism > 1) is not supported yet "
-                            "(issue 18)");
     if (m->plan.planned) return mt_set_error(MT_ERR_INVALID, "mt_model_set_grad_sink: set it before planning");
     m->sink.fn = fn;
     m->sink.ctx = ctx;

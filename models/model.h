@@ -229,20 +229,25 @@ typedef mt_status (*mt_grad_sink_fn)(void *ctx, int64_t offset, int64_t numel, f
  * then holds no full "grads" buffer (mt_model_grads returns NULL) but fp32 windows,
  * each live only while its gradients are written:
  *   "grads.window.layer"      one layer's parameters (input_layernorm .. mlp.down_proj,
- *                             contiguous in the flat layout), the layers' backward
- *                             phases L + 2 .. 2L + 1;
+ *                             contiguous in the flat layout; gemma4's layers differ in
+ *                             size: the largest), the layers' backward phases
+ *                             L + 2 .. 2L + 1;
  *   "grads.window.tail"       model.norm (+ lm_head), flat [model.norm offset, numel),
  *                             the loss phase L + 1 (the loss writes lm_head, then the
  *                             final norm's backward);
  *   "grads.window.embedding"  the embedding, phase 2L + 2, or from the loss phase on
  *                             when it is tied (logits_via_embedding: the loss adds to
- *                             it too, so it lives through the whole backward).
+ *                             it too, so it lives through the whole backward);
+ *   "grads.window.per_layer_inputs"  gemma4 with per-layer inputs: the per-layer
+ *                             embedding, its projection and norm (flat, right after the
+ *                             embedding), phase 2L + 2.
  * Each backward (mt_model_forward_backward, mt_model_backward_hidden) zeroes a window
  * before its first write and calls fn once its gradient is complete (tensor-axis
  * collectives included): fn(ctx, model.norm offset, numel - that, tail) after the final
  * norm's backward, fn(ctx, offset of layer l's input_layernorm, layer numel, layer
- * window) after layer l's backward (l = L-1 .. 0), fn(ctx, 0, embedding numel,
- * embedding window) after the embedding backward. So a backward hands over THIS
+ * window) after layer l's backward (l = L-1 .. 0), (gemma4) fn(ctx, embedding numel,
+ * their numel, per-layer-input window) when those are complete, fn(ctx, 0, embedding
+ * numel, embedding window) after the embedding backward. So a backward hands over THIS
  * micro-batch's gradient (times dscale), each element exactly once, each element
  * bitwise what the full buffer would have received; the caller accumulates or reduces
  * it (parallel/zero1.h). Works with every parallel layout, remat / offload and

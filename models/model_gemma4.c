@@ -89,6 +89,24 @@ static mt_status times_scalar(mt_model *m, void *y, const void *x, int pi) {
 
 /* ------------------------------------------------------------------ per-layer inputs */
 
+void mtm_g4_ple_range(const mt_model *m, int64_t *a, int64_t *n) {
+    *a = *n = 0;
+    if (!m->g4.on || m->par.ple_embed < 0) return;
+    const mt_param_info *first = &m->par.info[m->par.ple_embed], *last = &m->par.info[m->par.ple_proj_norm];
+    *a = first->offset;
+    *n = last->offset + last->numel - first->offset;
+}
+
+/* The gradient of per-layer-input global i: mtm_gw, or with a gradient sink its place
+ * in the window G4_GWIN_PLE (these parameters are replicated on the tensor group, so
+ * there is no slice offset). */
+static float *ple_gw(const mt_model *m, int i) {
+    if (!m->sink.fn) return mtm_gw(m, i);
+    int64_t a, n;
+    mtm_g4_ple_range(m, &a, &n);
+    return (float *)G4B(m, G4_GWIN_PLE) + (m->par.info[i].offset - a);
+}
+
 mt_status mtm_g4_inputs_forward(mt_model *m) {
     mt_backend *be = m->be;
     MT_TRY(be->ops->zero(be, G4B(m, G4_VZERO), (size_t)m->Dh * m->es));
@@ -136,21 +154,28 @@ mt_status mtm_g4_inputs_backward(mt_model *m, void *G) {
     const int64_t N = seq_rows(m), D = m->D, P = m->g4.P, L = m->cfg.num_decoder_layers, LP = L * P, V = m->V;
     const int32_t *tok = (const int32_t *)m->plan.gptr[GB_TOKENS] + seq_row0(m);
     const size_t nlp = (size_t)(N * LP);
+    int64_t ga, gn; /* the globals' flat range: with a gradient sink their window */
+    mtm_g4_ple_range(m, &ga, &gn);
+    if (m->sink.fn) MT_TRY(be->ops->zero(be, G4B(m, G4_GWIN_PLE), (size_t)gn * sizeof(float)));
     const float dscale = (float)(1.0 / sqrt((double)D));
     const void *x0 = m->plan.lptr[0][MT_LT_DECODER_LAYER_INPUT];
     void *all = G4B(m, G4_PLE_ALL), *dall = G4B(m, G4_PLE_DALL), *dproj = G4B(m, G4_PLE_TMP);
     /* d(sum) = dP * 2**-0.5 reaches both the scaled per-layer embedding and the norm */
     MT_TRY(be->ops->scale(be, dall, (float)(1.0 / sqrt(2.0)), (int64_t)nlp, m->dt));
-    MT_TRY(be->ops->embedding_bwd(be, mtm_gw(m, m->par.ple_embed), dall, tok, N, V, LP, (float)sqrt((double)P), m->dt));
+    MT_TRY(be->ops->embedding_bwd(be, ple_gw(m, m->par.ple_embed), dall, tok, N, V, LP, (float)sqrt((double)P), m->dt));
     /* the projection before its norm, recomputed (the forward's op sequence) */
     MT_TRY(linear_fwd(m, all, x0, mtm_pw(m, m->par.ple_model_proj), N, D, LP, 0.0f));
     MT_TRY(be->ops->scale(be, all, dscale, (int64_t)nlp, m->dt));
     MT_TRY(be->ops->zero(be, dproj, nlp * m->es));
-    MT_TRY(be->ops->rmsnorm_bwd(be, dproj, mtm_gw(m, m->par.ple_proj_norm), dall, all, mtm_pw(m, m->par.ple_proj_norm),
+    MT_TRY(be->ops->rmsnorm_bwd(be, dproj, ple_gw(m, m->par.ple_proj_norm), dall, all, mtm_pw(m, m->par.ple_proj_norm),
                                 G4B(m, G4_PLE_ROWRSTD), N * L, P, m->w_off, m->dt));
     MT_TRY(be->ops->scale(be, dproj, dscale, (int64_t)nlp, m->dt));
-    MT_TRY(linear_bwd_w(m, mtm_gw(m, m->par.ple_model_proj), dproj, x0, N, D, LP));
-    return linear_bwd_x(m, G, dproj, mtm_pw(m, m->par.ple_model_proj), N, D, LP, 1.0f);
+    MT_TRY(linear_bwd_w(m, ple_gw(m, m->par.ple_model_proj), dproj, x0, N, D, LP));
+    MT_TRY(linear_bwd_x(m, G, dproj, mtm_pw(m, m->par.ple_model_proj), N, D, LP, 1.0f));
+    /* the globals' gradients are complete: hand their window over (an asynchronous sink
+     * is waited for with the embedding's window, model_loss.c) */
+    if (m->sink.fn) MT_TRY(m->sink.fn(m->sink.ctx, ga, gn, G4B(m, G4_GWIN_PLE)));
+    return MT_OK;
 }
 
 /* ------------------------------------------------------------------ the layer */

@@ -111,7 +111,7 @@ typedef struct mtm_param_table {
     int ple_embed, ple_model_proj, ple_proj_norm; /* gemma4 per-layer inputs, -1 when none */
     layer_params *layer;   /* [L] */
     int *layer_of;         /* [count]: the parameter's layer, -1 for embed / final norm / head */
-    int64_t layer_numel;   /* floats of one layer (input_layernorm .. mlp.down_proj, contiguous) */
+    int64_t layer_numel;   /* floats of the largest layer (input_layernorm .. mlp.down_proj, contiguous) */
     int64_t tail_off;      /* flat offset of model.norm: [tail_off, numel) is the tail */
 } mtm_param_table;
 
@@ -239,6 +239,7 @@ enum {
     G4_VDW,          /* [Dh] fp32 the discarded gradient of that weight */
     G4_IDENT,        /* [P, P] identity: a strided column slice as a GEMM */
     G4_SKV_DK0, G4_SKV_DV0, G4_SKV_DK1, G4_SKV_DV1, /* [N, KVD] shared K/V gradients of the local (0) and global (1) donor */
+    G4_GWIN_PLE,     /* fp32 gradient window of the per-layer-input globals (with a gradient sink) */
     G4_COUNT
 };
 
@@ -310,6 +311,14 @@ static inline int64_t mtm_layer_qd(const mt_model *m, int64_t l) { return m->H *
 static inline int64_t mtm_layer_kvd(const mt_model *m, int64_t l) { return m->Hkv * mtm_layer_dh(m, l); }
 static inline int64_t mtm_layer_f(const mt_model *m, int64_t l) {
     return mt_model_layer_mlp_dim(&m->cfg, l) / m->tp.size;
+}
+
+/* Floats of layer l's parameters (input_layernorm .. mlp.down_proj, contiguous): the
+ * same for every layer but gemma4's, whose par.layer_numel is the largest (it sizes the
+ * layer windows). */
+static inline int64_t mtm_layer_numel(const mt_model *m, int64_t l) {
+    const layer_params *lp = &m->par.layer[l];
+    return m->par.info[lp->down].offset + m->par.info[lp->down].numel - m->par.info[lp->in_norm].offset;
 }
 
 /* The parameters live in windows (parameter host offload or fsdp), not in GB_PARAMS. */
@@ -432,6 +441,11 @@ mt_status MT_MUST_CHECK mtm_g4_layer_backward(mt_model *m, int64_t l);
 mt_status MT_MUST_CHECK mtm_g4_inputs_forward(mt_model *m);
 mt_status MT_MUST_CHECK mtm_g4_backward_begin(mt_model *m);
 mt_status MT_MUST_CHECK mtm_g4_inputs_backward(mt_model *m, void *G);
+/* The flat range [*a, *a + *n) of the per-layer-input globals (the per-layer embedding,
+ * its projection and norm: consecutive after the embedding); *n = 0 when there are none.
+ * With a gradient sink their gradients go to window G4_GWIN_PLE, zeroed and handed to
+ * the sink by mtm_g4_inputs_backward. */
+void mtm_g4_ple_range(const mt_model *m, int64_t *a, int64_t *n);
 /* Whether layer l's K/V are used by KV-sharing layers (its key/value_proj are kept). */
 int mtm_g4_is_donor(const mt_model *m, int64_t l);
 

@@ -152,12 +152,12 @@ static mt_status backward_from_final_hidden(mt_model *m) {
         float *win = m->sink.fn ? mtm_gwin_layer(m, l) : NULL;
         if (win) { /* an asynchronous sink may still be reducing layer l + 2 from this window */
             if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, win));
-            MT_TRY(be->ops->zero(be, win, (size_t)m->par.layer_numel * sizeof(float)));
+            MT_TRY(be->ops->zero(be, win, (size_t)mtm_layer_numel(m, l) * sizeof(float)));
         }
         MT_TRY(mtm_layer_backward(m, l));
         if (win) { /* layer l's gradient is complete: hand its window over */
             MT_TRY(mtm_comm_status(m));
-            MT_TRY(m->sink.fn(m->sink.ctx, m->par.info[m->par.layer[l].in_norm].offset, m->par.layer_numel, win));
+            MT_TRY(m->sink.fn(m->sink.ctx, m->par.info[m->par.layer[l].in_norm].offset, mtm_layer_numel(m, l), win));
         }
     }
     MT_TRY(mtm_comm_status(m));

@@ -429,6 +429,11 @@ static mt_status add_gemma4(mt_model *m, mt_plan *plan) {
         if (b[i].bytes > 0)
             MT_TRY(mt_plan_add(plan, b[i].name, MT_MEM_SCRATCH, b[i].bytes, b[i].first, b[i].last,
                                &m->g4.id[b[i].id]));
+    int64_t pa, pn;
+    mtm_g4_ple_range(m, &pa, &pn);
+    if (m->sink.fn && pn > 0) /* the per-layer-input globals' gradient window: the embedding's backward */
+        MT_TRY(mt_plan_add(plan, "grads.window.per_layer_inputs", MT_MEM_GRADS, (size_t)pn * f4, eb, eb,
+                           &m->g4.id[G4_GWIN_PLE]));
     if (m->cfg.num_kv_shared_layers > 0) {
         static const char *const nm[4] = {"gemma4.shared_dk.local", "gemma4.shared_dv.local", "gemma4.shared_dk.global",
                                           "gemma4.shared_dv.global"};

@@ -10,7 +10,10 @@
  * poisoned with NaN first and a second backward on another batch must again equal a
  * full-buffer backward from zero, so every window is zeroed before it is written.
  * Llama (untied head), Gemma (tied embedding: the loss and the embedding backward both
- * write it) and Gemma 3 (QK norms, post norms, soft-caps), kept and under remat full.
+ * write it), Gemma 3 (QK norms, post norms, soft-caps), kept and under remat full, and
+ * Gemma 4 (layers of three sizes: global head dim, KV-sharing layers without k/v and
+ * with a double-wide MLP; the per-layer-input globals in a fourth window handed over
+ * between layer 0 and the embedding).
  * Also: the plan entries (no "grads", the three windows with their sizes and phases),
  * mt_model_grads NULL, and a sink error stopping the backward.
  * Asynchronous sink (mt_model_set_grad_sink_wait): the sink only notes each window and
@@ -156,13 +159,27 @@ static void reset(collector *col, int64_t numel) {
     col->calls = 0;
 }
 
-/* Every element once; calls: tail, layers L-1 .. 0, embedding, with the layout's ranges. */
+/* Offset of layer l's first parameter (input_layernorm). */
+static int64_t layer_off(const mt_model *m, int64_t l) {
+    char name[96];
+    snprintf(name, sizeof name, "model.layers.%lld.input_layernorm.weight", (long long)l);
+    return mt_model_param(m, mt_model_param_find(m, name))->offset;
+}
+
+/* Floats of the per-layer-input globals (gemma4: between the embedding and layer 0). */
+static int64_t ple_numel(const mt_model *m) {
+    const mt_param_info *e0 = mt_model_param(m, mt_model_param_find(m, "model.embed_tokens.weight"));
+    return layer_off(m, 0) - e0->numel;
+}
+
+/* Every element once; calls: tail, layers L-1 .. 0, (gemma4) the per-layer-input
+ * globals, embedding, with the layout's ranges. */
 static void check_calls(const collector *col, const mt_model *m, const char *what) {
     const mt_model_config *c = mt_model_get_config(m);
-    const int64_t L = c->num_decoder_layers, numel = mt_model_numel(m);
+    const int64_t L = c->num_decoder_layers, numel = mt_model_numel(m), pn = ple_numel(m);
     for (int64_t i = 0; i < numel; i++) cr_assert_eq(col->seen[i], 1, "%s: element %lld handed %d times", what,
                                                      (long long)i, col->seen[i]);
-    cr_assert_eq(col->calls, L + 2, "%s: %d sink calls", what, col->calls);
+    cr_assert_eq(col->calls, L + 2 + (pn > 0), "%s: %d sink calls", what, col->calls);
     const int fn = mt_model_param_find(m, "model.norm.weight"), emb = mt_model_param_find(m, "model.embed_tokens.weight");
     cr_assert_eq(col->off[0], mt_model_param(m, fn)->offset, "%s: first call is not the tail", what);
     cr_assert_eq(col->off[0] + col->num[0], numel);
@@ -172,8 +189,12 @@ static void check_calls(const collector *col, const mt_model *m, const char *wha
         cr_assert_eq(col->off[1 + (L - 1 - l)], mt_model_param(m, mt_model_param_find(m, name))->offset,
                      "%s: call %lld is not layer %lld", what, (long long)(1 + (L - 1 - l)), (long long)l);
     }
-    cr_assert_eq(col->off[L + 1], 0);
-    cr_assert_eq(col->num[L + 1], mt_model_param(m, emb)->numel);
+    if (pn > 0) {
+        cr_assert_eq(col->off[L + 1], mt_model_param(m, emb)->numel, "%s: the globals' window", what);
+        cr_assert_eq(col->num[L + 1], pn);
+    }
+    cr_assert_eq(col->off[L + 1 + (pn > 0)], 0);
+    cr_assert_eq(col->num[L + 1 + (pn > 0)], mt_model_param(m, emb)->numel);
 }
 
 static void check_model(const mt_model_config *c, int remat_full, int async, const char *what) {
@@ -189,7 +210,12 @@ static void check_model(const mt_model_config *c, int remat_full, int async, con
     /* plan: no "grads"; the windows with their sizes and lifetimes (models/model.h) */
     const mt_param_info *e0 = mt_model_param(a.m, mt_model_param_find(a.m, "model.embed_tokens.weight"));
     const mt_param_info *fnp = mt_model_param(a.m, mt_model_param_find(a.m, "model.norm.weight"));
-    const int64_t layer = (fnp->offset - e0->numel) / L;
+    int64_t layer = 0; /* the largest layer (gemma4's differ) */
+    for (int64_t l = 0; l < L; l++) {
+        const int64_t n = (l + 1 < L ? layer_off(a.m, l + 1) : fnp->offset) - layer_off(a.m, l);
+        if (n > layer) layer = n;
+    }
+    const int64_t pn = ple_numel(a.m);
     int found = 0;
     for (int i = 0; i < mt_plan_count(b.plan); i++) {
         const mt_plan_entry *e = mt_plan_entry_get(b.plan, i);
@@ -208,10 +234,16 @@ static void check_model(const mt_model_config *c, int remat_full, int async, con
                          e->first);
             cr_expect_eq(e->last, 2 * L + 2);
             found++;
+        } else if (strcmp(e->name, "grads.window.per_layer_inputs") == 0) {
+            cr_expect_eq(e->bytes, (size_t)pn * 4);
+            cr_expect(e->first == 2 * L + 2 && e->last == 2 * L + 2, "%s: globals' window [%d, %d]", what, e->first,
+                      e->last);
+            found++;
         }
         if (e->category == MT_MEM_GRADS) cr_expect_lt(e->bytes, (size_t)numel * 4);
     }
-    cr_assert_eq(found, 3 + async, "%s: %d of the %d windows planned", what, found, 3 + async);
+    cr_assert_eq(found, 3 + async + (pn > 0), "%s: %d of the %d windows planned", what, found,
+                 3 + async + (pn > 0));
     cr_assert_lt(mt_plan_peak(b.plan), mt_plan_peak(a.plan), "%s: windows do not lower the peak", what);
 
     int32_t tok[12], lab[12];
@@ -269,6 +301,25 @@ static mt_model_config tiny(mt_decoder_block blk) {
         c.final_logits_soft_cap = 3.0f;
     }
     return c;
+}
+
+/* tests/test_remat.c's tiny Gemma 4: 5 layers, local head dim 8 / global 16 (layers 1,
+ * 3), the last 3 sharing KV with double-wide MLPs, per-layer inputs of 4, window 3. */
+static mt_model_config tiny_gemma4(void) {
+    mt_model_config c;
+    mt_model_config_defaults(&c, MT_DECODER_GEMMA4);
+    c.vocab_size = 41, c.emb_dim = 32, c.num_query_heads = 4, c.num_kv_heads = 2, c.head_dim = 8;
+    c.global_head_dim = 16, c.mlp_dim = 48, c.num_decoder_layers = 5, c.sliding_window_size = 3;
+    c.sliding_window_pattern = 2, c.num_kv_shared_layers = 3, c.use_double_wide_mlp = 1;
+    c.per_layer_input_dim = 4, c.final_logits_soft_cap = 3.0f;
+    return c;
+}
+
+Test(grad_sink, gemma4_layers_of_three_sizes) {
+    mt_model_config c = tiny_gemma4();
+    check_model(&c, 0, 0, "gemma4");
+    check_model(&c, 1, 0, "gemma4, remat full");
+    check_model(&c, 0, 1, "gemma4, asynchronous");
 }
 
 Test(grad_sink, llama_untied) {
