@@ -199,10 +199,9 @@ mt_status mt_model_check_dtype_layout(const mt_model_layout *lay) {
 }
 
 /* gemma4 (model_gemma4.c) runs on data, tensor (with or without sequence parallelism)
- * and context parallelism; not yet with fsdp, packing or parameter host offload. */
+ * and context parallelism, with packing; not yet with fsdp or parameter host offload. */
 static mt_status check_gemma4_layout(const mt_model_layout *lay) {
     const char *what = mtm_axis_size(lay->fsdp_size) > 1 ? "ici_fsdp_parallelism > 1"
-                       : lay->packing                   ? "packing"
                        : lay->param_offload             ? "parameter_memory_host_offload"
                                                         : NULL;
     if (what)

@@ -95,8 +95,8 @@ layout dp2_zero1_tied_tiles4 ref_b4_tied 2 model_name=tinyg per_device_batch_siz
     ici_data_parallelism=2 shard_optimizer_over_data=true
 layout dp2_untied_tiles4 ref_b4_untied 2 per_device_batch_size=2 num_vocab_tiling=4 ici_data_parallelism=2
 
-# gemma4 (issue 18, models/model_gemma4.c; its fsdp, packing and parameter-offload
-# layouts are refused so far): KV
+# gemma4 (issue 18, models/model_gemma4.c; its fsdp and parameter-offload layouts are
+# refused so far; packing: tests/test_mpi_packing.sh): KV
 # sharing (layers 2-4 read the K/V of 0 and 1, their gradients flow back there),
 # per-layer inputs, double-wide MLPs, two head dims (8 local, 16 global), window 4 on
 # every 2nd layer. Data parallelism; tensor parallelism (each layer's own widths
@@ -346,8 +346,7 @@ out="$(mpi 2 "$tool" run "$tmp/bad2" "$cfg" ici_data_parallelism=1 ici_tensor_pa
 [ $rc -eq 2 ] || fail "heads not divisible: exit $rc"
 grep -q "base_num_query_heads=3 is not divisible by ici_tensor_parallelism=2" <<< "$out" || fail "heads message: $out"
 # gemma4 layouts not supported yet: exit 2 naming the feature
-for bad in "ici_fsdp_parallelism=2" "ici_data_parallelism=2 packing=true" \
-    "ici_data_parallelism=2 parameter_memory_host_offload=true"; do
+for bad in "ici_fsdp_parallelism=2" "ici_data_parallelism=2 parameter_memory_host_offload=true"; do
     # shellcheck disable=SC2086  # bad is a list of key=value words
     out="$(mpi 2 "$tool" run "$tmp/bad_g4" "$cfg" model_name=tinyg4 per_device_batch_size=2 $bad 2>&1)"; rc=$?
     [ $rc -eq 2 ] || fail "gemma4 with $bad: exit $rc"

@@ -4,7 +4,8 @@
 # masking on, for both ways the keys reach a rank: all-gathered (default) and passed in
 # a ring (context_parallel_strategy=ring). The key segment ids travel with the keys: each
 # rank derives every row's id from the whole window it is given and lays them out in the
-# order its K/V arrive (gathered, or one ring block at a time).
+# order its K/V arrive (gathered, or one ring block at a time). Llama, Gemma 2 and Gemma 4
+# (KV sharing, per-layer inputs).
 #
 # Same bound as tests/test_mpi_layouts.sh: losses of steps 1..3, mean gradients after
 # step 1 and parameters after step 3 within 1e-5 relative per tensor (the layouts only
@@ -25,6 +26,7 @@ mt_tmp
 
 mt_tiny_model "$tmp/cfg/models/tinyl.yml" llama
 mt_tiny_model "$tmp/cfg/models/tinyg2.yml" gemma2
+mt_tiny_model "$tmp/cfg/models/tinyg4.yml" gemma4 5
 mt_layout_cfg tinyl
 pk="max_target_length=32 packing=true packing_separator_id=3"
 
@@ -54,6 +56,12 @@ layout cp2_ring packed 2 per_device_batch_size=4 ici_context_parallelism=2 conte
 layout cp4_ring_gemma2 packed_g2 4 model_name=tinyg2 per_device_batch_size=2 num_vocab_tiling=4 \
     ici_context_parallelism=4 context_parallel_strategy=ring $pk
 layout dp2xcp2 packed 4 per_device_batch_size=2 ici_data_parallelism=2 ici_context_parallelism=2 $pk
+# gemma4 (KV sharing: a sharing layer attends to its donor's K/V under the same
+# segments; per-layer inputs; window 4 every 2nd layer): all-gather and ring
+ref packed_g4 model_name=tinyg4 per_device_batch_size=4 num_vocab_tiling=4 $pk
+layout cp2_gemma4 packed_g4 2 model_name=tinyg4 per_device_batch_size=4 num_vocab_tiling=4 ici_context_parallelism=2 $pk
+layout cp4_ring_gemma4 packed_g4 4 model_name=tinyg4 per_device_batch_size=4 num_vocab_tiling=4 \
+    ici_context_parallelism=4 context_parallel_strategy=ring $pk
 }
 
 mt_finish "context parallelism with document masking agrees"
