@@ -40,7 +40,12 @@
  * seq_rows; their gradients are then partial and summed over the group. Context: each
  * layer, a sharing one included, gathers (or rings) the K/V it attends to with its own
  * width; a sharing layer's dK / dV come back to this rank's rows before they reach the
- * accumulator. */
+ * accumulator. Packing: the segment ids and per-document positions reach the attention
+ * and RoPE as for the other families. Gradient windows (ZeRO-1): the layer windows are
+ * the largest layer's and each layer hands over its own size (model_loss.c); the
+ * per-layer-input globals have their own window (G4_GWIN_PLE, ple_gw). fsdp and
+ * parameter offload (parameter windows: the globals would need a place in them) are
+ * refused by model.c check_gemma4_layout. */
 #include "models/model_internal.h"
 
 #include <math.h>
