@@ -137,19 +137,23 @@ static float *down_as(const void *d, int64_t n, mt_dtype dt) {
 /* rn_bf16 of each element (as float). */
 static float *rounded_bf16(const float *x, int64_t n) { return exact_in(dupf(x, n), n, MT_BF16); }
 
-/* |got - want| <= tol[i] for every i, reporting the worst element. */
+/* |got - want| <= tol[i] for every i, reporting the worst element (with MT_TEST_VERBOSE
+ * set, the largest difference and the largest difference / bound of every call). */
 static void expect_close(const char *what, const float *got, const float *want, const double *tol, int64_t n) {
     int64_t worst = -1;
-    double wr = 0.0;
+    double wr = 0.0, emax = 0.0, rmax = 0.0;
     for (int64_t i = 0; i < n; i++) {
         if (got[i] == want[i]) continue; /* also equal infinities */
         const double e = fabs((double)got[i] - (double)want[i]);
         const double r = e / (tol[i] > 0 ? tol[i] : 1e-300);
+        emax = fmax(emax, e);
+        rmax = fmax(rmax, r);
         if (!(e <= tol[i]) && (worst < 0 || r > wr || isnan(e))) {
             worst = i;
             wr = r;
         }
     }
+    if (getenv("MT_TEST_VERBOSE")) fprintf(stderr, "  %-44s max |diff| %.3e  max |diff| / bound %.3g\n", what, emax, rmax);
     cr_expect(worst < 0, "%s: element %lld cuda %.9g cpu %.9g (bound %.3g, %.3g x over)", what, (long long)worst,
               worst >= 0 ? got[worst] : 0.0, worst >= 0 ? want[worst] : 0.0, worst >= 0 ? tol[worst] : 0.0, wr);
 }
