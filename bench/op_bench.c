@@ -160,13 +160,13 @@ static mt_status w_gemm(mt_backend *be_, int ta, int tb, int64_t M, int64_t N, i
 }
 static mt_status w_copy(mt_backend *be_, void *d, const void *s, size_t n) { TIMED("copy", g_cpu->ops->copy(g_cpu, d, s, n)); }
 static mt_status w_zero(mt_backend *be_, void *p, size_t n) { TIMED("zero", g_cpu->ops->zero(g_cpu, p, n)); }
-static mt_status w_emb_fwd(mt_backend *be_, void *o, const void *t, const int32_t *k, int64_t N, int64_t D, float s,
-                           mt_dtype dt) {
-    TIMED("embedding_fwd", g_cpu->ops->embedding_fwd(g_cpu, o, t, k, N, D, s, dt));
-}
-static mt_status w_emb_bwd(mt_backend *be_, float *dtab, const void *d, const int32_t *k, int64_t N, int64_t V,
+static mt_status w_emb_fwd(mt_backend *be_, void *o, const void *t, const int32_t *k, int64_t N, int64_t v0, int64_t V,
                            int64_t D, float s, mt_dtype dt) {
-    TIMED("embedding_bwd", g_cpu->ops->embedding_bwd(g_cpu, dtab, d, k, N, V, D, s, dt));
+    TIMED("embedding_fwd", g_cpu->ops->embedding_fwd(g_cpu, o, t, k, N, v0, V, D, s, dt));
+}
+static mt_status w_emb_bwd(mt_backend *be_, float *dtab, const void *d, const int32_t *k, int64_t N, int64_t v0,
+                           int64_t V, int64_t D, float s, mt_dtype dt) {
+    TIMED("embedding_bwd", g_cpu->ops->embedding_bwd(g_cpu, dtab, d, k, N, v0, V, D, s, dt));
 }
 static mt_status w_rms_fwd(mt_backend *be_, void *y, float *r, const void *x, const void *w, int64_t N, int64_t D,
                            float e, float o, mt_dtype dt) {

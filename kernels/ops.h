@@ -187,16 +187,21 @@ typedef struct mt_ops {
                       int64_t ldc, mt_dtype c_dt) MT_MUST_CHECK;
 
     /* ---- embedding ----
-     * out[N, D] = scale * table[tokens[n], :] (out and table of dt). Gemma passes
-     * scale = sqrt(D) rounded to the activation dtype (HF modeling_gemma.py); Llama
-     * passes 1. Tokens must lie in [0, V); the caller validates them. */
+     * table [V, D] holds the rows [v0, v0 + V) of the embedding (the whole table: v0 = 0,
+     * V = vocab_size; a vocabulary chunk of it: models/model_loss.c under parameter
+     * windows). out[n, :] = scale * table[tokens[n] - v0, :] (out and table of dt) for
+     * each n with v0 <= tokens[n] < v0 + V; other rows of out are left untouched, so the
+     * chunks of a table fill out one after another. Gemma passes scale = sqrt(D) rounded
+     * to the activation dtype (HF modeling_gemma.py); Llama passes 1. Tokens must lie in
+     * [0, vocab_size); the caller validates them. */
     mt_status (*embedding_fwd)(mt_backend *be, void *out, const void *table, const int32_t *tokens, int64_t N,
-                               int64_t D, float scale, mt_dtype dt) MT_MUST_CHECK;
-    /* dtable[V, D] (fp32) += scale * sum over n with tokens[n] == v of dout[n, :]
-     * (dout of dt); rows are summed in fp32 in increasing n (deterministic, no
-     * atomics). */
+                               int64_t v0, int64_t V, int64_t D, float scale, mt_dtype dt) MT_MUST_CHECK;
+    /* dtable [V, D] (fp32) holds the rows [v0, v0 + V): dtable[v - v0, :] += scale * sum
+     * over n with tokens[n] == v of dout[n, :] (dout of dt) for v in [v0, v0 + V); tokens
+     * outside are skipped. Rows are summed in fp32 in increasing n (deterministic, no
+     * atomics), so a chunk's rows are bitwise those of the whole-table call. */
     mt_status (*embedding_bwd)(mt_backend *be, float *dtable, const void *dout, const int32_t *tokens, int64_t N,
-                               int64_t V, int64_t D, float scale, mt_dtype dt) MT_MUST_CHECK;
+                               int64_t v0, int64_t V, int64_t D, float scale, mt_dtype dt) MT_MUST_CHECK;
 
     /* ---- RMSNorm (Zhang & Sennrich 2019; HF LlamaRMSNorm / GemmaRMSNorm) ----
      * rstd[n] = 1 / sqrt(mean(x[n, :]^2) + eps); y[n, d] = x[n, d] * rstd[n] * (w_offset + w[d]).
@@ -310,10 +315,13 @@ typedef struct mt_ops {
      * All three: errors MT_ERR_INVALID for R < 0 or Vl < 1 (nothing runs); R == 0 does
      * nothing. Deterministic (fixed reduction orders, no atomics); none synchronises. */
     /* Phase 1. If softcap > 0, z = softcap * tanh(z / softcap) in place (fp32, as
-     * xent_tile); then mx[r] = max_j z[r, j] (mx [R] fp32, "="; exact in any order). */
-    mt_status (*vocab_tile_max)(mt_backend *be, float *z, int64_t R, int64_t Vl, float softcap,
-                                float *mx) MT_MUST_CHECK;
-    /* Phase 2, mx being the group's row max. sz [2R] fp64, "=":
+     * xent_tile); then mx[r] = max_j z[r, j] (mx [R] fp32, "="; exact in any order), or
+     * with accumulate != 0 mx[r] = max(mx[r], max_j z[r, j]) (the vocabulary chunks of
+     * one rank's slice, parallel/vocab_loss.h; a call with the final max only caps z). */
+    mt_status (*vocab_tile_max)(mt_backend *be, float *z, int64_t R, int64_t Vl, float softcap, float *mx,
+                                int accumulate) MT_MUST_CHECK;
+    /* Phase 2, mx being the group's row max. sz [2R] fp64, "=" (with accumulate != 0
+     * "+=": each of the two terms below added to sz in fp64, for the chunks of a slice):
      *   sz[2r]     = sum_j exp(z[r, j] - mx[r]): the difference and each exp in fp32, the
      *                sum in fp64 in an order fixed by Vl (and, on the CPU, by the vector
      *                width of the code picked for the CPU at load time; never by threads):
@@ -323,8 +331,8 @@ typedef struct mt_ops {
      *   sz[2r + 1] = z[r, labels[r] - v0] (exact) when v0 <= labels[r] < v0 + Vl, else 0;
      * both 0 on ignored rows. */
     mt_status (*vocab_tile_sumexp)(mt_backend *be, const float *z, int64_t R, int64_t Vl, const float *mx,
-                                   const int32_t *labels, int64_t v0, int32_t ignore_index,
-                                   double *sz) MT_MUST_CHECK;
+                                   const int32_t *labels, int64_t v0, int32_t ignore_index, double *sz,
+                                   int accumulate) MT_MUST_CHECK;
     /* Phase 3, mx and sz being the group's (equal on every rank). For each labelled row
      * (labels[r] != ignore_index), s = sz[2r]:
      *   loss_r = mx[r] + log(s) - sz[2r + 1]  (fp64);

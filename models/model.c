@@ -236,7 +236,9 @@ static void init_fields(mt_model *m, const mt_model_config *cfg, mt_backend *be,
     m->T = seq;
     m->Tg = seq;
     m->N = batch * seq;
-    m->tiles = num_vocab_tiling;
+    m->tiles = num_vocab_tiling; /* 0 = auto: mtm_vocab_resolve */
+    m->vc.req_tiles = num_vocab_tiling;
+    m->vc.C = 1;
     m->D = cfg->emb_dim;
     m->V = cfg->vocab_size;
     m->F = cfg->mlp_dim;
@@ -319,9 +321,16 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, mt_backend
     if (batch < 1) return mt_set_error(MT_ERR_INVALID, "per_device_batch_size=%lld must be >= 1", (long long)batch);
     if (seq < 1 || seq > INT32_MAX)
         return mt_set_error(MT_ERR_INVALID, "max_target_length=%lld must be in [1, 2^31)", (long long)seq);
-    if (num_vocab_tiling < 1 || num_vocab_tiling > batch * seq)
-        return mt_set_error(MT_ERR_INVALID, "num_vocab_tiling=%lld must be in [1, batch x seq = %lld]",
+    if (num_vocab_tiling < 0 || num_vocab_tiling > batch * seq)
+        return mt_set_error(MT_ERR_INVALID, "num_vocab_tiling=%lld must be 0 (auto) or in [1, batch x seq = %lld]",
                             (long long)num_vocab_tiling, (long long)(batch * seq));
+    if (layout->vocab_chunks < 0 || layout->vocab_chunks > cfg->vocab_size)
+        return mt_set_error(MT_ERR_INVALID, "num_vocab_chunks=%lld must be 0 (auto) or in [1, vocab_size = %lld]",
+                            (long long)layout->vocab_chunks, (long long)cfg->vocab_size);
+    if (layout->vocab_chunks > 1 && mtm_axis_size(layout->tensor_size) > 1)
+        return mt_set_error(MT_ERR_UNSUPPORTED, "num_vocab_chunks=%lld with ici_tensor_parallelism=%d: the tensor "
+                            "axis computes the loss vocabulary-parallel over whole slices (use num_vocab_chunks=0 "
+                            "or 1)", (long long)layout->vocab_chunks, layout->tensor_size);
 
     mt_model *m = calloc(1, sizeof(*m));
     if (!m) return mt_set_error(MT_ERR_OOM, "mt_model_create: out of memory");
@@ -337,6 +346,8 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, mt_backend
         mt_model_free(m);
         return st;
     }
+    m->vc.req_chunks = layout->vocab_chunks;
+    mtm_vocab_resolve(m); /* again when planned, once the gradient sink is known */
     *out = m;
     return MT_OK;
 }

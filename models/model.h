@@ -164,6 +164,7 @@ typedef struct mt_model_layout {
     int32_t packing_separator;      /* >= 0, checked even when packing is off */
     mt_dtype dtype;                 /* MT_F32 (0) or MT_BF16 */
     int param_offload;
+    int64_t vocab_chunks;           /* num_vocab_chunks: 0 = auto (mt_model_vocab_tiling), else 1..vocab_size */
 } mt_model_layout;
 
 /* The compute dtype of a layout: float32 or bfloat16, each on every layout (bf16
@@ -182,15 +183,17 @@ mt_status mt_model_check_dtype_layout(const mt_model_layout *lay);
 mt_status mt_model_check_block_layout(const mt_model_config *cfg, const mt_model_layout *lay);
 
 /* Create a model for micro-batches of `batch` sequences of `seq` tokens, with the
- * loss cut into `num_vocab_tiling` row tiles, cut and computed as `layout` says (NULL:
+ * loss cut into `num_vocab_tiling` row tiles (0 = auto: mt_model_vocab_tiling), cut
+ * and computed as `layout` says (NULL:
  * one process, float32). Allocates no tensor memory. The layout is checked here, in
  * this order: tensor (rank inside the group; heads, kv heads, mlp_dim and vocab_size
  * divisible: the rules and messages of parallel/mesh.h mt_mesh_check_tensor_split),
  * context (rank; seq divisible by 2 x size), sequence parallelism (N divisible by the
  * tensor size), fsdp (rank; at least as many parameters as ranks), dtype (and the
  * layouts it runs on: mt_model_check_dtype_layout), packing separator.
- * Errors: MT_ERR_INVALID (config invalid, batch/seq/tiling < 1, tiling > batch*seq, a
- * layout that fails those checks), MT_ERR_OOM.
+ * Errors: MT_ERR_INVALID (config invalid, batch/seq < 1, tiling < 0 or > batch*seq,
+ * vocab_chunks < 0 or > vocab_size, a layout that fails those checks),
+ * MT_ERR_UNSUPPORTED (vocab_chunks > 1 with a tensor axis), MT_ERR_OOM.
  *
  * What may still change after creation, before mt_model_add_to_plan:
  * mt_model_set_remat, mt_model_set_grad_sink, mt_model_set_decode; at any time:
@@ -206,6 +209,20 @@ int mt_model_phase_count(const mt_model *m);
 
 /* Add all of the model's buffers to `plan` (not yet finalised). */
 mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan);
+
+/* The loss's row tiles and vocabulary chunks as the model computes them (final once
+ * the model is planned: the gradient sink counts). Given (> 0) values are kept (tiles
+ * at most the N rows); 0 = auto:
+ *   chunks: with parameter windows (fsdp, parameter offload) or a gradient sink, and no
+ *     tensor axis, the fewest chunks no larger than one decoder layer's parameters,
+ *     ceil(V D / layer parameters), so that the embedding's and lm_head's windows and
+ *     gradient windows cost no more than a layer's; else 1 (the unembedding whole);
+ *   tiles: the fewest row tiles whose loss tile (rows x the vocabulary chunk, or the
+ *     tensor rank's slice, x (4 + the activation dtype's bytes if not float32)) is no
+ *     larger than one decoder layer's parameters in the activation dtype (the size of
+ *     a layer window), at least 1 row per tile.
+ * Either pointer may be NULL. */
+void mt_model_vocab_tiling(const mt_model *m, int64_t *tiles, int64_t *chunks);
 
 /* Remat and offload (models/remat.h). Set before mt_model_add_to_plan; the default
  * keeps every named tensor on the device. Per layer, a tensor whose action is device

@@ -143,7 +143,7 @@ mt_status mt_model_decode_step(mt_model *m, int32_t token, float *logits) {
         MT_TRY(be->ops->copy_to_device(be, m->dec.buf[DEC_INV_FREQ], m->inv_freq_host, (size_t)m->Dh * sizeof(float)));
     }
     MT_TRY(be->ops->copy_to_device(be, m->dec.buf[DEC_TOKEN], &token, sizeof(int32_t)));
-    MT_TRY(be->ops->embedding_fwd(be, m->dec.buf[DEC_X], mtm_pw(m, m->par.embed), m->dec.buf[DEC_TOKEN], 1, D,
+    MT_TRY(be->ops->embedding_fwd(be, m->dec.buf[DEC_X], mtm_pw(m, m->par.embed), m->dec.buf[DEC_TOKEN], 1, 0, m->V, D,
                                   m->emb_scale, MT_F32));
     for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++) MT_TRY(decode_layer(m, l, t));
     MT_TRY(be->ops->rmsnorm_fwd(be, m->dec.buf[DEC_NORM], m->dec.buf[DEC_RSTD], m->dec.buf[DEC_X],

@@ -137,7 +137,8 @@ mt_status mtm_g4_inputs_forward(mt_model *m) {
     MT_TRY(be->ops->rmsnorm_fwd(be, all, G4B(m, G4_PLE_ROWRSTD), tmp, mtm_pw(m, m->par.ple_proj_norm), N * L, P, m->eps,
                                 m->w_off, m->dt));
     /* + embed_tokens_per_layer(ids) * sqrt(hidden_size_per_layer_input), then * 2**-0.5 */
-    MT_TRY(be->ops->embedding_fwd(be, tmp, mtm_pw(m, m->par.ple_embed), tok, N, LP, (float)sqrt((double)P), m->dt));
+    MT_TRY(be->ops->embedding_fwd(be, tmp, mtm_pw(m, m->par.ple_embed), tok, N, 0, m->V, LP, (float)sqrt((double)P),
+                                  m->dt));
     MT_TRY(be->ops->axpy(be, all, tmp, 1.0f, (int64_t)nlp, m->dt));
     return be->ops->scale(be, all, (float)(1.0 / sqrt(2.0)), (int64_t)nlp, m->dt);
 }
@@ -167,7 +168,8 @@ mt_status mtm_g4_inputs_backward(mt_model *m, void *G) {
     void *all = G4B(m, G4_PLE_ALL), *dall = G4B(m, G4_PLE_DALL), *dproj = G4B(m, G4_PLE_TMP);
     /* d(sum) = dP * 2**-0.5 reaches both the scaled per-layer embedding and the norm */
     MT_TRY(be->ops->scale(be, dall, (float)(1.0 / sqrt(2.0)), (int64_t)nlp, m->dt));
-    MT_TRY(be->ops->embedding_bwd(be, ple_gw(m, m->par.ple_embed), dall, tok, N, V, LP, (float)sqrt((double)P), m->dt));
+    MT_TRY(be->ops->embedding_bwd(be, ple_gw(m, m->par.ple_embed), dall, tok, N, 0, V, LP, (float)sqrt((double)P),
+                                  m->dt));
     /* the projection before its norm, recomputed (the forward's op sequence) */
     MT_TRY(linear_fwd(m, all, x0, mtm_pw(m, m->par.ple_model_proj), N, D, LP, 0.0f));
     MT_TRY(be->ops->scale(be, all, dscale, (int64_t)nlp, m->dt));

@@ -44,22 +44,33 @@ enum {
     GB_COMPUTE_W,            /* dtype != float32: the compute copy of the parameters, [numel] of dt (fsdp:
                               * of this rank's shard, [hi - lo]; parameter offload: in the host pool) */
     GB_LOSS_DTILE,           /* dtype != float32: the loss tile's dlogits [rows, Vl] of dt */
-    GB_LOSS_VOCAB_STATS,     /* tp > 1: the vocab-parallel loss's all-reduce payloads (mt_vocab_loss_scratch_bytes) */
+    GB_LOSS_VOCAB_STATS,     /* tp > 1: the vocab-parallel loss's all-reduce payloads (mt_vocab_loss_scratch_bytes);
+                              * vocabulary chunks: the chunked loss's (mt_vocab_chunked_scratch_bytes) */
+    GB_LOSS_DH_ACC,          /* vocabulary chunks with dtype != float32: dloss/dh [N, D] fp32, summed over chunks */
     GB_WORKSPACE,            /* the backend's workspace: GEMM and op scratch (ops.h set_workspace, scratch_bytes) */
     GB_COUNT
 };
 
 /* ---- parameter windows (parameter host offload, fsdp): two layer slots (layer l in
  * slot l % 2) and the global window (embedding, then model.norm and lm_head), of the
- * compute dtype m->dt (the fp32 master, or its bf16 compute copy) ---- */
-enum { MT_PWIN_LAYER0 = 0, MT_PWIN_LAYER1, MT_PWIN_GLOBAL, MT_PWIN_COUNT };
+ * compute dtype m->dt (the fp32 master, or its bf16 compute copy); with vocabulary
+ * chunks (mtm_vocab_windows) the global window holds model.norm only and the embedding
+ * and lm_head rows come one chunk at a time through the two vocabulary windows (the
+ * lookup's, phase 0, and the loss's, phase L + 1) ---- */
+enum { MT_PWIN_LAYER0 = 0, MT_PWIN_LAYER1, MT_PWIN_GLOBAL, MT_PWIN_VOCAB_EMBED, MT_PWIN_VOCAB_HEAD, MT_PWIN_COUNT };
 #define MT_PWIN_LAYER_SLOTS 2
 
 /* ---- gradient windows (gradient sink): one layer, the embedding, the tail (model.norm
- * and lm_head, flat [tail_off, numel)) ---- */
+ * and lm_head, flat [tail_off, numel)); with vocabulary chunks and an untied head
+ * (mtm_vocab_grad_windows) the tail is model.norm only and the embedding's and
+ * lm_head's gradients go to the sink one chunk at a time from the two vocabulary
+ * windows ---- */
 /* Gradient windows; MT_GWIN_LAYER1 only with an asynchronous sink (layer l writes
  * MT_GWIN_LAYER + (l % 2) * (MT_GWIN_LAYER1 - MT_GWIN_LAYER): mtm_gwin_layer). */
-enum { MT_GWIN_LAYER = 0, MT_GWIN_EMBEDDING, MT_GWIN_TAIL, MT_GWIN_LAYER1, MT_GWIN_COUNT };
+enum {
+    MT_GWIN_LAYER = 0, MT_GWIN_EMBEDDING, MT_GWIN_TAIL, MT_GWIN_LAYER1, MT_GWIN_VOCAB_EMBED, MT_GWIN_VOCAB_HEAD,
+    MT_GWIN_COUNT
+};
 
 /* ---- context-parallel buffers (plan names "cp.*", model_plan.c) ---- */
 enum {
@@ -164,6 +175,17 @@ typedef struct mtm_grad_sink {
     int id[MT_GWIN_COUNT];
     float *ptr[MT_GWIN_COUNT];
 } mtm_grad_sink;
+
+/* Vocabulary chunks (num_vocab_chunks; model_loss.c, model_windows.c): the embedding
+ * lookup and its backward, and the unembedding inside the loss, taken C row chunks of
+ * the vocabulary at a time, chunk c = rows [c V / C, (c + 1) V / C). Resolved when the
+ * model is planned (the gradient sink is known then: mtm_vocab_resolve). */
+typedef struct mtm_vocab_chunks {
+    int64_t req_chunks;    /* num_vocab_chunks as given, 0 = auto */
+    int64_t req_tiles;     /* num_vocab_tiling as given, 0 = auto */
+    int64_t C;             /* chunks, >= 1 (1: the loss of kernels/tiled_loss.h or parallel/vocab_loss.h) */
+    int64_t tile_rows;     /* rows the loss tile is planned for: >= every tile's (auto: the rule's R) */
+} mtm_vocab_chunks;
 
 /* Tensor parallelism and, on its group, sequence parallelism (model_shard.c). The
  * model's H, Hkv, F, QD, KVD are this rank's local sizes; the parameter table keeps
@@ -273,6 +295,7 @@ struct mt_model {
     mtm_host_pool host;
     mtm_param_windows pwin;
     mtm_grad_sink sink;
+    mtm_vocab_chunks vc;
     mtm_tensor_state tp;
     mtm_context_state cp;
     mtm_fsdp_state fsdp;
@@ -282,6 +305,14 @@ struct mt_model {
 };
 
 /* ---- small helpers ---- */
+
+/* Rows [a, b) of vocabulary chunk c of C (the row split of kernels/tiled_loss.h). */
+static inline void mtm_vocab_chunk(const mt_model *m, int64_t c, int64_t *a, int64_t *b) {
+    *a = c * m->V / m->vc.C;
+    *b = (c + 1) * m->V / m->vc.C;
+}
+/* Rows in the largest chunk: ceil(V / C). */
+static inline int64_t mtm_vocab_chunk_rows(const mt_model *m) { return (m->V + m->vc.C - 1) / m->vc.C; }
 
 static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
@@ -323,6 +354,30 @@ static inline int64_t mtm_layer_numel(const mt_model *m, int64_t l) {
 
 /* The parameters live in windows (parameter host offload or fsdp), not in GB_PARAMS. */
 static inline int params_windowed(const mt_model *m) { return m->pwin.offload || m->fsdp.size > 1; }
+
+/* Vocabulary chunks with parameter windows: the embedding and lm_head rows come
+ * through the vocabulary windows, a chunk at a time (not in the global window). */
+static inline int mtm_vocab_windows(const mt_model *m) { return m->vc.C > 1 && params_windowed(m); }
+/* Vocabulary chunks with a gradient sink and an untied lm_head: the embedding's and
+ * lm_head's gradients go to the sink a chunk at a time (tied: the loss and the lookup
+ * both add to the one embedding gradient, which stays whole until the lookup's
+ * backward, as without chunks). */
+static inline int mtm_vocab_grad_windows(const mt_model *m) {
+    return m->vc.C > 1 && m->sink.fn && !m->cfg.logits_via_embedding;
+}
+/* Elements of the global parameter window: the embedding (unless it comes in chunks),
+ * model.norm and lm_head (unless it comes in chunks). */
+static inline int64_t mtm_global_window_numel(const mt_model *m) {
+    const int64_t emb = m->par.info[m->par.embed].numel, tail = m->par.numel - m->par.tail_off;
+    if (!mtm_vocab_windows(m)) return emb + tail;
+    return tail - (m->par.lm_head >= 0 ? m->par.info[m->par.lm_head].numel : 0);
+}
+/* Elements of the tail gradient window: model.norm and lm_head, or model.norm alone
+ * when lm_head's gradient comes in chunks. */
+static inline int64_t mtm_tail_grad_numel(const mt_model *m) {
+    const int64_t tail = m->par.numel - m->par.tail_off;
+    return mtm_vocab_grad_windows(m) ? tail - m->par.info[m->par.lm_head].numel : tail;
+}
 
 /* The first failed collective of the pass: tensor group, then context, then fsdp
  * (MT_OK when none failed); and its reset at the start of a pass. */
@@ -382,6 +437,14 @@ mt_status MT_MUST_CHECK mtm_fetch_layer(mt_model *m, int64_t l);
 void mtm_prefetch_layer(mt_model *m, int64_t l);
 mt_status MT_MUST_CHECK mtm_fetch_global(mt_model *m);
 mt_status MT_MUST_CHECK mtm_grad_windows_begin(mt_model *m);
+/* Rows [a, b) of parameter i (the embedding or lm_head: [V, D]) as [b - a, D] of m->dt:
+ * in place, or with vocabulary windows gathered (fsdp) or copied (parameter offload)
+ * into window w (MT_PWIN_VOCAB_EMBED or MT_PWIN_VOCAB_HEAD); valid until the next call
+ * for that window. Errors: the copy's, or the gather's (fsdp.status). */
+mt_status MT_MUST_CHECK mtm_vocab_rows(mt_model *m, int i, int64_t a, int64_t b, int w, const void **rows);
+/* Resolve num_vocab_chunks and num_vocab_tiling (0 = auto) for this layout and sink
+ * (model.h mt_model_vocab_tiling states the rules). */
+void mtm_vocab_resolve(mt_model *m);
 
 /* ---- model_shard.c ---- */
 

@@ -9,7 +9,13 @@
  * the final norm's backward, 2L + 1 - l backward of layer l, 2L + 2 embedding backward.
  * The tiled loss never holds full logits: per tile of rows, logits = h W^T, the loss,
  * dlogits in place, dh = dlogits W and dW += dlogits^T h (MaxText vocab tiling;
- * Wijmans et al. 2024, "Cut Your Losses in Large-Vocabulary Language Models"). */
+ * Wijmans et al. 2024, "Cut Your Losses in Large-Vocabulary Language Models"). With
+ * vocabulary chunks (num_vocab_chunks > 1, model.h mt_model_vocab_tiling) the embedding
+ * lookup and its backward and the unembedding inside the loss take the vocabulary a
+ * chunk of rows at a time (parallel/vocab_loss.h mt_vocab_chunked_loss): under fsdp or
+ * parameter offload each chunk is gathered or copied into a window, and with a gradient
+ * sink each chunk's gradient goes to the sink on its own, so no [V, D] parameter or
+ * gradient buffer is live. */
 #include "models/model_internal.h"
 
 #include <math.h>
@@ -85,8 +91,19 @@ static mt_status MT_MUST_CHECK model_forward(mt_model *m, const int32_t *tokens)
     MT_TRY(mtm_refresh_compute(m));
     MT_TRY(mtm_fetch_global(m));
     const int64_t Ns = seq_rows(m), s0 = seq_row0(m); /* sequence parallelism: this rank's rows */
-    MT_TRY(be->ops->embedding_fwd(be, m->plan.lptr[0][MT_LT_DECODER_LAYER_INPUT], mtm_pw(m, m->par.embed),
-                                  (const int32_t *)m->plan.gptr[GB_TOKENS] + s0, Ns, D, m->emb_scale, m->dt));
+    void *x0 = m->plan.lptr[0][MT_LT_DECODER_LAYER_INPUT];
+    const int32_t *tok = (const int32_t *)m->plan.gptr[GB_TOKENS] + s0;
+    if (mtm_vocab_windows(m)) { /* each chunk of embedding rows fills the rows of its tokens */
+        for (int64_t c = 0; c < m->vc.C; c++) {
+            int64_t a, b;
+            const void *E = NULL;
+            mtm_vocab_chunk(m, c, &a, &b);
+            MT_TRY(mtm_vocab_rows(m, m->par.embed, a, b, MT_PWIN_VOCAB_EMBED, &E));
+            MT_TRY(be->ops->embedding_fwd(be, x0, E, tok, Ns, a, b - a, D, m->emb_scale, m->dt));
+        }
+    } else {
+        MT_TRY(be->ops->embedding_fwd(be, x0, mtm_pw(m, m->par.embed), tok, Ns, 0, m->V, D, m->emb_scale, m->dt));
+    }
     if (m->g4.on) MT_TRY(mtm_g4_inputs_forward(m));
     for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++) {
         MT_TRY(mtm_fetch_layer(m, l));
@@ -102,8 +119,74 @@ static mt_status MT_MUST_CHECK model_forward(mt_model *m, const int32_t *tokens)
     return MT_OK;
 }
 
-const void *mtm_unembedding(const mt_model *m) {
-    return mtm_pw(m, m->cfg.logits_via_embedding ? m->par.embed : m->par.lm_head);
+/* The unembedding's parameter: lm_head, or the tied embedding. */
+static int unembedding_index(const mt_model *m) {
+    return m->cfg.logits_via_embedding ? m->par.embed : m->par.lm_head;
+}
+
+const void *mtm_unembedding(const mt_model *m) { return mtm_pw(m, unembedding_index(m)); }
+
+/* ---- the unembedding in vocabulary chunks (mt_vocab_chunk_source over the model) ---- */
+
+static mt_status unembedding_rows(void *ctx, int64_t a, int64_t b, const void **W) {
+    mt_model *m = ctx;
+    return mtm_vocab_rows(m, unembedding_index(m), a, b, MT_PWIN_VOCAB_HEAD, W);
+}
+
+/* Where rows [a, b) of the unembedding's gradient add up: the chunk window (zeroed,
+ * once the sink is done with the previous chunk), or the rows of the whole gradient
+ * (no sink; or tied, where the embedding's window collects the loss's and the lookup's
+ * shares until the lookup's backward). */
+static mt_status unembedding_grad_begin(void *ctx, int64_t a, int64_t b, float **dW) {
+    mt_model *m = ctx;
+    if (!mtm_vocab_grad_windows(m)) {
+        *dW = mtm_gw(m, unembedding_index(m)) + a * m->D;
+        return MT_OK;
+    }
+    float *win = m->sink.ptr[MT_GWIN_VOCAB_HEAD];
+    if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, win));
+    MT_TRY(m->be->ops->zero(m->be, win, (size_t)((b - a) * m->D) * sizeof(float)));
+    *dW = win;
+    return MT_OK;
+}
+
+static mt_status unembedding_grad_end(void *ctx, int64_t a, int64_t b, float *dW) {
+    mt_model *m = ctx;
+    if (!mtm_vocab_grad_windows(m)) return MT_OK;
+    MT_TRY(mtm_comm_status(m));
+    return m->sink.fn(m->sink.ctx, m->par.info[m->par.lm_head].offset + a * m->D, (b - a) * m->D, dW);
+}
+
+/* The embedding's backward, phase 2L + 2: dE += the rows of G by token; with chunked
+ * gradient windows one chunk of rows at a time, each handed to the sink. */
+static mt_status embedding_backward(mt_model *m, const void *G) {
+    mt_backend *be = m->be;
+    const int64_t D = m->D, Ns = seq_rows(m);
+    const int32_t *tok = (const int32_t *)m->plan.gptr[GB_TOKENS] + seq_row0(m);
+    if (!mtm_vocab_grad_windows(m)) {
+        if (m->sink.fn && !m->cfg.logits_via_embedding)
+            MT_TRY(be->ops->zero(be, m->sink.ptr[MT_GWIN_EMBEDDING],
+                                 (size_t)m->par.info[m->par.embed].numel * sizeof(float)));
+        if (m->tp.rank == 0 || m->tp.sp)
+            MT_TRY(be->ops->embedding_bwd(be, mtm_gw(m, m->par.embed), G, tok, Ns, 0, m->V, D, m->emb_scale, m->dt));
+        if (m->sink.fn) { /* the embedding's gradient is complete: hand its window over */
+            MT_TRY(m->sink.fn(m->sink.ctx, m->par.info[m->par.embed].offset, m->par.info[m->par.embed].numel,
+                              m->sink.ptr[MT_GWIN_EMBEDDING]));
+            if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, NULL)); /* every window is done when we return */
+        }
+        return MT_OK;
+    }
+    float *win = m->sink.ptr[MT_GWIN_VOCAB_EMBED]; /* no tensor axis with chunks (mt_model_create) */
+    for (int64_t c = 0; c < m->vc.C; c++) {
+        int64_t a, b;
+        mtm_vocab_chunk(m, c, &a, &b);
+        if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, win));
+        MT_TRY(be->ops->zero(be, win, (size_t)((b - a) * D) * sizeof(float)));
+        MT_TRY(be->ops->embedding_bwd(be, win, G, tok, Ns, a, b - a, D, m->emb_scale, m->dt));
+        MT_TRY(m->sink.fn(m->sink.ctx, m->par.info[m->par.embed].offset + a * D, (b - a) * D, win));
+    }
+    if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, NULL));
+    return MT_OK;
 }
 
 static mt_status check_ready(const mt_model *m, const char *fn) {
@@ -141,7 +224,7 @@ static mt_status backward_from_final_hidden(mt_model *m) {
      * the device only for its loss and norm: tests/test_emu_syncs.c). */
     if (m->sink.fn) { /* model.norm and lm_head are complete (phase L + 1): hand the tail window over */
         float *tail = m->sink.ptr[MT_GWIN_TAIL];
-        MT_TRY(m->sink.fn(m->sink.ctx, m->par.tail_off, m->par.numel - m->par.tail_off, tail));
+        MT_TRY(m->sink.fn(m->sink.ctx, m->par.tail_off, mtm_tail_grad_numel(m), tail));
         /* the tail window is planned for the loss phase alone (the layer windows may
          * reuse its memory): an asynchronous sink finishes it here */
         if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, tail));
@@ -166,18 +249,8 @@ static mt_status backward_from_final_hidden(mt_model *m) {
     /* phase 2L + 2 (tensor parallel: G is the same on every rank of the group; only
      * rank 0 adds it, so the group's sum of embedding gradients counts it once; under
      * sequence parallelism each rank adds its own rows) */
-    if (m->sink.fn && !m->cfg.logits_via_embedding)
-        MT_TRY(be->ops->zero(be, m->sink.ptr[MT_GWIN_EMBEDDING],
-                             (size_t)m->par.info[m->par.embed].numel * sizeof(float)));
     if (m->g4.on) MT_TRY(mtm_g4_inputs_backward(m, G)); /* adds the per-layer inputs' share to G */
-    if (m->tp.rank == 0 || m->tp.sp)
-        MT_TRY(be->ops->embedding_bwd(be, mtm_gw(m, m->par.embed), G, (const int32_t *)m->plan.gptr[GB_TOKENS] + s0, Ns,
-                                      m->V, D, m->emb_scale, m->dt));
-    if (m->sink.fn) { /* the embedding's gradient is complete: hand its window over */
-        MT_TRY(m->sink.fn(m->sink.ctx, 0, m->par.info[m->par.embed].numel, m->sink.ptr[MT_GWIN_EMBEDDING]));
-        if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, NULL)); /* every window is done when we return */
-    }
-    return MT_OK;
+    return embedding_backward(m, G);
 }
 
 /* The forward (and with `backward` the backward) of one micro-batch, its loss sum and
@@ -205,11 +278,20 @@ static mt_status forward_loss(mt_model *m, const int32_t *tokens, const int32_t 
     double *stats = m->plan.gptr[GB_STEP_STATS];
     void *dh = backward ? m->plan.gptr[GB_FINAL_HIDDEN_GRAD] : NULL;
     float *dW = NULL;
-    if (backward) {
-        MT_TRY(mtm_grad_windows_begin(m));
-        dW = mtm_gw(m, m->cfg.logits_via_embedding ? m->par.embed : m->par.lm_head);
-    }
-    if (m->tp.size > 1) { /* vocab-parallel: this rank's rows [v0, v0 + Vl) of the unembedding */
+    if (backward) MT_TRY(mtm_grad_windows_begin(m));
+    if (backward && m->vc.C == 1) dW = mtm_gw(m, unembedding_index(m));
+    if (m->vc.C > 1) { /* the unembedding in vocabulary chunks (no tensor axis: mt_model_create) */
+        const mt_vocab_loss_args va = {.N = N, .D = D, .v0 = 0, .Vl = m->V, .num_tiles = m->tiles,
+                                       .softcap = la.softcap, .ignore_index = la.ignore_index, .dscale = dscale};
+        const mt_vocab_chunk_source src = {m->vc.C, m, unembedding_rows, unembedding_grad_begin,
+                                           unembedding_grad_end};
+        MT_TRY(mt_vocab_chunked_loss(be, NULL, &va, &src, m->plan.gptr[GB_FINAL_HIDDEN], m->dt,
+                                     m->plan.gptr[GB_LABELS], m->plan.gptr[GB_LOSS_TILE], m->plan.gptr[GB_LOSS_DTILE],
+                                     m->plan.gptr[GB_LOSS_VOCAB_STATS], m->plan.gptr[GB_LOSS_DH_ACC], dh, stats));
+        /* the chunk window lives in the loss phase alone: an asynchronous sink finishes it here */
+        if (backward && mtm_vocab_grad_windows(m) && m->sink.wait)
+            MT_TRY(m->sink.wait(m->sink.ctx, m->sink.ptr[MT_GWIN_VOCAB_HEAD]));
+    } else if (m->tp.size > 1) { /* vocab-parallel: this rank's rows [v0, v0 + Vl) of the unembedding */
         const mt_vocab_loss_args va = {.N = N, .D = D, .v0 = m->tp.v0, .Vl = m->tp.Vl, .num_tiles = m->tiles,
                                        .softcap = la.softcap, .ignore_index = la.ignore_index, .dscale = dscale};
         MT_TRY(mt_vocab_parallel_loss(be, m->tp.comm, &va, m->plan.gptr[GB_FINAL_HIDDEN],
@@ -320,10 +402,21 @@ mt_status mt_model_logits(mt_model *m, const int32_t *tokens, float *logits) {
         /* the row split of kernels/tiled_loss.h */
         const int64_t r0 = t * N / m->tiles, r1 = (t + 1) * N / m->tiles, R = r1 - r0;
         if (R <= 0) continue;
-        MT_TRY(be->ops->gemm(be, 0, 1, R, V, D, 1.0f, AT(m, h, r0 * D), D, mtm_unembedding(m), D, m->dt, 0.0f, tile, V,
-                             MT_F32));
         float *dst = logits + r0 * V;
-        MT_TRY(be->ops->copy_to_host(be, dst, tile, (size_t)(R * V) * sizeof(float)));
+        for (int64_t c = 0; c < m->vc.C; c++) { /* the vocabulary chunks (one: the whole unembedding) */
+            int64_t a, b;
+            const void *W = NULL;
+            mtm_vocab_chunk(m, c, &a, &b);
+            MT_TRY(mtm_vocab_rows(m, unembedding_index(m), a, b, MT_PWIN_VOCAB_HEAD, &W));
+            MT_TRY(be->ops->gemm(be, 0, 1, R, b - a, D, 1.0f, AT(m, h, r0 * D), D, W, D, m->dt, 0.0f, tile, b - a,
+                                 MT_F32));
+            if (b - a == V)
+                MT_TRY(be->ops->copy_to_host(be, dst, tile, (size_t)(R * V) * sizeof(float)));
+            else
+                for (int64_t r = 0; r < R; r++)
+                    MT_TRY(be->ops->copy_to_host(be, dst + r * V + a, tile + r * (b - a),
+                                                 (size_t)(b - a) * sizeof(float)));
+        }
         if (cap > 0.0f)
             for (int64_t i = 0; i < R * V; i++) dst[i] = cap * tanhf(dst[i] / cap);
     }

@@ -13,7 +13,9 @@
  *   per layer the saved tensors of mtm_act_elems (Ns x D residual tensors, N x local
  *   widths for q / k / v / context / mlp), each kept, recomputed into the layer-sized
  *   "remat.*" scratch, or offloaded to the host pool;
- *   the loss tile ceil(N / tiles) x V / tp x 4 (kernels/tiled_loss.h);
+ *   the loss tile ceil(N / tiles) x V / tp x 4 (kernels/tiled_loss.h), or with
+ *   vocabulary chunks ceil(N / tiles) x ceil(V / C) x 4 and the chunks' windows (one
+ *   chunk of rows x D, es per parameter, 4 per gradient; mtm_vocab_resolve);
  *   context parallelism: "cp.*" gather buffers of B x seq x KVD each, or ring blocks
  *   of N x KVD. */
 #include "models/model_internal.h"
@@ -205,6 +207,36 @@ static mt_status cp_add_to_plan(mt_model *m, mt_plan *plan, int first, int last)
                        &m->cp.id[CP_RLSE]);
 }
 
+/* ------------------------------------------------------------------------------ */
+/* vocabulary chunks and row tiles of the loss                                      */
+
+void mtm_vocab_resolve(mt_model *m) {
+    const int64_t V = m->V, D = m->D, N = m->N, layer = m->par.layer_numel > 0 ? m->par.layer_numel : 1;
+    int64_t C = m->vc.req_chunks;
+    if (C == 0) /* auto: chunks no larger than a decoder layer where windows hold the vocabulary */
+        C = !m->dec.on && m->tp.size == 1 && (params_windowed(m) || m->sink.fn) ? (V * D + layer - 1) / layer : 1;
+    m->vc.C = C < 1 ? 1 : C > V ? V : C;
+    int64_t T = m->vc.req_tiles;
+    if (T == 0) { /* auto: a loss tile no larger than a layer's parameters in the activation dtype */
+        const int64_t cols = m->vc.C > 1 ? mtm_vocab_chunk_rows(m) : m->tp.Vl;
+        const int64_t row = cols * (int64_t)(sizeof(float) + (m->dt != MT_F32 ? m->es : 0));
+        const int64_t R = max64(1, layer * (int64_t)m->es / row);
+        m->tiles = (N + R - 1) / R;
+        /* the tile buffer holds R rows (or N), a bound on every tile's ceil(N / T) rows that
+         * grows with N, so the plan's peak never falls as the batch grows (the estimator's
+         * batch search relies on it) */
+        m->vc.tile_rows = R < N ? R : N;
+        return;
+    }
+    m->tiles = T < 1 ? 1 : T > N ? N : T;
+    m->vc.tile_rows = mt_tiled_loss_tile_rows(N, m->tiles);
+}
+
+void mt_model_vocab_tiling(const mt_model *m, int64_t *tiles, int64_t *chunks) {
+    if (tiles) *tiles = m ? m->tiles : 0;
+    if (chunks) *chunks = m ? m->vc.C : 0;
+}
+
 /* Parameters (or their windows, and the compute copy) and gradients (or their windows). */
 static mt_status add_weights(mt_model *m, mt_plan *plan) {
     const int64_t L = m->cfg.num_decoder_layers;
@@ -242,9 +274,15 @@ static mt_status add_weights(mt_model *m, mt_plan *plan) {
                            &m->pwin.id[MT_PWIN_LAYER0]));
         MT_TRY(mt_plan_add(plan, "params.window.layer1", MT_MEM_PARAMS, (size_t)m->par.layer_numel * es, 0, last,
                            &m->pwin.id[MT_PWIN_LAYER1]));
-        MT_TRY(mt_plan_add(plan, "params.window.global", MT_MEM_PARAMS,
-                           (size_t)(m->par.info[m->par.embed].numel + m->par.numel - m->par.tail_off) * es, 0, last,
-                           &m->pwin.id[MT_PWIN_GLOBAL]));
+        MT_TRY(mt_plan_add(plan, "params.window.global", MT_MEM_PARAMS, (size_t)mtm_global_window_numel(m) * es, 0,
+                           last, &m->pwin.id[MT_PWIN_GLOBAL]));
+        if (mtm_vocab_windows(m)) { /* a chunk of embedding rows for the lookup, one of the unembedding for the loss */
+            const size_t chunk = (size_t)(mtm_vocab_chunk_rows(m) * m->D) * es;
+            MT_TRY(mt_plan_add(plan, "params.window.vocab.embedding", MT_MEM_PARAMS, chunk, 0, 0,
+                               &m->pwin.id[MT_PWIN_VOCAB_EMBED]));
+            MT_TRY(mt_plan_add(plan, "params.window.vocab.unembedding", MT_MEM_PARAMS, chunk, loss, loss,
+                               &m->pwin.id[MT_PWIN_VOCAB_HEAD]));
+        }
     }
     if (!m->sink.fn) {
         MT_TRY(mtm_plan_add(m, plan, GB_GRADS, "grads", MT_MEM_GRADS, (size_t)m->par.numel * f4, 0, last));
@@ -256,11 +294,20 @@ static mt_status add_weights(mt_model *m, mt_plan *plan) {
         if (m->sink.wait) /* asynchronous sink: the odd layers' window (mt_model_set_grad_sink_wait) */
             MT_TRY(mt_plan_add(plan, "grads.window.layer.overlap", MT_MEM_GRADS, (size_t)m->par.layer_numel * f4, bwd0,
                                bwd1, &m->sink.id[MT_GWIN_LAYER1]));
-        MT_TRY(mt_plan_add(plan, "grads.window.embedding", MT_MEM_GRADS, (size_t)m->par.info[m->par.embed].numel * f4,
-                           m->cfg.logits_via_embedding ? loss : ph_embed_bwd(m), ph_embed_bwd(m),
-                           &m->sink.id[MT_GWIN_EMBEDDING]));
-        MT_TRY(mt_plan_add(plan, "grads.window.tail", MT_MEM_GRADS, (size_t)(m->par.numel - m->par.tail_off) * f4, loss,
-                           loss, &m->sink.id[MT_GWIN_TAIL]));
+        if (mtm_vocab_grad_windows(m)) { /* the embedding's and lm_head's gradients a chunk at a time */
+            const size_t chunk = (size_t)(mtm_vocab_chunk_rows(m) * m->D) * f4;
+            MT_TRY(mt_plan_add(plan, "grads.window.vocab.embedding", MT_MEM_GRADS, chunk, ph_embed_bwd(m),
+                               ph_embed_bwd(m), &m->sink.id[MT_GWIN_VOCAB_EMBED]));
+            MT_TRY(mt_plan_add(plan, "grads.window.vocab.lm_head", MT_MEM_GRADS, chunk, loss, loss,
+                               &m->sink.id[MT_GWIN_VOCAB_HEAD]));
+        } else {
+            MT_TRY(mt_plan_add(plan, "grads.window.embedding", MT_MEM_GRADS,
+                               (size_t)m->par.info[m->par.embed].numel * f4,
+                               m->cfg.logits_via_embedding ? loss : ph_embed_bwd(m), ph_embed_bwd(m),
+                               &m->sink.id[MT_GWIN_EMBEDDING]));
+        }
+        MT_TRY(mt_plan_add(plan, "grads.window.tail", MT_MEM_GRADS, (size_t)mtm_tail_grad_numel(m) * f4, loss, loss,
+                           &m->sink.id[MT_GWIN_TAIL]));
     }
     return MT_OK;
 }
@@ -330,14 +377,22 @@ static mt_status add_loss_buffers(mt_model *m, mt_plan *plan) {
                     loss));
     MT_TRY(mtm_plan_add(m, plan, GB_FINAL_HIDDEN_GRAD, "final_hidden_grad", MT_MEM_SCRATCH, (size_t)(N * D) * es,
                     loss, loss));
-    MT_TRY(mtm_plan_add(m, plan, GB_LOSS_TILE, "loss_tile", MT_MEM_LOSS_TILE,
-                    (size_t)(mt_tiled_loss_tile_rows(N, m->tiles) * m->tp.Vl) * f4, loss, loss));
+    /* a tile of rows x the tensor rank's vocabulary slice, or x one vocabulary chunk */
+    const int64_t tile = m->vc.tile_rows * (m->vc.C > 1 ? mtm_vocab_chunk_rows(m) : m->tp.Vl);
+    MT_TRY(mtm_plan_add(m, plan, GB_LOSS_TILE, "loss_tile", MT_MEM_LOSS_TILE, (size_t)tile * f4, loss, loss));
     if (m->dt != MT_F32) /* the dlogits operand of the loss tile's backward GEMMs (kernels/tiled_loss.h) */
-        MT_TRY(mtm_plan_add(m, plan, GB_LOSS_DTILE, "loss_tile.dlogits", MT_MEM_LOSS_TILE,
-                        (size_t)(mt_tiled_loss_tile_rows(N, m->tiles) * m->tp.Vl) * es, loss, loss));
+        MT_TRY(mtm_plan_add(m, plan, GB_LOSS_DTILE, "loss_tile.dlogits", MT_MEM_LOSS_TILE, (size_t)tile * es, loss,
+                            loss));
     if (m->tp.size > 1) /* the vocab-parallel loss's row max and sums, all-reduced over the tensor group */
         MT_TRY(mtm_plan_add(m, plan, GB_LOSS_VOCAB_STATS, "loss_tile.vocab_stats", MT_MEM_LOSS_TILE,
-                        mt_vocab_loss_scratch_bytes(N, m->tiles), loss, loss));
+                        mt_vocab_loss_scratch_bytes(m->vc.tile_rows, 1), loss, loss)); /* tile_rows >= any tile */
+    if (m->vc.C > 1) { /* the chunked loss's row max and sums of all N rows (parallel/vocab_loss.h) */
+        MT_TRY(mtm_plan_add(m, plan, GB_LOSS_VOCAB_STATS, "loss_tile.vocab_stats", MT_MEM_LOSS_TILE,
+                            mt_vocab_chunked_scratch_bytes(N), loss, loss));
+        if (m->dt != MT_F32) /* dloss/dh summed over the chunks in fp32, rounded once */
+            MT_TRY(mtm_plan_add(m, plan, GB_LOSS_DH_ACC, "loss_tile.dh_acc", MT_MEM_LOSS_TILE,
+                                (size_t)(N * D) * f4, loss, loss));
+    }
     MT_TRY(mtm_plan_add(m, plan, GB_RESID_GRAD, "residual_grad", MT_MEM_SCRATCH, (size_t)(Ns * D) * es, loss,
                     ph_embed_bwd(m)));
     return MT_OK;
@@ -350,7 +405,7 @@ static mt_status add_loss_buffers(mt_model *m, mt_plan *plan) {
 static size_t workspace_bytes(const mt_model *m) {
     static const int32_t present = 0; /* "positions / segment ids are passed" (mt_scratch_query) */
     mt_scratch_query q = {.rows = m->N, .width = m->D, .heads = m->H, .kv_heads = m->Hkv, .head_dim = m->Dh,
-                          .attn = mtm_attn_args(m, 0), .loss_rows = mt_tiled_loss_tile_rows(m->N, m->tiles)};
+                          .attn = mtm_attn_args(m, 0), .loss_rows = m->vc.tile_rows};
     q.attn.Tk = m->T * m->cp.size;
     q.attn.Dh = m->Dh; /* the largest (gemma4: global layers) */
     if (m->cp.size > 1 || m->pack.on) q.attn.q_pos = q.attn.k_pos = &present;
@@ -446,6 +501,7 @@ static mt_status add_gemma4(mt_model *m, mt_plan *plan) {
 
 mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan) {
     if (!m || !plan) return mt_set_error(MT_ERR_INVALID, "mt_model_add_to_plan: NULL argument");
+    mtm_vocab_resolve(m); /* the gradient sink (and decoding) is known now */
     if (m->dec.on) return mtm_decode_add_to_plan(m, plan);
     MT_TRY(add_weights(m, plan));
     MT_TRY(add_inputs(m, plan));

@@ -430,8 +430,18 @@ int64_t mt_model_fsdp_gather_floats(const mt_model *m) {
     if (m->fsdp.size == 1) return 0;
     const int r = m->fsdp.rank;
     const int64_t emb = m->par.info[m->par.embed].numel, L = m->cfg.num_decoder_layers;
-    int64_t f = (emb - fsdp_own(m, r, 0, emb)) +
+    int64_t f = 0;
+    if (mtm_vocab_windows(m)) { /* model.norm in the global window; the embedding's chunks once (the lookup),
+                                 * the unembedding's three times (the chunked loss's three passes) */
+        const int64_t e0 = m->par.info[m->par.embed].offset, g = mtm_global_window_numel(m);
+        const int un = m->cfg.logits_via_embedding ? m->par.embed : m->par.lm_head;
+        const int64_t u0 = m->par.info[un].offset, un_n = m->par.info[un].numel;
+        f = (g - fsdp_own(m, r, m->par.tail_off, m->par.tail_off + g)) + (emb - fsdp_own(m, r, e0, e0 + emb)) +
+            3 * (un_n - fsdp_own(m, r, u0, u0 + un_n));
+    } else {
+        f = (emb - fsdp_own(m, r, 0, emb)) +
             (m->par.numel - m->par.tail_off - fsdp_own(m, r, m->par.tail_off, m->par.numel));
+    }
     for (int64_t l = 0; l < L; l++) {
         const int64_t a = m->par.info[m->par.layer[l].in_norm].offset,
                       n = m->par.layer_numel - fsdp_own(m, r, a, a + m->par.layer_numel);

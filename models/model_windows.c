@@ -27,8 +27,8 @@ const void *mtm_pw(const mt_model *m, int i) {
         return AT(m, m->plan.gptr[m->dt != MT_F32 ? GB_COMPUTE_W : GB_PARAMS], off + tp);
     /* parameter host offload / fsdp: the device window holding parameter i */
     const int l = m->par.layer_of[i];
-    if (l < 0) {
-        const int64_t emb = m->par.info[m->par.embed].numel;
+    if (l < 0) { /* with vocabulary windows the embedding and lm_head come from mtm_vocab_rows */
+        const int64_t emb = mtm_vocab_windows(m) ? 0 : m->par.info[m->par.embed].numel;
         return AT(m, m->pwin.ptr[MT_PWIN_GLOBAL], (off < emb ? off : emb + off - m->par.tail_off) + tp);
     }
     const int s = m->pwin.layer[0] == l ? 0 : 1; /* the slot holding layer l */
@@ -89,23 +89,40 @@ void mtm_prefetch_layer(mt_model *m, int64_t l) {
     m->pwin.layer[s] = m->fsdp.status == MT_OK ? l : -1;
 }
 
-/* The global window (embedding, model.norm, lm_head), at the start of every forward. */
+/* The global window (embedding, model.norm, lm_head; with vocabulary windows model.norm
+ * only: mtm_global_window_numel), at the start of every forward. */
 mt_status mtm_fetch_global(mt_model *m) {
     if (!params_windowed(m)) return MT_OK;
     mtm_fsdp_wait(m);
-    const int64_t emb = m->par.info[m->par.embed].numel;
+    const int64_t n = mtm_global_window_numel(m), emb = mtm_vocab_windows(m) ? 0 : m->par.info[m->par.embed].numel;
     if (m->fsdp.size > 1) {
-        mtm_fsdp_gather(m, m->pwin.ptr[MT_PWIN_GLOBAL], 0, emb, 0);
-        mtm_fsdp_gather(m, AT(m, m->pwin.ptr[MT_PWIN_GLOBAL], emb), m->par.tail_off, m->par.numel, 0);
+        if (emb > 0) mtm_fsdp_gather(m, m->pwin.ptr[MT_PWIN_GLOBAL], 0, emb, 0);
+        mtm_fsdp_gather(m, AT(m, m->pwin.ptr[MT_PWIN_GLOBAL], emb), m->par.tail_off, m->par.tail_off + n - emb, 0);
         m->pwin.layer[0] = m->pwin.layer[1] = -1;
         return MT_OK;
     }
     const void *host = window_source(m);
-    MT_TRY(m->be->ops->copy_to_device(m->be, m->pwin.ptr[MT_PWIN_GLOBAL], host, (size_t)emb * m->es));
+    if (emb > 0) MT_TRY(m->be->ops->copy_to_device(m->be, m->pwin.ptr[MT_PWIN_GLOBAL], host, (size_t)emb * m->es));
     MT_TRY(m->be->ops->copy_to_device(m->be, AT(m, m->pwin.ptr[MT_PWIN_GLOBAL], emb), AT(m, host, m->par.tail_off),
-                                      (size_t)(m->par.numel - m->par.tail_off) * m->es));
+                                      (size_t)(n - emb) * m->es));
     m->pwin.layer[0] = m->pwin.layer[1] = -1;
     return MT_OK;
+}
+
+mt_status mtm_vocab_rows(mt_model *m, int i, int64_t a, int64_t b, int w, const void **rows) {
+    const int64_t D = m->D, off = m->par.info[i].offset + a * D;
+    if (!mtm_vocab_windows(m)) {
+        *rows = AT(m, mtm_pw(m, i), a * D);
+        return MT_OK;
+    }
+    void *win = m->pwin.ptr[w];
+    *rows = win;
+    if (m->fsdp.size > 1) {
+        mtm_fsdp_wait(m);
+        mtm_fsdp_gather(m, win, off, off + (b - a) * D, 0);
+        return m->fsdp.status;
+    }
+    return m->be->ops->copy_to_device(m->be, win, AT(m, window_source(m), off), (size_t)((b - a) * D) * m->es);
 }
 
 /* The gradient of parameter i (its tensor-parallel slice): in the full buffer, or with
@@ -128,8 +145,7 @@ float *mtm_gwin_layer(const mt_model *m, int64_t l) {
  * it) the embedding window; an untied embedding window is zeroed before its backward. */
 mt_status mtm_grad_windows_begin(mt_model *m) {
     if (!m->sink.fn) return MT_OK;
-    MT_TRY(m->be->ops->zero(m->be, m->sink.ptr[MT_GWIN_TAIL],
-                            (size_t)(m->par.numel - m->par.tail_off) * sizeof(float)));
+    MT_TRY(m->be->ops->zero(m->be, m->sink.ptr[MT_GWIN_TAIL], (size_t)mtm_tail_grad_numel(m) * sizeof(float)));
     if (m->cfg.logits_via_embedding)
         MT_TRY(m->be->ops->zero(m->be, m->sink.ptr[MT_GWIN_EMBEDDING],
                                 (size_t)m->par.info[m->par.embed].numel * sizeof(float)));

@@ -72,6 +72,57 @@ MT_MUST_CHECK mt_status mt_vocab_parallel_loss(mt_backend *be, mt_comm *comm, co
                                                float *tile, void *dtile, void *scratch, void *dh, float *dW_l,
                                                double *stats);
 
+/* ---- the vocabulary in chunks ----
+ * The same loss with the slice's unembedding W_l taken C row chunks at a time (chunk c
+ * = rows [c Vl / C, (c + 1) Vl / C) of the slice), so that only one chunk of W (and of
+ * its gradient) need exist at a time: the model gathers each chunk from the fsdp shards
+ * or copies it from the host pool, and hands each chunk's gradient to the gradient sink
+ * (models/model_loss.c). Three passes over the chunks, each recomputing the chunk's
+ * logits z = h_t W_c^T tile by tile:
+ *   1. m_r = max over the chunks (and the group) of max_j z_rj    (vocab_tile_max, accumulate)
+ *   2. s_r = sum over the chunks (and the group) of sum_j exp(z_rj - m_r), z_r[label]
+ *                                                                  (vocab_tile_sumexp, accumulate)
+ *   3. dlogits as above per chunk; dh (fp32) += dlogits W_c, dW_c += dlogits^T h_t
+ * The loss per row is the unchunked one's function of (m_r, s_r, z_r[label]): m_r is
+ * exact, s_r is summed in fp64 in another grouping (a relative difference of order
+ * Vl 2^-53), and dh is the sum over C chunks of fp32 GEMM partial sums (the same
+ * products as one GEMM over Vl, regrouped: within gamma_Vl |dlogits| |W| of it, Higham
+ * eq. 3.5), rounded once to the activation dtype at the end. Cost: the chunk logits
+ * three times (two more GEMMs of h W^T than the unchunked loss), each chunk fetched
+ * three times. Rows are tiled as kernels/tiled_loss.h, inside each chunk. */
+typedef struct mt_vocab_chunk_source {
+    int64_t num_chunks; /* C, 1 <= C <= Vl */
+    void *ctx;
+    /* Rows [a, b) of the slice's unembedding as [b - a, D] of the loss's dt, valid until
+     * the next call (a window the source fills, or a pointer into the whole matrix). */
+    mt_status (*rows)(void *ctx, int64_t a, int64_t b, const void **W);
+    /* Before chunk [a, b)'s backward: where its gradient adds up ([b - a, D] fp32, "+="
+     * from here on: a zeroed window or the rows of the whole gradient); *dW = NULL: no
+     * weight gradient. */
+    mt_status (*grad_begin)(void *ctx, int64_t a, int64_t b, float **dW);
+    /* After chunk [a, b)'s backward: its gradient dW (from grad_begin) is complete. */
+    mt_status (*grad_end)(void *ctx, int64_t a, int64_t b, float *dW);
+} mt_vocab_chunk_source;
+
+/* Bytes of the chunked loss's scratch for N rows: sz [2N] fp64, a 2-double stats sink,
+ * mx [N] fp32 (8-byte aligned as given). 0 for N <= 0. */
+size_t mt_vocab_chunked_scratch_bytes(int64_t N);
+
+/* The loss of mt_vocab_parallel_loss (a group of one with comm NULL, v0 = 0, Vl = V)
+ * with the unembedding from src in chunks. tile: mt_tiled_loss_tile_rows(N, num_tiles)
+ * x ceil(Vl / C) floats; dtile (dt != MT_F32, backward): as many elements of dt;
+ * scratch: mt_vocab_chunked_scratch_bytes(N); dh_acc: [N, D] fp32 when dt != MT_F32 and
+ * dh is given (the chunks' sum before its one rounding to dt; with MT_F32 dh itself
+ * accumulates), else unused. dh (NULL: loss only, no chunk is fetched after pass 2)
+ * gets dscale dloss/dh (overwritten); each chunk's gradient goes where src->grad_begin
+ * says. stats as mt_vocab_parallel_loss. Errors: MT_ERR_INVALID (NULL scratch / stats /
+ * src, C outside [1, Vl], a bf16 backward without dtile or dh_acc), those of src's
+ * callbacks, the ops and the collectives. */
+MT_MUST_CHECK mt_status mt_vocab_chunked_loss(mt_backend *be, mt_comm *comm, const mt_vocab_loss_args *a,
+                                              const mt_vocab_chunk_source *src, const void *h, mt_dtype dt,
+                                              const int32_t *labels, float *tile, void *dtile, void *scratch,
+                                              float *dh_acc, void *dh, double *stats);
+
 #ifdef __cplusplus
 }
 #endif

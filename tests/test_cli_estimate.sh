@@ -45,10 +45,13 @@ PY
 # --- the table's two columns: bytes live at the peak phase, and all of a row's entries
 # (any phase). docs/memory.md's model (Llama block, d 512, 8 heads x 64, mlp 2048, 4
 # layers, vocab 32000, seq 512), one device, grad_dtype bfloat16, 2 micro-batches: the
-# gradient is the bf16 accumulator (2 bytes x numel, live all step) plus four fp32
-# windows never live together: one layer, model.norm + lm_head, the embedding, and the
-# reduce chunk of the largest parameter (the embedding). The peak is the loss phase
-# (docs/memory.md), where the accumulator and the lm_head window are live. ---
+# gradient is the bf16 accumulator (2 bytes x numel, live all step) plus fp32 windows
+# never live together: one layer, model.norm, one vocabulary chunk of lm_head (the loss
+# phase) and one of the embedding (its backward), and the reduce chunk of the largest
+# parameter (the embedding). The gradient windows make num_vocab_chunks=auto cut the
+# vocabulary into C = ceil(V D / layer parameters) chunks (models/model.h), here 4 of
+# 8000 rows. The peak is the loss phase (docs/memory.md), where the accumulator,
+# model.norm's window and the lm_head chunk's window are live. ---
 small="model_name=llama2-7b base_emb_dim=512 base_num_query_heads=8 base_num_kv_heads=8 head_dim=64
  base_mlp_dim=2048 base_num_decoder_layers=4 vocab_size=32000 max_target_length=512 per_device_batch_size=1
  gradient_accumulation_steps=2 grad_dtype=bfloat16"
@@ -59,10 +62,14 @@ import json
 D, QD, KVD, F, L, V = 512, 512, 512, 2048, 4, 32000
 layer = D * QD + 2 * D * KVD + QD * D + 3 * D * F + 2 * D
 numel = L * layer + 2 * V * D + D
-acc, tail, emb, chunk = 2 * numel, 4 * (V * D + D), 4 * V * D, 4 * max(V * D, D * F, D * QD)
-total, live = acc + 4 * layer + tail + emb + chunk, acc + tail
+C = -(-V * D // layer)
+Vc = -(-V // C)
+assert (C, Vc) == (4, 8000), (C, Vc)
+acc, tail, vocab, chunk = 2 * numel, 4 * D, 4 * Vc * D, 4 * max(V * D, D * F, D * QD)
+total, live = acc + 4 * layer + tail + 2 * vocab + chunk, acc + tail + vocab
 p = json.load(open("cols.json"))
 assert p["num_params"] == numel, (p["num_params"], numel)
+assert p["num_vocab_chunks"] == C and p["num_vocab_tiling"] >= 1, (p["num_vocab_chunks"], p["num_vocab_tiling"])
 pl, pt = p["per_device_live_at_peak"], p["per_device"]
 assert pt["gradients_and_accumulators"] == total, (pt, total)
 assert pl["gradients_and_accumulators"] == live, (pl, live)

@@ -14,7 +14,12 @@
 #   saved, per layer: decoder_layer_input N D e, query_proj N QD e, key_proj and
 #     value_proj N KVD e, context N QD e + B H T 4 (its logsumexp, fp32), out_proj N D e,
 #     mlpwi_0 and mlpwi_1 N F e
-#   loss tile     N V 4 (fp32 logits, one tile) + N V e (bf16 dlogits, only when e = 2)
+#   loss tile     R V 4 (fp32 logits of a tile of R rows) + R V e (bf16 dlogits, only when
+#                 e = 2): num_vocab_tiling=auto (models/model.h) takes the fewest tiles
+#                 whose tile is no larger than one layer's parameters in the activation
+#                 dtype, R = min(N, floor(layer e / (V (4 + e or 4)))) rows (the buffer; each
+#                 of the T = ceil(N / R) tiles has at most R); one process without windows
+#                 keeps the vocabulary whole (num_vocab_chunks 1)
 set -u
 . "$(dirname "$0")/lib.sh"
 mt_build test_cli_plan_bf16.sh "${1:-}"
@@ -29,15 +34,20 @@ import json, sys
 P, L, B, T = 8030261248, 32, 8, 2048          # llama3.1-8b (configs/models/llama3.1-8b.yml)
 D, H, Hkv, Dh, F, V = 4096, 32, 8, 128, 14336, 128256
 N, QD, KVD = B * T, H * Dh, Hkv * Dh
+layer = D * QD + 2 * D * KVD + QD * D + 3 * D * F + 2 * D
 for path, e in ((sys.argv[1], 2), (sys.argv[2], 4)):
     p = json.load(open(path))
     assert p["dtype"] == ("bfloat16" if e == 2 else "float32"), p["dtype"]
     assert p["num_params"] == P, p["num_params"]
+    row = V * (4 + (e if e == 2 else 0))
+    R = min(N, max(1, layer * e // row))
+    tiles = -(-N // R)
+    assert (p["num_vocab_tiling"], p["num_vocab_chunks"]) == (tiles, 1), (p["num_vocab_tiling"], tiles)
     want = {
         "parameters": 4 * P + (e * P if e == 2 else 0),
         "gradients_and_accumulators": 4 * P,
         "optimizer": 8 * P + 24 * (9 * L + 3),
-        "loss_tile": N * V * 4 + (N * V * e if e == 2 else 0),
+        "loss_tile": R * row,
     }
     saved = {
         "decoder_layer_input": N * D * e, "query_proj": N * QD * e, "key_proj": N * KVD * e,

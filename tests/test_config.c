@@ -249,7 +249,7 @@ Test(config, ranges) {
     mt_train_config c;
     const char *cases[][2] = {
         {"per_device_batch_size=0", "per_device_batch_size"},
-        {"num_vocab_tiling=0", "num_vocab_tiling"},
+        {"num_vocab_tiling=-1", "num_vocab_tiling"}, {"num_vocab_chunks=-1", "num_vocab_chunks"},
         {"learning_rate=-1", "learning_rate"},
         {"warmup_steps_fraction=1.5", "warmup_steps_fraction"},
         {"cosine_learning_rate_final_fraction=-0.1", "cosine_learning_rate_final_fraction"},
@@ -270,6 +270,14 @@ Test(config, ranges) {
     cr_expect_eq(load(&c, "model_name: tm\n", 3, ov), MT_ERR_INVALID);
     cr_expect_not_null(strstr(mt_last_error(), "num_vocab_tiling"), "%s", mt_last_error());
     ov[2] = "num_vocab_tiling=6";
+    cr_expect_eq(load(&c, "model_name: tm\n", 3, ov), MT_OK, "%s", mt_last_error());
+    ov[2] = "num_vocab_tiling=0"; /* auto (models/model.h mt_model_vocab_tiling) */
+    cr_expect_eq(load(&c, "model_name: tm\n", 3, ov), MT_OK, "%s", mt_last_error());
+    /* num_vocab_chunks is bounded by vocab_size (0 = auto) */
+    ov[2] = "num_vocab_chunks=100000000";
+    cr_expect_eq(load(&c, "model_name: tm\n", 3, ov), MT_ERR_INVALID);
+    cr_expect_not_null(strstr(mt_last_error(), "num_vocab_chunks"), "%s", mt_last_error());
+    ov[2] = "num_vocab_chunks=3";
     cr_expect_eq(load(&c, "model_name: tm\n", 3, ov), MT_OK, "%s", mt_last_error());
 }
 

@@ -204,7 +204,7 @@ Test(emu_syncs, embedding_bwd_on_device) {
                 r = r * 1664525u + 1013904223u;
                 dt0[i] = dtc[i] = (float)((int32_t)r >> 8) * 0x1p-23f;
             }
-            cr_assert_eq(C->ops->embedding_bwd(C, dtc, dout, tok, N, V, D, scale, dt), MT_OK, "%s", mt_last_error());
+            cr_assert_eq(C->ops->embedding_bwd(C, dtc, dout, tok, N, 0, V, D, scale, dt), MT_OK, "%s", mt_last_error());
             void *gdout = NULL, *gtok = NULL, *gtab = NULL;
             cr_assert_eq(G->ops->alloc(G, (size_t)(N * D) * es, &gdout), MT_OK);
             cr_assert_eq(G->ops->alloc(G, (size_t)N * sizeof(int32_t), &gtok), MT_OK);
@@ -213,7 +213,8 @@ Test(emu_syncs, embedding_bwd_on_device) {
             cr_assert_eq(G->ops->copy_to_device(G, gtok, tok, (size_t)N * sizeof(int32_t)), MT_OK);
             cr_assert_eq(G->ops->copy_to_device(G, gtab, dt0, (size_t)(V * D) * sizeof(float)), MT_OK);
             cudaemu_stats_reset();
-            cr_assert_eq(G->ops->embedding_bwd(G, gtab, gdout, gtok, N, V, D, scale, dt), MT_OK, "%s", mt_last_error());
+            cr_assert_eq(G->ops->embedding_bwd(G, gtab, gdout, gtok, N, 0, V, D, scale, dt), MT_OK, "%s",
+                         mt_last_error());
             cudaemu_stats st;
             cudaemu_stats_get(&st);
             cr_expect(st.d2h_copies == 0 && st.h2d_copies == 0 && st.syncs == 0,

@@ -334,8 +334,8 @@ Test(gpu_ops, embedding, .init = setup) {
         float *dt0 = randv(&r, V * D, 1.0);
         const float scale = 3.7f;
         float *oc = tu_falloc(N * D), *dtc = dupf(dt0, V * D);
-        TU_OK(C->ops->embedding_fwd(C, oc, table, tok, N, D, scale, MT_F32));
-        TU_OK(C->ops->embedding_bwd(C, dtc, dout, tok, N, V, D, scale, MT_F32));
+        TU_OK(C->ops->embedding_fwd(C, oc, table, tok, N, 0, V, D, scale, MT_F32));
+        TU_OK(C->ops->embedding_bwd(C, dtc, dout, tok, N, 0, V, D, scale, MT_F32));
         float *ocb = oc, *dtcb = dtc; /* the CPU backend in dt */
         if (dt == MT_BF16) { /* the bf16 op is the fp32 op then one rounding: compare to that */
             float *t = rounded_bf16(oc, N * D);
@@ -343,8 +343,8 @@ Test(gpu_ops, embedding, .init = setup) {
             oc = t;
             void *htab = host_as(table, V * D, dt), *hdo = host_as(dout, N * D, dt), *ho = host_as(oc, N * D, dt);
             dtcb = dupf(dt0, V * D);
-            TU_OK(C->ops->embedding_fwd(C, ho, htab, tok, N, D, scale, dt));
-            TU_OK(C->ops->embedding_bwd(C, dtcb, hdo, tok, N, V, D, scale, dt));
+            TU_OK(C->ops->embedding_fwd(C, ho, htab, tok, N, 0, V, D, scale, dt));
+            TU_OK(C->ops->embedding_bwd(C, dtcb, hdo, tok, N, 0, V, D, scale, dt));
             ocb = host_f32(ho, N * D, dt);
             free(htab), free(hdo), free(ho);
         }
@@ -352,8 +352,8 @@ Test(gpu_ops, embedding, .init = setup) {
         float *ddt = up(dt0, V * D, 4);
         void *dout_g = tu_balloc(G, (size_t)(N * D) * esize(dt));
         int32_t *dtok = up(tok, N, 4);
-        TU_OK(G->ops->embedding_fwd(G, dout_g, dtab, dtok, N, D, scale, dt));
-        TU_OK(G->ops->embedding_bwd(G, ddt, ddout, dtok, N, V, D, scale, dt));
+        TU_OK(G->ops->embedding_fwd(G, dout_g, dtab, dtok, N, 0, V, D, scale, dt));
+        TU_OK(G->ops->embedding_bwd(G, ddt, ddout, dtok, N, 0, V, D, scale, dt));
         float *og = down_as(dout_g, N * D, dt), *dtg = down(ddt, V * D);
         expect_bitwise(dt == MT_BF16 ? "embedding_fwd bf16 (vs cpu fp32 rounded)" : "embedding_fwd", og, oc, N * D);
         expect_bitwise(dt == MT_BF16 ? "embedding_bwd bf16 (vs cpu fp32)" : "embedding_bwd", dtg, dtc, V * D);
@@ -361,6 +361,23 @@ Test(gpu_ops, embedding, .init = setup) {
             expect_bitwise("embedding_fwd bf16 (vs cpu bf16)", og, ocb, N * D);
             expect_bitwise("embedding_bwd bf16 (vs cpu bf16)", dtg, dtcb, V * D);
             free(ocb), free(dtcb);
+        }
+        { /* vocabulary chunks (ops.h v0, V): bitwise the whole-table calls; the chunk edges cut the
+           * repeated tokens 0..11 */
+            static const int64_t edge[] = {0, 7, 12, 50};
+            float *ddc = up(dt0, V * D, 4);
+            TU_OK(G->ops->zero(G, dout_g, (size_t)(N * D) * esize(dt)));
+            for (int c = 0; c < 3; c++) {
+                const int64_t a = edge[c], b = edge[c + 1];
+                TU_OK(G->ops->embedding_fwd(G, dout_g, (char *)dtab + (size_t)(a * D) * esize(dt), dtok, N, a, b - a,
+                                            D, scale, dt));
+                TU_OK(G->ops->embedding_bwd(G, ddc + a * D, ddout, dtok, N, a, b - a, D, scale, dt));
+            }
+            float *ogc = down_as(dout_g, N * D, dt), *dtgc = down(ddc, V * D);
+            expect_bitwise("embedding_fwd in vocabulary chunks", ogc, og, N * D);
+            expect_bitwise("embedding_bwd in vocabulary chunks", dtgc, dtg, V * D);
+            G->ops->release(G, ddc);
+            free(ogc), free(dtgc);
         }
         G->ops->release(G, dtab), G->ops->release(G, ddout), G->ops->release(G, ddt), G->ops->release(G, dout_g),
             G->ops->release(G, dtok);
@@ -649,9 +666,9 @@ Test(gpu_ops, vocab_tile, .init = setup) {
 
             /* phase 1 */
             float *zc = dupf(x, R * Vl), mc[23], mg[23];
-            TU_OK(C->ops->vocab_tile_max(C, zc, R, Vl, cap, mc));
+            TU_OK(C->ops->vocab_tile_max(C, zc, R, Vl, cap, mc, 0));
             float *dz = up(x, R * Vl, 4), *dm = tu_balloc(G, R * sizeof(float));
-            EXPECT_NO_HOST_WAIT("vocab_tile_max", G->ops->vocab_tile_max(G, dz, R, Vl, cap, dm));
+            EXPECT_NO_HOST_WAIT("vocab_tile_max", G->ops->vocab_tile_max(G, dz, R, Vl, cap, dm, 0));
             float *zg = down(dz, R * Vl);
             TU_OK(G->ops->copy_to_host(G, mg, dm, sizeof mg));
             snprintf(what, sizeof what, "vocab_tile_max z Vl=%lld cap=%g", (long long)Vl, cap);
@@ -673,12 +690,33 @@ Test(gpu_ops, vocab_tile, .init = setup) {
 
             /* phase 2, from the CPU's z and mx */
             double sc[46], sg[46];
-            TU_OK(C->ops->vocab_tile_sumexp(C, zc, R, Vl, mc, lab, v0, -1, sc));
+            TU_OK(C->ops->vocab_tile_sumexp(C, zc, R, Vl, mc, lab, v0, -1, sc, 0));
             TU_OK(G->ops->copy_to_device(G, dz, zc, (size_t)(R * Vl) * sizeof(float)));
             TU_OK(G->ops->copy_to_device(G, dm, mc, sizeof mc));
             double *ds = tu_balloc(G, sizeof sg);
-            EXPECT_NO_HOST_WAIT("vocab_tile_sumexp", G->ops->vocab_tile_sumexp(G, dz, R, Vl, dm, dl, v0, -1, ds));
+            EXPECT_NO_HOST_WAIT("vocab_tile_sumexp", G->ops->vocab_tile_sumexp(G, dz, R, Vl, dm, dl, v0, -1, ds, 0));
             TU_OK(G->ops->copy_to_host(G, sg, ds, sizeof sg));
+            { /* accumulate (a rank's vocabulary chunks, parallel/vocab_loss.h): the same terms added to sz
+               * again give exactly twice them (x + x is exact); mx = max(mx, row max) against a prior max
+               * above the row max on even rows and below it on odd ones */
+                double sa[46];
+                EXPECT_NO_HOST_WAIT("vocab_tile_sumexp accumulate",
+                                    G->ops->vocab_tile_sumexp(G, dz, R, Vl, dm, dl, v0, -1, ds, 1));
+                TU_OK(G->ops->copy_to_host(G, sa, ds, sizeof sa));
+                for (int64_t i = 0; i < 2 * R; i++)
+                    cr_expect(sa[i] == 2.0 * sg[i], "vocab_tile_sumexp accumulate [%lld]: %.17g, want 2 x %.17g",
+                              (long long)i, sa[i], sg[i]);
+                TU_OK(G->ops->copy_to_device(G, ds, sg, sizeof sg)); /* phase 3 reads the "=" result */
+                float prior[23], ma[23];
+                for (int64_t i = 0; i < R; i++) prior[i] = i % 2 ? mc[i] - 1.0f : mc[i] + 1.0f;
+                float *dp = up(prior, R, 4), *dz2 = up(zc, R * Vl, 4);
+                EXPECT_NO_HOST_WAIT("vocab_tile_max accumulate", G->ops->vocab_tile_max(G, dz2, R, Vl, 0.0f, dp, 1));
+                TU_OK(G->ops->copy_to_host(G, ma, dp, sizeof ma));
+                for (int64_t i = 0; i < R; i++)
+                    cr_expect(ma[i] == (i % 2 ? mc[i] : prior[i]), "vocab_tile_max accumulate row %lld: %.9g",
+                              (long long)i, ma[i]);
+                G->ops->release(G, dp), G->ops->release(G, dz2);
+            }
             for (int64_t i = 0; i < R; i++) {
                 double S = 0.0;
                 for (int64_t j = 0; j < Vl; j++) S += exp((double)zc[i * Vl + j] - mc[i]);
@@ -730,8 +768,8 @@ Test(gpu_ops, vocab_tile, .init = setup) {
             expect_close(what, gg, gc, t, R * Vl);
 
             /* bad shapes: refused, nothing written, the backend still usable */
-            cr_expect_eq(G->ops->vocab_tile_max(G, dz, -1, Vl, cap, dm), MT_ERR_INVALID);
-            cr_expect_eq(G->ops->vocab_tile_sumexp(G, dz, R, 0, dm, dl, v0, -1, ds), MT_ERR_INVALID);
+            cr_expect_eq(G->ops->vocab_tile_max(G, dz, -1, Vl, cap, dm, 0), MT_ERR_INVALID);
+            cr_expect_eq(G->ops->vocab_tile_sumexp(G, dz, R, 0, dm, dl, v0, -1, ds, 0), MT_ERR_INVALID);
             cr_expect_eq(G->ops->vocab_tile_grad(G, dz, -2, Vl, dm, ds, dl, v0, -1, cap, dscale, 1, dst),
                          MT_ERR_INVALID);
             cr_expect(strstr(mt_last_error(), "vocab_tile_grad") != NULL, "message '%s'", mt_last_error());
@@ -746,8 +784,8 @@ Test(gpu_ops, vocab_tile, .init = setup) {
                 double sx[2] = {st0[0], st0[1]}, s1[2];
                 double *dsx = up(sx, 2, sizeof(double)), *ds1 = up(sx, 2, sizeof(double));
                 TU_OK(G->ops->xent_tile(G, dx, dx, MT_F32, dl, R, Vl, cap, -1, dscale, dsx));
-                TU_OK(G->ops->vocab_tile_max(G, dy, R, Vl, cap, dm));
-                TU_OK(G->ops->vocab_tile_sumexp(G, dy, R, Vl, dm, dl, 0, -1, ds));
+                TU_OK(G->ops->vocab_tile_max(G, dy, R, Vl, cap, dm, 0));
+                TU_OK(G->ops->vocab_tile_sumexp(G, dy, R, Vl, dm, dl, 0, -1, ds, 0));
                 TU_OK(G->ops->vocab_tile_grad(G, dy, R, Vl, dm, ds, dl, 0, -1, cap, dscale, 1, ds1));
                 float *a = down(dx, R * Vl), *b = down(dy, R * Vl);
                 TU_OK(G->ops->copy_to_host(G, sx, dsx, sizeof sx));
@@ -871,7 +909,7 @@ Test(gpu_ops, workspace_holds_the_ops_scratch, .init = setup) {
             TU_OK(G->ops->set_workspace(G, ws, need - (small ? 8 : 0)));
             st[small][0] = G->ops->rmsnorm_bwd(G, y, (float *)z, x, x, w, (float *)w, N, D, 0.0f, MT_F32);
             st[small][1] = G->ops->rmsnorm_bwd(G, y, (float *)z, x, x, w, (float *)w, N * H, Dh, 0.0f, MT_F32);
-            st[small][2] = G->ops->embedding_bwd(G, (float *)z, x, tok, N, V, D, 1.0f, MT_F32);
+            st[small][2] = G->ops->embedding_bwd(G, (float *)z, x, tok, N, 0, V, D, 1.0f, MT_F32);
             st[small][3] = G->ops->attention_bwd(G, &a, dq, y, z, o, x, x, x, o, (float *)lse);
             st[small][4] = G->ops->xent_tile(G, (float *)y, y, MT_F32, tok, R, V, 0.0f, -1, 1.0f, acc);
             st[small][5] = G->ops->sumsq(G, (const float *)x, 1000, acc);
@@ -1051,8 +1089,8 @@ Test(gpu_ops, bad_dtypes_are_refused, .init = setup) {
     } while (0)
     EXPECT_REFUSED("gemm", G->ops->gemm(G, 0, 0, 2, 2, 2, 1.0f, d, 2, d, 2, MT_F32, 0.0f, d, 2, MT_BF16));
     EXPECT_REFUSED("gemm", G->ops->gemm(G, 0, 0, 2, 2, 2, 1.0f, d, 2, d, 2, bad, 0.0f, d, 2, MT_F32));
-    EXPECT_REFUSED("embedding_fwd", G->ops->embedding_fwd(G, d, d, ids, 1, 2, 1.0f, bad));
-    EXPECT_REFUSED("embedding_bwd", G->ops->embedding_bwd(G, f, d, ids, 1, 1, 2, 1.0f, bad));
+    EXPECT_REFUSED("embedding_fwd", G->ops->embedding_fwd(G, d, d, ids, 1, 0, 1, 2, 1.0f, bad));
+    EXPECT_REFUSED("embedding_bwd", G->ops->embedding_bwd(G, f, d, ids, 1, 0, 1, 2, 1.0f, bad));
     EXPECT_REFUSED("rmsnorm_fwd", G->ops->rmsnorm_fwd(G, d, f, d, d, 1, 2, 1e-6f, 0.0f, bad));
     EXPECT_REFUSED("rmsnorm_bwd", G->ops->rmsnorm_bwd(G, d, f, d, d, d, f, 1, 2, 0.0f, bad));
     EXPECT_REFUSED("rope_fwd", G->ops->rope_fwd(G, d, ids, f, 1, 1, 2, bad));

@@ -15,7 +15,13 @@
 #    - ZeRO-1 every, K = 4, data 2 and 4 (float32 and bfloat16): G = es x
 #      ceil(numel / n) + Wo: the accumulator scales as 1/n, plus the windows;
 #    - ZeRO-1 and fsdp with K = 1: G = Wo (the windows are reduce-scattered straight
-#      into the fp32 shard, a communication buffer).
+#      into the fp32 shard, a communication buffer);
+#    - vocabulary chunks (num_vocab_chunks = C, models/model.h): the embedding's and
+#      lm_head's gradients go to the sink one chunk of Vc = ceil(V / C) rows at a time,
+#      so W = 4 (layer + final norm + 2 Vc D); with a vocabulary larger than a layer
+#      (vocab_size 1024: V D = 32768 > layer 9280) num_vocab_chunks=auto picks
+#      C = ceil(V D / layer) = 4 under fsdp (1 for one process) and the largest window
+#      is a layer's: no [V, D] parameter or gradient buffer.
 # 2. Runs (mpirun, else skipped): windows against the full-buffer path
 #    (mpi_layout run-full-grads: the behaviour before windows) on the same layout.
 #    Bitwise (tolerance 0) where the sums are the same fp32 operations: one process
@@ -89,7 +95,22 @@ for L in 2 32; do
     check "L$L fsdp2 K1" "$(field grads "$p")" $wino
     p="$(plan base_num_decoder_layers=$L num_devices=2 ici_fsdp_parallelism=2 overlap_grad_reduce=false)"
     check "L$L fsdp2 K1 no overlap" "$(field grads "$p")" $win
+    winc=$((4 * (layer + 32 + 2 * 22 * 32))) # C = 3 of V = 64: Vc = 22
+    p="$(plan base_num_decoder_layers=$L num_devices=2 ici_fsdp_parallelism=2 num_vocab_chunks=3)"
+    check "L$L fsdp2 K1 chunks 3" "$(field grads "$p")" $((winc + 4 * layer))
+    p="$(plan base_num_decoder_layers=$L num_devices=2 ici_data_parallelism=2 shard_optimizer_over_data=true \
+        num_vocab_chunks=3 overlap_grad_reduce=false)"
+    check "L$L dp2 zero1 K1 chunks 3 no overlap" "$(field grads "$p")" $winc
 done
+p="$(plan num_devices=2 ici_fsdp_parallelism=2 vocab_size=1024)"
+printf 'plan fsdp2 vocab 1024: %s\n' "$p"
+[ "$(field chunks "$p")" = 4 ] || fail "fsdp2 vocab 1024: num_vocab_chunks=auto gave $(field chunks "$p") chunks, not 4"
+case "$(field maxwin "$p")" in
+params.window.layer* | grads.window.layer*) ;;
+*) fail "fsdp2 vocab 1024: the largest window is $(field maxwin "$p"), not a layer's" ;;
+esac
+p="$(plan vocab_size=1024)"
+[ "$(field chunks "$p")" = 1 ] || fail "one process vocab 1024: auto gave $(field chunks "$p") chunks, not 1"
 
 # ---- 2. runs ----
 command -v mpirun >/dev/null || { echo "mpirun not found: runs skipped"; [ $failures -eq 0 ] && exit 77; exit 1; }
@@ -139,6 +160,15 @@ same tp2_sp_zero1_k1_gemma_tied 0 2 per_device_batch_size=2 ici_tensor_paralleli
     shard_optimizer_over_data=true model_name=tinyg num_vocab_tiling=4
 same bf16_once_1proc_remat_param_offload 0 1 $ga4 grad_dtype=bfloat16 remat_policy=minimal_offloaded \
     parameter_memory_host_offload=true optimizer_memory_host_offload=true
+# vocabulary chunks (3 of V = 64): the chunks' gradient windows against the full buffer
+# taken in the same chunks (the same GEMMs onto zeros, then the same sums of two values)
+same dp2_zero1_every_fp32_chunks3 0 2 $ga4 ici_data_parallelism=2 shard_optimizer_over_data=true \
+    gradient_accumulation_reduce=every num_vocab_chunks=3
+same fsdp2_k1_chunks3 0 2 per_device_batch_size=2 ici_fsdp_parallelism=2 base_num_decoder_layers=3 num_vocab_chunks=3
+same dp2_zero1_every_bf16_tied_chunks3 0 2 $ga4 ici_data_parallelism=2 shard_optimizer_over_data=true \
+    gradient_accumulation_reduce=every grad_dtype=bfloat16 model_name=tinyg num_vocab_chunks=3
+same bf16_once_1proc_param_offload_chunks3 0 1 $ga4 grad_dtype=bfloat16 parameter_memory_host_offload=true \
+    num_vocab_chunks=3
 same dp2_bf16_once_store_back 3.9e-3 2 $ga4 ici_data_parallelism=2 grad_dtype=bfloat16
 grep -q "grad.bin: .* worst relative error 0.000e+00" "$tmp/dp2_bf16_once_store_back.cmp" &&
     fail "dp2 bf16 once: identical to the full path, the store-back rounding did not happen"

@@ -228,6 +228,30 @@ layout fsdp2_param_offload ref_b4 2 per_device_batch_size=2 ici_fsdp_parallelism
 layout dp2xfsdp2_offload_l4 ref_b4_l4 4 per_device_batch_size=1 ici_data_parallelism=2 ici_fsdp_parallelism=2 \
     base_num_decoder_layers=4 parameter_memory_host_offload=true optimizer_memory_host_offload=true
 
+# vocabulary chunks (num_vocab_chunks, models/model_loss.c): the embedding lookup, its
+# backward and the unembedding inside the loss a chunk of rows at a time, under fsdp each
+# chunk gathered from the shards, with gradient windows each chunk's gradient
+# reduce-scattered on its own. Against one process with the vocabulary whole: the same
+# fp32 products, dh summed over the chunks (the same sums in another order) and the sum
+# of exps in fp64 per chunk (parallel/vocab_loss.h), so the fp32 bound holds. One process
+# in 5 chunks; fsdp 2 and ZeRO-1 in 3; on the CPU also gemma2's tied head under fsdp (the
+# loss's chunks and the lookup add into one embedding window), fsdp 2 with parameter
+# offload bitwise fsdp 2 at the same chunks (the chunks copied from the host pool
+# instead of gathered: the same values), and bf16 (below).
+layout chunks5 ref_b4 1 per_device_batch_size=4 num_vocab_chunks=5
+layout fsdp2_chunks3 ref_b4 2 per_device_batch_size=2 ici_fsdp_parallelism=2 num_vocab_chunks=3
+layout dp2_zero1_chunks3 ref_b4 2 per_device_batch_size=2 ici_data_parallelism=2 shard_optimizer_over_data=true \
+    num_vocab_chunks=3
+if [ "$backend" = cpu ]; then
+    layout fsdp2_gemma2_chunks3 ref_b2_g2 2 model_name=tinyg2 per_device_batch_size=1 num_vocab_tiling=4 \
+        ici_fsdp_parallelism=2 num_vocab_chunks=3
+    layout fsdp2_param_offload_chunks3 ref_b4 2 per_device_batch_size=2 ici_fsdp_parallelism=2 \
+        parameter_memory_host_offload=true num_vocab_chunks=3
+    "$tool" compare "$tmp/fsdp2_chunks3" "$tmp/fsdp2_param_offload_chunks3" 0 > "$tmp/fsdp_off_c3.cmp" 2>&1 \
+        || { fail "fsdp2 in 3 chunks with parameter offload is not bitwise fsdp2 in 3 chunks"
+             cat "$tmp/fsdp_off_c3.cmp"; }
+fi
+
 # dtype=bfloat16 (bf16 compute copy and activations, fp32 master, moments and parameter
 # gradients): each layout against the one-process bf16 run on the same global batch.
 #  fsdp: the compute copy is rounded with the stochastic-rounding bits of each element's
@@ -282,6 +306,12 @@ if [ "$backend" = cpu ]; then # the emulated suite keeps to the three above (its
         base_num_decoder_layers=5 remat_policy=full dtype=bfloat16
     layout fsdp2_gemma2_bf16 ref_b2_g2_bf16 2 model_name=tinyg2 per_device_batch_size=1 num_vocab_tiling=4 \
         ici_fsdp_parallelism=2 dtype=bfloat16
+    # fsdp in vocabulary chunks at bf16: as fsdp, plus one rounding site, dh (the fp32 sum
+    # over the chunks rounded once to bf16 where one process rounds its one GEMM's fp32
+    # sum: the orders differ, so a rounding may fall the other way): S = 2 sites (dh's two
+    # roundings), TOL = 2 sqrt(2) u
+    TOL=$(bf16_tol 2) PABS=$bpabs layout fsdp2_bf16_chunks3 ref_b4_bf16 2 per_device_batch_size=2 \
+        ici_fsdp_parallelism=2 dtype=bfloat16 num_vocab_chunks=3
     TOL=$(bf16_tol 36) PABS=$bpabs layout tp2_sp_gemma2_bf16 ref_b2_g2_bf16 2 model_name=tinyg2 \
         per_device_batch_size=2 num_vocab_tiling=4 ici_tensor_parallelism=2 tensor_sequence_parallelism=true \
         dtype=bfloat16

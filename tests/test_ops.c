@@ -191,7 +191,7 @@ Test(ops_embedding, forward_exact_and_backward_fd) {
     tu_fill_normal(&r, dtable0, V * D, 1.0);
     memcpy(dtable, dtable0, (size_t)(V * D) * sizeof(float));
 
-    TU_OK(be()->ops->embedding_fwd(be(), out, table, tok, N, D, scale, MT_F32));
+    TU_OK(be()->ops->embedding_fwd(be(), out, table, tok, N, 0, V, D, scale, MT_F32));
     /* One fp32 multiply per element: the result must be the correctly rounded product. */
     int exact = 1;
     for (int64_t n = 0; n < N; n++)
@@ -199,7 +199,7 @@ Test(ops_embedding, forward_exact_and_backward_fd) {
             exact &= out[n * D + d] == (float)((double)scale * (double)table[tok[n] * D + d]);
     cr_expect(exact, "embedding_fwd is the rounded product scale * row");
 
-    TU_OK(be()->ops->embedding_bwd(be(), dtable, dout, tok, N, V, D, scale, MT_F32));
+    TU_OK(be()->ops->embedding_bwd(be(), dtable, dout, tok, N, 0, V, D, scale, MT_F32));
     emb_ctx c = {tok, N, D, scale, tu_to_double(table, V * D), tu_to_double(dout, N * D)};
     double *fd = tu_dalloc(V * D), *want = tu_dalloc(V * D);
     int64_t *idx = calloc((size_t)(V * D), sizeof(int64_t));
@@ -227,6 +227,53 @@ Test(ops_embedding, forward_exact_and_backward_fd) {
     free(fd);
     free(want);
     free(idx);
+}
+
+/* A table in vocabulary chunks (ops.h embedding_fwd / embedding_bwd with v0, V): the
+ * chunks' lookups fill every row once and their backwards add each row's terms in the
+ * same order, so both are bitwise the whole-table calls; rows of tokens outside a
+ * chunk are left alone (the output starts as NaN, the gradient rows as dtable0). Both
+ * dtypes; chunk edges cut the repeated tokens. */
+Test(ops_embedding, vocabulary_chunks_bitwise) {
+    tu_rng r = {11};
+    const int64_t V = 37, D = 20, N = 64, bounds[] = {0, 5, 6, 19, 37};
+    const float scale = 2.5f;
+    int32_t tok[64];
+    for (int64_t n = 0; n < N; n++) tok[n] = (int32_t)tu_below(&r, V);
+    float *table = tu_falloc(V * D), *dout = tu_falloc(N * D), *dt0 = tu_falloc(V * D);
+    tu_fill_normal(&r, table, V * D, 1.0);
+    tu_fill_normal(&r, dout, N * D, 1.0);
+    tu_fill_normal(&r, dt0, V * D, 1.0);
+    for (int di = 0; di < 2; di++) {
+        const mt_dtype dt = di ? MT_BF16 : MT_F32;
+        const size_t es = mt_dtype_size(dt);
+        void *tab = malloc((size_t)(V * D) * es), *dy = malloc((size_t)(N * D) * es);
+        void *whole = malloc((size_t)(N * D) * es), *chunked = malloc((size_t)(N * D) * es);
+        if (dt == MT_BF16) {
+            mt_f32_to_bf16_array(tab, table, (size_t)(V * D));
+            mt_f32_to_bf16_array(dy, dout, (size_t)(N * D));
+        } else {
+            memcpy(tab, table, (size_t)(V * D) * es);
+            memcpy(dy, dout, (size_t)(N * D) * es);
+        }
+        memset(chunked, 0xff, (size_t)(N * D) * es); /* NaN in either dtype: a row no chunk wrote shows */
+        float *gw = tu_falloc(V * D), *gc = tu_falloc(V * D);
+        memcpy(gw, dt0, (size_t)(V * D) * sizeof(float));
+        memcpy(gc, dt0, (size_t)(V * D) * sizeof(float));
+        TU_OK(be()->ops->embedding_fwd(be(), whole, tab, tok, N, 0, V, D, scale, dt));
+        TU_OK(be()->ops->embedding_bwd(be(), gw, dy, tok, N, 0, V, D, scale, dt));
+        for (int c = 0; c < 4; c++) {
+            const int64_t a = bounds[c], b = bounds[c + 1];
+            TU_OK(be()->ops->embedding_fwd(be(), chunked, (char *)tab + (size_t)(a * D) * es, tok, N, a, b - a, D,
+                                           scale, dt));
+            TU_OK(be()->ops->embedding_bwd(be(), gc + a * D, dy, tok, N, a, b - a, D, scale, dt));
+        }
+        cr_expect(memcmp(whole, chunked, (size_t)(N * D) * es) == 0, "%s: chunked lookup differs",
+                  mt_dtype_name(dt));
+        cr_expect(tu_bitwise_equal(gw, gc, V * D), "%s: chunked backward differs", mt_dtype_name(dt));
+        free(tab), free(dy), free(whole), free(chunked), free(gw), free(gc);
+    }
+    free(table), free(dout), free(dt0);
 }
 
 /* ------------------------------------------------------------------ rmsnorm */
@@ -674,7 +721,7 @@ static void vocab_phase1(vocab_group *g, const float *x, int64_t V, float cap) {
     for (int64_t k = 0; k < g->G; k++) {
         for (int64_t r = 0; r < R; r++)
             memcpy(g->z[k] + r * Vl, x + r * V + k * Vl, (size_t)Vl * sizeof(float));
-        TU_OK(be()->ops->vocab_tile_max(be(), g->z[k], R, Vl, cap, g->mx[k]));
+        TU_OK(be()->ops->vocab_tile_max(be(), g->z[k], R, Vl, cap, g->mx[k], 0));
         for (int64_t r = 0; r < R; r++) {
             float m = -INFINITY;
             for (int64_t j = 0; j < Vl; j++) {
@@ -707,7 +754,7 @@ static void vocab_phase2(vocab_group *g, const int32_t *labels, int32_t ignore) 
     double worst = 0.0;
     for (int64_t k = 0; k < g->G; k++) {
         const int64_t v0 = k * Vl;
-        TU_OK(be()->ops->vocab_tile_sumexp(be(), g->z[k], R, Vl, g->mxall, labels, v0, ignore, g->sz[k]));
+        TU_OK(be()->ops->vocab_tile_sumexp(be(), g->z[k], R, Vl, g->mxall, labels, v0, ignore, g->sz[k], 0));
         for (int64_t r = 0; r < R; r++) {
             const double *sz = g->sz[k] + 2 * r;
             if (labels[r] == ignore) {
@@ -738,6 +785,32 @@ static void vocab_phase2(vocab_group *g, const int32_t *labels, int32_t ignore) 
     }
 }
 
+/* The same G slices as the vocabulary chunks of one rank (parallel/vocab_loss.h
+ * mt_vocab_chunked_loss): vocab_tile_max with accumulate folds each chunk's row max into
+ * mx, vocab_tile_sumexp with accumulate adds each chunk's two terms to sz in chunk
+ * order. A max is exact and the fp64 adds are the test's all-reduce sum in rank order
+ * (0 + s_0 + s_1 + ...), so both equal the group's mxall / szall bitwise; a second max
+ * call with the final mx (the chunked loss's later passes) leaves mx alone and only
+ * caps z. */
+static void vocab_chunks_accumulate(const vocab_group *g, const float *x, int64_t V, float cap,
+                                    const int32_t *labels, int32_t ignore) {
+    const int64_t R = g->R, Vl = g->Vl;
+    float *z = tu_falloc(R * Vl), *mx = tu_falloc(R);
+    double *sz = tu_dalloc(2 * R);
+    for (int pass = 1; pass <= 2; pass++)
+        for (int64_t k = 0; k < g->G; k++) {
+            for (int64_t r = 0; r < R; r++) memcpy(z + r * Vl, x + r * V + k * Vl, (size_t)Vl * sizeof(float));
+            TU_OK(be()->ops->vocab_tile_max(be(), z, R, Vl, cap, mx, pass == 2 || k > 0));
+            if (pass == 2) {
+                cr_expect(tu_bitwise_equal(z, g->z[k], R * Vl), "chunk %lld: the capped z differ", (long long)k);
+                TU_OK(be()->ops->vocab_tile_sumexp(be(), z, R, Vl, mx, labels, k * Vl, ignore, sz, k > 0));
+            }
+        }
+    cr_expect(memcmp(mx, g->mxall, (size_t)R * sizeof(float)) == 0, "accumulated mx is not the group's max");
+    cr_expect(memcmp(sz, g->szall, (size_t)(2 * R) * sizeof(double)) == 0, "accumulated sz is not the group's sum");
+    free(z), free(mx), free(sz);
+}
+
 static void vocab_case(float cap, double std) {
     tu_rng rng = {(uint64_t)(cap * 10) + 41};
     vocab_group g = {.R = 11, .G = 3, .Vl = 13};
@@ -760,6 +833,7 @@ static void vocab_case(float cap, double std) {
     }
     vocab_phase1(&g, x, V, cap);
     vocab_phase2(&g, labels, ignore);
+    vocab_chunks_accumulate(&g, x, V, cap, labels, ignore);
 
     /* phase 3: loss only first (z untouched, bitwise), then with the gradient */
     const float dscale = 0.25f;
@@ -831,13 +905,13 @@ Test(ops_vocab, refusals_and_empty_tiles) {
     float z[4] = {1, 2, 3, 4}, mx[2] = {7, 7};
     double sz[4] = {9, 9, 9, 9}, st[2] = {1.0, 2.0};
     int32_t lab[2] = {0, 1};
-    cr_expect_eq(be()->ops->vocab_tile_max(be(), z, -1, 2, 0.0f, mx), MT_ERR_INVALID);
+    cr_expect_eq(be()->ops->vocab_tile_max(be(), z, -1, 2, 0.0f, mx, 0), MT_ERR_INVALID);
     cr_expect(strstr(mt_last_error(), "vocab_tile_max") != NULL, "message: %s", mt_last_error());
-    cr_expect_eq(be()->ops->vocab_tile_max(be(), z, 2, 0, 0.0f, mx), MT_ERR_INVALID);
-    cr_expect_eq(be()->ops->vocab_tile_sumexp(be(), z, -1, 2, mx, lab, 0, -1, sz), MT_ERR_INVALID);
+    cr_expect_eq(be()->ops->vocab_tile_max(be(), z, 2, 0, 0.0f, mx, 0), MT_ERR_INVALID);
+    cr_expect_eq(be()->ops->vocab_tile_sumexp(be(), z, -1, 2, mx, lab, 0, -1, sz, 0), MT_ERR_INVALID);
     cr_expect_eq(be()->ops->vocab_tile_grad(be(), z, 2, 0, mx, sz, lab, 0, -1, 0.0f, 1.0f, 1, st), MT_ERR_INVALID);
-    TU_OK(be()->ops->vocab_tile_max(be(), z, 0, 2, 0.0f, mx));
-    TU_OK(be()->ops->vocab_tile_sumexp(be(), z, 0, 2, mx, lab, 0, -1, sz));
+    TU_OK(be()->ops->vocab_tile_max(be(), z, 0, 2, 0.0f, mx, 0));
+    TU_OK(be()->ops->vocab_tile_sumexp(be(), z, 0, 2, mx, lab, 0, -1, sz, 0));
     TU_OK(be()->ops->vocab_tile_grad(be(), z, 0, 2, mx, sz, lab, 0, -1, 0.0f, 1.0f, 1, st));
     cr_expect(mx[0] == 7 && sz[0] == 9 && st[0] == 1.0 && st[1] == 2.0 && z[0] == 1,
               "a refused or empty call wrote its outputs");
@@ -1063,7 +1137,7 @@ Test(ops_determinism, thread_count_does_not_change_bits) {
         lg[t] = tu_falloc(N * D);
         TU_OK(be()->ops->rmsnorm_fwd(be(), y, rs, x, w, N, D, 1e-6f, 1.0f, MT_F32));
         TU_OK(be()->ops->rmsnorm_bwd(be(), dx[t], dw[t], dy, x, w, rs, N, D, 1.0f, MT_F32));
-        TU_OK(be()->ops->embedding_bwd(be(), dt[t], dy, tok, N, V, D, 3.0f, MT_F32));
+        TU_OK(be()->ops->embedding_bwd(be(), dt[t], dy, tok, N, 0, V, D, 3.0f, MT_F32));
         ss[t] = tu_sumsq(be(), x, N * D);
         memcpy(lg[t], x, (size_t)(N * D) * sizeof(float));
         double stats[2] = {0.0, 0.0};
@@ -1074,8 +1148,8 @@ Test(ops_determinism, thread_count_does_not_change_bits) {
         vz[t] = tu_falloc(N * D);
         vs[t] = tu_dalloc(2 * N + 2);
         memcpy(vz[t], x, (size_t)(N * D) * sizeof(float));
-        TU_OK(be()->ops->vocab_tile_max(be(), vz[t], N, D, 3.0f, vm));
-        TU_OK(be()->ops->vocab_tile_sumexp(be(), vz[t], N, D, vm, lab, D / 2, -1, vs[t]));
+        TU_OK(be()->ops->vocab_tile_max(be(), vz[t], N, D, 3.0f, vm, 0));
+        TU_OK(be()->ops->vocab_tile_sumexp(be(), vz[t], N, D, vm, lab, D / 2, -1, vs[t], 0));
         TU_OK(be()->ops->vocab_tile_grad(be(), vz[t], N, D, vm, vs[t], lab, D / 2, -1, 3.0f, 0.1f, 1, vs[t] + 2 * N));
     }
     cr_expect(tu_bitwise_equal(dx[0], dx[1], N * D), "rmsnorm_bwd dx");

@@ -191,7 +191,7 @@ Test(ops_bf16_embedding, forward_and_backward) {
     mt_bf16 *th = tu_bf16_copy(table, V * D), *dh = tu_bf16_copy(dout, N * D);
     mt_bf16 *out = calloc((size_t)(N * D), sizeof(mt_bf16));
 
-    TU_OK(be()->ops->embedding_fwd(be(), out, th, tok, N, D, scale, MT_BF16));
+    TU_OK(be()->ops->embedding_fwd(be(), out, th, tok, N, 0, V, D, scale, MT_BF16));
     /* one fp32 product: e32 = u |scale t| */
     double *want = tu_dalloc(N * D), *e32 = tu_dalloc(N * D);
     for (int64_t n = 0; n < N; n++)
@@ -200,12 +200,12 @@ Test(ops_bf16_embedding, forward_and_backward) {
             e32[n * D + d] = U32 * fabs(want[n * D + d]);
         }
     check_bf16("embedding_fwd", out, want, e32, N * D);
-    TU_OK(be()->ops->embedding_fwd(be(), out32, table, tok, N, D, scale, MT_F32));
+    TU_OK(be()->ops->embedding_fwd(be(), out32, table, tok, N, 0, V, D, scale, MT_F32));
     cr_expect(bf16_is_rounded(out, out32, N * D), "embedding_fwd: the fp32 product rounded once");
 
     /* dtable (fp32) += scale sum_n dout[n]: c_v products and adds onto dtable0:
      * gamma_(c_v + 1) (|dtable0| + sum_n |scale dout|) (test_ops.c) */
-    TU_OK(be()->ops->embedding_bwd(be(), dt, dh, tok, N, V, D, scale, MT_BF16));
+    TU_OK(be()->ops->embedding_bwd(be(), dt, dh, tok, N, 0, V, D, scale, MT_BF16));
     double *wb = tu_dalloc(V * D), *bb = tu_dalloc(V * D);
     int64_t cnt[50] = {0};
     for (int64_t n = 0; n < N; n++) cnt[tok[n]]++;
@@ -217,7 +217,7 @@ Test(ops_bf16_embedding, forward_and_backward) {
         }
     for (int64_t i = 0; i < V * D; i++) bb[i] = GAMMA(cnt[i / D] + 1) * bb[i] + 1e-30;
     EXPECT_ERR("embedding_bwd bf16 dout (+=) / bound", tu_bound_ratio(dt, wb, bb, V * D), 1.0);
-    TU_OK(be()->ops->embedding_bwd(be(), dt32, dout, tok, N, V, D, scale, MT_F32));
+    TU_OK(be()->ops->embedding_bwd(be(), dt32, dout, tok, N, 0, V, D, scale, MT_F32));
     cr_expect(tu_bitwise_equal(dt, dt32, V * D), "embedding_bwd: the fp32 path on the widened dout");
     free(table), free(dout), free(dt0), free(dt), free(dt32), free(out32), free(th), free(dh), free(out);
     free(want), free(e32), free(wb), free(bb);
@@ -684,8 +684,8 @@ Test(ops_bf16, bad_dtype_named) {
         cr_expect(strstr(mt_last_error(), name) && strstr(mt_last_error(), "dtype float16"), "%s: %s", \
                   name, mt_last_error());                                                         \
     } while (0)
-    BAD(o->ops->embedding_fwd(o, f, f, tok, 2, 4, 1.0f, MT_F16), "embedding_fwd");
-    BAD(o->ops->embedding_bwd(o, f, f, tok, 2, 2, 4, 1.0f, MT_F16), "embedding_bwd");
+    BAD(o->ops->embedding_fwd(o, f, f, tok, 2, 0, 2, 4, 1.0f, MT_F16), "embedding_fwd");
+    BAD(o->ops->embedding_bwd(o, f, f, tok, 2, 0, 2, 4, 1.0f, MT_F16), "embedding_bwd");
     BAD(o->ops->rmsnorm_fwd(o, f, f, f, f, 2, 4, 1e-6f, 0.0f, MT_F16), "rmsnorm_fwd");
     BAD(o->ops->rmsnorm_bwd(o, f, f, f, f, f, f, 2, 4, 0.0f, MT_F16), "rmsnorm_bwd");
     BAD(o->ops->rope_fwd(o, f, pos, f, 2, 1, 4, MT_F16), "rope_fwd");

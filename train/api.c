@@ -393,7 +393,9 @@ mt_status mt_session_tiled_loss(mt_session *s, const float *hidden, const int32_
     a.N = rows;
     a.D = D;
     a.V = V;
-    a.num_tiles = s->cfg.num_vocab_tiling < rows ? s->cfg.num_vocab_tiling : rows;
+    int64_t tiles = s->cfg.num_vocab_tiling; /* as given, else the model's rule (models/model.h) */
+    if (tiles == 0) mt_model_vocab_tiling(s->model, &tiles, NULL);
+    a.num_tiles = tiles < rows ? tiles : rows;
     a.softcap = c->final_logits_soft_cap;
     a.ignore_index = MT_IGNORE_LABEL;
     a.dscale = dscale;

@@ -104,7 +104,11 @@ static const mt_config_key mt_keys[] = {
              "decoupled weight decay on matrices (not norm scales)"),
     RKEY_DBL(gradient_clipping_threshold, "1", 1, 0, 0, 0, "clip the global gradient norm; 0 = off"),
     RKEY_INT(gradient_accumulation_steps, "1", 1, "micro-batches per optimizer step"),
-    RKEY_INT(num_vocab_tiling, "1", 1, "row tiles of the vocab-tiled loss (1..batch*seq)"),
+    RKEY_INT(num_vocab_tiling, "0", 0, "row tiles of the vocab-tiled loss (1..batch*seq); 0 = auto: the fewest "
+             "tiles whose loss tile is no larger than one decoder layer's parameters (plan prints the count)"),
+    RKEY_INT(num_vocab_chunks, "0", 0, "vocabulary chunks the embedding, lm_head and loss are taken in "
+             "(1..vocab_size); 0 = auto: with fsdp, parameter offload or gradient windows and no tensor axis, the "
+             "fewest chunks no larger than one decoder layer, else 1"),
     RKEY_ENUM(dtype, dtype_names, dtype_values, "float32", "compute and activation dtype"),
     RKEY_ENUM(weight_dtype, dtype_names, dtype_values, "float32", "master weight dtype"),
     RKEY_ENUM(grad_dtype, dtype_names, dtype_values, "float32",
@@ -903,11 +907,14 @@ mt_status mt_train_config_validate(const mt_train_config *c) {
                                 "base_num_decoder_layers)", mc->model_name, par);
     }
     int64_t rows = c->per_device_batch_size * c->max_target_length;
-    if (c->num_vocab_tiling < 1 || c->num_vocab_tiling > rows)
+    if (c->num_vocab_tiling < 0 || c->num_vocab_tiling > rows)
         return mt_set_error(MT_ERR_INVALID,
-                            "key 'num_vocab_tiling' = %lld: must be between 1 and "
+                            "key 'num_vocab_tiling' = %lld: must be 0 (auto) or between 1 and "
                             "per_device_batch_size * max_target_length = %lld",
                             (long long)c->num_vocab_tiling, (long long)rows);
+    if (c->num_vocab_chunks < 0 || c->num_vocab_chunks > c->model.vocab_size)
+        return mt_set_error(MT_ERR_INVALID, "key 'num_vocab_chunks' = %lld: must be 0 (auto) or between 1 and "
+                            "vocab_size = %lld", (long long)c->num_vocab_chunks, (long long)c->model.vocab_size);
     MT_TRY(mt_model_config_validate(&c->model));
     return MT_OK;
 }

@@ -51,7 +51,8 @@ typedef struct mt_train_config {
     double adam_b1, adam_b2, adam_eps, adam_weight_decay;
     double gradient_clipping_threshold;             /* global-norm clip, 0 = off */
     int64_t gradient_accumulation_steps;            /* micro-batches per step */
-    int64_t num_vocab_tiling;                       /* row tiles of the loss */
+    int64_t num_vocab_tiling;                       /* row tiles of the loss, 0 = auto */
+    int64_t num_vocab_chunks;                       /* vocabulary chunks, 0 = auto (models/model.h) */
     mt_dtype dtype;                                 /* compute dtype */
     mt_dtype weight_dtype;                          /* master weight dtype */
     mt_dtype grad_dtype;                            /* gradient accumulator dtype */
@@ -164,7 +165,8 @@ mt_status mt_train_config_load(mt_train_config *cfg, const char *config_path, in
 
 /* Cross-key and range validation: mt_model_config_validate, per_device_batch_size,
  * max_target_length, steps, gradient_accumulation_steps, eval_steps, log_period >= 1;
- * 1 <= num_vocab_tiling <= batch*seq; learning_rate >= 0; warmup and final fractions
+ * 0 <= num_vocab_tiling <= batch*seq (0 = auto); 0 <= num_vocab_chunks <= vocab_size;
+ * learning_rate >= 0; warmup and final fractions
  * in [0, 1]; adam_b1, adam_b2 in [0, 1); adam_eps > 0; weight decay, clipping
  * threshold, checkpoint_period, temperature, top_k >= 0; run_name non-empty and
  * without '/'; load_checkpoint and load_parameters_path not both set; the step's byte

@@ -116,14 +116,14 @@ static void fill_report(mt_memory_report *r, const mt_plan *p, const mt_plan *h)
 /* The trainer's own plan of rank 0 of the full data x fsdp x context x tensor mesh,
  * each axis given explicitly (mt_trainer_plan resolves a -1 axis to 1). */
 static mt_status trainer_plan(const mt_train_config *cfg, const int dims[4], mt_plan **p, mt_plan **h,
-                              int64_t *local, uint64_t *step_bytes) {
+                              int64_t *local, uint64_t *step_bytes, int64_t vocab_tiling[2]) {
     mt_train_config lc = *cfg;
     lc.ici_data_parallelism = dims[MT_AXIS_DATA];
     lc.ici_fsdp_parallelism = dims[MT_AXIS_FSDP];
     lc.ici_context_parallelism = dims[MT_AXIS_CONTEXT];
     lc.ici_tensor_parallelism = dims[MT_AXIS_TENSOR];
     lc.num_devices = cfg->num_devices;
-    return mt_trainer_plan_ex(&lc, p, h, local, step_bytes);
+    return mt_trainer_plan_ex(&lc, p, h, local, step_bytes, vocab_tiling);
 }
 
 mt_status mt_memory_plan_rank(const mt_train_config *cfg, mt_memory_report *rep, mt_plan **plan, mt_plan **host_plan) {
@@ -137,7 +137,7 @@ mt_status mt_memory_plan_rank(const mt_train_config *cfg, mt_memory_report *rep,
     uint64_t bytes = 0;
     /* The trainer's own plan for rank 0 of the whole mesh: exactly what that rank
      * allocates, every fsdp layout included; what it refuses is refused here. */
-    mt_status st = trainer_plan(cfg, dims, &p, &h, &local, &bytes);
+    mt_status st = trainer_plan(cfg, dims, &p, &h, &local, &bytes, rep->vocab_tiling);
     if (st == MT_OK) {
         rep->step_bytes = bytes;
         memcpy(rep->dims, dims, sizeof dims);
@@ -301,9 +301,12 @@ static mt_status exact_peak(search *s, int64_t batch, const mt_remat_policy *p, 
 
 /* Device peak by depth extrapolation: every layer adds the same kept bytes and the
  * scratch is one layer's worth (tests/test_plan_remat.c checks that the plan is
- * additive in depth), so peak(L) = peak(3) + (L - 3) (peak(3) - peak(2)). The
- * frontier found this way is confirmed with exact plans afterwards. gemma4's layers are
- * not alike (head dims, MLP widths, KV sharing by position): its peak is always exact. */
+ * additive in depth), so live(L) = live(3) + (L - 3) (live(3) - live(2)), live being
+ * the bytes live at the peak phase: a lower bound of the arena (which packs them with
+ * some fragmentation, not additive in depth to the byte), and exact in depth, so the
+ * frontier found this way is never below the true one and the exact plans that confirm
+ * it afterwards only step down. gemma4's layers are not alike (head dims, MLP widths,
+ * KV sharing by position): its peak is always exact. */
 static mt_status fast_peak(search *s, int64_t batch, const mt_remat_policy *p, double *peak) {
     const int64_t L = s->base->model.num_decoder_layers;
     if (L <= 4 || s->base->model.decoder_block == MT_DECODER_GEMMA4) {
@@ -321,7 +324,7 @@ static mt_status fast_peak(search *s, int64_t batch, const mt_remat_policy *p, d
         mt_memory_report r;
         s->plans++;
         MT_TRY(mt_memory_plan_rank(&s->cfg, &r, NULL, NULL));
-        pk[i] = (double)r.peak;
+        pk[i] = (double)r.live_at_peak;
     }
     *peak = pk[1] + (double)(L - 3) * (pk[1] - pk[0]);
     return MT_OK;

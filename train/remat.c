@@ -18,6 +18,7 @@ void mt_memory_model_layout(const mt_train_config *cfg, mt_model_layout *out) {
     out->packing_separator = (int32_t)cfg->packing_separator_id;
     out->dtype = cfg->dtype;
     out->param_offload = cfg->parameter_memory_host_offload;
+    out->vocab_chunks = cfg->num_vocab_chunks;
 }
 
 mt_status mt_memory_apply_remat(const mt_train_config *cfg, mt_model *model) {

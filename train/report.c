@@ -102,7 +102,8 @@ static mt_status plan_json(const mt_train_config *cfg, const mt_memory_report *r
     bad |= mt_json_add_int(doc, "per_device_batch_size", cfg->per_device_batch_size);
     bad |= mt_json_add_int(doc, "max_target_length", cfg->max_target_length);
     bad |= mt_json_add_int(doc, "gradient_accumulation_steps", cfg->gradient_accumulation_steps);
-    bad |= mt_json_add_int(doc, "num_vocab_tiling", cfg->num_vocab_tiling);
+    bad |= mt_json_add_int(doc, "num_vocab_tiling", r->vocab_tiling[0]);
+    bad |= mt_json_add_int(doc, "num_vocab_chunks", r->vocab_tiling[1]);
     bad |= mt_json_add_string(doc, "dtype", mt_dtype_name(cfg->dtype));
     bad |= mt_json_add_string(doc, "grad_dtype", mt_dtype_name(cfg->grad_dtype));
     bad |= mt_json_add_string(doc, "remat_policy", mt_remat_policy_name((mt_remat_policy_kind)cfg->remat_policy));
@@ -162,10 +163,16 @@ static void plan_table_saved(const mt_train_config *cfg, const mt_memory_report 
 static void plan_table(const mt_train_config *cfg, const mt_memory_report *r, const mt_remat_policy *pol) {
     const mt_memory_rows *rt = &r->total, *rl = &r->live;
     printf("memory plan of one device: %s, %.3fM params, batch %" PRId64 " x seq %" PRId64 ", %" PRId64
-           " micro-batches, dtype %s, grad_dtype %s, %" PRId64 " vocab tiles, remat_policy %s\n",
+           " micro-batches, dtype %s, grad_dtype %s, %" PRId64 " vocab tiles%s, %" PRId64 " vocab chunks%s, "
+           "remat_policy %s\n",
            cfg->model.model_name, (double)r->num_params / 1e6, cfg->per_device_batch_size, cfg->max_target_length,
-           cfg->gradient_accumulation_steps, mt_dtype_name(cfg->dtype), mt_dtype_name(cfg->grad_dtype), cfg->num_vocab_tiling,
-           mt_remat_policy_name((mt_remat_policy_kind)cfg->remat_policy));
+           cfg->gradient_accumulation_steps, mt_dtype_name(cfg->dtype), mt_dtype_name(cfg->grad_dtype),
+           r->vocab_tiling[0], cfg->num_vocab_tiling == 0 ? " (auto)" : "", r->vocab_tiling[1],
+           cfg->num_vocab_chunks == 0 ? " (auto)" : "", mt_remat_policy_name((mt_remat_policy_kind)cfg->remat_policy));
+    if (cfg->num_vocab_tiling == 0 || cfg->num_vocab_chunks == 0)
+        printf("auto (num_vocab_tiling / num_vocab_chunks = 0): vocabulary chunks no larger than one decoder layer "
+               "where fsdp, parameter offload or gradient windows hold the vocabulary (else 1); row tiles so that "
+               "the loss tile is no larger than one decoder layer's parameters\n");
     printf("mesh: %" PRId64 " device(s) = data %d x fsdp %d x context %d x tensor %d (rank 0: exactly what "
            "`train` allocates)\n", cfg->num_devices, r->dims[0], r->dims[1], r->dims[2], r->dims[3]);
     char col[48];

@@ -102,6 +102,10 @@ mt_status mt_trainer_check_layout(const mt_train_config *cfg, const int dims[MT_
     lay.context_size = dims[MT_AXIS_CONTEXT];
     lay.fsdp_size = dims[MT_AXIS_FSDP];
     MT_TRY(mt_model_check_dtype_layout(&lay));
+    if (cfg->num_vocab_chunks > 1 && lay.tensor_size > 1)
+        return mt_set_error(MT_ERR_UNSUPPORTED, "num_vocab_chunks=%lld with ici_tensor_parallelism=%d: the tensor axis "
+                            "computes the loss vocabulary-parallel over whole slices (use num_vocab_chunks=0 or 1)",
+                            (long long)cfg->num_vocab_chunks, lay.tensor_size);
     return mt_model_check_block_layout(&cfg->model, &lay); /* gemma4: not every layout yet */
 }
 
@@ -268,11 +272,11 @@ static mt_status build_plan(const mt_train_config *cfg, mt_backend *be, mt_model
 }
 
 mt_status mt_trainer_plan(const mt_train_config *cfg, mt_plan **plan, mt_plan **host_plan, int64_t *num_params) {
-    return mt_trainer_plan_ex(cfg, plan, host_plan, num_params, NULL);
+    return mt_trainer_plan_ex(cfg, plan, host_plan, num_params, NULL, NULL);
 }
 
 mt_status mt_trainer_plan_ex(const mt_train_config *cfg, mt_plan **plan, mt_plan **host_plan, int64_t *num_params,
-                             uint64_t *step_bytes) {
+                             uint64_t *step_bytes, int64_t vocab_tiling[2]) {
     *plan = NULL;
     if (step_bytes) *step_bytes = 0;
     if (host_plan) *host_plan = NULL;
@@ -297,6 +301,7 @@ mt_status mt_trainer_plan_ex(const mt_train_config *cfg, mt_plan **plan, mt_plan
         if (st == MT_OK) st = mt_plan_finalize(host);
     }
     if (st == MT_OK && num_params) *num_params = mt_model_numel(model);
+    if (st == MT_OK && vocab_tiling) mt_model_vocab_tiling(model, &vocab_tiling[0], &vocab_tiling[1]);
     if (model) mt_model_free(model);
     if (st == MT_OK && host_plan) {
         *host_plan = host;

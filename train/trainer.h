@@ -99,7 +99,7 @@ mt_status mt_trainer_plan(const mt_train_config *cfg, mt_plan **plan, mt_plan **
  * collective bytes from here, so it counts exactly what the trainer counts.
  * Errors: those of mt_trainer_plan. */
 mt_status mt_trainer_plan_ex(const mt_train_config *cfg, mt_plan **plan, mt_plan **host_plan, int64_t *num_params,
-                             uint64_t *step_bytes);
+                             uint64_t *step_bytes, int64_t vocab_tiling[2]);
 
 typedef struct mt_trainer mt_trainer;
 

@@ -71,9 +71,9 @@ mt_status mt_cpu_gemm_with(mt_cpu_gemm_lib lib, int trans_a, int trans_b, int64_
 
 /* embedding.c */
 mt_status mt_cpu_embedding_fwd(mt_backend *be, void *out, const void *table, const int32_t *tokens, int64_t N,
-                               int64_t D, float scale, mt_dtype dt);
+                               int64_t v0, int64_t V, int64_t D, float scale, mt_dtype dt);
 mt_status mt_cpu_embedding_bwd(mt_backend *be, float *dtable, const void *dout, const int32_t *tokens, int64_t N,
-                               int64_t V, int64_t D, float scale, mt_dtype dt);
+                               int64_t v0, int64_t V, int64_t D, float scale, mt_dtype dt);
 
 /* rmsnorm.c */
 mt_status mt_cpu_rmsnorm_fwd(mt_backend *be, void *y, float *rstd, const void *x, const void *w, int64_t N,
@@ -105,9 +105,10 @@ mt_status mt_cpu_glu_bwd(mt_backend *be, void *dgate, void *dup, const void *dh,
 /* xent.c */
 mt_status mt_cpu_xent_tile(mt_backend *be, float *logits, void *dlogits, mt_dtype ddt, const int32_t *labels,
                            int64_t R, int64_t V, float softcap, int32_t ignore_index, float dscale, double *stats);
-mt_status mt_cpu_vocab_tile_max(mt_backend *be, float *z, int64_t R, int64_t Vl, float softcap, float *mx);
+mt_status mt_cpu_vocab_tile_max(mt_backend *be, float *z, int64_t R, int64_t Vl, float softcap, float *mx,
+                                  int accumulate);
 mt_status mt_cpu_vocab_tile_sumexp(mt_backend *be, const float *z, int64_t R, int64_t Vl, const float *mx,
-                                   const int32_t *labels, int64_t v0, int32_t ignore_index, double *sz);
+                                   const int32_t *labels, int64_t v0, int32_t ignore_index, double *sz, int accumulate);
 mt_status mt_cpu_vocab_tile_grad(mt_backend *be, float *z, int64_t R, int64_t Vl, const float *mx, const double *sz,
                                  const int32_t *labels, int64_t v0, int32_t ignore_index, float softcap, float dscale,
                                  int write_grad, double *stats);

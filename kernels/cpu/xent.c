@@ -184,24 +184,31 @@ static void vocab_grad_row(float *restrict z, int64_t Vl, int64_t col, float mx,
     if (col >= 0) z[col] = label_grad(zl, mx, inv_sum, cap, dscale);
 }
 
-mt_status mt_cpu_vocab_tile_max(mt_backend *be, float *z, int64_t R, int64_t Vl, float softcap, float *mx) {
+mt_status mt_cpu_vocab_tile_max(mt_backend *be, float *z, int64_t R, int64_t Vl, float softcap, float *mx,
+                                 int accumulate) {
     (void)be;
     MT_TRY(vocab_check("vocab_tile_max", R, Vl));
 #pragma omp parallel for schedule(static) if (R * Vl >= MT_VOCAB_PAR_MIN)
-    for (int64_t r = 0; r < R; r++) mx[r] = vocab_max_row(z + r * Vl, Vl, softcap);
+    for (int64_t r = 0; r < R; r++) {
+        const float m = vocab_max_row(z + r * Vl, Vl, softcap);
+        mx[r] = accumulate && mx[r] >= m ? mx[r] : m;
+    }
     return MT_OK;
 }
 
 mt_status mt_cpu_vocab_tile_sumexp(mt_backend *be, const float *z, int64_t R, int64_t Vl, const float *mx,
-                                   const int32_t *labels, int64_t v0, int32_t ignore_index, double *sz) {
+                                   const int32_t *labels, int64_t v0, int32_t ignore_index, double *sz,
+                                   int accumulate) {
     (void)be;
     MT_TRY(vocab_check("vocab_tile_sumexp", R, Vl));
 #pragma omp parallel for schedule(static) if (R * Vl >= MT_VOCAB_PAR_MIN)
     for (int64_t r = 0; r < R; r++) {
         const int64_t col = vocab_col(labels[r], v0, Vl, ignore_index);
         const int ignored = labels[r] == ignore_index;
-        sz[2 * r] = ignored ? 0.0 : vocab_sumexp_row(z + r * Vl, Vl, mx[r]);
-        sz[2 * r + 1] = col >= 0 ? (double)z[r * Vl + col] : 0.0;
+        const double s = ignored ? 0.0 : vocab_sumexp_row(z + r * Vl, Vl, mx[r]);
+        const double zl = col >= 0 ? (double)z[r * Vl + col] : 0.0;
+        sz[2 * r] = accumulate ? sz[2 * r] + s : s;
+        sz[2 * r + 1] = accumulate ? sz[2 * r + 1] + zl : zl;
     }
     return MT_OK;
 }

@@ -204,9 +204,9 @@ mt_status mt_cuda_gemm(mt_backend *be, int trans_a, int trans_b, int64_t M, int6
                        const void *A, int64_t lda, const void *B, int64_t ldb, mt_dtype ab_dt, float beta, void *C,
                        int64_t ldc, mt_dtype c_dt);
 mt_status mt_cuda_embedding_fwd(mt_backend *be, void *out, const void *table, const int32_t *tokens, int64_t N,
-                                int64_t D, float scale, mt_dtype dt);
+                                int64_t v0, int64_t V, int64_t D, float scale, mt_dtype dt);
 mt_status mt_cuda_embedding_bwd(mt_backend *be, float *dtable, const void *dout, const int32_t *tokens, int64_t N,
-                                int64_t V, int64_t D, float scale, mt_dtype dt);
+                                int64_t v0, int64_t V, int64_t D, float scale, mt_dtype dt);
 mt_status mt_cuda_add_rmsnorm_fwd(mt_backend *be, void *h, void *y, float *rstd, const void *x, const void *r,
                                   const void *w, int64_t N, int64_t D, float eps, float w_offset, mt_dtype dt);
 mt_status mt_cuda_rmsnorm_fwd(mt_backend *be, void *y, float *rstd, const void *x, const void *w, int64_t N,
@@ -229,9 +229,11 @@ mt_status mt_cuda_glu_bwd(mt_backend *be, void *dgate, void *dup, const void *dh
 mt_status mt_cuda_xent_tile(mt_backend *be, float *logits, void *dlogits, mt_dtype ddt, const int32_t *labels,
                             int64_t R, int64_t V, float softcap, int32_t ignore_index, float dscale,
                             double *stats);
-mt_status mt_cuda_vocab_tile_max(mt_backend *be, float *z, int64_t R, int64_t Vl, float softcap, float *mx);
+mt_status mt_cuda_vocab_tile_max(mt_backend *be, float *z, int64_t R, int64_t Vl, float softcap, float *mx,
+                                  int accumulate);
 mt_status mt_cuda_vocab_tile_sumexp(mt_backend *be, const float *z, int64_t R, int64_t Vl, const float *mx,
-                                    const int32_t *labels, int64_t v0, int32_t ignore_index, double *sz);
+                                    const int32_t *labels, int64_t v0, int32_t ignore_index, double *sz,
+                                    int accumulate);
 mt_status mt_cuda_vocab_tile_grad(mt_backend *be, float *z, int64_t R, int64_t Vl, const float *mx, const double *sz,
                                   const int32_t *labels, int64_t v0, int32_t ignore_index, float softcap,
                                   float dscale, int write_grad, double *stats);

@@ -1,7 +1,8 @@
 /* kernels/cuda/embedding_bwd.cu: the deterministic backward of the token embedding
  * (ops.h embedding_bwd), entirely on the device.
  *
- * dtable[v, :] += scale * dout[n, :] for every n with tokens[n] == v, in increasing n,
+ * dtable[v - v0, :] += scale * dout[n, :] for every n with tokens[n] == v in the table's
+ * rows [v0, v0 + V) (a vocabulary chunk, or the whole table with v0 = 0), in increasing n,
  * in fp32 (dout fp32 or bf16, widened exactly), without atomics and without a copy to the
  * host (the trainer reads the device only for the loss and the gradient norm:
  * tests/test_emu_syncs.c).
@@ -19,7 +20,8 @@
  *    tokens) whose first position lies in its run, and adds that segment's dout rows, in
  *    sorted (= increasing n) order, past the end of its run if the segment goes on. So
  *    each dtable row has one owner, the grid depends only on N and D (the number of
- *    segments stays on the device), and the adds are the CPU's: acc = acc + scale * x
+ *    segments stays on the device); a segment of a token outside [v0, v0 + V) is
+ *    skipped by its owner. The adds are the CPU's: acc = acc + scale * x
  *    with __fmul_rn / __fadd_rn (no FMA contraction), starting from dtable's value, so
  *    the result is bitwise kernels/cpu/embedding.c's for either dtype.
  * A very frequent token makes one block sum many rows (as the CPU does); the column
@@ -90,8 +92,8 @@ __global__ void ebw_sort_merge_kernel(uint64_t *keys, int64_t k) {
 
 /* Block (run, column chunk): the segments starting in sorted positions [p0, p0 + ROWS). */
 template <typename T>
-__global__ void ebw_sum_kernel(float *dtable, const T *dout, const uint64_t *keys, int64_t N, int64_t D,
-                               float scale) {
+__global__ void ebw_sum_kernel(float *dtable, const T *dout, const uint64_t *keys, int64_t N, int64_t v0, int64_t V,
+                               int64_t D, float scale) {
     const int64_t d = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
     if (d >= D) return;
     const int64_t p0 = (int64_t)blockIdx.x * MT_EBW_ROWS;
@@ -101,7 +103,12 @@ __global__ void ebw_sum_kernel(float *dtable, const T *dout, const uint64_t *key
         while (p < p1 && (keys[p] >> 32) == (keys[p0 - 1] >> 32)) p++;
     while (p < p1) {
         const uint64_t tok = keys[p] >> 32;
-        float *dst = dtable + (int64_t)tok * D + d;
+        const int64_t v = (int64_t)tok - v0;
+        if (v < 0 || v >= V) { /* another chunk's token: pass its segment */
+            while (p < N && (keys[p] >> 32) == tok) p++;
+            continue;
+        }
+        float *dst = dtable + v * D + d;
         float acc = *dst;
         for (; p < N && (keys[p] >> 32) == tok; p++)
             acc = __fadd_rn(acc, __fmul_rn(scale, mt_ld(dout, (int64_t)(uint32_t)keys[p] * D + d)));
@@ -116,7 +123,7 @@ size_t mt_cuda_embedding_bwd_scratch(int64_t N) { /* one key per row, padded to 
 }
 
 mt_status mt_cuda_embedding_bwd(mt_backend *be, float *dtable, const void *dout, const int32_t *tokens, int64_t N,
-                                int64_t V, int64_t D, float scale, mt_dtype dt) {
+                                int64_t v0, int64_t V, int64_t D, float scale, mt_dtype dt) {
     MT_CUDA_ENTER(be);
     MT_TRY(mt_cuda_check_dtype(be, "embedding_bwd", dt));
     if (N <= 0 || D <= 0 || V <= 0) return MT_OK;
@@ -138,7 +145,8 @@ mt_status mt_cuda_embedding_bwd(mt_backend *be, float *dtable, const void *dout,
         MT_CUDA_LAUNCHED(be, "ebw_sort_merge_kernel");
     }
     const dim3 grid((unsigned)((N + MT_EBW_ROWS - 1) / MT_EBW_ROWS), (unsigned)((D + MT_EBW_THREADS - 1) / MT_EBW_THREADS));
-    MT_CUDA_DT_SWITCH(dt, T, ebw_sum_kernel<T><<<grid, MT_EBW_THREADS>>>(dtable, (const T *)dout, keys, N, D, scale));
+    MT_CUDA_DT_SWITCH(dt, T, ebw_sum_kernel<T><<<grid, MT_EBW_THREADS>>>(dtable, (const T *)dout, keys, N, v0, V, D,
+                                                                    scale));
     MT_CUDA_LAUNCHED(be, "ebw_sum_kernel");
     return MT_OK;
 }

@@ -187,27 +187,28 @@ static mt_status vocab_check(const char *op, int64_t R, int64_t Vl) {
     return MT_OK;
 }
 
-__global__ void vocab_max_kernel(float *z, int64_t Vl, float cap, float *mx) {
+__global__ void vocab_max_kernel(float *z, int64_t Vl, float cap, float *mx, int accumulate) {
     __shared__ float shf[32];
     const int64_t r = blockIdx.x;
     const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
     const float m = mt_block_max(xent_cap_max(z + r * Vl, Vl, cap, inv_cap), shf);
-    if (threadIdx.x == 0) mx[r] = m;
+    if (threadIdx.x == 0) mx[r] = accumulate && mx[r] >= m ? mx[r] : m;
 }
 
 __global__ void vocab_sumexp_kernel(const float *z, int64_t Vl, const float *mx, const int32_t *labels, int64_t v0,
-                                    int32_t ignore, double *sz) {
+                                    int32_t ignore, double *sz, int accumulate) {
     __shared__ double shd[32];
     const int64_t r = blockIdx.x;
     const int32_t label = labels[r];
     if (label == ignore) { /* the whole block leaves: no barrier is left waiting */
-        if (threadIdx.x == 0) sz[2 * r] = sz[2 * r + 1] = 0.0;
+        if (threadIdx.x == 0 && !accumulate) sz[2 * r] = sz[2 * r + 1] = 0.0;
         return;
     }
     const double s = mt_block_sum(xent_sumexp(z + r * Vl, Vl, mx[r]), shd);
     if (threadIdx.x == 0) {
-        sz[2 * r] = s;
-        sz[2 * r + 1] = label >= v0 && label < v0 + Vl ? (double)z[r * Vl + (label - v0)] : 0.0;
+        const double zl = label >= v0 && label < v0 + Vl ? (double)z[r * Vl + (label - v0)] : 0.0;
+        sz[2 * r] = accumulate ? sz[2 * r] + s : s;
+        sz[2 * r + 1] = accumulate ? sz[2 * r + 1] + zl : zl;
     }
 }
 
@@ -227,21 +228,24 @@ __global__ void vocab_grad_kernel(float *z, int64_t Vl, const float *mx, const d
         row[j] = xent_grad(row[j], m, inv_sum, cap, inv_cap, dscale, j == col);
 }
 
-mt_status mt_cuda_vocab_tile_max(mt_backend *be, float *z, int64_t R, int64_t Vl, float softcap, float *mx) {
+mt_status mt_cuda_vocab_tile_max(mt_backend *be, float *z, int64_t R, int64_t Vl, float softcap, float *mx,
+                                  int accumulate) {
     MT_CUDA_ENTER(be);
     MT_TRY(vocab_check("vocab_tile_max", R, Vl));
     if (R == 0) return MT_OK;
-    vocab_max_kernel<<<(unsigned)R, vocab_threads(Vl)>>>(z, Vl, softcap, mx);
+    vocab_max_kernel<<<(unsigned)R, vocab_threads(Vl)>>>(z, Vl, softcap, mx, accumulate);
     MT_CUDA_LAUNCHED(be, "vocab_max_kernel");
     return MT_OK;
 }
 
 mt_status mt_cuda_vocab_tile_sumexp(mt_backend *be, const float *z, int64_t R, int64_t Vl, const float *mx,
-                                    const int32_t *labels, int64_t v0, int32_t ignore_index, double *sz) {
+                                    const int32_t *labels, int64_t v0, int32_t ignore_index, double *sz,
+                                    int accumulate) {
     MT_CUDA_ENTER(be);
     MT_TRY(vocab_check("vocab_tile_sumexp", R, Vl));
     if (R == 0) return MT_OK;
-    vocab_sumexp_kernel<<<(unsigned)R, vocab_threads(Vl)>>>(z, Vl, mx, labels, v0, ignore_index, sz);
+    vocab_sumexp_kernel<<<(unsigned)R, vocab_threads(Vl)>>>(z, Vl, mx, labels, v0, ignore_index, sz,
+                                                            accumulate);
     MT_CUDA_LAUNCHED(be, "vocab_sumexp_kernel");
     return MT_OK;
 }

@@ -15,8 +15,10 @@
  *                                     behaviour before windows, as a reference
  *   mpi_layout plan CONFIG [k=v]      the trainer's own plan of rank 0 of the layout
  *                                     (no mpirun): "params P grads G optimizer O
- *                                     peak K maxgrad M" (bytes; P = sum of the params
- *                                     entries, M = the largest gradient entry)
+ *                                     peak K maxgrad M maxwin NAME chunks C" (bytes; P =
+ *                                     sum of the params entries, M = the largest
+ *                                     gradient entry, NAME the largest parameter or
+ *                                     gradient window, C the vocabulary chunks)
  *   mpi_layout compare REF RUN TOL [PABS]
  *                                     loss, every parameter's gradient and every
  *                                     parameter after 3 steps: relative error
@@ -79,7 +81,7 @@ static int plan_bytes_differ(const mt_train_config *cfg, uint64_t form) {
         return 0;
     mt_plan *plan = NULL;
     uint64_t pb = 0;
-    if (mt_trainer_plan_ex(cfg, &plan, NULL, NULL, &pb) != MT_OK) return die("plan");
+    if (mt_trainer_plan_ex(cfg, &plan, NULL, NULL, &pb, NULL) != MT_OK) return die("plan");
     mt_plan_free(plan);
     if (pb == form) return 0;
     fprintf(stderr, "mpi_layout: the plan's step bytes %llu differ from the running trainer's formula %llu\n",
@@ -153,15 +155,22 @@ static int cmd_plan(const char *config, int n, const char *const *ov) {
     if (mt_train_config_load(&cfg, config, n, ov) != MT_OK) return die("config");
     mt_plan *plan = NULL;
     int64_t np = 0;
-    if (mt_trainer_plan(&cfg, &plan, NULL, &np) != MT_OK) return die("plan");
-    size_t tot[MT_MEM_CATEGORY_COUNT], maxgrad = 0;
+    int64_t vt[2] = {0, 0};
+    if (mt_trainer_plan_ex(&cfg, &plan, NULL, &np, NULL, vt) != MT_OK) return die("plan");
+    size_t tot[MT_MEM_CATEGORY_COUNT], maxgrad = 0, maxwin = 0;
+    const char *win = "none";
     mt_plan_total_by_category(plan, tot);
     for (int i = 0; i < mt_plan_count(plan); i++) {
         const mt_plan_entry *e = mt_plan_entry_get(plan, i);
         if (e->category == MT_MEM_GRADS && e->bytes > maxgrad) maxgrad = e->bytes;
+        if ((!strncmp(e->name, "params.window.", 14) || !strncmp(e->name, "grads.window.", 13)) &&
+            e->bytes > maxwin) {
+            maxwin = e->bytes;
+            win = e->name;
+        }
     }
-    printf("params %zu grads %zu optimizer %zu peak %zu maxgrad %zu\n", tot[MT_MEM_PARAMS], tot[MT_MEM_GRADS],
-           tot[MT_MEM_OPTIMIZER], mt_plan_peak(plan), maxgrad);
+    printf("params %zu grads %zu optimizer %zu peak %zu maxgrad %zu maxwin %s chunks %lld\n", tot[MT_MEM_PARAMS],
+           tot[MT_MEM_GRADS], tot[MT_MEM_OPTIMIZER], mt_plan_peak(plan), maxgrad, win, (long long)vt[1]);
     mt_plan_free(plan);
     return 0;
 }
