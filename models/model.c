@@ -198,21 +198,6 @@ mt_status mt_model_check_dtype_layout(const mt_model_layout *lay) {
     return MT_OK;
 }
 
-/* gemma4 (model_gemma4.c) runs on data, tensor (with or without sequence parallelism)
- * and context parallelism, with packing; not yet with fsdp or parameter host offload. */
-static mt_status check_gemma4_layout(const mt_model_layout *lay) {
-    const char *what = mtm_axis_size(lay->fsdp_size) > 1 ? "ici_fsdp_parallelism > 1"
-                       : lay->param_offload             ? "parameter_memory_host_offload"
-                                                        : NULL;
-    if (what)
-        return mt_set_error(MT_ERR_UNSUPPORTED, "decoder_block=gemma4 with %s is not supported yet (issue 18)", what);
-    return MT_OK;
-}
-
-mt_status mt_model_check_block_layout(const mt_model_config *cfg, const mt_model_layout *lay) {
-    return cfg->decoder_block == MT_DECODER_GEMMA4 ? check_gemma4_layout(lay) : MT_OK;
-}
-
 /* The checked layout applied: the axes (model_shard.c), then dtype, packing, offload. */
 static mt_status apply_layout(mt_model *m, const mt_model_layout *lay) {
     MT_TRY(mtm_shard_setup(m, lay));
@@ -317,7 +302,6 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, mt_backend
     *out = NULL;
     if (!layout) layout = &one_process;
     MT_TRY(mt_model_config_validate(cfg));
-    MT_TRY(mt_model_check_block_layout(cfg, layout));
     if (batch < 1) return mt_set_error(MT_ERR_INVALID, "per_device_batch_size=%lld must be >= 1", (long long)batch);
     if (seq < 1 || seq > INT32_MAX)
         return mt_set_error(MT_ERR_INVALID, "max_target_length=%lld must be in [1, 2^31)", (long long)seq);

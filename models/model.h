@@ -175,13 +175,6 @@ typedef struct mt_model_layout {
  * read. Errors: MT_ERR_INVALID naming a dtype that is neither. */
 mt_status mt_model_check_dtype_layout(const mt_model_layout *lay);
 
-/* The layouts the decoder block runs on: every block on every layout except gemma4,
- * which runs on the data, tensor (with sequence parallelism too) and context axes, with
- * packing, so far (no fsdp axis or parameter offload). Checked by mt_model_create and by the trainer's layout check, so
- * the estimator's mesh search never proposes a layout the model refuses. Errors:
- * MT_ERR_UNSUPPORTED "decoder_block=gemma4 with <key> is not supported yet". */
-mt_status mt_model_check_block_layout(const mt_model_config *cfg, const mt_model_layout *lay);
-
 /* Create a model for micro-batches of `batch` sequences of `seq` tokens, with the
  * loss cut into `num_vocab_tiling` row tiles (0 = auto: mt_model_vocab_tiling), cut
  * and computed as `layout` says (NULL:

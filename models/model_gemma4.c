@@ -43,9 +43,13 @@
  * accumulator. Packing: the segment ids and per-document positions reach the attention
  * and RoPE as for the other families. Gradient windows (ZeRO-1): the layer windows are
  * the largest layer's and each layer hands over its own size (model_loss.c); the
- * per-layer-input globals have their own window (G4_GWIN_PLE, ple_gw). fsdp and
- * parameter offload (parameter windows: the globals would need a place in them) are
- * refused by model.c check_gemma4_layout. */
+ * per-layer-input globals have their own window (G4_GWIN_PLE, ple_gw). Parameter
+ * windows (fsdp, parameter offload): the layer windows likewise, and the per-layer-input
+ * globals, which the global window does not hold, have their own (G4_PWIN_PLE, ple_pw),
+ * all-gathered or copied once per forward and kept until their backward. It holds the
+ * whole per-layer embedding table, V x L x P (E2B: 2.35G elements, 4.7 GB in bf16 per
+ * device), unsharded for the step: the vocabulary chunks that model_loss.c gathers for
+ * the embedding would cut it to a chunk at a time (not done yet). */
 #include "models/model_internal.h"
 
 #include <math.h>
@@ -102,6 +106,31 @@ void mtm_g4_ple_range(const mt_model *m, int64_t *a, int64_t *n) {
     *n = last->offset + last->numel - first->offset;
 }
 
+/* Per-layer-input global i as the layers compute with it: mtm_pw, or with parameter
+ * windows (fsdp, parameter offload) its place in G4_PWIN_PLE, which ple_fetch fills at
+ * the start of each forward (the global window holds the embedding and the tail only). */
+static const void *ple_pw(const mt_model *m, int i) {
+    if (!params_windowed(m)) return mtm_pw(m, i);
+    int64_t a, n;
+    mtm_g4_ple_range(m, &a, &n);
+    return AT(m, G4B(m, G4_PWIN_PLE), m->par.info[i].offset - a);
+}
+
+/* Fill G4_PWIN_PLE: all-gathered from the fsdp shards, or (parameter offload) copied
+ * from the host pool's compute copy / master, as model_windows.c fills the others. */
+static mt_status ple_fetch(mt_model *m) {
+    if (!params_windowed(m)) return MT_OK;
+    int64_t a, n;
+    mtm_g4_ple_range(m, &a, &n);
+    if (m->fsdp.size > 1) {
+        mtm_fsdp_wait(m);
+        mtm_fsdp_gather(m, G4B(m, G4_PWIN_PLE), a, a + n, 0);
+        return m->fsdp.status;
+    }
+    const void *host = m->plan.gptr[m->dt != MT_F32 ? GB_COMPUTE_W : GB_PARAMS];
+    return m->be->ops->copy_to_device(m->be, G4B(m, G4_PWIN_PLE), AT(m, host, a), (size_t)n * m->es);
+}
+
 /* The gradient of per-layer-input global i: mtm_gw, or with a gradient sink its place
  * in the window G4_GWIN_PLE (these parameters are replicated on the tensor group, so
  * there is no slice offset). */
@@ -129,15 +158,16 @@ mt_status mtm_g4_inputs_forward(mt_model *m) {
         }
     }
     MT_TRY(be->ops->copy_to_device(be, G4B(m, G4_IDENT), m->g4.ident_host, (size_t)(P * P) * m->es));
+    MT_TRY(ple_fetch(m));
     const void *x0 = m->plan.lptr[0][MT_LT_DECODER_LAYER_INPUT];
     void *all = G4B(m, G4_PLE_ALL), *tmp = G4B(m, G4_PLE_DALL);
     /* per_layer_model_projection(inputs_embeds) * hidden_size**-0.5, normed per layer */
-    MT_TRY(linear_fwd(m, tmp, x0, mtm_pw(m, m->par.ple_model_proj), N, D, LP, 0.0f));
+    MT_TRY(linear_fwd(m, tmp, x0, ple_pw(m, m->par.ple_model_proj), N, D, LP, 0.0f));
     MT_TRY(be->ops->scale(be, tmp, (float)(1.0 / sqrt((double)D)), (int64_t)nlp, m->dt));
-    MT_TRY(be->ops->rmsnorm_fwd(be, all, G4B(m, G4_PLE_ROWRSTD), tmp, mtm_pw(m, m->par.ple_proj_norm), N * L, P, m->eps,
+    MT_TRY(be->ops->rmsnorm_fwd(be, all, G4B(m, G4_PLE_ROWRSTD), tmp, ple_pw(m, m->par.ple_proj_norm), N * L, P, m->eps,
                                 m->w_off, m->dt));
     /* + embed_tokens_per_layer(ids) * sqrt(hidden_size_per_layer_input), then * 2**-0.5 */
-    MT_TRY(be->ops->embedding_fwd(be, tmp, mtm_pw(m, m->par.ple_embed), tok, N, 0, m->V, LP, (float)sqrt((double)P),
+    MT_TRY(be->ops->embedding_fwd(be, tmp, ple_pw(m, m->par.ple_embed), tok, N, 0, m->V, LP, (float)sqrt((double)P),
                                   m->dt));
     MT_TRY(be->ops->axpy(be, all, tmp, 1.0f, (int64_t)nlp, m->dt));
     return be->ops->scale(be, all, (float)(1.0 / sqrt(2.0)), (int64_t)nlp, m->dt);
@@ -171,14 +201,14 @@ mt_status mtm_g4_inputs_backward(mt_model *m, void *G) {
     MT_TRY(be->ops->embedding_bwd(be, ple_gw(m, m->par.ple_embed), dall, tok, N, 0, V, LP, (float)sqrt((double)P),
                                   m->dt));
     /* the projection before its norm, recomputed (the forward's op sequence) */
-    MT_TRY(linear_fwd(m, all, x0, mtm_pw(m, m->par.ple_model_proj), N, D, LP, 0.0f));
+    MT_TRY(linear_fwd(m, all, x0, ple_pw(m, m->par.ple_model_proj), N, D, LP, 0.0f));
     MT_TRY(be->ops->scale(be, all, dscale, (int64_t)nlp, m->dt));
     MT_TRY(be->ops->zero(be, dproj, nlp * m->es));
-    MT_TRY(be->ops->rmsnorm_bwd(be, dproj, ple_gw(m, m->par.ple_proj_norm), dall, all, mtm_pw(m, m->par.ple_proj_norm),
+    MT_TRY(be->ops->rmsnorm_bwd(be, dproj, ple_gw(m, m->par.ple_proj_norm), dall, all, ple_pw(m, m->par.ple_proj_norm),
                                 G4B(m, G4_PLE_ROWRSTD), N * L, P, m->w_off, m->dt));
     MT_TRY(be->ops->scale(be, dproj, dscale, (int64_t)nlp, m->dt));
     MT_TRY(linear_bwd_w(m, ple_gw(m, m->par.ple_model_proj), dproj, x0, N, D, LP));
-    MT_TRY(linear_bwd_x(m, G, dproj, mtm_pw(m, m->par.ple_model_proj), N, D, LP, 1.0f));
+    MT_TRY(linear_bwd_x(m, G, dproj, ple_pw(m, m->par.ple_model_proj), N, D, LP, 1.0f));
     /* the globals' gradients are complete: hand their window over (an asynchronous sink
      * is waited for with the embedding's window, model_loss.c) */
     if (m->sink.fn) MT_TRY(m->sink.fn(m->sink.ctx, ga, gn, G4B(m, G4_GWIN_PLE)));

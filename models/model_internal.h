@@ -262,6 +262,7 @@ enum {
     G4_IDENT,        /* [P, P] identity: a strided column slice as a GEMM */
     G4_SKV_DK0, G4_SKV_DV0, G4_SKV_DK1, G4_SKV_DV1, /* [N, KVD] shared K/V gradients of the local (0) and global (1) donor */
     G4_GWIN_PLE,     /* fp32 gradient window of the per-layer-input globals (with a gradient sink) */
+    G4_PWIN_PLE,     /* their parameter window, of the compute dtype (fsdp, parameter offload) */
     G4_COUNT
 };
 
@@ -496,9 +497,9 @@ const void *mtm_unembedding(const mt_model *m);
 /* Gemma 4's layer forward / backward (as mtm_layer_forward / _backward), its per-layer
  * inputs after the embedding (forward) and their backward into the embedding gradient
  * G[N, D] (+=) and the per-layer-input parameters, and the zeroing of the accumulated
- * gradients at the start of a backward. Tensor, sequence and context parallelism as
- * the other families (model_shard.c); model.c check_gemma4_layout refuses the layouts
- * not written yet. */
+ * gradients at the start of a backward. Every layout, as the other families (the file
+ * comment of model_gemma4.c says how each axis meets the sharing and the per-layer
+ * inputs). */
 mt_status MT_MUST_CHECK mtm_g4_layer_forward(mt_model *m, int64_t l);
 mt_status MT_MUST_CHECK mtm_g4_layer_backward(mt_model *m, int64_t l);
 mt_status MT_MUST_CHECK mtm_g4_inputs_forward(mt_model *m);

@@ -489,6 +489,9 @@ static mt_status add_gemma4(mt_model *m, mt_plan *plan) {
     if (m->sink.fn && pn > 0) /* the per-layer-input globals' gradient window: the embedding's backward */
         MT_TRY(mt_plan_add(plan, "grads.window.per_layer_inputs", MT_MEM_GRADS, (size_t)pn * f4, eb, eb,
                            &m->g4.id[G4_GWIN_PLE]));
+    if (params_windowed(m) && pn > 0) /* their parameter window: filled in phase 0, read until their backward */
+        MT_TRY(mt_plan_add(plan, "params.window.per_layer_inputs", MT_MEM_PARAMS, (size_t)pn * es, 0, eb,
+                           &m->g4.id[G4_PWIN_PLE]));
     if (m->cfg.num_kv_shared_layers > 0) {
         static const char *const nm[4] = {"gemma4.shared_dk.local", "gemma4.shared_dv.local", "gemma4.shared_dk.global",
                                           "gemma4.shared_dv.global"};

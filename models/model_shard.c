@@ -442,13 +442,15 @@ int64_t mt_model_fsdp_gather_floats(const mt_model *m) {
         f = (emb - fsdp_own(m, r, 0, emb)) +
             (m->par.numel - m->par.tail_off - fsdp_own(m, r, m->par.tail_off, m->par.numel));
     }
-    for (int64_t l = 0; l < L; l++) {
-        const int64_t a = m->par.info[m->par.layer[l].in_norm].offset,
-                      n = m->par.layer_numel - fsdp_own(m, r, a, a + m->par.layer_numel);
+    for (int64_t l = 0; l < L; l++) { /* each layer's own size (gemma4's differ) */
+        const int64_t a = m->par.info[m->par.layer[l].in_norm].offset, ln = mtm_layer_numel(m, l),
+                      n = ln - fsdp_own(m, r, a, a + ln);
         f += n;                 /* forward */
         if (l + 2 < L) f += n;  /* backward: slot l % 2 was reused by layer l + 2 */
     }
-    return f;
+    int64_t pa, pn; /* gemma4's per-layer-input globals: their window, once per forward */
+    mtm_g4_ple_range(m, &pa, &pn);
+    return f + (pn - fsdp_own(m, r, pa, pa + pn));
 }
 
 /* Bytes of one all-reduce of S bytes on n ranks (parallel/comm.h accounting). */

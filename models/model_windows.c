@@ -64,12 +64,12 @@ mt_status mtm_fetch_layer(mt_model *m, int64_t l) {
     mtm_fsdp_wait(m);
     const int s = (int)(l % 2);
     if (m->pwin.layer[s] == l) return MT_OK;
-    const int64_t a = m->par.info[m->par.layer[l].in_norm].offset;
+    const int64_t a = m->par.info[m->par.layer[l].in_norm].offset, n = mtm_layer_numel(m, l);
     if (m->fsdp.size > 1)
-        mtm_fsdp_gather(m, m->pwin.ptr[MT_PWIN_LAYER0 + s], a, a + m->par.layer_numel, 0);
+        mtm_fsdp_gather(m, m->pwin.ptr[MT_PWIN_LAYER0 + s], a, a + n, 0);
     else
         MT_TRY(m->be->ops->copy_to_device(m->be, m->pwin.ptr[MT_PWIN_LAYER0 + s], AT(m, window_source(m), a),
-                                          (size_t)m->par.layer_numel * m->es));
+                                          (size_t)n * m->es));
     m->pwin.layer[s] = l;
     return MT_OK;
 }
@@ -85,7 +85,7 @@ void mtm_prefetch_layer(mt_model *m, int64_t l) {
     const int s = (int)(l % 2);
     if (m->pwin.layer[s] == l) return;
     const int64_t a = m->par.info[m->par.layer[l].in_norm].offset;
-    mtm_fsdp_gather(m, m->pwin.ptr[MT_PWIN_LAYER0 + s], a, a + m->par.layer_numel, 1);
+    mtm_fsdp_gather(m, m->pwin.ptr[MT_PWIN_LAYER0 + s], a, a + mtm_layer_numel(m, l), 1);
     m->pwin.layer[s] = m->fsdp.status == MT_OK ? l : -1;
 }
 

@@ -14,7 +14,8 @@
 #   dp2, dp2+zero1, dp4+zero1 (uneven shards), dp2+zero1+ga4 (both schedules),
 #   dp2+zero1 with a tied embedding (gemma) and a 4-tile vocabulary loss, untied too,
 #   dp2, dp4, tp2 (with and without sequence parallelism), cp2, cp4 ring and tp2 x cp2
-#   (with and without) of a tiny gemma4, and with ZeRO-1 dp2, dp2 x tp2, dp2 + ga2,
+#   (with and without) of a tiny gemma4, with ZeRO-1 dp2, dp2 x tp2, dp2 + ga2, and
+#   fsdp 2, 4, with chunks, x tp2 + sp, dp2 x fsdp2 x cp2, with parameter offload,
 #   and single-process K micro-batches of b == one batch of K*b.
 # bf16 accumulators (grad_dtype=bfloat16, ga4): against the fp32 reference the
 # per-tensor gradient error is bounded by K * 2^-8 (each of the K roundings to bf16 of a
@@ -95,8 +96,7 @@ layout dp2_zero1_tied_tiles4 ref_b4_tied 2 model_name=tinyg per_device_batch_siz
     ici_data_parallelism=2 shard_optimizer_over_data=true
 layout dp2_untied_tiles4 ref_b4_untied 2 per_device_batch_size=2 num_vocab_tiling=4 ici_data_parallelism=2
 
-# gemma4 (issue 18, models/model_gemma4.c; its fsdp and parameter-offload layouts are
-# refused so far; packing: tests/test_mpi_packing.sh): KV
+# gemma4 (issue 18, models/model_gemma4.c; packing: tests/test_mpi_packing.sh): KV
 # sharing (layers 2-4 read the K/V of 0 and 1, their gradients flow back there),
 # per-layer inputs, double-wide MLPs, two head dims (8 local, 16 global), window 4 on
 # every 2nd layer. Data parallelism; tensor parallelism (each layer's own widths
@@ -106,7 +106,11 @@ layout dp2_untied_tiles4 ref_b4_untied 2 per_device_batch_size=2 num_vocab_tilin
 # window of 4 spans blocks), and tensor x context with sequence parallelism. ZeRO-1's
 # gradient windows (layers of three sizes, the per-layer-input globals in their own
 # window): data, data x tensor, and accumulation reduced once (window accumulators)
-# and every micro-batch (overlapped reduce-scatters).
+# and every micro-batch (overlapped reduce-scatters). fsdp (layer windows of each
+# layer's size, the per-layer-input globals gathered into their own window once per
+# forward): 2 and 4 (uneven shards), with vocabulary chunks, with tensor + sequence
+# parallelism, data x fsdp x context; parameter host offload with fsdp (bitwise fsdp
+# alone) and in one process (bitwise the run without offload).
 mt_tiny_model "$tmp/cfg/models/tinyg4.yml" gemma4 5
 ref ref_b4_g4 model_name=tinyg4 per_device_batch_size=4 num_vocab_tiling=4
 layout dp2_gemma4 ref_b4_g4 2 model_name=tinyg4 per_device_batch_size=2 num_vocab_tiling=4 ici_data_parallelism=2
@@ -129,6 +133,22 @@ for s in once every; do
     layout dp2_zero1_ga2_${s}_gemma4 ref_b4_g4 2 model_name=tinyg4 per_device_batch_size=1 gradient_accumulation_steps=2 \
         num_vocab_tiling=4 ici_data_parallelism=2 shard_optimizer_over_data=true gradient_accumulation_reduce=$s
 done
+layout fsdp2_gemma4 ref_b4_g4 2 model_name=tinyg4 per_device_batch_size=2 num_vocab_tiling=4 ici_fsdp_parallelism=2
+layout fsdp4_gemma4 ref_b4_g4 4 model_name=tinyg4 per_device_batch_size=1 num_vocab_tiling=4 ici_fsdp_parallelism=4
+layout fsdp2_chunks4_gemma4 ref_b4_g4 2 model_name=tinyg4 per_device_batch_size=2 num_vocab_tiling=4 \
+    ici_fsdp_parallelism=2 num_vocab_chunks=4
+layout fsdp2xtp2_sp_gemma4 ref_b4_g4 4 model_name=tinyg4 per_device_batch_size=2 num_vocab_tiling=4 \
+    ici_fsdp_parallelism=2 ici_tensor_parallelism=2 tensor_sequence_parallelism=true
+layout dp2xfsdp2xcp2_gemma4 ref_b4_g4 8 model_name=tinyg4 per_device_batch_size=1 num_vocab_tiling=4 \
+    ici_data_parallelism=2 ici_fsdp_parallelism=2 ici_context_parallelism=2
+layout fsdp2_param_offload_gemma4 ref_b4_g4 2 model_name=tinyg4 per_device_batch_size=2 num_vocab_tiling=4 \
+    ici_fsdp_parallelism=2 parameter_memory_host_offload=true
+"$tool" compare "$tmp/fsdp2_gemma4" "$tmp/fsdp2_param_offload_gemma4" 0 > "$tmp/fsdp_off_g4.cmp" 2>&1 ||
+    { fail "gemma4 fsdp2 with parameter offload is not bitwise fsdp2"; cat "$tmp/fsdp_off_g4.cmp"; }
+ref ref_b4_g4_param_offload model_name=tinyg4 per_device_batch_size=4 num_vocab_tiling=4 \
+    parameter_memory_host_offload=true
+"$tool" compare "$tmp/ref_b4_g4" "$tmp/ref_b4_g4_param_offload" 0 > "$tmp/g4_off.cmp" 2>&1 ||
+    { fail "gemma4 with parameter offload is not bitwise without"; cat "$tmp/g4_off.cmp"; }
 
 # tensor parallelism: Megatron column/row split, vocab-parallel loss (tied and untied,
 # tiled, soft-capped), composed with data parallelism, ZeRO-1 and accumulation.
@@ -375,12 +395,5 @@ grep -q "ici_data_parallelism x .* = 3 x 1 x 1 x 1 = 3 but the world has 2 ranks
 out="$(mpi 2 "$tool" run "$tmp/bad2" "$cfg" ici_data_parallelism=1 ici_tensor_parallelism=-1 base_num_kv_heads=1 base_num_query_heads=3 head_dim=8 2>&1)"; rc=$?
 [ $rc -eq 2 ] || fail "heads not divisible: exit $rc"
 grep -q "base_num_query_heads=3 is not divisible by ici_tensor_parallelism=2" <<< "$out" || fail "heads message: $out"
-# gemma4 layouts not supported yet: exit 2 naming the feature
-for bad in "ici_fsdp_parallelism=2" "ici_data_parallelism=2 parameter_memory_host_offload=true"; do
-    # shellcheck disable=SC2086  # bad is a list of key=value words
-    out="$(mpi 2 "$tool" run "$tmp/bad_g4" "$cfg" model_name=tinyg4 per_device_batch_size=2 $bad 2>&1)"; rc=$?
-    [ $rc -eq 2 ] || fail "gemma4 with $bad: exit $rc"
-    grep -q "gemma4.*not supported yet" <<< "$out" || fail "gemma4 with $bad: message $out"
-done
 
 mt_finish "all layouts agree"
