@@ -153,7 +153,8 @@ static void build_param_layer(mt_model *m) {
     for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++)
         for (int i = m->par.layer[l].in_norm; i <= m->par.layer[l].down; i++) m->par.layer_of[i] = (int)l;
     m->par.layer_numel = 0; /* the largest layer's (gemma4's differ: mtm_layer_numel) */
-    for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++) m->par.layer_numel = max64(m->par.layer_numel, mtm_layer_numel(m, l));
+    for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++)
+        m->par.layer_numel = max64(m->par.layer_numel, mtm_layer_numel(m, l));
     m->par.tail_off = m->par.info[m->par.final_norm].offset;
 }
 

@@ -43,8 +43,10 @@
  * accumulator. Packing: the segment ids and per-document positions reach the attention
  * and RoPE as for the other families. Gradient windows (ZeRO-1): the layer windows are
  * the largest layer's and each layer hands over its own size (model_loss.c); the
- * per-layer-input globals have their own window (G4_GWIN_PLE, ple_gw). Parameter
- * windows (fsdp, parameter offload): the layer windows likewise, and the per-layer-input
+ * per-layer-input globals have their own window (G4_GWIN_PLE, ple_gw), fp32 and whole
+ * for the embedding's backward phase (E2B: 2.35G elements, 9.4 GB: chunking it by
+ * vocabulary rows as model_loss.c does for an untied embedding is left for later).
+ * Parameter windows (fsdp, parameter offload): the layer windows likewise, and the per-layer-input
  * globals, which the global window does not hold, have their own (G4_PWIN_PLE, ple_pw),
  * all-gathered or copied once per forward and kept until their backward. It holds the
  * whole per-layer embedding table, V x L x P (E2B: 2.35G elements, 4.7 GB in bf16 per

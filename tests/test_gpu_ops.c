@@ -153,7 +153,8 @@ static void expect_close(const char *what, const float *got, const float *want, 
             wr = r;
         }
     }
-    if (getenv("MT_TEST_VERBOSE")) fprintf(stderr, "  %-44s max |diff| %.3e  max |diff| / bound %.3g\n", what, emax, rmax);
+    if (getenv("MT_TEST_VERBOSE"))
+        fprintf(stderr, "  %-44s max |diff| %.3e  max |diff| / bound %.3g\n", what, emax, rmax);
     cr_expect(worst < 0, "%s: element %lld cuda %.9g cpu %.9g (bound %.3g, %.3g x over)", what, (long long)worst,
               worst >= 0 ? got[worst] : 0.0, worst >= 0 ? want[worst] : 0.0, worst >= 0 ? tol[worst] : 0.0, wr);
 }
