@@ -14,6 +14,7 @@
 
 #include "tests/test_backend_util.h"
 #include "tests/test_fixtures.h"
+#include "tests/test_ops_util.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -536,4 +537,64 @@ Test(tiling, one_vs_three_untied) {
 Test(tiling, one_vs_three_tied) {
     mt_model_config c = tiny_gemma3();
     check_tiling(&c);
+}
+
+/* Vocabulary chunks (models/model.h num_vocab_chunks, layout vocab_chunks): logits taken
+ * a chunk of unembedding rows at a time against the whole unembedding at once, the same
+ * parameters. Each logit is the dot product of a final hidden row h (fp32) and an
+ * unembedding row w over D terms, a GEMM element either way (only the GEMM's column
+ * count differs), so each is within gamma_D sum_d |h_d w_d| of the exact product (Higham
+ * eq. 3.5) and the two within twice that; soft-capping (gemma3 has none) is the same
+ * elementwise map of both. Untied and tied, C = 4 of V. */
+static void check_chunk_logits(const mt_model_config *c) {
+    const int64_t B = 2, T = 7, N = B * T, V = c->vocab_size, D = c->emb_dim;
+    int32_t tok[64], lab[64];
+    make_batch(N, T, V, tok, lab);
+    fixture f1, f4;
+    fx_init(&f1, c, B, T, 3);
+    memset(&f4, 0, sizeof f4);
+    f4.B = B, f4.T = T;
+    const mt_model_layout lay = {.vocab_chunks = 4};
+    mt_backend *be = mt_cpu_backend();
+    cr_assert_eq(mt_model_create(&f4.m, c, be, B, T, 3, &lay), MT_OK, "%s", mt_last_error());
+    tu_model_plan_bind(f4.m, be, &f4.plan, &f4.arena);
+    int64_t tiles = 0, chunks = 0;
+    mt_model_vocab_tiling(f4.m, &tiles, &chunks);
+    cr_assert_eq(chunks, 4, "num_vocab_chunks 4 resolved to %lld", (long long)chunks);
+    spread_params(f1.m, 5);
+    memcpy(mt_model_params(f4.m), mt_model_params(f1.m), (size_t)mt_model_numel(f1.m) * sizeof(float));
+    float *z1 = malloc((size_t)(N * V) * sizeof(float)), *z4 = malloc((size_t)(N * V) * sizeof(float));
+    float *h = malloc((size_t)(N * D) * sizeof(float));
+    cr_assert_eq(mt_model_hidden(f1.m, tok, h), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_model_logits(f1.m, tok, z1), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_model_logits(f4.m, tok, z4), MT_OK, "%s", mt_last_error());
+    const float *W = NULL;
+    for (int i = 0; i < mt_model_param_count(f1.m); i++) {
+        const mt_param_info *pi = mt_model_param(f1.m, i);
+        if (!strcmp(pi->name, "lm_head.weight") || (!W && !strcmp(pi->name, "model.embed_tokens.weight")))
+            W = mt_model_params(f1.m) + pi->offset;
+    }
+    cr_assert_not_null(W);
+    double worst = 0.0;
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t v = 0; v < V; v++) {
+            double s = 0.0;
+            for (int64_t d = 0; d < D; d++) s += fabs((double)h[n * D + d] * W[v * D + d]);
+            const double b = 2.0 * GAMMA(D) * s + 0x1p-149, e = fabs((double)z1[n * V + v] - z4[n * V + v]) / b;
+            worst = e > worst ? e : worst;
+        }
+    cr_expect(worst <= 1.0, "logits in 4 chunks vs whole: worst error / bound %.3g", worst);
+    free(z1), free(z4), free(h);
+    fx_free(&f1);
+    fx_free(&f4);
+}
+
+Test(vocab_chunks, logits_untied) {
+    mt_model_config c = tiny_llama();
+    check_chunk_logits(&c);
+}
+
+Test(vocab_chunks, logits_tied) {
+    mt_model_config c = tiny_gemma3();
+    check_chunk_logits(&c);
 }
