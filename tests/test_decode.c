@@ -122,17 +122,9 @@ static mt_model_config tiny_gemma3(void) {
  * max_v |z'_v - z_v| / max_v |z_v| / eta, z' the logits with every parameter of m
  * multiplied by 1 + eta xi (xi = +-1 from Philox); m's parameters are restored. */
 static double logits_kappa(mt_model *m, const int32_t *tok, const float *ref, int64_t T, int64_t V, uint64_t seed) {
-    const int64_t P = mt_model_numel(m);
-    float *p = mt_model_params(m), *keep = malloc(sizeof(float) * (size_t)P);
-    float *z = malloc(sizeof(float) * (size_t)(T * V));
-    memcpy(keep, p, sizeof(float) * (size_t)P);
-    for (int64_t i = 0; i < P; i++) {
-        uint32_t r[4];
-        mt_rng_u32x4(seed, 0x4b415050u, (uint64_t)i, r);
-        p[i] = (float)(keep[i] * (1.0 + ((r[0] & 1u) ? TU_KAPPA_ETA : -TU_KAPPA_ETA)));
-    }
+    float *z = malloc(sizeof(float) * (size_t)(T * V)), *keep = tu_perturb_params(m, seed);
     cr_assert_eq(mt_model_logits(m, tok, z), MT_OK, "%s", mt_last_error());
-    memcpy(p, keep, sizeof(float) * (size_t)P);
+    memcpy(mt_model_params(m), keep, sizeof(float) * (size_t)mt_model_numel(m));
     double kappa = 0.0;
     for (int64_t t = 0; t < T; t++) {
         double d = 0.0, r = 0.0;

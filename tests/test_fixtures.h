@@ -22,6 +22,7 @@
 #include "kernels/backend.h"
 #include "models/config.h"
 #include "models/model.h"
+#include "runtime/rng.h"
 #include "runtime/plan.h"
 
 /* ------------------------------------------------------------ temporary directory */
@@ -238,6 +239,54 @@ static inline int64_t tu_chain_terms(const mt_model_config *c, int64_t T, int ba
 /* 2 lambda sqrt(S) u kappa: the bound on two evaluations' difference (above). */
 static inline double tu_chain_bound(double u, int64_t S, double kappa) {
     return 2.0 * TU_LAMBDA * sqrt((double)S) * u * kappa;
+}
+
+/* The parameters of m (host memory: a CPU-backend model) times 1 + eta xi, xi = +-1
+ * from Philox stream `seed` (the perturbation of the condition above); *keep gets the
+ * old values, to be restored by the caller (memcpy back) and freed. */
+static inline float *tu_perturb_params(mt_model *m, uint64_t seed) {
+    const int64_t P = mt_model_numel(m);
+    float *p = mt_model_params(m), *keep = malloc(sizeof(float) * (size_t)P);
+    memcpy(keep, p, sizeof(float) * (size_t)P);
+    for (int64_t i = 0; i < P; i++) {
+        uint32_t r[4];
+        mt_rng_u32x4(seed, 0x4b415050u, (uint64_t)i, r);
+        p[i] = (float)(keep[i] * (1.0 + ((r[0] & 1u) ? TU_KAPPA_ETA : -TU_KAPPA_ETA)));
+    }
+    return keep;
+}
+
+/* kappa[i] for each parameter tensor i of m (CPU backend): max |g' - g| / max |g| / eta
+ * over the tensor, g the gradient of mt_model_forward_backward(tok, lab, dscale) at m's
+ * parameters and g' at the perturbed ones (tu_perturb_params); the condition of the
+ * comparison max |diff| / max |g| per tensor. kappa_loss (may be NULL) gets the loss
+ * sum's |L' - L| / |L| / eta. m's parameters are restored; its gradients hold g. */
+static inline void tu_grad_kappa(mt_model *m, const int32_t *tok, const int32_t *lab, float dscale, double *kappa,
+                                 double *kappa_loss) {
+    const int64_t P = mt_model_numel(m);
+    float *g = mt_model_grads(m), *g0 = malloc(sizeof(float) * (size_t)P);
+    double l0, l1;
+    int64_t cnt;
+    memset(g, 0, sizeof(float) * (size_t)P);
+    cr_assert_eq(mt_model_forward_backward(m, tok, lab, dscale, &l0, &cnt), MT_OK, "%s", mt_last_error());
+    memcpy(g0, g, sizeof(float) * (size_t)P);
+    float *keep = tu_perturb_params(m, 29);
+    memset(g, 0, sizeof(float) * (size_t)P);
+    cr_assert_eq(mt_model_forward_backward(m, tok, lab, dscale, &l1, &cnt), MT_OK, "%s", mt_last_error());
+    memcpy(mt_model_params(m), keep, sizeof(float) * (size_t)P);
+    free(keep);
+    for (int i = 0; i < mt_model_param_count(m); i++) {
+        const mt_param_info *pi = mt_model_param(m, i);
+        double d = 0.0, r = 0.0;
+        for (int64_t j = pi->offset; j < pi->offset + pi->numel; j++) {
+            d = fmax(d, fabs((double)g[j] - g0[j]));
+            r = fmax(r, fabs((double)g0[j]));
+        }
+        kappa[i] = r > 0.0 ? d / r / TU_KAPPA_ETA : 0.0;
+    }
+    if (kappa_loss) *kappa_loss = fabs(l1 - l0) / fabs(l0) / TU_KAPPA_ETA;
+    memcpy(g, g0, sizeof(float) * (size_t)P);
+    free(g0);
 }
 
 #endif
