@@ -289,4 +289,45 @@ static inline void tu_grad_kappa(mt_model *m, const int32_t *tok, const int32_t 
     free(g0);
 }
 
+/* Row losses l_t = logsumexp(z_t) - z_t[y_t] (fp64 from the fp32 logits) of m's batch
+ * into l[N] (0 for ignored rows). */
+static inline void tu_row_losses(mt_model *m, const int32_t *tok, const int32_t *lab, int64_t N, int64_t V, double *l) {
+    float *z = malloc(sizeof(float) * (size_t)(N * V));
+    cr_assert_eq(mt_model_logits(m, tok, z), MT_OK, "%s", mt_last_error());
+    for (int64_t t = 0; t < N; t++) {
+        l[t] = 0.0;
+        if (lab[t] == MT_IGNORE_LABEL) continue;
+        double mx = -INFINITY, se = 0.0;
+        for (int64_t v = 0; v < V; v++) mx = fmax(mx, z[t * V + v]);
+        for (int64_t v = 0; v < V; v++) se += exp((double)z[t * V + v] - mx);
+        l[t] = mx + log(se) - z[t * V + lab[t]];
+    }
+    free(z);
+}
+
+/* delta: a bound on the fp32 forward error of the mean loss of m (CPU backend) over the
+ * labelled rows, on the model above:
+ * each row loss l_t is within lambda sqrt(S) u kappa_t |l_t| of exact, kappa_t its
+ * condition evaluated here (every parameter times 1 + eta xi: kappa_t |l_t| =
+ * |l_t' - l_t| / eta), and the mean within the mean of those, summed without
+ * cancellation between rows. */
+static inline double tu_loss_delta(mt_model *m, const int32_t *tok, const int32_t *lab, int64_t N, int64_t V, int64_t S) {
+    double *l0 = malloc(sizeof(double) * (size_t)N), *l1 = malloc(sizeof(double) * (size_t)N);
+    tu_row_losses(m, tok, lab, N, V, l0);
+    float *keep = tu_perturb_params(m, 17);
+    tu_row_losses(m, tok, lab, N, V, l1);
+    memcpy(mt_model_params(m), keep, sizeof(float) * (size_t)mt_model_numel(m));
+    double sum = 0.0;
+    int64_t n = 0;
+    for (int64_t t = 0; t < N; t++) {
+        if (lab[t] == MT_IGNORE_LABEL) continue;
+        sum += fabs(l1[t] - l0[t]) / TU_KAPPA_ETA;
+        n++;
+    }
+    free(keep);
+    free(l0);
+    free(l1);
+    return TU_LAMBDA * sqrt((double)S) * TU_U_F32 * sum / (double)n;
+}
+
 #endif

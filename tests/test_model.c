@@ -394,46 +394,6 @@ static double central(mt_model *m, int64_t j, float h, const int32_t *tok, const
     return (lp - lm) / ((double)wp - (double)wm);
 }
 
-/* Row losses l_t = logsumexp(z_t) - z_t[y_t] (fp64 from the fp32 logits) of m's batch
- * into l[N] (0 for ignored rows). */
-static void row_losses(mt_model *m, const int32_t *tok, const int32_t *lab, int64_t N, int64_t V, double *l) {
-    float *z = malloc(sizeof(float) * (size_t)(N * V));
-    cr_assert_eq(mt_model_logits(m, tok, z), MT_OK, "%s", mt_last_error());
-    for (int64_t t = 0; t < N; t++) {
-        l[t] = 0.0;
-        if (lab[t] == MT_IGNORE_LABEL) continue;
-        double mx = -INFINITY, se = 0.0;
-        for (int64_t v = 0; v < V; v++) mx = fmax(mx, z[t * V + v]);
-        for (int64_t v = 0; v < V; v++) se += exp((double)z[t * V + v] - mx);
-        l[t] = mx + log(se) - z[t * V + lab[t]];
-    }
-    free(z);
-}
-
-/* delta: a bound on the fp32 forward error of the mean loss (tests/test_fixtures.h):
- * each row loss l_t is within lambda sqrt(S) u kappa_t |l_t| of exact, kappa_t its
- * condition evaluated here (every parameter times 1 + eta xi: kappa_t |l_t| =
- * |l_t' - l_t| / eta), and the mean within the mean of those, summed without
- * cancellation between rows. */
-static double loss_delta(mt_model *m, const int32_t *tok, const int32_t *lab, int64_t N, int64_t V, int64_t S) {
-    double *l0 = malloc(sizeof(double) * (size_t)N), *l1 = malloc(sizeof(double) * (size_t)N);
-    row_losses(m, tok, lab, N, V, l0);
-    float *keep = tu_perturb_params(m, 17);
-    row_losses(m, tok, lab, N, V, l1);
-    memcpy(mt_model_params(m), keep, sizeof(float) * (size_t)mt_model_numel(m));
-    double sum = 0.0;
-    int64_t n = 0;
-    for (int64_t t = 0; t < N; t++) {
-        if (lab[t] == MT_IGNORE_LABEL) continue;
-        sum += fabs(l1[t] - l0[t]) / TU_KAPPA_ETA;
-        n++;
-    }
-    free(keep);
-    free(l0);
-    free(l1);
-    return TU_LAMBDA * sqrt((double)S) * TU_U_F32 * sum / (double)n;
-}
-
 /* For each listed tensor, the coordinate with the largest |gradient| g is checked
  * against Richardson's extrapolation of central differences of the mean loss L:
  *   D(h) = (L(w + h) - L(w - h)) / 2h = g + c2 h^2 + c4 h^4 + ...,
@@ -444,7 +404,7 @@ static double loss_delta(mt_model *m, const int32_t *tok, const int32_t *lab, in
  *   round = 2 delta / h: each loss evaluation is within delta of the exact loss, so
  *     D(h) within delta / h, R(h) within (4 delta / h + delta / 2h) / 3 = 1.5 delta / h,
  *     and the estimate trunc carries 2/15 (1.5 + 0.75) delta / h = 0.3 delta / h more;
- *   delta = the fp32 forward error of the mean loss (loss_delta: each row loss within
+ *   delta = the fp32 forward error of the mean loss (tu_loss_delta: each row loss within
  *     lambda sqrt(S) u kappa_t |l_t|, tests/test_fixtures.h, S = tu_chain_terms to the
  *     logits plus the cross-entropy's V + 2 terms, kappa_t evaluated here): 2e-6 to 4e-6
  *     of L on these models.
@@ -475,7 +435,7 @@ static void check_fd(const mt_model_config *c, const char *const *names, int nna
     float *g = malloc((size_t)numel * sizeof(float));
     memcpy(g, mt_model_grads(f.m), (size_t)numel * sizeof(float));
     const int64_t S = tu_chain_terms(c, T, 0, 0) + c->vocab_size + 2;
-    const double L = mean_loss(f.m, tok, lab), delta = loss_delta(f.m, tok, lab, N, c->vocab_size, S);
+    const double L = mean_loss(f.m, tok, lab), delta = tu_loss_delta(f.m, tok, lab, N, c->vocab_size, S);
     const float h = FD_STEP;
     for (int k = 0; k < nnames; k++) {
         int idx = mt_model_param_find(f.m, names[k]);
@@ -590,7 +550,7 @@ Test(inputs, out_of_range_tokens_and_labels) {
  * bound of tests/test_fixtures.h, 2 lambda sqrt(S) u kappa (u = 2^-24):
  *   logits: S = D (the GEMM) + 2 (the soft-cap); kappa the row's condition (every
  *     parameter times 1 + eta xi), max |z - z'| / max |z| per row: bound 4e-6 to 1e-5;
- *   loss: twice the mean row loss's fp32 error delta (loss_delta, as check_fd): 3e-6
+ *   loss: twice the mean row loss's fp32 error delta (tu_loss_delta, as check_fd): 3e-6
  *     to 7e-6 relative;
  *   each gradient tensor (max |a - b| / max |b|): S = tu_chain_terms(c, T, 1, N),
  *     kappa per tensor (tu_grad_kappa, 1.9 to 15): bound 4e-5 to 3.3e-4.
@@ -613,7 +573,7 @@ static void check_tiling(const mt_model_config *c) {
     spread_params(f3.m, 5);
     double l1 = run_step(f1.m, tok, lab), l3 = run_step(f3.m, tok, lab);
     const int64_t S_loss = tu_chain_terms(c, T, 0, 0) + V + 2, S_grad = tu_chain_terms(c, T, 1, N);
-    const double lbound = 2.0 * loss_delta(f1.m, tok, lab, N, V, S_loss) / fabs(l1);
+    const double lbound = 2.0 * tu_loss_delta(f1.m, tok, lab, N, V, S_loss) / fabs(l1);
     cr_expect(fabs(l1 - l3) <= lbound * fabs(l1), "loss %.9g vs %.9g, bound %.3g relative", l1, l3, lbound);
     cr_log_info("loss: relative difference %.3g, bound %.3g", fabs(l1 - l3) / fabs(l1), lbound);
     const int np = mt_model_param_count(f1.m);
