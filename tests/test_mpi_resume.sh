@@ -4,7 +4,9 @@
 # fsdp2 (parameters sharded over fsdp, the optimizer shards nested inside them over data
 # x context: the checkpoint gathers both, the resume scatters them back):
 #  - its losses equal the single-process run on the same global batch (4 sequences x 2
-#    micro-batches) to 1e-5 relative (fp32 sums in another order);
+#    micro-batches) within each step's derived fp32 bound (fp32 sums in another order;
+#    tests/lib.sh mt_fp32_bounds, computed with the CPU tool: the bound is the math's;
+#    was 1e-5);
 #  - its step-2 checkpoint (model.safetensors, and train_state.safetensors with the
 #    AdamW moments gathered from the ZeRO-1 shards) equals the single-process one to
 #    1e-5 relative per tensor;
@@ -12,8 +14,10 @@
 #    uninterrupted run bitwise (loss and grad_norm printed with %.17g in metrics.jsonl);
 #  - the dp2 x tp2 and the dp2 x fsdp2 checkpoints load as load_parameters_path into
 #    runs of other layouts (one process, and cp2 over 2 ranks) with learning_rate 0:
-#    their first losses agree to 1e-5 and the checkpoints they write hold the loaded
-#    parameters bitwise.
+#    their first losses agree within the derived step-1 bound at the loaded parameters
+#    (was 1e-5) and the checkpoints they write hold the loaded parameters bitwise.
+# NOT DERIVED yet (issue 16): the step-2 checkpoint tensors (parameters and AdamW
+# moments) are still held to 1e-5 relative per tensor.
 # adam_eps = 1e-5 for the reason given in tests/test_mpi_layouts.sh.
 # With a second argument `cuda` (tests/test_emu_mpi_resume.sh) every run uses
 # meshtrain-emu with backend=cuda (checkpoints written from and loaded into device
@@ -49,6 +53,8 @@ seed: 5
 YML
 "$bin" train "$tmp/cfg/run.yml" run_name=single per_device_batch_size=4 > "$tmp/single.log" 2>&1 ||
     fail "single run: $(tail -3 "$tmp/single.log")"
+layout_tool=$tool
+mt_fp32_bounds sref 4 per_device_batch_size=4 backend=cpu
 # check NAME ARGS...: a 4-rank run NAME and its resume NAME_resumed against the single run
 check() {
 local name=$1; shift
@@ -58,18 +64,19 @@ mpirun --oversubscribe -np 4 "$bin" train "$tmp/cfg/run.yml" run_name=${name}_re
     load_checkpoint="$tmp/out/$name/checkpoints/step_2" > "$tmp/${name}_res.log" 2>&1 ||
     fail "$name resumed run: $(tail -5 "$tmp/${name}_res.log")"
 echo "== $name"
-$py - "$tmp/out" "$name" <<'PY' || fail "$name comparison"
+$py - "$tmp/out" "$name" "$tmp/sref.bounds" <<'PY' || fail "$name comparison"
 import json, struct, sys
 import numpy as np
 out, name = sys.argv[1], sys.argv[2]
+bound = {int(l.split()[0]): float(l.split()[1]) for l in open(sys.argv[3])}
 def rows(run):
     return [json.loads(l) for l in open(f"{out}/{run}/metrics.jsonl") if '"loss"' in l]
 single, par, res = rows("single"), rows(name), rows(name + "_resumed")
 bad = 0
 for a, b in zip(par, single):
     e = abs(a["loss"] - b["loss"]) / abs(b["loss"])
-    print(f"step {a['step']}: loss {a['loss']:.9f} single {b['loss']:.9f} rel {e:.1e}")
-    if e > 1e-5: bad += 1
+    print(f"step {a['step']}: loss {a['loss']:.9f} single {b['loss']:.9f} rel {e:.1e} (bound {bound[a['step']]:.1e})")
+    if e > bound[a["step"]]: bad += 1
 tail = [r for r in par if r["step"] > 2]
 if [(r["step"], r["loss"], r["grad_norm"]) for r in tail] != [(r["step"], r["loss"], r["grad_norm"]) for r in res]:
     print("resumed run differs:", tail, res); bad += 1
@@ -111,15 +118,17 @@ mpirun --oversubscribe -np 2 "$bin" train "$tmp/cfg/run.yml" run_name=x_cp2_$fro
     steps=1 learning_rate=0 ici_context_parallelism=2 load_parameters_path="$src" \
     > "$tmp/x_cp2_$from.log" 2>&1 || fail "load into cp2: $(tail -3 "$tmp/x_cp2_$from.log")"
 echo "== cross-layout load of $src"
-$py - "$tmp/out" "$src" "$from" <<'PY' || fail "cross-layout load comparison ($from)"
+mt_fp32_bounds "xb_$from" 3 per_device_batch_size=4 learning_rate=0 load_parameters_path="$src" backend=cpu
+$py - "$tmp/out" "$src" "$from" "$tmp/xb_$from.bounds" <<'PY' || fail "cross-layout load comparison ($from)"
 import json, sys
 out, src, frm = sys.argv[1], sys.argv[2], sys.argv[3]
+bound = float(open(sys.argv[4]).readline().split()[1])
 def loss(run):
     return [json.loads(l) for l in open(f"{out}/{run}/metrics.jsonl") if '"loss"' in l][0]["loss"]
 a, b = loss("x_single_" + frm), loss("x_cp2_" + frm)
 e = abs(a - b) / abs(a)
-print(f"first loss: single {a:.9f} cp2 {b:.9f} rel {e:.1e}")
-bad = e > 1e-5
+print(f"first loss: single {a:.9f} cp2 {b:.9f} rel {e:.1e} (bound {bound:.1e})")
+bad = e > bound
 def blob(path):
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little"); hdr = json.loads(f.read(n)); data = f.read()

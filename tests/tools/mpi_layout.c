@@ -2,15 +2,16 @@
  * the layout tests compare (tests/test_mpi_layouts.sh).
  *
  *   mpi_layout data DIR               deterministic tiny llm.c shards (train + val)
- *   mpi_layout run OUT CONFIG [k=v]   3 steps (steps key must be >= 3); rank 0 writes
+ *   mpi_layout run OUT CONFIG [k=v]   `steps` steps (>= 3; at most 64 dumped); rank 0 writes
  *                                     OUT/index.txt (name offset numel per parameter),
- *                                     OUT/loss.txt (loss of steps 1..3, %.17g),
+ *                                     OUT/loss.txt (loss of each step, %.17g),
  *                                     OUT/grad.bin (mean gradient of step 1, fp32;
- *                                     grad2.bin, grad3.bin: steps 2 and 3),
+ *                                     grad2.bin, grad3.bin, ...: the later steps),
  *                                     OUT/chain.txt (term counts S_loss S_grad of
  *                                     tests/test_bounds.h, learning rate, adam_eps,
  *                                     adam_b2),
- *                                     OUT/params.bin (parameters after step 3, fp32);
+ *                                     OUT/params.bin (parameters after the last step,
+ *                                     fp32; compare assumes steps = 3);
  *                                     every rank writes OUT/bytes.<rank>.txt
  *                                     ("measured formula" bytes sent in each step)
  *   mpi_layout run-kappa OUT CONFIG [k=v]
@@ -29,6 +30,8 @@
  *                                     (no mpirun): "params P grads G optimizer O
  *                                     peak K maxgrad M" (bytes; P = sum of the params
  *                                     entries, M = the largest gradient entry)
+ *   mpi_layout bounds REF K           the derived bounds of REF's first K steps (with
+ *                                     REF_kappa): "step loss grad_norm" relative
  *   mpi_layout compare REF RUN TOL [PABS]
  *                                     loss, every parameter's gradient and every
  *                                     parameter after 3 steps: relative error
@@ -56,6 +59,8 @@
 #include "train/data.h"
 #include "train/trainer.h"
 #include "tests/test_bounds.h"
+
+#define MAXSTEPS 64 /* steps a run dumps (losses and gradients) */
 
 static int die(const char *what) {
     fprintf(stderr, "mpi_layout: %s: %s\n", what, mt_last_error());
@@ -124,7 +129,8 @@ static int cmd_run(const char *out, const char *config, int n, const char *const
     mt_model *m = mt_trainer_model(t);
     const int64_t numel = mt_model_numel(m);
     float *buf = malloc(sizeof(float) * (size_t)numel), *p0 = NULL, *pk = NULL;
-    double loss[3];
+    const int K = (int)(cfg.steps < MAXSTEPS ? cfg.steps : MAXSTEPS); /* compare reads the first 3 */
+    double loss[MAXSTEPS];
     char path[1024], bytes_txt[512] = "";
     mkdir(out, 0755);
     if (kappa) {
@@ -152,7 +158,7 @@ static int cmd_run(const char *out, const char *config, int n, const char *const
                 (long long)tu_chain_terms(c, T, 1, N), cfg.learning_rate, cfg.adam_eps, cfg.adam_b2);
         fclose(f);
     }
-    for (int s = 0; s < 3; s++) {
+    for (int s = 0; s < K; s++) {
         mt_step_metrics sm;
         if (mt_trainer_step(t, &sm) != MT_OK) return die("step");
         loss[s] = sm.loss;
@@ -185,7 +191,7 @@ static int cmd_run(const char *out, const char *config, int n, const char *const
         if (write_floats(path, buf, numel)) return die(path);
         snprintf(path, sizeof path, "%s/loss.txt", out);
         f = fopen(path, "w");
-        for (int s = 0; s < 3; s++) fprintf(f, "%.17g\n", loss[s]);
+        for (int s = 0; s < K; s++) fprintf(f, "%.17g\n", loss[s]);
         fclose(f);
         snprintf(path, sizeof path, "%s/index.txt", out);
         f = fopen(path, "w");
@@ -242,11 +248,11 @@ static double rel_norm(const float *a, const float *b, long long off, long long 
     return r > 0 ? sqrt(d / r) : sqrt(d);
 }
 
-static int read_losses(const char *dir, double l[3]) {
+static int read_losses(const char *dir, double *l, int K) {
     char p[1024];
     snprintf(p, sizeof p, "%s/loss.txt", dir);
     FILE *f = fopen(p, "r");
-    for (int s = 0; s < 3; s++)
+    for (int s = 0; s < K; s++)
         if (!f || fscanf(f, "%lf", &l[s]) != 1) return fprintf(stderr, "bad %s\n", p), 1;
     fclose(f);
     return 0;
@@ -265,8 +271,9 @@ static int read_losses(const char *dir, double l[3]) {
  *   parameters after step 3, elementwise (AdamW; g_m the reference's step-m gradient):
  *     element i's gradient difference at step m is at most
  *       D_mi = 2 lambda sqrt(m S_grad) u kappaM max|g_m| (its tensor's rounding)
- *            + kappaM (|dp_{m-1}| / |p|) max|g_m| (the earlier parameter difference,
- *              global norm, at the tensor's condition)
+ *            + |gk_i - g_i| / eta (|dp_{m-1}| / |p|) (the earlier parameter difference
+ *              dp, global norm, taken as a relative perturbation of the parameters:
+ *              the element's own response in the perturbed run, scaled to its size)
  *            + |g_mi| |D_m| / |g_m| (gradient clipping's scale, moved by at most the
  *              global relative difference);
  *     the bias-corrected moments move by at most D = max_{j <= m} D_ji (convex
@@ -280,102 +287,144 @@ static int read_losses(const char *dir, double l[3]) {
  *   loss of step s: 2 lambda sqrt(S_loss + (s - 1) S_grad) u kappa_L (kappa_L: BASE's
  *     loss change over eta, at least its first-order expectation
  *     sqrt(sum_i (p0_i g_i)^2) / |L|, so that one draw that cancels cannot make it
- *     small), plus, from s = 2, sum_i |g_si| dp_{s-1,i} / |L|. */
-static int cmd_compare(const char *ref, const char *run, double tol, double pabs, const char *kbase) {
+ *     small), plus, from s = 2, lambda sqrt(sum_i (g_si dp_{s-1,i})^2) / |L| (the
+ *     loss's response to dp; the elements' differences come from independent
+ *     roundings, so the signed sum adds in quadrature, as in the model). */
+/* The derived bounds (above) of the first K steps of REF: lbound[K] (each step's loss,
+ * relative), gnbound[K] (each step's gradient norm, relative), gbound[np] (the step-1
+ * gradient of each tensor, relative norm), pel[numel] (each parameter after K steps,
+ * absolute); kbase: the fp32 run whose perturbed twin kbase_kappa gives the conditions.
+ * Returns 1 (with a message) on a missing file. */
+static int derive_bounds(const char *ref, const char *kbase, int K, int np, const long long *off,
+                         const long long *cnt, double *lbound, double *gnbound, double *gbound, double *pel) {
+    char p[1024], kdir[1024];
+    const int64_t numel = off[np - 1] + cnt[np - 1];
+    snprintf(kdir, sizeof kdir, "%s_kappa", kbase);
+    long long S_loss = 0, S_grad = 0;
+    double lr = 0, eps = 1, b2 = 0, lk[MAXSTEPS], lb[MAXSTEPS];
+    snprintf(p, sizeof p, "%s/chain.txt", ref);
+    FILE *f = fopen(p, "r");
+    if (!f || fscanf(f, "%lld %lld %lf %lf %lf", &S_loss, &S_grad, &lr, &eps, &b2) != 5)
+        return fprintf(stderr, "bad %s\n", p), 1;
+    fclose(f);
+    if (read_losses(kdir, lk, K) || read_losses(kbase, lb, K)) return 1;
+    float *p0 = read_floats(kdir, "p0.bin", numel), *gk = read_floats(kdir, "grad.bin", numel);
+    float **g = malloc(sizeof(float *) * (size_t)K);
+    for (int m = 0; m < K; m++) {
+        char name[32];
+        if (m == 0) snprintf(name, sizeof name, "grad.bin");
+        else snprintf(name, sizeof name, "grad%d.bin", m + 1);
+        g[m] = read_floats(kbase, name, numel);
+    }
+    double kappa_an = 0, pnorm = 0;
+    for (int64_t j = 0; j < numel; j++) {
+        kappa_an += ((double)p0[j] * g[0][j]) * ((double)p0[j] * g[0][j]);
+        pnorm += (double)p0[j] * p0[j];
+    }
+    kappa_an = sqrt(kappa_an) / fabs(lb[0]);
+    pnorm = sqrt(pnorm);
+    double *kapm = calloc((size_t)np, sizeof(double)), *gmax = calloc((size_t)(K * np), sizeof(double));
+    for (int i = 0; i < np; i++) {
+        gbound[i] = tu_chain_bound(TU_U_F32, S_grad, rel_norm(gk, g[0], off[i], cnt[i]) / TU_KAPPA_ETA);
+        double d = 0, r = 0;
+        for (long long j = off[i]; j < off[i] + cnt[i]; j++) {
+            d = fmax(d, fabs((double)gk[j] - g[0][j]));
+            r = fmax(r, fabs((double)g[0][j]));
+        }
+        kapm[i] = r > 0 ? d / r / TU_KAPPA_ETA : 0;
+        for (int m = 0; m < K; m++)
+            for (long long j = off[i]; j < off[i] + cnt[i]; j++)
+                gmax[m * np + i] = fmax(gmax[m * np + i], fabs((double)g[m][j]));
+    }
+    memset(pel, 0, sizeof(double) * (size_t)numel);
+    double *dmax = calloc((size_t)numel, sizeof(double)), *v = calloc((size_t)numel, sizeof(double));
+    double dpn = 0; /* global norm of the parameter difference bound after the last step */
+    for (int m = 0; m < K; m++) {
+        lbound[m] = 0;
+        if (m > 0) { /* the loss of step m + 1 sees the parameters after step m */
+            double t = 0;
+            for (int64_t j = 0; j < numel; j++) t += ((double)g[m][j] * pel[j]) * ((double)g[m][j] * pel[j]);
+            lbound[m] = TU_LAMBDA * sqrt(t) / fabs(lb[m]);
+        }
+        double dn = 0, gn = 0;
+        for (int i = 0; i < np; i++)
+            for (long long j = off[i]; j < off[i] + cnt[i]; j++) {
+                const double d = tu_chain_bound(TU_U_F32, (m + 1) * S_grad, kapm[i]) * gmax[m * np + i] +
+                                 fabs((double)gk[j] - g[0][j]) / TU_KAPPA_ETA * (dpn / pnorm);
+                dn += d * d;
+                gn += (double)g[m][j] * g[m][j];
+                dmax[j] = fmax(dmax[j], d); /* the clipping term is added below */
+            }
+        const double rel = gn > 0 ? sqrt(dn / gn) : 0, bc = 1.0 - pow(b2, m + 1);
+        gnbound[m] = rel;
+        dpn = 0;
+        for (int64_t j = 0; j < numel; j++) {
+            const double D = dmax[j] + fabs((double)g[m][j]) * rel;
+            v[j] = b2 * v[j] + (1.0 - b2) * (double)g[m][j] * g[m][j];
+            const double sv = sqrt(v[j] / bc);
+            /* at most 2 x 1.003 (each direction is at most 1.003 in size) */
+            pel[j] += lr * fmin(D / (sv + eps) + 1.003 * sv * D / ((sv + eps) * (fmax(sv - D, 0.0) + eps)), 2.006);
+            dpn += pel[j] * pel[j];
+        }
+        dpn = sqrt(dpn);
+    }
+    for (int s = 0; s < K; s++) {
+        const double kl = fmax(kappa_an, fabs(lk[s] - lb[s]) / fabs(lb[s]) / TU_KAPPA_ETA);
+        lbound[s] += tu_chain_bound(TU_U_F32, S_loss + s * S_grad, kl);
+    }
+    free(kapm), free(gmax), free(dmax), free(v), free(p0), free(gk);
+    for (int m = 0; m < K; m++) free(g[m]);
+    free(g);
+    return 0;
+}
+
+static int read_index(const char *ref, char names[][96], long long *off, long long *cnt) {
     char p[1024];
     snprintf(p, sizeof p, "%s/index.txt", ref);
     FILE *f = fopen(p, "r");
-    if (!f) return fprintf(stderr, "mpi_layout: cannot read %s\n", p), 1;
-    char names[512][96];
-    long long off[512], cnt[512];
+    if (!f) return fprintf(stderr, "mpi_layout: cannot read %s\n", p), -1;
     int np = 0;
     while (np < 512 && fscanf(f, "%95s %lld %lld", names[np], &off[np], &cnt[np]) == 3) np++;
     fclose(f);
+    return np;
+}
+
+/* mpi_layout bounds REF K: the derived bounds of REF's first K steps (REF_kappa next to
+ * it), one line per step: "step loss_bound grad_norm_bound" (relative), for the suites
+ * that compare the trainer's own metrics (tests/lib.sh mt_fp32_bounds). */
+static int cmd_bounds(const char *ref, int K) {
+    static char names[512][96];
+    long long off[512], cnt[512];
+    const int np = read_index(ref, names, off, cnt);
+    if (np <= 0 || K < 1 || K > MAXSTEPS) return 1;
+    double lb[MAXSTEPS], gnb[MAXSTEPS], *gb = calloc((size_t)np, sizeof(double));
+    double *pel = calloc((size_t)(off[np - 1] + cnt[np - 1]), sizeof(double));
+    const int bad = derive_bounds(ref, ref, K, np, off, cnt, lb, gnb, gb, pel);
+    for (int s = 0; s < K && !bad; s++) printf("%d %.3e %.3e\n", s + 1, lb[s], gnb[s]);
+    free(gb);
+    free(pel);
+    return bad;
+}
+
+static int cmd_compare(const char *ref, const char *run, double tol, double pabs, const char *kbase) {
+    static char names[512][96];
+    long long off[512], cnt[512];
+    const int np = read_index(ref, names, off, cnt);
+    if (np <= 0) return 1;
     const int64_t numel = off[np - 1] + cnt[np - 1];
     const int derived = tol < 0;
-    char kdir[1024];
-    if (!kbase) kbase = ref;
-    snprintf(kdir, sizeof kdir, "%s_kappa", kbase);
-    long long S_loss = 0, S_grad = 0;
-    double lr = 0, eps = 1, b2 = 0;
-    if (derived) {
-        snprintf(p, sizeof p, "%s/chain.txt", ref);
-        f = fopen(p, "r");
-        if (!f || fscanf(f, "%lld %lld %lf %lf %lf", &S_loss, &S_grad, &lr, &eps, &b2) != 5)
-            return fprintf(stderr, "bad %s\n", p), 1;
-        fclose(f);
-    }
     int bad = 0;
-    double lr3[3], lx[3], lk[3], lb[3];
-    if (read_losses(ref, lr3) || read_losses(run, lx) ||
-        (derived && (read_losses(kdir, lk) || read_losses(kbase, lb))))
-        return 1;
+    double lr3[3], lx[3];
+    if (read_losses(ref, lr3, 3) || read_losses(run, lx, 3)) return 1;
     /* the bounds: loss per step, gradient per tensor, parameters per element (derived)
      * or per tensor (tol) */
-    double lbound[3] = {tol, tol, tol};
+    double lbound[3] = {tol, tol, tol}, gnb[3];
     double *gbound = calloc((size_t)np, sizeof(double)), *pbound = calloc((size_t)np, sizeof(double));
     double *pel = NULL; /* derived: the elementwise parameter bounds */
     for (int i = 0; i < np; i++) gbound[i] = pbound[i] = tol;
     if (derived) {
-        float *p0 = read_floats(kdir, "p0.bin", numel), *g[3], *gk = read_floats(kdir, "grad.bin", numel);
-        g[0] = read_floats(kbase, "grad.bin", numel);
-        g[1] = read_floats(kbase, "grad2.bin", numel);
-        g[2] = read_floats(kbase, "grad3.bin", numel);
-        double kappa_an = 0, pnorm = 0;
-        for (int64_t j = 0; j < numel; j++) {
-            kappa_an += ((double)p0[j] * g[0][j]) * ((double)p0[j] * g[0][j]);
-            pnorm += (double)p0[j] * p0[j];
-        }
-        kappa_an = sqrt(kappa_an) / fabs(lb[0]);
-        pnorm = sqrt(pnorm);
-        double *kapm = calloc((size_t)np, sizeof(double)), *gmax = calloc((size_t)(3 * np), sizeof(double));
-        for (int i = 0; i < np; i++) {
-            gbound[i] = tu_chain_bound(TU_U_F32, S_grad, rel_norm(gk, g[0], off[i], cnt[i]) / TU_KAPPA_ETA);
-            double d = 0, r = 0;
-            for (long long j = off[i]; j < off[i] + cnt[i]; j++) {
-                d = fmax(d, fabs((double)gk[j] - g[0][j]));
-                r = fmax(r, fabs((double)g[0][j]));
-            }
-            kapm[i] = r > 0 ? d / r / TU_KAPPA_ETA : 0;
-            for (int m = 0; m < 3; m++)
-                for (long long j = off[i]; j < off[i] + cnt[i]; j++)
-                    gmax[m * np + i] = fmax(gmax[m * np + i], fabs((double)g[m][j]));
-        }
         pel = calloc((size_t)numel, sizeof(double));
-        double *dmax = calloc((size_t)numel, sizeof(double)), *v = calloc((size_t)numel, sizeof(double));
-        double dpn = 0; /* global norm of the parameter difference bound after the last step */
-        for (int m = 0; m < 3; m++) {
-            if (m > 0) { /* the loss of step m + 1 sees the parameters after step m */
-                double t = 0;
-                for (int64_t j = 0; j < numel; j++) t += fabs((double)g[m][j]) * pel[j];
-                lbound[m] = t / fabs(lb[m]);
-            }
-            double dn = 0, gn = 0;
-            for (int i = 0; i < np; i++)
-                for (long long j = off[i]; j < off[i] + cnt[i]; j++) {
-                    const double d = (tu_chain_bound(TU_U_F32, (m + 1) * S_grad, kapm[i]) + kapm[i] * dpn / pnorm) *
-                                     gmax[m * np + i];
-                    dn += d * d;
-                    gn += (double)g[m][j] * g[m][j];
-                    dmax[j] = fmax(dmax[j], d); /* the clipping term is added below */
-                }
-            const double rel = gn > 0 ? sqrt(dn / gn) : 0, bc = 1.0 - pow(b2, m + 1);
-            dpn = 0;
-            for (int64_t j = 0; j < numel; j++) {
-                const double D = dmax[j] + fabs((double)g[m][j]) * rel;
-                v[j] = b2 * v[j] + (1.0 - b2) * (double)g[m][j] * g[m][j];
-                const double sv = sqrt(v[j] / bc);
-                pel[j] += lr * (D / (sv + eps) + 1.003 * sv * D / ((sv + eps) * (fmax(sv - D, 0.0) + eps)));
-                dpn += pel[j] * pel[j];
-            }
-            dpn = sqrt(dpn);
-        }
-        for (int s = 0; s < 3; s++) {
-            const double kl = fmax(kappa_an, fabs(lk[s] - lb[s]) / fabs(lb[s]) / TU_KAPPA_ETA);
-            lbound[s] = (s ? lbound[s] : 0.0) + tu_chain_bound(TU_U_F32, S_loss + s * S_grad, kl);
-        }
-        free(kapm), free(gmax), free(dmax), free(v), free(p0), free(gk);
-        for (int m = 0; m < 3; m++) free(g[m]);
+        if (derive_bounds(ref, kbase ? kbase : ref, 3, np, off, cnt, lbound, gnb, gbound, pel)) return 1;
     }
     /* MT_COMPARE_PLANT=x: RUN's values moved by x times their derived bound (each loss,
      * each tensor scaled by 1 + x bound): shows that the bounds can fail */
@@ -462,6 +511,7 @@ int main(int argc, char **argv) {
     if (argc >= 3 && strcmp(argv[1], "data") == 0) return cmd_data(argv[2]);
     if (argc >= 4 && strcmp(argv[1], "run") == 0)
         return cmd_run(argv[2], argv[3], argc - 4, (const char *const *)argv + 4, 0, 0);
+    if (argc == 4 && strcmp(argv[1], "bounds") == 0) return cmd_bounds(argv[2], atoi(argv[3]));
     if (argc >= 4 && strcmp(argv[1], "run-kappa") == 0)
         return cmd_run(argv[2], argv[3], argc - 4, (const char *const *)argv + 4, 0, 1);
     if (argc >= 4 && strcmp(argv[1], "run-full-grads") == 0)
@@ -474,6 +524,6 @@ int main(int argc, char **argv) {
     }
     fprintf(stderr, "usage: mpi_layout data DIR | run OUT CONFIG [k=v ...] | run-kappa OUT CONFIG [k=v ...] | "
             "run-full-grads OUT CONFIG [k=v ...] | "
-            "plan CONFIG [k=v ...] | compare REF RUN TOL|derived[=BASE] [PABS]\n");
+            "plan CONFIG [k=v ...] | compare REF RUN TOL|derived[=BASE] [PABS] | bounds REF K\n");
     return 2;
 }
