@@ -9,7 +9,7 @@
  *                                     grad2.bin, grad3.bin, ...: the later steps),
  *                                     OUT/chain.txt (term counts S_loss S_grad of
  *                                     tests/test_bounds.h, learning rate, adam_eps,
- *                                     adam_b2),
+ *                                     adam_b2, adam_b1),
  *                                     OUT/params.bin (parameters after the last step,
  *                                     fp32; compare assumes steps = 3);
  *                                     every rank writes OUT/bytes.<rank>.txt
@@ -154,8 +154,8 @@ static int cmd_run(const char *out, const char *config, int n, const char *const
         snprintf(path, sizeof path, "%s/chain.txt", out);
         FILE *f = fopen(path, "w");
         if (!f) return die(path);
-        fprintf(f, "%lld %lld %.17g %.17g %.17g\n", (long long)(tu_chain_terms(c, T, 0, 0) + c->vocab_size + 2),
-                (long long)tu_chain_terms(c, T, 1, N), cfg.learning_rate, cfg.adam_eps, cfg.adam_b2);
+        fprintf(f, "%lld %lld %.17g %.17g %.17g %.17g\n", (long long)(tu_chain_terms(c, T, 0, 0) + c->vocab_size + 2),
+                (long long)tu_chain_terms(c, T, 1, N), cfg.learning_rate, cfg.adam_eps, cfg.adam_b2, cfg.adam_b1);
         fclose(f);
     }
     for (int s = 0; s < K; s++) {
@@ -293,18 +293,23 @@ static int read_losses(const char *dir, double *l, int K) {
 /* The derived bounds (above) of the first K steps of REF: lbound[K] (each step's loss,
  * relative), gnbound[K] (each step's gradient norm, relative), gbound[np] (the step-1
  * gradient of each tensor, relative norm), pel[numel] (each parameter after K steps,
- * absolute); kbase: the fp32 run whose perturbed twin kbase_kappa gives the conditions.
+ * absolute); when mdiff is not NULL also the AdamW moments after K steps, elementwise:
+ * mdiff, vdiff[numel] (bounds on their differences: m = b1 m + (1 - b1) g moves by
+ * b1 dm + (1 - b1) D, v = b2 v + (1 - b2) g^2 by b2 dv + (1 - b2)(2 |g| D + D^2), D the
+ * step's gradient difference bound) and mref, vref[numel] (the reference's moments);
+ * kbase: the fp32 run whose perturbed twin kbase_kappa gives the conditions.
  * Returns 1 (with a message) on a missing file. */
 static int derive_bounds(const char *ref, const char *kbase, int K, int np, const long long *off,
-                         const long long *cnt, double *lbound, double *gnbound, double *gbound, double *pel) {
+                         const long long *cnt, double *lbound, double *gnbound, double *gbound, double *pel,
+                         double *mdiff, double *vdiff, double *mref, double *vref) {
     char p[1024], kdir[1024];
     const int64_t numel = off[np - 1] + cnt[np - 1];
     snprintf(kdir, sizeof kdir, "%s_kappa", kbase);
     long long S_loss = 0, S_grad = 0;
-    double lr = 0, eps = 1, b2 = 0, lk[MAXSTEPS], lb[MAXSTEPS];
+    double lr = 0, eps = 1, b2 = 0, b1 = 0, lk[MAXSTEPS], lb[MAXSTEPS];
     snprintf(p, sizeof p, "%s/chain.txt", ref);
     FILE *f = fopen(p, "r");
-    if (!f || fscanf(f, "%lld %lld %lf %lf %lf", &S_loss, &S_grad, &lr, &eps, &b2) != 5)
+    if (!f || fscanf(f, "%lld %lld %lf %lf %lf %lf", &S_loss, &S_grad, &lr, &eps, &b2, &b1) != 6)
         return fprintf(stderr, "bad %s\n", p), 1;
     fclose(f);
     if (read_losses(kdir, lk, K) || read_losses(kbase, lb, K)) return 1;
@@ -337,6 +342,8 @@ static int derive_bounds(const char *ref, const char *kbase, int K, int np, cons
                 gmax[m * np + i] = fmax(gmax[m * np + i], fabs((double)g[m][j]));
     }
     memset(pel, 0, sizeof(double) * (size_t)numel);
+    if (mdiff)
+        for (int64_t j = 0; j < numel; j++) mdiff[j] = vdiff[j] = mref[j] = vref[j] = 0;
     double *dmax = calloc((size_t)numel, sizeof(double)), *v = calloc((size_t)numel, sizeof(double));
     double dpn = 0; /* global norm of the parameter difference bound after the last step */
     for (int m = 0; m < K; m++) {
@@ -360,7 +367,13 @@ static int derive_bounds(const char *ref, const char *kbase, int K, int np, cons
         dpn = 0;
         for (int64_t j = 0; j < numel; j++) {
             const double D = dmax[j] + fabs((double)g[m][j]) * rel;
+            if (mdiff) {
+                mdiff[j] = b1 * mdiff[j] + (1.0 - b1) * D;
+                vdiff[j] = b2 * vdiff[j] + (1.0 - b2) * (2.0 * fabs((double)g[m][j]) * D + D * D);
+                mref[j] = b1 * mref[j] + (1.0 - b1) * g[m][j];
+            }
             v[j] = b2 * v[j] + (1.0 - b2) * (double)g[m][j] * g[m][j];
+            if (mdiff) vref[j] = v[j];
             const double sv = sqrt(v[j] / bc);
             /* at most 2 x 1.003 (each direction is at most 1.003 in size) */
             pel[j] += lr * fmin(D / (sv + eps) + 1.003 * sv * D / ((sv + eps) * (fmax(sv - D, 0.0) + eps)), 2.006);
@@ -391,18 +404,45 @@ static int read_index(const char *ref, char names[][96], long long *off, long lo
 
 /* mpi_layout bounds REF K: the derived bounds of REF's first K steps (REF_kappa next to
  * it), one line per step: "step loss_bound grad_norm_bound" (relative), for the suites
- * that compare the trainer's own metrics (tests/lib.sh mt_fp32_bounds). */
+ * that compare the trainer's own metrics (tests/lib.sh mt_fp32_bounds); and
+ * REF/tensor_bounds.txt, a line per parameter tensor after step K (REF must have run K
+ * steps): "name params adam_m adam_v", the relative norm bounds |bound| / |reference|
+ * of the parameter and its two moments (a checkpoint's tensors). */
 static int cmd_bounds(const char *ref, int K) {
     static char names[512][96];
     long long off[512], cnt[512];
     const int np = read_index(ref, names, off, cnt);
     if (np <= 0 || K < 1 || K > MAXSTEPS) return 1;
+    const int64_t numel = off[np - 1] + cnt[np - 1];
     double lb[MAXSTEPS], gnb[MAXSTEPS], *gb = calloc((size_t)np, sizeof(double));
-    double *pel = calloc((size_t)(off[np - 1] + cnt[np - 1]), sizeof(double));
-    const int bad = derive_bounds(ref, ref, K, np, off, cnt, lb, gnb, gb, pel);
+    double *e[5];
+    for (int k = 0; k < 5; k++) e[k] = calloc((size_t)numel, sizeof(double));
+    int bad = derive_bounds(ref, ref, K, np, off, cnt, lb, gnb, gb, e[0], e[1], e[2], e[3], e[4]);
     for (int s = 0; s < K && !bad; s++) printf("%d %.3e %.3e\n", s + 1, lb[s], gnb[s]);
+    if (!bad) {
+        float *pr = read_floats(ref, "params.bin", numel);
+        char path[1024];
+        snprintf(path, sizeof path, "%s/tensor_bounds.txt", ref);
+        FILE *f = fopen(path, "w");
+        if (!f) bad = 1;
+        for (int i = 0; i < np && f; i++) {
+            double n[3] = {0, 0, 0}, r[3] = {0, 0, 0};
+            for (long long j = off[i]; j < off[i] + cnt[i]; j++) {
+                const double ref_of[3] = {pr[j], e[3][j], e[4][j]}, bnd[3] = {e[0][j], e[1][j], e[2][j]};
+                for (int k = 0; k < 3; k++) {
+                    n[k] += bnd[k] * bnd[k];
+                    r[k] += ref_of[k] * ref_of[k];
+                }
+            }
+            fprintf(f, "%s", names[i]);
+            for (int k = 0; k < 3; k++) fprintf(f, " %.3e", r[k] > 0 ? sqrt(n[k] / r[k]) : (n[k] > 0 ? INFINITY : 0.0));
+            fprintf(f, "\n");
+        }
+        if (f) fclose(f);
+        free(pr);
+    }
     free(gb);
-    free(pel);
+    for (int k = 0; k < 5; k++) free(e[k]);
     return bad;
 }
 
@@ -424,7 +464,8 @@ static int cmd_compare(const char *ref, const char *run, double tol, double pabs
     for (int i = 0; i < np; i++) gbound[i] = pbound[i] = tol;
     if (derived) {
         pel = calloc((size_t)numel, sizeof(double));
-        if (derive_bounds(ref, kbase ? kbase : ref, 3, np, off, cnt, lbound, gnb, gbound, pel)) return 1;
+        if (derive_bounds(ref, kbase ? kbase : ref, 3, np, off, cnt, lbound, gnb, gbound, pel, NULL, NULL, NULL, NULL))
+            return 1;
     }
     /* MT_COMPARE_PLANT=x: RUN's values moved by x times their derived bound (each loss,
      * each tensor scaled by 1 + x bound): shows that the bounds can fail */
