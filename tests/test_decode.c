@@ -190,7 +190,8 @@ static double check_logits(const char *name, mt_model_config c, int64_t T, uint6
         cr_assert_eq(memcmp(row, all + t * V, sizeof(float) * (size_t)V), 0, "%s: position %lld differs after reset",
                      name, (long long)t);
     }
-    fprintf(stderr, "decode %-8s T=%lld: max relative logit difference %.3g, bound %.3g (S %lld, kappa %.3g): ratio %.3g\n",
+    fprintf(stderr,
+            "decode %-8s T=%lld: max relative logit difference %.3g, bound %.3g (S %lld, kappa %.3g): ratio %.3g\n",
             name, (long long)T, worst, bound, (long long)S, kappa, worst / bound);
     free(all);
     free(tok);

@@ -215,7 +215,8 @@ static inline void tu_grad_kappa(mt_model *m, const int32_t *tok, const int32_t 
 
 /* Row losses l_t = logsumexp(z_t) - z_t[y_t] (fp64 from the fp32 logits) of m's batch
  * into l[N] (0 for ignored rows). */
-static inline void tu_row_losses(mt_model *m, const int32_t *tok, const int32_t *lab, int64_t N, int64_t V, double *l) {
+static inline void tu_row_losses(mt_model *m, const int32_t *tok, const int32_t *lab, int64_t N, int64_t V,
+                                 double *l) {
     float *z = malloc(sizeof(float) * (size_t)(N * V));
     cr_assert_eq(mt_model_logits(m, tok, z), MT_OK, "%s", mt_last_error());
     for (int64_t t = 0; t < N; t++) {
@@ -230,12 +231,12 @@ static inline void tu_row_losses(mt_model *m, const int32_t *tok, const int32_t 
 }
 
 /* delta: a bound on the fp32 forward error of the mean loss of m (CPU backend) over the
- * labelled rows, on the model above:
- * each row loss l_t is within lambda sqrt(S) u kappa_t |l_t| of exact, kappa_t its
- * condition evaluated here (every parameter times 1 + eta xi: kappa_t |l_t| =
- * |l_t' - l_t| / eta), and the mean within the mean of those, summed without
- * cancellation between rows. */
-static inline double tu_loss_delta(mt_model *m, const int32_t *tok, const int32_t *lab, int64_t N, int64_t V, int64_t S) {
+ * labelled rows, on the model of tests/test_bounds.h: each row loss l_t is within
+ * lambda sqrt(S) u kappa_t |l_t| of exact, kappa_t its condition evaluated here (every
+ * parameter times 1 + eta xi: kappa_t |l_t| = |l_t' - l_t| / eta), and the mean within
+ * the mean of those, summed without cancellation between rows. */
+static inline double tu_loss_delta(mt_model *m, const int32_t *tok, const int32_t *lab, int64_t N, int64_t V,
+                                   int64_t S) {
     double *l0 = malloc(sizeof(double) * (size_t)N), *l1 = malloc(sizeof(double) * (size_t)N);
     tu_row_losses(m, tok, lab, N, V, l0);
     float *keep = tu_perturb_params(m, 17);

@@ -342,7 +342,8 @@ def main():
     # The bound of each step's loss, built along the run: its chain, plus the loss's
     # response g . dp to the parameter difference dp the earlier steps leave; the
     # elements' differences come from independent roundings (different sums), so the
-    # signed sum adds in quadrature: lambda sqrt(sum (g dp)^2) (the model of bounds.py). A step-m gradient element moves by at most
+    # signed sum adds in quadrature: lambda sqrt(sum (g dp)^2) (the model of bounds.py).
+    # A step-m gradient element moves by at most
     # D = lambda sqrt(m S) u kappa max|g| (its tensor's rounding) + 2 max|r| (the
     # response r = g(p + xi dp) - g(p) of the gradient to the earlier parameter
     # difference, evaluated here in float64 with random signs xi; 2: one draw), the
