@@ -43,7 +43,9 @@
 # parallel/comm.h): the same layouts, bounds and byte formulas, the host-offload layouts
 # included (the host pool is page-locked memory the kernels reach directly:
 # kernels/backend.h mt_backend_host_arena_create), and of the bf16 layouts only three
-# (fsdp 2, tensor 2, context ring 2), for its runtime.
+# (fsdp 2, tensor 2, context ring 2), for its runtime. The conditions of the derived
+# bounds come from CPU runs there (NAME_cpu and NAME_cpu_kappa, tests/tools/mpi_layout:
+# kappa is the math's, and the CPU runs are fast), passed as derived=BASE.
 set -u
 . "$(dirname "$0")/lib.sh"
 build="${1:?usage: test_mpi_layouts.sh BUILD_DIR [cpu|cuda]}"
@@ -71,9 +73,16 @@ ref() {
     local name=$1; shift
     "$tool" run "$tmp/$name" "$cfg" "$@" > "$tmp/$name.log" 2>&1 || fail "reference $name: $(tail -3 "$tmp/$name.log")"
     case " $* " in *" dtype=bfloat16 "*) return ;; esac
-    "$tool" run-kappa "$tmp/${name}_kappa" "$cfg" "$@" > "$tmp/${name}_kappa.log" 2>&1 ||
-        fail "reference $name, perturbed: $(tail -3 "$tmp/${name}_kappa.log")"
+    local b=$name ktool=$tool
+    if [ "$backend" = cuda ]; then # the condition from CPU runs (the header)
+        b=${name}_cpu ktool="$build/tests/tools/mpi_layout"
+        "$ktool" run "$tmp/$b" "$cfg" "$@" backend=cpu > "$tmp/$b.log" 2>&1 || fail "reference $b: $(tail -3 "$tmp/$b.log")"
+    fi
+    "$ktool" run-kappa "$tmp/${b}_kappa" "$cfg" "$@" backend=cpu > "$tmp/${b}_kappa.log" 2>&1 ||
+        fail "reference $b, perturbed: $(tail -3 "$tmp/${b}_kappa.log")"
 }
+# kb NAME: the base of the derived bounds of fp32 reference NAME (derived=$(kb NAME))
+kb() { if [ "$backend" = cuda ]; then echo "$tmp/$1_cpu"; else echo "$tmp/$1"; fi; }
 # layout NAME REF NP ARGS...: mpirun run compared with REF, bytes checked
 printf '%-26s %5s %14s %14s\n' layout rank "bytes/step" formula
 layout() {
@@ -82,7 +91,7 @@ layout() {
         fail "$name: mpirun failed: $(tail -5 "$tmp/$name.log")"; return
     fi
     # TOL / PABS (bf16 layouts below): the compare bounds, else the derived fp32 ones
-    "$tool" compare "$tmp/$refn" "$tmp/$name" ${TOL:-derived} ${PABS:-} > "$tmp/$name.cmp" 2>&1 ||
+    "$tool" compare "$tmp/$refn" "$tmp/$name" ${TOL:-derived=$(kb "$refn")} ${PABS:-} > "$tmp/$name.cmp" 2>&1 ||
         { fail "$name vs $refn"; cat "$tmp/$name.cmp"; }
     case "${TOL:-derived}" in
         derived*) grep "^worst ratio" "$tmp/$name.cmp" | sed "s/^/$name: /" ;;
@@ -104,7 +113,7 @@ ref ref_b4_untied per_device_batch_size=4 num_vocab_tiling=4
 # K micro-batches of b == one batch of K*b (single process)
 "$tool" run "$tmp/ga4_b1" "$cfg" per_device_batch_size=1 gradient_accumulation_steps=4 > "$tmp/ga4_b1.log" 2>&1 ||
     fail "ga4_b1: $(tail -3 "$tmp/ga4_b1.log")"
-"$tool" compare "$tmp/ref_b4" "$tmp/ga4_b1" derived > "$tmp/ga.cmp" 2>&1 || { fail "ga4 x b1 vs b4"; cat "$tmp/ga.cmp"; }
+"$tool" compare "$tmp/ref_b4" "$tmp/ga4_b1" derived=$(kb ref_b4) > "$tmp/ga.cmp" 2>&1 || { fail "ga4 x b1 vs b4"; cat "$tmp/ga.cmp"; }
 
 layout dp2 ref_b4 2 per_device_batch_size=2 ici_data_parallelism=2
 layout dp2_zero1 ref_b4 2 per_device_batch_size=2 ici_data_parallelism=-1 shard_optimizer_over_data=true
@@ -267,7 +276,7 @@ bf16_tol() { awk -v s="$1" 'BEGIN { printf "%.2e", 2 * sqrt(s) / 256 }'; }
 bpabs=1.81e-3
 ref ref_b4_bf16 per_device_batch_size=4 dtype=bfloat16
 ref ref_b2_g2_bf16 model_name=tinyg2 per_device_batch_size=2 num_vocab_tiling=4 dtype=bfloat16
-TOL=derived=$tmp/ref_b4 layout fsdp2_bf16 ref_b4_bf16 2 per_device_batch_size=2 ici_fsdp_parallelism=2 dtype=bfloat16
+TOL=derived=$(kb ref_b4) layout fsdp2_bf16 ref_b4_bf16 2 per_device_batch_size=2 ici_fsdp_parallelism=2 dtype=bfloat16
 TOL=$(bf16_tol 36) PABS=$bpabs layout tp2_bf16 ref_b4_bf16 2 per_device_batch_size=4 ici_tensor_parallelism=2 \
     dtype=bfloat16
 TOL=$(bf16_tol 30) PABS=$bpabs layout cp2_ring_bf16 ref_b4_bf16 2 per_device_batch_size=4 ici_context_parallelism=2 \
@@ -275,9 +284,9 @@ TOL=$(bf16_tol 30) PABS=$bpabs layout cp2_ring_bf16 ref_b4_bf16 2 per_device_bat
 if [ "$backend" = cpu ]; then # the emulated suite keeps to the three above (its runtime)
     ref ref_b4_l5_full_bf16 per_device_batch_size=4 base_num_decoder_layers=5 remat_policy=full dtype=bfloat16
     ref ref_b4_l4_bf16 per_device_batch_size=4 base_num_decoder_layers=4 dtype=bfloat16
-    TOL=derived=$tmp/ref_b4_l5_full layout fsdp4_l5_full_bf16 ref_b4_l5_full_bf16 4 per_device_batch_size=1 ici_fsdp_parallelism=4 \
+    TOL=derived=$(kb ref_b4_l5_full) layout fsdp4_l5_full_bf16 ref_b4_l5_full_bf16 4 per_device_batch_size=1 ici_fsdp_parallelism=4 \
         base_num_decoder_layers=5 remat_policy=full dtype=bfloat16
-    TOL=derived=$tmp/ref_b2_g2 layout fsdp2_gemma2_bf16 ref_b2_g2_bf16 2 model_name=tinyg2 per_device_batch_size=1 num_vocab_tiling=4 \
+    TOL=derived=$(kb ref_b2_g2) layout fsdp2_gemma2_bf16 ref_b2_g2_bf16 2 model_name=tinyg2 per_device_batch_size=1 num_vocab_tiling=4 \
         ici_fsdp_parallelism=2 dtype=bfloat16
     TOL=$(bf16_tol 36) PABS=$bpabs layout tp2_sp_gemma2_bf16 ref_b2_g2_bf16 2 model_name=tinyg2 \
         per_device_batch_size=2 num_vocab_tiling=4 ici_tensor_parallelism=2 tensor_sequence_parallelism=true \
@@ -306,7 +315,7 @@ fi
 ref ref_b4_bf16_param_offload per_device_batch_size=4 parameter_memory_host_offload=true dtype=bfloat16
 "$tool" compare "$tmp/ref_b4_bf16" "$tmp/ref_b4_bf16_param_offload" 0 > "$tmp/bf16_off.cmp" 2>&1 ||
     { fail "bf16 with parameter offload is not bitwise bf16"; cat "$tmp/bf16_off.cmp"; }
-TOL=derived=$tmp/ref_b4 layout fsdp2_param_offload_bf16 ref_b4_bf16 2 per_device_batch_size=2 ici_fsdp_parallelism=2 \
+TOL=derived=$(kb ref_b4) layout fsdp2_param_offload_bf16 ref_b4_bf16 2 per_device_batch_size=2 ici_fsdp_parallelism=2 \
     parameter_memory_host_offload=true dtype=bfloat16
 "$tool" compare "$tmp/fsdp2_bf16" "$tmp/fsdp2_param_offload_bf16" 0 > "$tmp/fsdp_off_bf16.cmp" 2>&1 ||
     { fail "fsdp2 bf16 with parameter offload is not bitwise fsdp2 bf16"; cat "$tmp/fsdp_off_bf16.cmp"; }
