@@ -84,6 +84,20 @@ static inline double tu_chain_bound(double u, int64_t S, double kappa) {
     return 2.0 * TU_LAMBDA * sqrt((double)S) * u * kappa;
 }
 
+/* bf16 rounding sites on the longest chain of model c to a logit (backward = 0) or to
+ * a parameter gradient (backward = 1): each op output that the bf16 path rounds once.
+ * Forward per layer: the input norm, q / k / v, QK-norm (if on), RoPE, the
+ * probabilities (rounded inside attention), the attention output, the output
+ * projection, the post-attention norm (if on), the residual, the norm, gate / up, the
+ * activation, down, the post-feedforward norm (if on), the residual; the head: the final
+ * norm and the logits. The backward mirrors each layer with two more (dS inside
+ * attention, the residual stream's gradient sum) and the head's dlogits and dh. */
+static inline int64_t tu_bf16_sites(const mt_model_config *c, int backward) {
+    const int64_t opt = (c->use_qk_norm ? 1 : 0) + (c->use_post_attn_norm ? 1 : 0) + (c->use_post_ffw_norm ? 1 : 0);
+    const int64_t layer = 13 + opt, L = c->num_decoder_layers;
+    return L * layer + 2 + (backward ? L * (layer + 2) + 2 : 0);
+}
+
 /* x[i] *= 1 + eta xi_i, xi_i = +-1 from Philox stream `seed` at index i (the
  * perturbation of the condition above; the same xi for a given flat index whatever
  * the caller). */
