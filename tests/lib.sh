@@ -52,6 +52,18 @@
 #                           "STEP VALUE" for every row of $tmp/out/RUN/metrics.jsonl with
 #                           FIRST <= step <= LAST that has FIELD, the value exactly as
 #                           printed (so that comparing two columns is bitwise)
+#   mt_fp32_bounds NAME K ARGS...
+#                           the derived fp32 bounds (tests/test_bounds.h) of the first K
+#                           steps of the one-process run of $cfg with ARGS: runs it and
+#                           its perturbed twin with $layout_tool (tests/tools/mpi_layout,
+#                           or mpi_layout_emu) into $tmp/NAME and $tmp/NAME_kappa, writes
+#                           "STEP LOSS_BOUND GRAD_NORM_BOUND" (relative) lines to
+#                           $tmp/NAME.bounds; on failure fail, return 1
+#   mt_check_bounds BOUNDS FIELD A B
+#                           FIELD (loss or grad_norm) of every step of runs A and B
+#                           ($tmp/out/RUN/metrics.jsonl) within BOUNDS' relative bound of
+#                           that step; prints the worst ratio; exit status 1 if not
+#                           (MT_CHECK_PLANT=x moves B by x bounds: shows the check can fail)
 #   mt_shards DIR SEED NAME=NTOKENS...
 #                           llm.c token shards (header magic 20240520, version 1, uint16
 #                           tokens) of a noisy repeating pattern (learnable) drawn from
@@ -225,5 +237,33 @@ for line in open(path):
     row = json.loads(line)
     if first <= row["step"] <= last and field in row:
         print(row["step"], re.search(r'"%s": ([^,}]*)' % field, line).group(1))
+PY
+}
+
+mt_fp32_bounds() {
+    local name=$1 k=$2; shift 2
+    "$layout_tool" run "$tmp/$name" "$cfg" steps="$k" "$@" > "$tmp/$name.log" 2>&1 &&
+        "$layout_tool" run-kappa "$tmp/${name}_kappa" "$cfg" steps="$k" "$@" > "$tmp/${name}_kappa.log" 2>&1 &&
+        "$layout_tool" bounds "$tmp/$name" "$k" > "$tmp/$name.bounds" 2> "$tmp/$name.bounds.err" ||
+        { fail "bounds $name: $(tail -3 "$tmp/$name.log" "$tmp/${name}_kappa.log" "$tmp/$name.bounds.err" 2>/dev/null)"
+          return 1; }
+}
+
+mt_check_bounds() {
+    python3 - "$1" "$2" "$tmp/out/$3/metrics.jsonl" "$tmp/out/$4/metrics.jsonl" <<'PY'
+import json, sys
+bounds = {int(s): (float(l), float(g)) for s, l, g in (line.split() for line in open(sys.argv[1]))}
+field = sys.argv[2]
+col = 0 if field == "loss" else 1
+rows = [{r["step"]: r[field] for r in map(json.loads, open(p)) if field in r} for p in sys.argv[3:5]]
+assert rows[0].keys() == rows[1].keys() and set(rows[0]) <= set(bounds), (rows, bounds)
+plant = float(__import__("os").environ.get("MT_CHECK_PLANT", "0"))  # B moved by this many bounds
+for s in rows[1]:
+    rows[1][s] += plant * bounds[s][col] * abs(rows[0][s])
+ratio = max(abs(rows[1][s] - rows[0][s]) / abs(rows[0][s]) / bounds[s][col] for s in rows[0])
+print(f"{sys.argv[4].split('/')[-2]} vs {sys.argv[3].split('/')[-2]}: {field} of {len(rows[0])} steps, "
+      f"worst ratio to the derived bound {ratio:.3g} (bounds {min(b[col] for b in bounds.values()):.1e} to "
+      f"{max(b[col] for b in bounds.values()):.1e})")
+sys.exit(0 if ratio <= 1 else 1)
 PY
 }

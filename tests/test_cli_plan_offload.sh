@@ -8,7 +8,8 @@
 # and optimizer_memory_host_offload must give BITWISE the losses, step-1 gradients (which reach the optimizer in the
 # ZeRO-1 shard layout: mpi_layout gathers them from the shards) and step-3
 # parameters of the same layout keeping everything on the device (tolerance 0), and
-# match the single-process run within the layout tests' 1e-5. `meshtrain plan` for the
+# match the single-process run within the layout tests' derived fp32 bounds (mpi_layout
+# compare ... derived with the reference's perturbed run ref_kappa; was 1e-5). `meshtrain plan` for the
 # layout puts the optimizer shard and the parameters in host memory, and only two layer
 # windows plus the embedding/norm window of parameters on the device (in both the
 # all-entries and the live-at-peak figures for the optimizer).
@@ -31,6 +32,8 @@ cmp() { "$tool" compare "$tmp/$2" "$tmp/$1" "$3" > "$tmp/$1.cmp" 2>&1 || { fail 
 
 z="ici_data_parallelism=2 shard_optimizer_over_data=true per_device_batch_size=1 gradient_accumulation_steps=4"
 run1 ref per_device_batch_size=8
+"$tool" run-kappa "$tmp/ref_kappa" "$cfg" per_device_batch_size=8 > "$tmp/ref_kappa.log" 2>&1 ||
+    fail "ref perturbed: $(tail -3 "$tmp/ref_kappa.log")"
 # single process: optimizer in the host pool, everything offloaded or recomputed
 run1 one_off per_device_batch_size=8 optimizer_memory_host_offload=true parameter_memory_host_offload=true \
     remat_policy=minimal_offloaded
@@ -43,7 +46,8 @@ for sched in once every; do
         remat_policy=custom query_proj=offload context=device mlpwi_1=offload
     cmp "z_${sched}_off" "z_$sched" 0
     cmp "z_${sched}_full" "z_$sched" 0
-    cmp "z_${sched}_off" ref 1e-5
+    cmp "z_${sched}_off" ref derived
+    grep "^worst ratio" "$tmp/z_${sched}_off.cmp" | sed "s/^/z_${sched}_off vs one process: /"
 done
 
 # the plan of that layout: the optimizer shard on the host, none on the device

@@ -8,7 +8,8 @@
 #    schedule that does not depend on `steps`);
 #  - checkpoint files exist and no temporary directory is left;
 #  - gradient accumulation: batch 1 x 2 micro-batches matches batch 2 (same tokens,
-#    token-weighted mean) to fp32 tolerance;
+#    token-weighted mean) within the derived fp32 bounds of each step (tests/lib.sh
+#    mt_fp32_bounds);
 #  - sample prints text, deterministically for a seed; plan prints the memory table.
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -95,22 +96,29 @@ mt_train rest "${const[@]}" load_checkpoint="$tmp/out/half/checkpoints/step_5" |
 
 # Gradient accumulation: batch 1 x 2 micro-batches reads the same tokens as batch 2
 # (the loader's windows are consecutive), and the loss is the token-weighted mean.
-# Equal up to fp32 rounding of the summation order: 1e-5 relative.
+# Equal up to fp32 rounding of the summation order: each step's loss and grad norm
+# within its derived bound (mt_fp32_bounds: 2 lambda sqrt(S) u kappa on the chain, plus
+# what AdamW carries of the earlier steps' differences; was 1e-5 for every step).
 mt_train ga1 eval_interval=0 steps=4 || exit 1
 mt_train ga2 eval_interval=0 steps=4 per_device_batch_size=1 gradient_accumulation_steps=2 || exit 1
-python3 - "$tmp/out/ga1/metrics.jsonl" "$tmp/out/ga2/metrics.jsonl" <<'PY' || fail "gradient accumulation differs from the large batch"
+layout_tool="$build/tests/tools/mpi_layout"
+mt_fp32_bounds ga1b 4 eval_interval=0
+for f in loss grad_norm; do
+    mt_check_bounds "$tmp/ga1b.bounds" $f ga1 ga2 || fail "gradient accumulation: $f differs from the large batch"
+done
+python3 - "$tmp/out/ga1/metrics.jsonl" "$tmp/out/ga2/metrics.jsonl" <<'PY' || fail "gradient accumulation read other tokens"
 import json, sys
 a = [json.loads(l) for l in open(sys.argv[1])]
 b = [json.loads(l) for l in open(sys.argv[2])]
 assert len(a) == len(b) == 4
 for x, y in zip(a, b):
     assert x["tokens"] == y["tokens"] == 32, (x, y)
-    for k in ("loss", "grad_norm"):
-        assert abs(x[k] - y[k]) <= 1e-5 * abs(x[k]), (k, x[k], y[k])
 PY
 
 # bfloat16 gradient accumulators: runs, and the losses stay close to fp32 (bf16 has
-# 8 significant bits; after 4 steps the loss moves by well under 1%).
+# 8 significant bits; after 4 steps the loss moves by well under 1%). NOT DERIVED
+# (issue 16): 1e-2 is a judgement, not an error analysis of bf16 accumulation through
+# AdamW (tests/test_mpi_layouts.sh derives the gradients' K 2^-8, not the losses').
 mt_train gab eval_interval=0 steps=4 per_device_batch_size=1 gradient_accumulation_steps=2 grad_dtype=bfloat16 || exit 1
 python3 - "$tmp/out/ga2/metrics.jsonl" "$tmp/out/gab/metrics.jsonl" <<'PY' || fail "bfloat16 accumulation is far from fp32"
 import json, sys

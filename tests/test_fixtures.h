@@ -12,6 +12,7 @@
 
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +22,9 @@
 #include "kernels/backend.h"
 #include "models/config.h"
 #include "models/model.h"
+#include "runtime/rng.h"
 #include "runtime/plan.h"
+#include "tests/test_bounds.h"
 
 /* ------------------------------------------------------------ temporary directory */
 
@@ -162,6 +165,94 @@ static inline void tu_model_plan_bind(mt_model *m, mt_backend *be, mt_plan **pla
     cr_assert_eq(mt_plan_finalize(*plan), MT_OK);
     cr_assert_eq(mt_backend_arena_create(be, arena, *plan), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_model_bind(m, arena, *plan), MT_OK, "%s", mt_last_error());
+}
+
+/* model-level error bounds: tests/test_bounds.h */
+
+/* The parameters of m (host memory: a CPU-backend model) times 1 + eta xi, xi = +-1
+ * from Philox stream `seed` (the perturbation of the condition above); *keep gets the
+ * old values, to be restored by the caller (memcpy back) and freed. */
+static inline float *tu_perturb_params(mt_model *m, uint64_t seed) {
+    const int64_t P = mt_model_numel(m);
+    float *p = mt_model_params(m), *keep = malloc(sizeof(float) * (size_t)P);
+    memcpy(keep, p, sizeof(float) * (size_t)P);
+    tu_perturb_values(p, P, seed);
+    return keep;
+}
+
+/* kappa[i] for each parameter tensor i of m (CPU backend): max |g' - g| / max |g| / eta
+ * over the tensor, g the gradient of mt_model_forward_backward(tok, lab, dscale) at m's
+ * parameters and g' at the perturbed ones (tu_perturb_params); the condition of the
+ * comparison max |diff| / max |g| per tensor. kappa_loss (may be NULL) gets the loss
+ * sum's |L' - L| / |L| / eta. m's parameters are restored; its gradients hold g. */
+static inline void tu_grad_kappa(mt_model *m, const int32_t *tok, const int32_t *lab, float dscale, double *kappa,
+                                 double *kappa_loss) {
+    const int64_t P = mt_model_numel(m);
+    float *g = mt_model_grads(m), *g0 = malloc(sizeof(float) * (size_t)P);
+    double l0, l1;
+    int64_t cnt;
+    memset(g, 0, sizeof(float) * (size_t)P);
+    cr_assert_eq(mt_model_forward_backward(m, tok, lab, dscale, &l0, &cnt), MT_OK, "%s", mt_last_error());
+    memcpy(g0, g, sizeof(float) * (size_t)P);
+    float *keep = tu_perturb_params(m, 29);
+    memset(g, 0, sizeof(float) * (size_t)P);
+    cr_assert_eq(mt_model_forward_backward(m, tok, lab, dscale, &l1, &cnt), MT_OK, "%s", mt_last_error());
+    memcpy(mt_model_params(m), keep, sizeof(float) * (size_t)P);
+    free(keep);
+    for (int i = 0; i < mt_model_param_count(m); i++) {
+        const mt_param_info *pi = mt_model_param(m, i);
+        double d = 0.0, r = 0.0;
+        for (int64_t j = pi->offset; j < pi->offset + pi->numel; j++) {
+            d = fmax(d, fabs((double)g[j] - g0[j]));
+            r = fmax(r, fabs((double)g0[j]));
+        }
+        kappa[i] = r > 0.0 ? d / r / TU_KAPPA_ETA : 0.0;
+    }
+    if (kappa_loss) *kappa_loss = fabs(l1 - l0) / fabs(l0) / TU_KAPPA_ETA;
+    memcpy(g, g0, sizeof(float) * (size_t)P);
+    free(g0);
+}
+
+/* Row losses l_t = logsumexp(z_t) - z_t[y_t] (fp64 from the fp32 logits) of m's batch
+ * into l[N] (0 for ignored rows). */
+static inline void tu_row_losses(mt_model *m, const int32_t *tok, const int32_t *lab, int64_t N, int64_t V,
+                                 double *l) {
+    float *z = malloc(sizeof(float) * (size_t)(N * V));
+    cr_assert_eq(mt_model_logits(m, tok, z), MT_OK, "%s", mt_last_error());
+    for (int64_t t = 0; t < N; t++) {
+        l[t] = 0.0;
+        if (lab[t] == MT_IGNORE_LABEL) continue;
+        double mx = -INFINITY, se = 0.0;
+        for (int64_t v = 0; v < V; v++) mx = fmax(mx, z[t * V + v]);
+        for (int64_t v = 0; v < V; v++) se += exp((double)z[t * V + v] - mx);
+        l[t] = mx + log(se) - z[t * V + lab[t]];
+    }
+    free(z);
+}
+
+/* delta: a bound on the fp32 forward error of the mean loss of m (CPU backend) over the
+ * labelled rows, on the model of tests/test_bounds.h: each row loss l_t is within
+ * lambda sqrt(S) u kappa_t |l_t| of exact, kappa_t its condition evaluated here (every
+ * parameter times 1 + eta xi: kappa_t |l_t| = |l_t' - l_t| / eta), and the mean within
+ * the mean of those, summed without cancellation between rows. */
+static inline double tu_loss_delta(mt_model *m, const int32_t *tok, const int32_t *lab, int64_t N, int64_t V,
+                                   int64_t S) {
+    double *l0 = malloc(sizeof(double) * (size_t)N), *l1 = malloc(sizeof(double) * (size_t)N);
+    tu_row_losses(m, tok, lab, N, V, l0);
+    float *keep = tu_perturb_params(m, 17);
+    tu_row_losses(m, tok, lab, N, V, l1);
+    memcpy(mt_model_params(m), keep, sizeof(float) * (size_t)mt_model_numel(m));
+    double sum = 0.0;
+    int64_t n = 0;
+    for (int64_t t = 0; t < N; t++) {
+        if (lab[t] == MT_IGNORE_LABEL) continue;
+        sum += fabs(l1[t] - l0[t]) / TU_KAPPA_ETA;
+        n++;
+    }
+    free(keep);
+    free(l0);
+    free(l1);
+    return TU_LAMBDA * sqrt((double)S) * TU_U_F32 * sum / (double)n;
 }
 
 #endif

@@ -37,8 +37,10 @@
 #    element of the windowed run is within 2^-8 of the full path's value and the
 #    per-tensor relative norm difference within 3.9e-3, on any CPU; it must differ (the
 #    rounding happened). fsdp with once and K = 2 now
-#    reduce-scatters each micro-batch (no full buffer): against one process within
-#    1e-5 (fp32 sums in another order, as tests/test_mpi_layouts.sh). Every run's bytes
+#    reduce-scatters each micro-batch (no full buffer): against one process within the
+#    derived fp32 bounds of tests/test_mpi_layouts.sh (fp32 sums in another order;
+#    mpi_layout compare ... derived, with the reference's perturbed run ref_b8_kappa;
+#    measured 0.019 of the bound; was 1e-5). Every run's bytes
 #    per step equal the formula (parallel/zero1.h). The window runs overlap each
 #    layer's reduce-scatter with the next layer's backward (overlap_grad_reduce, on in
 #    the layout config of tests/lib.sh); fsdp K = 1 also runs blocking (false), and both give
@@ -175,8 +177,11 @@ grep -q "grad.bin: .* worst relative error 0.000e+00" "$tmp/dp2_bf16_once_store_
 
 # fsdp, once, K = 2: reduce-scattered each micro-batch now; against one process
 run 1 ref_b8 win per_device_batch_size=8
+"$tool" run-kappa "$tmp/ref_b8_kappa" "$cfg" per_device_batch_size=8 > "$tmp/ref_b8_kappa.log" 2>&1 ||
+    fail "ref_b8 perturbed: $(tail -3 "$tmp/ref_b8_kappa.log")"
 run 2 fsdp2_once_k2 win per_device_batch_size=2 gradient_accumulation_steps=2 ici_fsdp_parallelism=2
-"$tool" compare "$tmp/ref_b8" "$tmp/fsdp2_once_k2" 1e-5 > "$tmp/fsdp.cmp" 2>&1 || { fail "fsdp2 once K2"; cat "$tmp/fsdp.cmp"; }
+"$tool" compare "$tmp/ref_b8" "$tmp/fsdp2_once_k2" derived > "$tmp/fsdp.cmp" 2>&1 ||
+    { fail "fsdp2 once K2"; cat "$tmp/fsdp.cmp"; }
 sed "s/^/fsdp2_once_k2 vs one process: /" "$tmp/fsdp.cmp"
 
 mt_finish "gradient windows: plans and runs agree"

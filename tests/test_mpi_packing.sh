@@ -7,9 +7,11 @@
 # order its K/V arrive (gathered, or one ring block at a time). Llama, Gemma 2 and Gemma 4
 # (KV sharing, per-layer inputs).
 #
-# Same bound as tests/test_mpi_layouts.sh: losses of steps 1..3, mean gradients after
-# step 1 and parameters after step 3 within 1e-5 relative per tensor (the layouts only
-# change the order of fp32 sums, ~1e-7 relative here). The windows are 32 tokens of
+# Same bounds as tests/test_mpi_layouts.sh: losses of steps 1..3, mean gradients after
+# step 1 and parameters after step 3 within the derived fp32 bounds (mpi_layout compare
+# ... derived: the layouts only change the order of fp32 sums; each reference is run
+# again perturbed, REF_kappa, for the condition; measured at most 0.01 of the bounds;
+# was 1e-5 relative for everything). The windows are 32 tokens of
 # mpi_layout's synthetic shards (token t appears about once in 13 positions), with
 # separator 3: about two documents start inside each window, in any chunk. The packed
 # reference must differ from the unpacked one (else masking did nothing and the test
@@ -30,14 +32,19 @@ mt_tiny_model "$tmp/cfg/models/tinyg4.yml" gemma4 5
 mt_layout_cfg tinyl
 pk="max_target_length=32 packing=true packing_separator_id=3"
 
-ref() { local name=$1; shift; "$tool" run "$tmp/$name" "$cfg" "$@" > "$tmp/$name.log" 2>&1 || fail "reference $name: $(tail -3 "$tmp/$name.log")"; }
+ref() {
+    local name=$1; shift
+    "$tool" run "$tmp/$name" "$cfg" "$@" > "$tmp/$name.log" 2>&1 || fail "reference $name: $(tail -3 "$tmp/$name.log")"
+    "$tool" run-kappa "$tmp/${name}_kappa" "$cfg" "$@" > "$tmp/${name}_kappa.log" 2>&1 ||
+        fail "reference $name, perturbed: $(tail -3 "$tmp/${name}_kappa.log")"
+}
 layout() {
     local name=$1 refn=$2 np=$3; shift 3
     if ! mpi "$np" "$tool" run "$tmp/$name" "$cfg" "$@" > "$tmp/$name.log" 2>&1; then
         fail "$name: mpirun failed: $(tail -5 "$tmp/$name.log")"; return
     fi
-    if "$tool" compare "$tmp/$refn" "$tmp/$name" 1e-5 > "$tmp/$name.cmp" 2>&1; then
-        echo "$name == $refn"
+    if "$tool" compare "$tmp/$refn" "$tmp/$name" derived > "$tmp/$name.cmp" 2>&1; then
+        echo "$name == $refn ($(grep "^worst ratio" "$tmp/$name.cmp"))"
     else
         fail "$name vs $refn"; cat "$tmp/$name.cmp"
     fi
@@ -48,7 +55,7 @@ layout() {
 ref packed per_device_batch_size=4 $pk
 ref plain per_device_batch_size=4 max_target_length=32
 ref packed_g2 model_name=tinyg2 per_device_batch_size=2 num_vocab_tiling=4 $pk
-if "$tool" compare "$tmp/plain" "$tmp/packed" 1e-5 > "$tmp/plain.cmp" 2>&1; then
+if "$tool" compare "$tmp/plain" "$tmp/packed" derived > "$tmp/plain.cmp" 2>&1; then
     fail "packing=true gives the unpacked run: masking had no effect"
 fi
 layout cp2 packed 2 per_device_batch_size=4 ici_context_parallelism=2 $pk

@@ -23,18 +23,21 @@ implementation.
       Exit 1 when any family fails.
 (One process per command: importing torch + transformers costs seconds.)
 
-Tolerances (fp32 on both sides, the same math in a different order):
-  logits and loss: max|mt - hf| / max|hf| <= 1e-4 (a tensor-wide relative error:
-      elementwise relative error is meaningless for entries near zero). float32
-      accumulation over d_model <= 256 gives differences of order 1e-6 relative.
-  gradients: per parameter, max|mt - hf| / max|hf| <= 1e-3. The backward is
-      hand-written in meshtrain and autograd in torch; both are fp32, and the
-      difference is dominated by the softmax/soft-cap chains, well under 1e-4 in
-      practice; 1e-3 is the issue's bound.
-  gemma4 is worse conditioned (attention scale 1.0 on normed q and k: scores of tens,
-      a sharp softmax): its logits differ by ~2e-5 relative, and so do transformers'
-      own float32 logits from its float64 ones (2.7e-5 measured on the gemma4 family),
-      still within 1e-4.
+Bounds (fp32 on both sides, the same math in another order): two fp32 evaluations
+differ by at most 2 lambda sqrt(S) u kappa (tests/reference/bounds.py, the model of
+tests/test_bounds.h: u = 2^-24, S the terms on the compared value's chain from the
+family's config, counted at its largest head_dim and MLP width, Gemma 4's per-layer
+inputs added; kappa the value's condition, evaluated by `make` on a float64 copy of
+the model with every parameter times 1 + eta xi), written to ref/bounds.json:
+  logits: max|mt - hf| / max|hf| (a tensor-wide relative error: elementwise relative
+      error means nothing for entries near zero), kappa in the same measure;
+  loss: the mean's relative difference, kappa at least its first-order expectation
+      sqrt(sum (p g)^2) / |L| (one draw may cancel);
+  gradients: per parameter, max|mt - hf| / max|hf|, kappa per tensor in that measure.
+gemma4 is the worst conditioned (attention scale 1.0 on normed q and k: scores of tens,
+a sharp softmax): its kappa is the largest. Old tolerances: 1e-4 (logits, loss) and 1e-3
+(gradients), from observed differences. MT_HF_PLANT=x moves meshtrain's values by x
+bounds (shows the checks can fail).
 """
 import json
 import os
@@ -44,8 +47,11 @@ import numpy as np
 import torch
 import transformers
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bounds  # noqa: E402
+
 B, T, TILES = 2, 13, 3  # 26 rows in 3 tiles (9, 9, 8); no vocabulary below divisible by 3
-LOGIT_TOL, LOSS_TOL, GRAD_TOL = 1e-4, 1e-4, 1e-3
+PLANT = float(os.environ.get("MT_HF_PLANT", "0"))
 IGNORE = -1
 
 
@@ -235,6 +241,67 @@ def cmd_make(family, root):
         names.append(text_name(name))
     with open(os.path.join(ref_dir, "params.json"), "w") as f:
         json.dump({"family": family, "names": names, "vocab": vocab}, f)
+    write_bounds(model, cls, cfg, tokens, labels, count, ref_dir)
+
+
+def chain_terms(cfg, backward):
+    """bounds.chain_terms for a transformers config, at its largest head_dim and MLP
+    width (an overcount on the other layers), Gemma 4's per-layer inputs added (their
+    projection and norm, 2 x their width + D per layer)."""
+    t = cfg.get_text_config()
+
+    def top(name, default=0):
+        """the largest value of attribute name over the layers (transformers 5 keeps some
+        per layer and refuses the global read)"""
+        try:
+            return getattr(t, name, default) or default
+        except Exception:
+            return max(getattr(c, name, default) or default for c in t.per_layer_config)
+    D, H, Hk, L, V = t.hidden_size, top("num_attention_heads"), top("num_key_value_heads"), t.num_hidden_layers, \
+        t.vocab_size
+    Dh = max(top("head_dim") or D // H, top("global_head_dim"))
+    F = top("intermediate_size") * (2 if top("use_double_wide_mlp", False) else 1)
+    mt = t.model_type
+    S = bounds.chain_terms(D, H, Hk, Dh, F, V, L, T, qk_norm=mt in ("gemma3_text", "gemma4_text"),
+                           post_norms=2 if mt in ("gemma2", "gemma3_text", "gemma4_text") else 0,
+                           attn_cap=bool(getattr(t, "attn_logit_softcapping", None)),
+                           final_cap=bool(getattr(t, "final_logit_softcapping", None)), backward=backward, N=B * T)
+    return S + L * (2 * (getattr(t, "hidden_size_per_layer_input", 0) or 0) + D if mt == "gemma4_text" else 0)
+
+
+def write_bounds(model, cls, cfg, tokens, labels, count, ref_dir):
+    """ref/bounds.json: the two-sided fp32 bounds of logits, loss and each gradient,
+    each with its condition evaluated on float64 copies of model (the docstring)."""
+    def run(p_scale):
+        m = cls(cfg).to(torch.float64)
+        m.load_state_dict({k: v.to(torch.float64) for k, v in model.state_dict().items()})
+        m.config._attn_implementation = "eager"
+        m.eval()
+        with torch.no_grad():
+            for i, (name, p) in enumerate(m.named_parameters()):
+                if p_scale:
+                    p.mul_(1.0 + bounds.ETA * torch.from_numpy(bounds.signs(tuple(p.shape), 3000 + i)))
+        lg = m(input_ids=tokens, use_cache=False).logits.reshape(B * T, -1)
+        loss = torch.nn.functional.cross_entropy(lg, labels.reshape(-1), ignore_index=IGNORE, reduction="sum") / count
+        loss.backward()
+        grads = {text_name(n): p.grad.detach().numpy().copy() for n, p in m.named_parameters() if p.grad is not None}
+        pg = sum(float(np.sum((p.detach().numpy() * p.grad.numpy()) ** 2))
+                 for _, p in m.named_parameters() if p.grad is not None)
+        return lg.detach().numpy(), loss.item(), grads, pg
+    z0, l0, g0, pg = run(False)
+    z1, l1, g1, _ = run(True)
+    S_logit, S_grad = chain_terms(cfg, False), chain_terms(cfg, True)
+    S_loss = S_logit + cfg.get_text_config().vocab_size + 2
+    kz = float(np.max(np.abs(z1 - z0)) / np.max(np.abs(z0))) / bounds.ETA
+    kl = max(np.sqrt(pg) / abs(l0), abs(l1 - l0) / abs(l0) / bounds.ETA)
+    out = {"S": [S_logit, S_loss, S_grad], "logits": bounds.bound(S_logit, kz, sides=2),
+           "loss": bounds.bound(S_loss, kl, sides=2), "grads": {}}
+    for n, g in g0.items():
+        gm = float(np.max(np.abs(g)))
+        k = float(np.max(np.abs(g1[n] - g))) / gm / bounds.ETA if gm > 0 else 0.0
+        out["grads"][n] = bounds.bound(S_grad, k, sides=2)
+    with open(os.path.join(ref_dir, "bounds.json"), "w") as f:
+        json.dump(out, f)
 
 
 def add_shared_kv(hf_dir, text, gen):
@@ -267,12 +334,16 @@ def cmd_compare(root):
     mt_dir, ref_dir = os.path.join(root, "mt"), os.path.join(root, "ref")
     with open(os.path.join(ref_dir, "params.json")) as f:
         meta = json.load(f)
+    with open(os.path.join(ref_dir, "bounds.json")) as f:
+        bnd = json.load(f)
     family, ok = meta["family"], True
+    worst_ratio = 0.0
     hf_logits = np.fromfile(os.path.join(ref_dir, "logits.bin"), dtype="<f4")
     mt_logits = np.fromfile(os.path.join(mt_dir, "logits.bin"), dtype="<f4")
     if hf_logits.shape != mt_logits.shape:
         print(f"FAIL {family}: logits sizes {mt_logits.shape} (meshtrain) vs {hf_logits.shape} (transformers)")
         return 1
+    mt_logits = mt_logits + PLANT * bnd["logits"] * np.max(np.abs(hf_logits)) * np.where(hf_logits < 0, -1, 1)
     r_logits = rel(mt_logits, hf_logits)
     hf_loss = np.fromfile(os.path.join(ref_dir, "loss.bin"), dtype="<f8")
     mt_loss = np.fromfile(os.path.join(mt_dir, "loss.bin"), dtype="<f8")
@@ -280,6 +351,7 @@ def cmd_compare(root):
         print(f"FAIL {family}: labelled token counts differ: {mt_loss[1]} vs {hf_loss[1]}")
         ok = False
     hf_mean, mt_mean = hf_loss[0] / hf_loss[1], mt_loss[0] / mt_loss[1]
+    mt_mean += PLANT * bnd["loss"] * abs(hf_mean)
     r_loss = abs(mt_mean - hf_mean) / abs(hf_mean)
     worst_grad, worst_name = 0.0, ""
     for name in meta["names"]:
@@ -294,9 +366,12 @@ def cmd_compare(root):
             print(f"FAIL {family}: gradient {name} sizes {g_mt.shape} vs {g_hf.shape}")
             ok = False
             continue
+        tol = bnd["grads"][text_name(name)]
+        g_mt = g_mt + PLANT * tol * np.max(np.abs(g_hf)) * np.where(g_hf < 0, -1, 1)
         r = rel(g_mt, g_hf)
-        if r > GRAD_TOL:
-            print(f"FAIL {family}: gradient {name}: max rel diff {r:.3e} > {GRAD_TOL:g}")
+        worst_ratio = max(worst_ratio, r / tol if tol > 0 else (0.0 if r == 0 else np.inf))
+        if r > tol:
+            print(f"FAIL {family}: gradient {name}: max rel diff {r:.3e} > {tol:.2e}")
             ok = False
         if r >= worst_grad:
             worst_grad, worst_name = r, name
@@ -304,14 +379,17 @@ def cmd_compare(root):
     if extra:
         print(f"FAIL {family}: meshtrain gradients transformers does not have: {extra}")
         ok = False
-    if r_logits > LOGIT_TOL:
-        print(f"FAIL {family}: logits max rel diff {r_logits:.3e} > {LOGIT_TOL:g}")
+    if r_logits > bnd["logits"]:
+        print(f"FAIL {family}: logits max rel diff {r_logits:.3e} > {bnd['logits']:.2e}")
         ok = False
-    if r_loss > LOSS_TOL:
-        print(f"FAIL {family}: loss {mt_mean:.9f} vs {hf_mean:.9f}, rel diff {r_loss:.3e} > {LOSS_TOL:g}")
+    if r_loss > bnd["loss"]:
+        print(f"FAIL {family}: loss {mt_mean:.9f} vs {hf_mean:.9f}, rel diff {r_loss:.3e} > {bnd['loss']:.2e}")
         ok = False
-    print(f"{'ok  ' if ok else 'FAIL'} {family}: loss {hf_mean:.6f}, logits rel {r_logits:.2e}, "
-          f"loss rel {r_loss:.2e}, worst gradient rel {worst_grad:.2e} ({worst_name}); "
+    worst_ratio = max(worst_ratio, r_logits / bnd["logits"], r_loss / bnd["loss"])
+    print(f"{'ok  ' if ok else 'FAIL'} {family}: loss {hf_mean:.6f}, logits rel {r_logits:.2e} (bound "
+          f"{bnd['logits']:.1e}), loss rel {r_loss:.2e} (bound {bnd['loss']:.1e}), worst gradient rel "
+          f"{worst_grad:.2e} ({worst_name}), gradient bounds {min(bnd['grads'].values()):.1e} to "
+          f"{max(bnd['grads'].values()):.1e}; worst ratio to the bounds {worst_ratio:.3g}; "
           f"transformers {transformers.__version__}, torch {torch.__version__}")
     return 0 if ok else 1
 
