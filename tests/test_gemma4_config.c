@@ -176,12 +176,23 @@ Test(gemma4_config, transformers_5_17_config_json) {
 }
 
 Test(gemma4_config, flops_per_token) {
-    /* train/metrics.h convention, by hand for gemma4-e2b at T = 24576: N = 4,628,569,344;
-     * N_embedding = 262144 x 1536 (tied) + 262144 x 35 x 256 = 2,751,463,424; the logits
-     * matmul once, 6 x 262144 x 1536; the head dims sum to 28 x 256 + 7 x 512 = 10752. */
+    /* MaxText's calculate_gemma4_small_tflops_training_per_device (train/metrics.h), by
+     * hand for gemma4-e2b at T = 24576 per token: 35 layers, global 4, 9, ..., 34 (7),
+     * KV-sharing 15..34 (20: globals 19, 24, 29, 34), H 8, Hkv 1, Dh 256 local / 512
+     * global, D 1536, F 6144 (12288 sharing), P 256, V 262144, window 512:
+     *   attention 7 x 2 T 8 x 512 + 28 x 4 (T 512 - 512^2 / 2) / T 8 x 256
+     *   q, o      7 x 4 D 8 x 512 + 28 x 4 D 8 x 256
+     *   k, v      3 x 4 D 512 + 12 x 4 D 256 (the 15 layers that own K/V)
+     *   MLP       15 x 6 D 6144 + 20 x 6 D 12288
+     *   PLE       2 D 35 x 256 + 35 x 4 D 256;  logits 2 D V;  all x 3 */
     mt_train_config t = load_model("gemma4-e2b");
-    const double want =
-        6.0 * (4628569344.0 - 2751463424.0) + 6.0 * 262144.0 * 1536.0 + 12.0 * 8.0 * 10752.0 * 24576.0;
+    const double T = 24576.0, D = 1536.0;
+    const double attn = 7.0 * 2.0 * T * 8.0 * 512.0 + 28.0 * 4.0 * (T * 512.0 - 0.5 * 512.0 * 512.0) / T * 8.0 * 256.0;
+    const double qo = 7.0 * 4.0 * D * 8.0 * 512.0 + 28.0 * 4.0 * D * 8.0 * 256.0;
+    const double kv = 3.0 * 4.0 * D * 512.0 + 12.0 * 4.0 * D * 256.0;
+    const double mlp = 15.0 * 6.0 * D * 6144.0 + 20.0 * 6.0 * D * 12288.0;
+    const double ple = 2.0 * D * 35.0 * 256.0 + 35.0 * 4.0 * D * 256.0, logits = 2.0 * D * 262144.0;
+    const double want = 3.0 * (attn + qo + kv + mlp + ple + logits);
     cr_expect(fabs(mt_flops_per_token(&t.model, 24576) - want) <= 1e-12 * want, "%.17g vs %.17g",
               mt_flops_per_token(&t.model, 24576), want);
 }

@@ -10,13 +10,27 @@
 
 #include "train/json.h"
 
+/* gemma4: MaxText's calculate_gemma4_small_tflops_training_per_device per token (metrics.h). */
+static double gemma4_flops_per_token(const mt_model_config *c, int64_t seq) {
+    const double T = (double)seq, D = (double)c->emb_dim, H = (double)c->num_query_heads;
+    const double L = (double)c->num_decoder_layers, P = (double)c->per_layer_input_dim;
+    const double w = c->sliding_window_size > 0 && c->sliding_window_size < seq ? (double)c->sliding_window_size : T;
+    double attn = 0.0, weights = 2.0 * D * L * P + L * 4.0 * D * P + 2.0 * D * (double)c->vocab_size;
+    for (int64_t l = 0; l < c->num_decoder_layers; l++) {
+        const double dh = (double)mt_model_layer_head_dim(c, l), F = (double)mt_model_layer_mlp_dim(c, l);
+        attn += mt_model_layer_is_local(c, l) ? 4.0 * (T * w - 0.5 * w * w) / T * H * dh : 2.0 * T * H * dh;
+        weights += 4.0 * D * H * dh + 6.0 * D * F;
+        if (mt_model_layer_kv_donor(c, l) < 0) weights += 4.0 * D * (double)c->num_kv_heads * dh;
+    }
+    return 3.0 * (attn + weights);
+}
+
 double mt_flops_per_token(const mt_model_config *c, int64_t seq) {
+    if (c->decoder_block == MT_DECODER_GEMMA4) return gemma4_flops_per_token(c, seq);
     const double n = (double)mt_model_num_parameters(c);
     const double vd = (double)c->vocab_size * (double)c->emb_dim;
-    double n_emb = vd * (c->logits_via_embedding ? 1.0 : 2.0); /* embedding (+ untied lm_head) */
-    if (c->decoder_block == MT_DECODER_GEMMA4) /* the per-layer embedding table: a lookup */
-        n_emb += (double)c->vocab_size * (double)c->num_decoder_layers * (double)c->per_layer_input_dim;
-    double head_dims = 0.0; /* sum over the layers of the head dim (gemma4: global layers' own) */
+    const double n_emb = vd * (c->logits_via_embedding ? 1.0 : 2.0); /* embedding (+ untied lm_head) */
+    double head_dims = 0.0; /* sum over the layers of the head dim */
     for (int64_t l = 0; l < c->num_decoder_layers; l++) head_dims += (double)mt_model_layer_head_dim(c, l);
     const double attn = 12.0 * (double)c->num_query_heads * head_dims * (double)seq;
     return 6.0 * (n - n_emb) + 6.0 * vd + attn; /* the logits matmul once, tied or not */

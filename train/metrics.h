@@ -53,12 +53,19 @@ typedef struct mt_step_metrics {
  * src/MaxText/maxtext_utils.py calculate_tflops_training_per_device ("embedding_flops"
  * = 2 B T D V, times 3). Attention 12 L H Dh T: PaLM's, causal masking and sliding
  * windows not discounted (MaxText halves it for the causal mask since 2025). Norm
- * scales count as weights (6 per element: < 0.01% of N). gemma4: N_emb also counts
- * the per-layer embedding table (vocab_size x L x per_layer_input_dim, a lookup), and
- * L H Dh is the sum over the layers of H times each layer's head dim (global_head_dim on
- * global layers; KV-sharing layers attend like the others): the convention above
- * carried over, not MaxText's calculate_gemma4_small_tflops_training_per_device (not
- * checked here). Units: FLOPs per token. */
+ * scales count as weights (6 per element: < 0.01% of N). gemma4 (decoder_block
+ * gemma4) is counted as MaxText counts Gemma 4 small
+ * (src/maxtext/utils/maxtext_utils.py calculate_gemma4_small_tflops_training_per_device,
+ * divided by the batch's tokens): 3 x (attention + matmul weights), per layer l of head
+ * dim Dh_l and MLP width F_l (the wide MLP on KV-sharing layers):
+ *   attention: global layers 2 T H Dh_l (causal: half of 4 T H Dh_l), local layers
+ *     4 (T w - w^2 / 2) / T H Dh_l, w = min(sliding_window_size, T) (causal and windowed);
+ *   q and o projections 4 D H Dh_l; k and v projections 4 D Hkv Dh_l, only on layers
+ *     that own their K/V (not the KV-sharing ones); MLP 6 D F_l (gate, up, down);
+ *   per-layer inputs 2 D L P (the global projection) + L 4 D P (each layer's gate and
+ *     projection), P = per_layer_input_dim; the logits matmul 2 D V;
+ * norms, the embedding lookups and the per-layer embedding table not counted.
+ * Units: FLOPs per token. */
 double mt_flops_per_token(const mt_model_config *c, int64_t seq);
 
 /* mfu = flops_per_token * tokens_per_s / peak, or NaN when peak <= 0. */
