@@ -187,7 +187,8 @@ Test(gemma4_config, flops_per_token) {
      *   PLE       2 D 35 x 256 + 35 x 4 D 256;  logits 2 D V;  all x 3 */
     mt_train_config t = load_model("gemma4-e2b");
     const double T = 24576.0, D = 1536.0;
-    const double attn = 7.0 * 2.0 * T * 8.0 * 512.0 + 28.0 * 4.0 * (T * 512.0 - 0.5 * 512.0 * 512.0) / T * 8.0 * 256.0;
+    const double attn =
+        7.0 * 2.0 * T * 8.0 * 512.0 + 28.0 * 4.0 * (T * 512.0 - 0.5 * 512.0 * 512.0) / T * 8.0 * 256.0;
     const double qo = 7.0 * 4.0 * D * 8.0 * 512.0 + 28.0 * 4.0 * D * 8.0 * 256.0;
     const double kv = 3.0 * 4.0 * D * 512.0 + 12.0 * 4.0 * D * 256.0;
     const double mlp = 15.0 * 6.0 * D * 6144.0 + 20.0 * 6.0 * D * 12288.0;
