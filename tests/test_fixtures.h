@@ -142,6 +142,20 @@ static inline mt_model_config tu_tiny_gemma3_capped(int64_t layers) {
     return c;
 }
 
+/* A tiny Gemma 4 (models/model_gemma4.c): 5 layers, vocabulary 41, d_model 32, 4 query
+ * / 2 kv heads, head dim 8 on local layers and 16 on the global ones (1, 3 and 4, the
+ * last forced global), window 3, the last 3 layers sharing K/V (with layer 0, local, and
+ * 1, global) with double-wide MLPs (96), per-layer inputs of 4, final soft-cap 3. */
+static inline mt_model_config tu_tiny_gemma4(void) {
+    mt_model_config c;
+    mt_model_config_defaults(&c, MT_DECODER_GEMMA4);
+    c.vocab_size = 41, c.emb_dim = 32, c.num_query_heads = 4, c.num_kv_heads = 2, c.head_dim = 8;
+    c.global_head_dim = 16, c.mlp_dim = 48, c.num_decoder_layers = 5, c.sliding_window_size = 3;
+    c.sliding_window_pattern = 2, c.num_kv_shared_layers = 3, c.use_double_wide_mlp = 1;
+    c.per_layer_input_dim = 4, c.final_logits_soft_cap = 3.0f;
+    return c;
+}
+
 /* The plan tests' model: d_model 64 (every per-layer parameter block a multiple of 256
  * bytes), 4 query / 2 kv heads of 32 (QK-norm scales: 2 x 32 floats = 256 bytes),
  * MLP 128, vocabulary 96; Gemma 2 with window 4 on every 2nd layer. */

@@ -303,20 +303,8 @@ static mt_model_config tiny(mt_decoder_block blk) {
     return c;
 }
 
-/* tests/test_remat.c's tiny Gemma 4: 5 layers, local head dim 8 / global 16 (layers 1,
- * 3), the last 3 sharing KV with double-wide MLPs, per-layer inputs of 4, window 3. */
-static mt_model_config tiny_gemma4(void) {
-    mt_model_config c;
-    mt_model_config_defaults(&c, MT_DECODER_GEMMA4);
-    c.vocab_size = 41, c.emb_dim = 32, c.num_query_heads = 4, c.num_kv_heads = 2, c.head_dim = 8;
-    c.global_head_dim = 16, c.mlp_dim = 48, c.num_decoder_layers = 5, c.sliding_window_size = 3;
-    c.sliding_window_pattern = 2, c.num_kv_shared_layers = 3, c.use_double_wide_mlp = 1;
-    c.per_layer_input_dim = 4, c.final_logits_soft_cap = 3.0f;
-    return c;
-}
-
 Test(grad_sink, gemma4_layers_of_three_sizes) {
-    mt_model_config c = tiny_gemma4();
+    mt_model_config c = tu_tiny_gemma4(); /* tests/test_fixtures.h */
     check_model(&c, 0, 0, "gemma4");
     check_model(&c, 1, 0, "gemma4, remat full");
     check_model(&c, 0, 1, "gemma4, asynchronous");

@@ -190,12 +190,7 @@ Test(packing, gemma3_documents_alone) {
 Test(packing, gemma4_documents_alone) {
     /* Gemma 4: KV sharing (layers 2-4 read 0 and 1's K/V), per-layer inputs, double-wide
      * MLPs, head dims 8 / 16 (proportional RoPE on the global layers), window 3. */
-    mt_model_config c;
-    mt_model_config_defaults(&c, MT_DECODER_GEMMA4);
-    c.vocab_size = 41, c.emb_dim = 32, c.num_query_heads = 4, c.num_kv_heads = 2, c.head_dim = 8;
-    c.global_head_dim = 16, c.mlp_dim = 48, c.num_decoder_layers = 5, c.sliding_window_size = 3;
-    c.sliding_window_pattern = 2, c.num_kv_shared_layers = 3, c.use_double_wide_mlp = 1;
-    c.per_layer_input_dim = 4, c.final_logits_soft_cap = 3.0f;
+    mt_model_config c = tu_tiny_gemma4();
     check_packed_equals_documents_alone(&c);
 }
 

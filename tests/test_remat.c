@@ -38,18 +38,6 @@ static mt_model_config cfg_gemma3(void) {
     return c;
 }
 
-/* gemma4 (models/model_gemma4.c): layers 1, 3 and 4 global (head dim 16, the others
- * 8), the last three sharing K/V with layer 0 (local) and 1 (global), double-wide MLPs,
- * per-layer inputs of 4. */
-static mt_model_config cfg_gemma4(void) {
-    mt_model_config c;
-    mt_model_config_defaults(&c, MT_DECODER_GEMMA4);
-    c.vocab_size = 41, c.emb_dim = 32, c.num_query_heads = 4, c.num_kv_heads = 2, c.head_dim = 8;
-    c.global_head_dim = 16, c.mlp_dim = 48, c.num_decoder_layers = 5, c.sliding_window_size = 3;
-    c.sliding_window_pattern = 2, c.num_kv_shared_layers = 3, c.use_double_wide_mlp = 1;
-    c.per_layer_input_dim = 4, c.final_logits_soft_cap = 3.0f;
-    return c;
-}
 
 /* Tiny tensors: one thread (thread start-up dominates on a shared 2-core machine;
  * the ops are deterministic for any thread count). */
@@ -275,7 +263,7 @@ Test(remat, gemma3_every_policy_bitwise) {
  * donors' K/V kept whatever the policy) and it refuses parameter host offload, so only
  * the numbers are compared here. */
 Test(remat, gemma4_every_policy_bitwise) {
-    mt_model_config c = cfg_gemma4();
+    mt_model_config c = tu_tiny_gemma4(); /* tests/test_fixtures.h */
     cr_assert_eq(mt_model_config_validate(&c), MT_OK, "%s", mt_last_error());
     mt_remat_policy keep = mt_remat_policy_keep_all();
     run_out ref;
