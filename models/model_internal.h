@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "models/model.h"
+#include "parallel/vocab_loss.h"
 
 /* Activations, compute weights and their gradients are of m->dt (MT_F32 or MT_BF16:
  * the layout's dtype), m->es bytes each; parameter gradients (mtm_gw), the fp32 master,
@@ -307,10 +308,10 @@ struct mt_model {
 
 /* ---- small helpers ---- */
 
-/* Rows [a, b) of vocabulary chunk c of C (the row split of kernels/tiled_loss.h). */
+/* Rows [a, b) of vocabulary chunk c of C: parallel/vocab_loss.h's split, so the lookup's
+ * chunks are the loss's. */
 static inline void mtm_vocab_chunk(const mt_model *m, int64_t c, int64_t *a, int64_t *b) {
-    *a = c * m->V / m->vc.C;
-    *b = (c + 1) * m->V / m->vc.C;
+    mt_vocab_chunk_rows(m->V, m->vc.C, c, a, b);
 }
 /* Rows in the largest chunk: ceil(V / C). */
 static inline int64_t mtm_vocab_chunk_rows(const mt_model *m) { return (m->V + m->vc.C - 1) / m->vc.C; }

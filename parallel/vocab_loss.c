@@ -56,8 +56,7 @@ size_t mt_vocab_chunked_scratch_bytes(int64_t N) {
     return N > 0 ? (size_t)N * (2 * sizeof(double) + sizeof(float)) + 2 * sizeof(double) : 0;
 }
 
-/* Chunk c's rows [*ca, *cb) of the slice (the row split of kernels/tiled_loss.h). */
-static void chunk_rows(int64_t Vl, int64_t C, int64_t c, int64_t *ca, int64_t *cb) {
+void mt_vocab_chunk_rows(int64_t Vl, int64_t C, int64_t c, int64_t *ca, int64_t *cb) {
     *ca = c * Vl / C;
     *cb = (c + 1) * Vl / C;
 }
@@ -86,7 +85,7 @@ mt_status mt_vocab_chunked_loss(mt_backend *be, mt_comm *comm, const mt_vocab_lo
     for (int pass = 1; pass <= 2; pass++) {
         for (int64_t c = 0; c < C; c++) {
             int64_t ca, cb;
-            chunk_rows(Vl, C, c, &ca, &cb);
+            mt_vocab_chunk_rows(Vl, C, c, &ca, &cb);
             const int64_t Vc = cb - ca;
             const void *W = NULL;
             MT_TRY(src->rows(src->ctx, ca, cb, &W));
@@ -119,7 +118,7 @@ mt_status mt_vocab_chunked_loss(mt_backend *be, mt_comm *comm, const mt_vocab_lo
     void *dlog = dt == MT_F32 ? (void *)tile : dtile;
     for (int64_t c = 0; c < C; c++) {
         int64_t ca, cb;
-        chunk_rows(Vl, C, c, &ca, &cb);
+        mt_vocab_chunk_rows(Vl, C, c, &ca, &cb);
         const int64_t Vc = cb - ca;
         const void *W = NULL;
         float *dW = NULL;

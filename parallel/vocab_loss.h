@@ -104,6 +104,11 @@ typedef struct mt_vocab_chunk_source {
     mt_status (*grad_end)(void *ctx, int64_t a, int64_t b, float *dW);
 } mt_vocab_chunk_source;
 
+/* Rows [*ca, *cb) of chunk c of C of a slice of Vl rows: [c Vl / C, (c + 1) Vl / C) (the
+ * row split of kernels/tiled_loss.h); the one split of the loss's and the embedding's
+ * chunks (models/model_internal.h mtm_vocab_chunk). */
+void mt_vocab_chunk_rows(int64_t Vl, int64_t C, int64_t c, int64_t *ca, int64_t *cb);
+
 /* Bytes of the chunked loss's scratch for N rows: sz [2N] fp64, a 2-double stats sink,
  * mx [N] fp32 (8-byte aligned as given). 0 for N <= 0. */
 size_t mt_vocab_chunked_scratch_bytes(int64_t N);
