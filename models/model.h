@@ -132,9 +132,10 @@ typedef struct mt_model mt_model;
  * the loss tile's logits stay fp32, plus a bf16 dlogits tile "loss_tile.dlogits");
  * parameter gradients are fp32 (GEMMs write them in fp32). kernels/ops.h says where
  * each op rounds. Element g of the compute copy is rounded with the bits of its global
- * index, so under fsdp each rank rounds its shard ("params.compute.shard", ceil(numel
- * / fsdp) x 2 bytes) into bitwise the one-process values and the parameter windows
- * gather that bf16 copy (2 bytes per parameter), not the master. The tensor, sequence
+ * index, so under fsdp each rank rounds its part of every window it gathers straight
+ * from its fp32 master shard into its own place in the window (bitwise the one-process
+ * values; no bf16 copy of the shard is kept) and the gather moves 2 bytes per
+ * parameter, not the master's 4. The tensor, sequence
  * and context collectives move bf16 activations, and their sums add bf16 partials
  * (parallel/comm.h MT_COMM_BF16; the choice and its error: models/model_shard.c). bf16
  * with parameter host offload is refused (MT_ERR_UNSUPPORTED) by mt_model_add_to_plan,

@@ -357,6 +357,11 @@ static inline int64_t mtm_layer_numel(const mt_model *m, int64_t l) {
 /* The parameters live in windows (parameter host offload or fsdp), not in GB_PARAMS. */
 static inline int params_windowed(const mt_model *m) { return m->pwin.offload || m->fsdp.size > 1; }
 
+/* fsdp with dtype bfloat16 and the shard on the device: no bf16 copy of the shard; each
+ * gather rounds this rank's part into the window (model_shard.c mtm_fsdp_gather). */
+static inline int mtm_fsdp_rounds_in_window(const mt_model *m) {
+    return m->fsdp.size > 1 && !m->pwin.offload && m->dt != MT_F32;
+}
 /* Vocabulary chunks with parameter windows: the embedding and lm_head rows come
  * through the vocabulary windows, a chunk at a time (not in the global window). */
 static inline int mtm_vocab_windows(const mt_model *m) { return m->vc.C > 1 && params_windowed(m); }

@@ -6,9 +6,10 @@
  * Sizes, per rank, N = batch x local sequence rows, Ns = N or N / tp under sequence
  * parallelism (the residual stream's rows), es = the activation dtype's bytes:
  *   params numel x 4 (fp32 master; + "params.compute" numel x es with bf16), or the
- *   fsdp shard ceil(numel / fsdp) x 4 (+ its compute copy "params.compute.shard" x es
- *   with bf16) and the windows (two layers + embedding / tail) x es; with parameter
- *   host offload the master (or shard) and its compute copy are in the host pool;
+ *   fsdp shard ceil(numel / fsdp) x 4 and the windows (two layers + embedding / tail)
+ *   x es (with bf16 each gather rounds the rank's part into the window: no bf16 copy
+ *   of the shard); with parameter host offload the master (or shard) and its compute
+ *   copy are in the host pool;
  *   grads numel x 4, or with a gradient sink one layer + embedding + tail;
  *   per layer the saved tensors of mtm_act_elems (Ns x D residual tensors, N x local
  *   widths for q / k / v / context / mlp), each kept, recomputed into the layer-sized
@@ -253,11 +254,8 @@ static mt_status add_weights(mt_model *m, mt_plan *plan) {
                                 "dtype=float32)", mt_dtype_name(m->dt), m->be->name);
         /* the compute copy: of the whole flat buffer, or under fsdp of this rank's shard
          * (the windows are gathered from it) */
-        if (m->pwin.offload)
+        if (m->pwin.offload || mtm_fsdp_rounds_in_window(m)) /* fsdp: each gather rounds its part */
             m->plan.gid[GB_COMPUTE_W] = -1;
-        else if (m->fsdp.size > 1)
-            MT_TRY(mtm_plan_add(m, plan, GB_COMPUTE_W, "params.compute.shard", MT_MEM_PARAMS,
-                                (size_t)(m->fsdp.hi - m->fsdp.lo) * es, 0, last));
         else
             MT_TRY(mtm_plan_add(m, plan, GB_COMPUTE_W, "params.compute", MT_MEM_PARAMS, (size_t)m->par.numel * es, 0,
                                 last));

@@ -30,7 +30,7 @@
  *     4 (C - 1) + 2 in the backward (blocks travel with their gradients, then home),
  *     plus the forward's 2 (C - 1) again when context is recomputed.
  *   fsdp: mt_model_fsdp_gather_floats (model.h) x es bytes (4 fp32, 2 with dtype
- *     bfloat16: the compute copy is gathered) per forward + backward: the
+ *     bfloat16: the compute copy's values) per forward + backward: the
  *     embedding and tail minus this rank's part once, each layer's window minus its
  *     part once in the forward and again in the backward for layers 0 .. L - 3. */
 #include "models/model_internal.h"
@@ -396,17 +396,38 @@ static int64_t fsdp_own(const mt_model *m, int r, int64_t a, int64_t b) {
 
 /* win[0, b - a) = flat parameters [a, b) of m->dt, gathered from the shards (each rank
  * sends its part; rank order is flat order): the fp32 master shard, or with dtype
- * bfloat16 the shard's compute copy (16-bit payloads, half the bytes; bitwise the
- * slice of the one-process copy: mtm_refresh_compute). async: started only
- * (m->fsdp.req, completed by mtm_fsdp_wait; the shard and win are not touched
- * meanwhile). Failures go to fsdp.status (first of the pass). */
+ * bfloat16 16-bit payloads (half the bytes), bitwise the slice of the one-process
+ * compute copy (mtm_refresh_compute's rounding key): without parameter offload each
+ * rank rounds its part of [a, b) from its fp32 master straight into its own place in
+ * win and the gather runs in place, so no bf16 copy of the shard is kept (ZeRO-3 as in
+ * Rajbhandari et al. 2020 keeps the fp16 shard instead; rounding at each gather costs an
+ * elementwise pass over 1 / fsdp of the window and no bytes on the wire); with offload
+ * from the host pool's compute copy. async: started only (m->fsdp.req, completed by
+ * mtm_fsdp_wait; the shard and win are not touched meanwhile). Failures go to
+ * fsdp.status (first of the pass). */
 void mtm_fsdp_gather(mt_model *m, void *win, int64_t a, int64_t b, int async) {
     if (m->fsdp.status != MT_OK) return;
-    for (int r = 0; r < m->fsdp.size; r++) m->fsdp.counts[r] = fsdp_own(m, r, a, b);
-    const int64_t own0 = a > m->fsdp.lo ? a : m->fsdp.lo;
-    const void *shard = m->plan.gptr[m->dt != MT_F32 ? GB_COMPUTE_W : GB_PARAMS];
-    const void *send = m->fsdp.counts[m->fsdp.rank] > 0 ? AT(m, shard, own0 - m->fsdp.lo) : shard;
+    int64_t before = 0; /* elements of [a, b) on the ranks before this one: its place in win */
+    for (int r = 0; r < m->fsdp.size; r++) {
+        m->fsdp.counts[r] = fsdp_own(m, r, a, b);
+        if (r < m->fsdp.rank) before += m->fsdp.counts[r];
+    }
+    const int64_t own0 = a > m->fsdp.lo ? a : m->fsdp.lo, own = m->fsdp.counts[m->fsdp.rank];
     const mt_comm_dtype cd = m->dt != MT_F32 ? MT_COMM_U16 : MT_COMM_F32;
+    const void *send;
+    if (mtm_fsdp_rounds_in_window(m)) {
+        send = AT(m, win, before);
+        if (own > 0) { /* the compute copy's key: element g at t * numel + g */
+            m->fsdp.status = m->be->ops->from_f32(m->be, AT(m, win, before), m->dt,
+                                                  (const float *)m->plan.gptr[GB_PARAMS] + (own0 - m->fsdp.lo), own,
+                                                  1, m->sr_seed,
+                                                  (uint64_t)m->sr_t * (uint64_t)m->par.numel + (uint64_t)own0);
+            if (m->fsdp.status != MT_OK) return;
+        }
+    } else {
+        const void *shard = m->plan.gptr[m->dt != MT_F32 ? GB_COMPUTE_W : GB_PARAMS];
+        send = own > 0 ? AT(m, shard, own0 - m->fsdp.lo) : shard;
+    }
     if (async)
         m->fsdp.status = mt_comm_all_gather_start(m->fsdp.comm, send, win, m->fsdp.counts, cd, &m->fsdp.req);
     else

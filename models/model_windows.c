@@ -5,8 +5,9 @@
  * each) and a global window (embedding, then model.norm and lm_head) instead of the
  * flat parameters; they are filled from the host pool by copies (offload), or by
  * all-gathers of the ranks' shards (fsdp: model_shard.c mtm_fsdp_gather) of the fp32
- * master or, with dtype bfloat16, of its bf16 compute copy (mtm_refresh_compute rounds
- * it before each forward), the layer gathers prefetched one
+ * master or, with dtype bfloat16, of bf16 values each rank rounds from its master into
+ * its place in the window (the bits of the compute copy, mtm_refresh_compute), the
+ * layer gathers prefetched one
  * layer ahead. A layer's window is fetched before its forward and again before its
  * backward only when layer l + 2 reused the slot.
  *
@@ -44,6 +45,7 @@ const void *mtm_pw(const mt_model *m, int i) {
 mt_status mtm_refresh_compute(mt_model *m) {
     if (m->dt == MT_F32) return MT_OK;
     mtm_fsdp_wait(m);
+    if (mtm_fsdp_rounds_in_window(m)) return MT_OK; /* no copy: each gather rounds its part */
     const int64_t lo = m->fsdp.size > 1 ? m->fsdp.lo : 0, hi = m->fsdp.size > 1 ? m->fsdp.hi : m->par.numel;
     return m->be->ops->from_f32(m->be, m->plan.gptr[GB_COMPUTE_W], m->dt, m->plan.gptr[GB_PARAMS], hi - lo, 1,
                                 m->sr_seed, (uint64_t)m->sr_t * (uint64_t)m->par.numel + (uint64_t)lo);
