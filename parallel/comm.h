@@ -193,7 +193,9 @@ mt_status mt_comm_all_reduce_max(mt_comm *c, void *buf, int64_t count, mt_comm_d
 
 /* send holds the group's chunks back to back, chunk i of counts[i] elements;
  * recv[counts[rank]] = sum over the group of chunk `rank`. dt: F32, F64, I64 or BF16.
- * counts[] has mt_comm_size entries (each < 2^31). */
+ * counts[] has mt_comm_size entries (each < 2^31). recv may be this rank's own chunk
+ * inside send (in place, as NCCL's in-place reduce-scatter; on MPI with host buffers the
+ * result is staged apart and copied into place); the rest of send is then unchanged. */
 mt_status mt_comm_reduce_scatter(mt_comm *c, const void *send, void *recv, const int64_t *counts,
                                  mt_comm_dtype dt);
 

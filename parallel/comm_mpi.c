@@ -42,6 +42,7 @@ struct mt_comm {
 typedef struct mt_stage {
     void *host, *dev;
     size_t bytes;
+    int plain;  /* dev is host memory (an in-place result staged apart: stage_apart) */
 } mt_stage;
 
 struct mt_comm_request {
@@ -696,6 +697,7 @@ static mt_status stage_in(const mt_comm *c, mt_stage *s, const void *p, size_t b
     s->host = (void *)p;
     s->dev = NULL;
     s->bytes = bytes;
+    s->plain = 0;
     if (bytes == 0 || !staged(c, p)) return MT_OK;
     s->host = stage_take(bytes);
     if (!s->host)
@@ -718,11 +720,33 @@ static mt_status stage_in(const mt_comm *c, mt_stage *s, const void *p, size_t b
 static mt_status stage_out(mt_stage *s, int write) {
     mt_status st = MT_OK;
     if (s->dev) {
-        if (write) st = g_stage_be->ops->copy_to_device(g_stage_be, s->dev, s->host, s->bytes);
+        if (write && s->plain)
+            memcpy(s->dev, s->host, s->bytes);
+        else if (write)
+            st = g_stage_be->ops->copy_to_device(g_stage_be, s->dev, s->host, s->bytes);
         stage_give(s->host);
     }
     s->host = s->dev = NULL;
+    s->plain = 0;
     return st;
+}
+
+/* An in-place call on host memory (recv, as MPI sees it, inside send: this rank's chunk
+ * of a reduce-scatter's input): MPI forbids aliased send and receive buffers (MPI 4.0
+ * section 2.3), so the result is written to a staging buffer and copied into place when
+ * the call completes (stage_out). No-op when the two do not overlap. Errors: MT_ERR_OOM
+ * naming the call. */
+static mt_status stage_apart(mt_stage *recv, const mt_stage *send, const char *what) {
+    const char *r = recv->host, *s = send->host;
+    if (recv->dev || recv->bytes == 0 || !s || r + recv->bytes <= s || s + send->bytes <= r) return MT_OK;
+    void *h = stage_take(recv->bytes);
+    if (!h)
+        return mt_set_error(MT_ERR_OOM, "rank %d: %s: no host memory to stage an in-place result of %zu bytes "
+                            "(%d staging buffers in use)", g_rank, what, recv->bytes, MT_STAGE_BUFS);
+    recv->dev = recv->host;
+    recv->host = h;
+    recv->plain = 1;
+    return MT_OK;
 }
 
 #ifdef MT_HAVE_MPI
@@ -852,6 +876,7 @@ static mt_status reduce_scatter_impl(mt_comm *c, const void *send, void *recv, c
     mt_stage ss, sr; /* send (read), recv (written) */
     MT_TRY(stage_in(c, &ss, send, (size_t)total * es, 1, "reduce_scatter"));
     mt_status st = stage_in(c, &sr, recv, (size_t)counts[c->rank] * es, 0, "reduce_scatter");
+    if (st == MT_OK) st = stage_apart(&sr, &ss, "reduce_scatter");
     if (st != MT_OK) {
         (void)stage_out(&ss, 0);
         return st;

@@ -163,12 +163,18 @@ static mt_status tensor_reduce_range(mt_grad_sync *g, float *x, int64_t a, int64
 /* Sum the full gradient over the tensor group, replicated ranges counted once. */
 static mt_status tensor_reduce(mt_grad_sync *g, float *grads) { return tensor_reduce_range(g, grads, 0, g->numel); }
 
+/* Windows reduce-scattered in place (MT_GRAD_WINDOW_RS with K > 1): the sum lands in the
+ * window and is added into the accumulator from there; no fp32 shard in the backward. */
+static int windows_in_place(const mt_grad_sync *g) { return g->path == MT_GRAD_WINDOW_RS && !g->direct; }
+
 /* ZeRO-1: reduce-scatter x = the gradient of [a, a + n) over the group, each rank
  * receiving its shard's part of the range (uneven counts, empty ones included) into
- * the fp32 shard at the same place. *own0 / *own: that part, [own0, own0 + own).
- * req non-NULL: started only (mt_comm_reduce_scatter_start; the counts are copied). */
-static mt_status reduce_scatter_range(mt_grad_sync *g, const float *x, int64_t a, int64_t n, int64_t *own0,
-                                      int64_t *own, mt_comm_request **req) {
+ * the fp32 shard at the same place, or in place (windows_in_place: into x at the
+ * part's own place). *own0 / *own: that part, [own0, own0 + own); *sum: where it
+ * lands. req non-NULL: started only (mt_comm_reduce_scatter_start; the counts are
+ * copied). */
+static mt_status reduce_scatter_range(mt_grad_sync *g, float *x, int64_t a, int64_t n, int64_t *own0,
+                                      int64_t *own, const float **sum, mt_comm_request **req) {
     for (int r = 0; r < g->n; r++) {
         int64_t lo, hi;
         shard_of(g, r, &lo, &hi);
@@ -178,7 +184,8 @@ static mt_status reduce_scatter_range(mt_grad_sync *g, const float *x, int64_t a
     }
     *own0 = g->lo > a ? g->lo : a;
     *own = g->wcounts[g->rank];
-    float *dst = g->shard + (*own > 0 ? *own0 - g->lo : 0);
+    float *dst = windows_in_place(g) ? x + (*own0 - a) : g->shard + (*own > 0 ? *own0 - g->lo : 0);
+    *sum = dst;
     if (req) return mt_comm_reduce_scatter_start(g->comm, x, dst, g->wcounts, MT_COMM_F32, req);
     return mt_comm_reduce_scatter(g->comm, x, dst, g->wcounts, MT_COMM_F32);
 }
@@ -187,7 +194,10 @@ int64_t mt_grad_sync_opt_numel(const mt_grad_sync *g) { return g->hi - g->lo; }
 
 mt_status mt_grad_sync_add_to_plan(mt_grad_sync *g, mt_plan *plan, int last) {
     const size_t es = mt_dtype_size(g->grad_dtype), S = (size_t)(g->hi - g->lo);
-    if (g->zero1) MT_TRY(mt_plan_add(plan, "grad_shard", MT_MEM_COMM, S * sizeof(float), 0, last, &g->id_shard));
+    if (g->zero1 && !windows_in_place(g))
+        MT_TRY(mt_plan_add(plan, "grad_shard", MT_MEM_COMM, S * sizeof(float), 0, last, &g->id_shard));
+    else if (g->zero1 && g->grad_dtype != MT_F32) /* the widened accumulator, for the optimizer */
+        MT_TRY(mt_plan_add(plan, "grad_shard", MT_MEM_COMM, S * sizeof(float), last, last, &g->id_shard));
     if (g->direct) return MT_OK;
     if (g->path == MT_GRAD_WINDOW_ACC)
         MT_TRY(mt_plan_add(plan, "grads.window.reduce", MT_MEM_GRADS, (size_t)g->chunk * sizeof(float), last, last,
@@ -236,13 +246,12 @@ mt_status mt_grad_sync_set_path(mt_grad_sync *g, int fsdp, int64_t chunk) {
 
 void mt_grad_sync_set_microbatch(mt_grad_sync *g, int64_t mb) { g->mb = mb; }
 
-/* With K > 1: add this rank's reduced part [own0, own0 + own) of a window (in the fp32
- * shard) into the shard accumulator. */
-static mt_status add_own(mt_grad_sync *g, int64_t own0, int64_t own) {
+/* With K > 1: add this rank's reduced part [own0, own0 + own) of a window (at sum, in
+ * the window) into the shard accumulator. */
+static mt_status add_own(mt_grad_sync *g, int64_t own0, int64_t own, const float *sum) {
     if (g->direct || own <= 0) return MT_OK;
     const size_t es = mt_dtype_size(g->grad_dtype);
-    return accumulate(g, (char *)g->shard_acc + (size_t)(own0 - g->lo) * es, g->grad_dtype, g->shard + (own0 - g->lo),
-                      own, g->mb == 0);
+    return accumulate(g, (char *)g->shard_acc + (size_t)(own0 - g->lo) * es, g->grad_dtype, sum, own, g->mb == 0);
 }
 
 mt_status mt_grad_sync_window(void *ctx, int64_t a, int64_t n, float *w) {
@@ -265,12 +274,14 @@ mt_status mt_grad_sync_window(void *ctx, int64_t a, int64_t n, float *w) {
             return mt_set_error(MT_ERR_INVALID, "gradient sync: more than %d windows in flight (the model waits "
                                 "before it reuses a window)", MT_GRAD_SYNC_PENDING);
         mt_comm_request *req = NULL;
-        MT_TRY(reduce_scatter_range(g, w, a, n, &own0, &own, &req));
-        *slot = (struct mt_grad_sync_pending){w, req, own0, own};
+        const float *sum = NULL;
+        MT_TRY(reduce_scatter_range(g, w, a, n, &own0, &own, &sum, &req));
+        *slot = (struct mt_grad_sync_pending){w, req, own0, own, sum};
         return MT_OK;
     }
-    MT_TRY(reduce_scatter_range(g, w, a, n, &own0, &own, NULL));
-    return add_own(g, own0, own);
+    const float *sum = NULL;
+    MT_TRY(reduce_scatter_range(g, w, a, n, &own0, &own, &sum, NULL));
+    return add_own(g, own0, own, sum);
 }
 
 int mt_grad_sync_overlaps(const mt_grad_sync *g) { return g->path == MT_GRAD_WINDOW_RS && g->n > 1; }
@@ -290,7 +301,7 @@ mt_status mt_grad_sync_window_wait(void *ctx, const float *w) {
         struct mt_grad_sync_pending *p = &g->pending[i];
         if (!p->w || (w && p->w != w)) continue;
         mt_status st = mt_comm_wait(p->req);
-        if (st == MT_OK) st = add_own(g, p->own0, p->own);
+        if (st == MT_OK) st = add_own(g, p->own0, p->own, p->sum);
         *p = (struct mt_grad_sync_pending){0};
         if (first == MT_OK) first = st;
     }
@@ -301,6 +312,10 @@ mt_status mt_grad_sync_window_wait(void *ctx, const float *w) {
 static mt_status finish_windows(mt_grad_sync *g, float **out) {
     const int64_t S = g->hi - g->lo;
     if (g->path == MT_GRAD_WINDOW_RS) { /* every window was reduce-scattered already */
+        if (!g->direct && g->grad_dtype == MT_F32) { /* the fp32 accumulator is the gradient */
+            *out = g->shard_acc;
+            return MT_OK;
+        }
         if (!g->direct) MT_TRY(to_f32(g, g->shard, g->shard_acc, g->grad_dtype, S));
         *out = g->shard;
         return MT_OK;
@@ -314,7 +329,8 @@ static mt_status finish_windows(mt_grad_sync *g, float **out) {
         MT_TRY(tensor_reduce_range(g, g->chunk_buf, a, n));
         if (g->zero1) {
             int64_t own0, own;
-            MT_TRY(reduce_scatter_range(g, g->chunk_buf, a, n, &own0, &own, NULL));
+            const float *sum = NULL;
+            MT_TRY(reduce_scatter_range(g, g->chunk_buf, a, n, &own0, &own, &sum, NULL));
         } else if (g->comm && g->n > 1) {
             MT_TRY(mt_comm_all_reduce(g->comm, g->chunk_buf, n, MT_COMM_F32));
         }

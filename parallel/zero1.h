@@ -48,8 +48,13 @@
  *   MT_GRAD_WINDOW_RS   ZeRO-1 with every or K = 1, and fsdp always: each window is
  *                       summed over the tensor group and reduce-scattered (each rank's
  *                       shard part of the window, uneven counts) right after its
- *                       backward into the fp32 shard, and with K > 1 added into the
- *                       shard x grad_dtype accumulator. With more than one rank the
+ *                       backward: with K = 1 into the fp32 shard; with K > 1 in place
+ *                       (the rank's part of the window receives the sum) and then
+ *                       added into the shard x grad_dtype accumulator, so no fp32
+ *                       shard is live in the backward: an fp32 accumulator is the
+ *                       optimizer's gradient itself, a bf16 one is widened into the fp32
+ *                       shard planned for the optimizer phase only (the same adds and
+ *                       roundings as through the shard: bitwise the same). With more than one rank the
  *                       reduce-scatter is asynchronous: it runs while the model
  *                       computes the next layer's backward into its second layer
  *                       window, and completes before that window is written again
@@ -70,7 +75,8 @@
  *   "grad_accumulator"        numel x grad_dtype, MT_MEM_GRADS (once + bfloat16, not fsdp)
  *   "grad_shard_accumulator"  shard x grad_dtype, MT_MEM_GRADS (every; fsdp with K > 1)
  *   "grads.window.reduce"     chunk x fp32, MT_MEM_GRADS, optimizer phase (WINDOW_ACC)
- *   "grad_shard"              shard x fp32, MT_MEM_COMM       (ZeRO-1: the reduced shard)
+ *   "grad_shard"              shard x fp32, MT_MEM_COMM       (ZeRO-1: the reduced shard; WINDOW_RS
+ *                             with K > 1: bf16 only, the optimizer phase only)
  * plus the model's windows ("grads.window.layer", with overlap also
  * "grads.window.layer.overlap", "grads.window.tail", "grads.window.embedding",
  * MT_MEM_GRADS) or its full "grads" (MT_GRAD_FULL), and the
@@ -137,7 +143,7 @@ typedef struct mt_grad_sync {
     int id_acc, id_shard_acc, id_shard, id_chunk;
     void *acc;            /* numel x grad_dtype (once + bf16) */
     void *shard_acc;      /* shard x grad_dtype (every; windows reduce-scattered with K > 1) */
-    float *shard;         /* shard x fp32 (ZeRO-1) */
+    float *shard;         /* shard x fp32 (ZeRO-1; with windows and K > 1 only bf16's, optimizer phase) */
     float *chunk_buf;     /* chunk x fp32 (MT_GRAD_WINDOW_ACC) */
     /* tensor axis (mt_grad_sync_set_tensor) */
     mt_comm *tp_comm;
@@ -164,6 +170,7 @@ typedef struct mt_grad_sync {
         const float *w;       /* the window read by the collective, NULL = free slot */
         mt_comm_request *req; /* its reduce-scatter (NULL: done at start, a group of one) */
         int64_t own0, own;    /* this rank's part of the window's range */
+        const float *sum;     /* where its reduced part lands: in the window (K > 1) or the shard */
     } pending[MT_GRAD_SYNC_PENDING];
 } mt_grad_sync;
 

@@ -198,3 +198,41 @@ Test(zero1, single_microbatch_has_no_accumulator) {
         mt_grad_sync_free(&g);
     }
 }
+
+/* Per-window reduce-scatters with K > 1 run in place (each rank's part of the window
+ * receives the sum and is added into the shard accumulator from there), so the plan
+ * holds no fp32 gradient shard in the backward: with fp32 the accumulator is the
+ * optimizer's gradient, with bf16 the fp32 shard it is widened into lives in the
+ * optimizer phase only; one micro-batch reduce-scatters straight into the shard, which
+ * lives the whole step. (4 ranks, 10 gradients: rank 1 owns [3, 6).) */
+Test(zero1, windows_in_place_hold_no_fp32_shard_in_the_backward) {
+    const mt_dtype dts[2] = {MT_F32, MT_BF16};
+    for (int d = 0; d < 2; d++)
+        for (int K = 1; K <= 3; K += 2) {
+            mt_grad_sync g;
+            cr_assert_eq(mt_grad_sync_init(&g, NULL, 4, 1, 10, 1, dts[d], MT_GA_REDUCE_EVERY, K), MT_OK);
+            cr_assert_eq(mt_grad_sync_set_path(&g, 0, 4), MT_OK);
+            mt_plan *plan = NULL;
+            cr_assert_eq(mt_plan_new(&plan), MT_OK);
+            cr_assert_eq(mt_grad_sync_add_to_plan(&g, plan, 3), MT_OK);
+            const int id = mt_plan_find(plan, "grad_shard"), acc = mt_plan_find(plan, "grad_shard_accumulator");
+            if (K == 1) {
+                cr_assert(id >= 0 && acc < 0, "one micro-batch: the shard, no accumulator");
+                cr_assert_eq(mt_plan_entry_get(plan, id)->first, 0);
+            } else {
+                cr_assert(acc >= 0);
+                cr_assert_eq(mt_plan_entry_get(plan, acc)->bytes, 3 * mt_dtype_size(dts[d]));
+                if (dts[d] == MT_F32) {
+                    cr_assert_eq(id, -1, "fp32: the accumulator is the gradient, no shard");
+                } else {
+                    cr_assert(id >= 0);
+                    const mt_plan_entry *e = mt_plan_entry_get(plan, id);
+                    cr_assert(e->first == 3 && e->last == 3 && e->bytes == 3 * sizeof(float),
+                              "bf16: the widened shard in the optimizer phase only, [%d, %d] %zu bytes", e->first,
+                              e->last, e->bytes);
+                }
+            }
+            mt_plan_free(plan);
+            mt_grad_sync_free(&g);
+        }
+}

@@ -6,7 +6,8 @@
  *                           all_gather / reduce_scatter with uneven counts (one chunk
  *                           empty) and with equal counts, all_reduce (sum, max),
  *                           broadcast, sendrecv, each blocking and asynchronous (three
- *                           requests outstanding at once, in-place gather), the
+ *                           requests outstanding at once, in-place gather and
+ *                           reduce-scatter), the
  *                           byte counters against comm.h's formulas, and overlap: a
  *                           1 MiB all_gather completes before its wait is called
  *   comm_check device       the same on device buffers of the CUDA backend over a
@@ -157,6 +158,26 @@ static void check_gather_scatter(mt_comm *c, const int64_t *counts, const char *
         }
         g_ops->ops->release(g_ops, send);
         g_ops->ops->release(g_ops, recv);
+    }
+    /* in place: recv is this rank's chunk of send; the sum lands there and the other
+     * chunks of send are left as they were (blocking, then async) */
+    for (int async = 0; async < 2; async++) {
+        float *send = upload(h, tot);
+        if (async) {
+            mt_comm_request *q = NULL;
+            OK(mt_comm_reduce_scatter_start(c, send, send + displ[r], counts, MT_COMM_F32, &q));
+            OK(mt_comm_wait(q));
+        } else {
+            OK(mt_comm_reduce_scatter(c, send, send + displ[r], counts, MT_COMM_F32));
+        }
+        download(got, send, tot);
+        for (int64_t k = 0; k < tot; k++) {
+            const int mine = k >= displ[r] && k < displ[r] + counts[r];
+            const float want_v = mine ? (float)(n * (n + 1) / 2 * (k + 1)) : h[k];
+            CHECK(got[k] == want_v, "%s in-place reduce_scatter%s: element %lld is %g, want %g", label,
+                  async ? "_start" : "", (long long)k, got[k], want_v);
+        }
+        g_ops->ops->release(g_ops, send);
     }
     free(h);
     free(got);
