@@ -43,15 +43,18 @@
  * accumulator. Packing: the segment ids and per-document positions reach the attention
  * and RoPE as for the other families. Gradient windows (ZeRO-1): the layer windows are
  * the largest layer's and each layer hands over its own size (model_loss.c); the
- * per-layer-input globals have their own window (G4_GWIN_PLE, ple_gw), fp32 and whole
- * for the embedding's backward phase (E2B: 2.35G elements, 9.4 GB: chunking it by
- * vocabulary rows as model_loss.c does for an untied embedding is left for later).
- * Parameter windows (fsdp, parameter offload): the layer windows likewise, and the per-layer-input
- * globals, which the global window does not hold, have their own (G4_PWIN_PLE, ple_pw),
- * all-gathered or copied once per forward and kept until their backward. It holds the
- * whole per-layer embedding table, V x L x P (E2B: 2.35G elements, 4.7 GB in bf16 per
- * device), unsharded for the step: the vocabulary chunks that model_loss.c gathers for
- * the embedding would cut it to a chunk at a time (not done yet). */
+ * per-layer-input globals have their own window (G4_GWIN_PLE, ple_gw), fp32, for the
+ * embedding's backward phase. Parameter windows (fsdp, parameter offload): the layer
+ * windows likewise, and the per-layer-input globals, which the global window does not
+ * hold, have their own (G4_PWIN_PLE, ple_pw), all-gathered or copied once per forward
+ * and kept until their backward. Whole, both would hold the per-layer embedding table
+ * V x L x P (E2B: 2.35G elements, 4.7 GB in bf16, 9.4 GB as the fp32 gradient). When
+ * the vocabulary comes in chunks (model_loss.c) the table does too, in vc.ple_C chunks
+ * of its own (model_plan.c mtm_vocab_resolve: none larger than a decoder layer): the
+ * lookup takes each chunk's rows gathered or copied into G4_PWIN_PLE_VOCAB
+ * (ple_table_rows; the backward does not read the table), and its backward hands each
+ * chunk's gradient to the sink from G4_GWIN_PLE_VOCAB (ple_table_backward); the two
+ * windows above then hold the projection and its norm only (mtm_g4_ple_window). */
 #include "models/model_internal.h"
 
 #include <math.h>

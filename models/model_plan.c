@@ -15,7 +15,9 @@
  *   "remat.*" scratch, or offloaded to the host pool;
  *   the loss tile ceil(N / tiles) x V / tp x 4 (kernels/tiled_loss.h), or with
  *   vocabulary chunks ceil(N / tiles) x ceil(V / C) x 4 and the chunks' windows (one
- *   chunk of rows x D, es per parameter, 4 per gradient; mtm_vocab_resolve);
+ *   chunk of rows x D, es per parameter, 4 per gradient; mtm_vocab_resolve); gemma4's
+ *   per-layer-input globals' windows (their numel, es / 4) or, with vocabulary chunks,
+ *   those without the table plus one chunk of the table, ceil(V / ple_C) x L x P;
  *   context parallelism: "cp.*" gather buffers of B x seq x KVD each, or ring blocks
  *   of N x KVD. */
 #include "models/model_internal.h"
