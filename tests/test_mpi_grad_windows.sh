@@ -208,12 +208,16 @@ same dp2_zero1_every_bf16_tied_chunks3 0 2 $ga4 ici_data_parallelism=2 shard_opt
 same bf16_once_1proc_param_offload_chunks3 0 1 $ga4 grad_dtype=bfloat16 parameter_memory_host_offload=true \
     num_vocab_chunks=3
 # gemma4's per-layer embedding table in the same 3 chunks: each chunk's gradient window
-# reduce-scattered on its own against the full buffer's rows (the same lookups' sums)
+# reduce-scattered (or, one process with bf16 accumulation, folded into the accumulator)
+# on its own against the full buffer's rows (the same lookups' sums); the last also
+# copies each chunk of the bf16 compute copy's table rows from the host pool
 same dp2_zero1_every_fp32_chunks3_gemma4 0 2 $ga4 ici_data_parallelism=2 shard_optimizer_over_data=true \
     gradient_accumulation_reduce=every num_vocab_chunks=3 model_name=tinyg4
 same fsdp2_k1_chunks3_gemma4 0 2 per_device_batch_size=2 ici_fsdp_parallelism=2 num_vocab_chunks=3 model_name=tinyg4
 same dp2_zero1_every_bf16_chunks3_gemma4 0 2 $ga4 ici_data_parallelism=2 shard_optimizer_over_data=true \
     gradient_accumulation_reduce=every grad_dtype=bfloat16 num_vocab_chunks=3 model_name=tinyg4
+same bf16_once_1proc_param_offload_chunks3_gemma4 0 1 $ga4 grad_dtype=bfloat16 dtype=bfloat16 \
+    parameter_memory_host_offload=true num_vocab_chunks=3 model_name=tinyg4
 same dp2_bf16_once_store_back 3.9e-3 2 $ga4 ici_data_parallelism=2 grad_dtype=bfloat16
 grep -q "grad.bin: .* worst relative error 0.000e+00" "$tmp/dp2_bf16_once_store_back.cmp" &&
     fail "dp2 bf16 once: identical to the full path, the store-back rounding did not happen"
