@@ -218,6 +218,16 @@ mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan);
  * Either pointer may be NULL. */
 void mt_model_vocab_tiling(const mt_model *m, int64_t *tiles, int64_t *chunks);
 
+/* gemma4: the vocabulary chunks its per-layer embedding table [V, L x P] is looked up and
+ * differentiated in (models/model_gemma4.c), as resolved with the loss's (final once the
+ * model is planned): 1 whenever the vocabulary is not chunked, else the fewest chunks
+ * no larger than one decoder layer's parameters, ceil(V L P / layer parameters), and at
+ * least the vocabulary's; with fsdp or parameter offload each chunk's rows pass through
+ * "params.window.vocab.per_layer_embedding", with a gradient sink each chunk's gradient
+ * through "grads.window.vocab.per_layer_embedding" to the sink. 0 for a model without
+ * per-layer inputs (or m NULL). */
+int64_t mt_model_per_layer_input_chunks(const mt_model *m);
+
 /* Remat and offload (models/remat.h). Set before mt_model_add_to_plan; the default
  * keeps every named tensor on the device. Per layer, a tensor whose action is device
  * gets its own plan entry; remat and offload tensors are computed in the forward into

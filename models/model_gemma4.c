@@ -43,15 +43,18 @@
  * accumulator. Packing: the segment ids and per-document positions reach the attention
  * and RoPE as for the other families. Gradient windows (ZeRO-1): the layer windows are
  * the largest layer's and each layer hands over its own size (model_loss.c); the
- * per-layer-input globals have their own window (G4_GWIN_PLE, ple_gw), fp32 and whole
- * for the embedding's backward phase (E2B: 2.35G elements, 9.4 GB: chunking it by
- * vocabulary rows as model_loss.c does for an untied embedding is left for later).
- * Parameter windows (fsdp, parameter offload): the layer windows likewise, and the per-layer-input
- * globals, which the global window does not hold, have their own (G4_PWIN_PLE, ple_pw),
- * all-gathered or copied once per forward and kept until their backward. It holds the
- * whole per-layer embedding table, V x L x P (E2B: 2.35G elements, 4.7 GB in bf16 per
- * device), unsharded for the step: the vocabulary chunks that model_loss.c gathers for
- * the embedding would cut it to a chunk at a time (not done yet). */
+ * per-layer-input globals have their own window (G4_GWIN_PLE, ple_gw), fp32, for the
+ * embedding's backward phase. Parameter windows (fsdp, parameter offload): the layer
+ * windows likewise, and the per-layer-input globals, which the global window does not
+ * hold, have their own (G4_PWIN_PLE, ple_pw), all-gathered or copied once per forward
+ * and kept until their backward. Whole, both would hold the per-layer embedding table
+ * V x L x P (E2B: 2.35G elements, 4.7 GB in bf16, 9.4 GB as the fp32 gradient). When
+ * the vocabulary comes in chunks (model_loss.c) the table does too, in vc.ple_C chunks
+ * of its own (model_plan.c mtm_vocab_resolve: none larger than a decoder layer): the
+ * lookup takes each chunk's rows gathered or copied into G4_PWIN_PLE_VOCAB
+ * (ple_table_rows; the backward does not read the table), and its backward hands each
+ * chunk's gradient to the sink from G4_GWIN_PLE_VOCAB (ple_table_backward); the two
+ * windows above then hold the projection and its norm only (mtm_g4_ple_window). */
 #include "models/model_internal.h"
 
 #include <math.h>
@@ -108,13 +111,23 @@ void mtm_g4_ple_range(const mt_model *m, int64_t *a, int64_t *n) {
     *n = last->offset + last->numel - first->offset;
 }
 
+void mtm_g4_ple_window(const mt_model *m, int grad, int64_t *a, int64_t *n) {
+    mtm_g4_ple_range(m, a, n);
+    if (*n > 0 && (grad ? mtm_g4_ple_grad_windows(m) : mtm_g4_ple_windows(m))) {
+        const int64_t table = m->par.info[m->par.ple_embed].numel; /* the first of the range */
+        *a += table;
+        *n -= table;
+    }
+}
+
 /* Per-layer-input global i as the layers compute with it: mtm_pw, or with parameter
  * windows (fsdp, parameter offload) its place in G4_PWIN_PLE, which ple_fetch fills at
- * the start of each forward (the global window holds the embedding and the tail only). */
+ * the start of each forward (the global window holds the embedding and the tail only).
+ * Not for the per-layer embedding table when it comes in chunks (ple_table_rows). */
 static const void *ple_pw(const mt_model *m, int i) {
     if (!params_windowed(m)) return mtm_pw(m, i);
     int64_t a, n;
-    mtm_g4_ple_range(m, &a, &n);
+    mtm_g4_ple_window(m, 0, &a, &n);
     return AT(m, G4B(m, G4_PWIN_PLE), m->par.info[i].offset - a);
 }
 
@@ -123,7 +136,7 @@ static const void *ple_pw(const mt_model *m, int i) {
 static mt_status ple_fetch(mt_model *m) {
     if (!params_windowed(m)) return MT_OK;
     int64_t a, n;
-    mtm_g4_ple_range(m, &a, &n);
+    mtm_g4_ple_window(m, 0, &a, &n);
     if (m->fsdp.size > 1) {
         mtm_fsdp_wait(m);
         mtm_fsdp_gather(m, G4B(m, G4_PWIN_PLE), a, a + n, 0);
@@ -133,14 +146,61 @@ static mt_status ple_fetch(mt_model *m) {
     return m->be->ops->copy_to_device(m->be, G4B(m, G4_PWIN_PLE), AT(m, host, a), (size_t)n * m->es);
 }
 
+/* Rows [r0, r1) of the per-layer embedding table, [r1 - r0, L*P] of m->dt: in place
+ * (G4_PWIN_PLE or the flat parameters), or with chunk windows (mtm_g4_ple_windows)
+ * gathered from the fsdp shards or copied from the host pool into G4_PWIN_PLE_VOCAB,
+ * valid until the next call. */
+static mt_status ple_table_rows(mt_model *m, int64_t r0, int64_t r1, const void **rows) {
+    const int64_t LP = m->cfg.num_decoder_layers * m->g4.P, off = m->par.info[m->par.ple_embed].offset + r0 * LP;
+    if (!mtm_g4_ple_windows(m)) {
+        *rows = AT(m, ple_pw(m, m->par.ple_embed), r0 * LP);
+        return MT_OK;
+    }
+    void *win = G4B(m, G4_PWIN_PLE_VOCAB);
+    *rows = win;
+    if (m->fsdp.size > 1) {
+        mtm_fsdp_wait(m);
+        mtm_fsdp_gather(m, win, off, off + (r1 - r0) * LP, 0);
+        return m->fsdp.status;
+    }
+    const void *host = m->plan.gptr[m->dt != MT_F32 ? GB_COMPUTE_W : GB_PARAMS];
+    return m->be->ops->copy_to_device(m->be, win, AT(m, host, off), (size_t)((r1 - r0) * LP) * m->es);
+}
+
 /* The gradient of per-layer-input global i: mtm_gw, or with a gradient sink its place
  * in the window G4_GWIN_PLE (these parameters are replicated on the tensor group, so
- * there is no slice offset). */
+ * there is no slice offset). Not for the per-layer embedding table when its gradient
+ * comes in chunks (ple_table_backward). */
 static float *ple_gw(const mt_model *m, int i) {
     if (!m->sink.fn) return mtm_gw(m, i);
     int64_t a, n;
-    mtm_g4_ple_range(m, &a, &n);
+    mtm_g4_ple_window(m, 1, &a, &n);
     return (float *)G4B(m, G4_GWIN_PLE) + (m->par.info[i].offset - a);
+}
+
+/* The per-layer embedding table's backward, dE[tokens] += scale dall: one vocabulary
+ * chunk at a time (vc.ple_C of them; each chunk's rows of other tokens are skipped, so
+ * the chunks together are bitwise the whole-table call), into the gradient's rows, or
+ * with chunk windows (mtm_g4_ple_grad_windows) into G4_GWIN_PLE_VOCAB, zeroed once the
+ * sink is done with the previous chunk and handed to the sink on its own. */
+static mt_status ple_table_backward(mt_model *m, const void *dall, const int32_t *tok, int64_t N, float scale) {
+    mt_backend *be = m->be;
+    const int64_t LP = m->cfg.num_decoder_layers * m->g4.P, e0 = m->par.info[m->par.ple_embed].offset;
+    for (int64_t c = 0; c < m->vc.ple_C; c++) {
+        int64_t a, b;
+        mtm_g4_ple_chunk(m, c, &a, &b);
+        if (!mtm_g4_ple_grad_windows(m)) {
+            MT_TRY(be->ops->embedding_bwd(be, ple_gw(m, m->par.ple_embed) + a * LP, dall, tok, N, a, b - a, LP,
+                                          scale, m->dt));
+            continue;
+        }
+        float *win = G4B(m, G4_GWIN_PLE_VOCAB);
+        if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, win));
+        MT_TRY(be->ops->zero(be, win, (size_t)((b - a) * LP) * sizeof(float)));
+        MT_TRY(be->ops->embedding_bwd(be, win, dall, tok, N, a, b - a, LP, scale, m->dt));
+        MT_TRY(m->sink.fn(m->sink.ctx, e0 + a * LP, (b - a) * LP, win));
+    }
+    return MT_OK;
 }
 
 mt_status mtm_g4_inputs_forward(mt_model *m) {
@@ -169,8 +229,13 @@ mt_status mtm_g4_inputs_forward(mt_model *m) {
     MT_TRY(be->ops->rmsnorm_fwd(be, all, G4B(m, G4_PLE_ROWRSTD), tmp, ple_pw(m, m->par.ple_proj_norm), N * L, P, m->eps,
                                 m->w_off, m->dt));
     /* + embed_tokens_per_layer(ids) * sqrt(hidden_size_per_layer_input), then * 2**-0.5 */
-    MT_TRY(be->ops->embedding_fwd(be, tmp, ple_pw(m, m->par.ple_embed), tok, N, 0, m->V, LP, (float)sqrt((double)P),
-                                  m->dt));
+    for (int64_t c = 0; c < m->vc.ple_C; c++) { /* each chunk of table rows fills the rows of its tokens */
+        int64_t a, b;
+        const void *E = NULL;
+        mtm_g4_ple_chunk(m, c, &a, &b);
+        MT_TRY(ple_table_rows(m, a, b, &E));
+        MT_TRY(be->ops->embedding_fwd(be, tmp, E, tok, N, a, b - a, LP, (float)sqrt((double)P), m->dt));
+    }
     MT_TRY(be->ops->axpy(be, all, tmp, 1.0f, (int64_t)nlp, m->dt));
     return be->ops->scale(be, all, (float)(1.0 / sqrt(2.0)), (int64_t)nlp, m->dt);
 }
@@ -189,19 +254,18 @@ mt_status mtm_g4_backward_begin(mt_model *m) {
 mt_status mtm_g4_inputs_backward(mt_model *m, void *G) {
     if (m->g4.P == 0) return MT_OK;
     mt_backend *be = m->be;
-    const int64_t N = seq_rows(m), D = m->D, P = m->g4.P, L = m->cfg.num_decoder_layers, LP = L * P, V = m->V;
+    const int64_t N = seq_rows(m), D = m->D, P = m->g4.P, L = m->cfg.num_decoder_layers, LP = L * P;
     const int32_t *tok = (const int32_t *)m->plan.gptr[GB_TOKENS] + seq_row0(m);
     const size_t nlp = (size_t)(N * LP);
-    int64_t ga, gn; /* the globals' flat range: with a gradient sink their window */
-    mtm_g4_ple_range(m, &ga, &gn);
+    int64_t ga, gn; /* with a gradient sink the flat range of their window G4_GWIN_PLE */
+    mtm_g4_ple_window(m, 1, &ga, &gn);
     if (m->sink.fn) MT_TRY(be->ops->zero(be, G4B(m, G4_GWIN_PLE), (size_t)gn * sizeof(float)));
     const float dscale = (float)(1.0 / sqrt((double)D));
     const void *x0 = m->plan.lptr[0][MT_LT_DECODER_LAYER_INPUT];
     void *all = G4B(m, G4_PLE_ALL), *dall = G4B(m, G4_PLE_DALL), *dproj = G4B(m, G4_PLE_TMP);
     /* d(sum) = dP * 2**-0.5 reaches both the scaled per-layer embedding and the norm */
     MT_TRY(be->ops->scale(be, dall, (float)(1.0 / sqrt(2.0)), (int64_t)nlp, m->dt));
-    MT_TRY(be->ops->embedding_bwd(be, ple_gw(m, m->par.ple_embed), dall, tok, N, 0, V, LP, (float)sqrt((double)P),
-                                  m->dt));
+    MT_TRY(ple_table_backward(m, dall, tok, N, (float)sqrt((double)P)));
     /* the projection before its norm, recomputed (the forward's op sequence) */
     MT_TRY(linear_fwd(m, all, x0, ple_pw(m, m->par.ple_model_proj), N, D, LP, 0.0f));
     MT_TRY(be->ops->scale(be, all, dscale, (int64_t)nlp, m->dt));

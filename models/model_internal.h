@@ -185,6 +185,8 @@ typedef struct mtm_vocab_chunks {
     int64_t req_chunks;    /* num_vocab_chunks as given, 0 = auto */
     int64_t req_tiles;     /* num_vocab_tiling as given, 0 = auto */
     int64_t C;             /* chunks, >= 1 (1: the loss of kernels/tiled_loss.h or parallel/vocab_loss.h) */
+    int64_t ple_C;         /* gemma4: chunks of the per-layer embedding table [V, L*P], >= 1 (1 whenever C is 1;
+                            * mtm_vocab_resolve states the rule) */
     int64_t tile_rows;     /* rows the loss tile is planned for: >= every tile's (auto: the rule's R) */
 } mtm_vocab_chunks;
 
@@ -262,8 +264,12 @@ enum {
     G4_VDW,          /* [Dh] fp32 the discarded gradient of that weight */
     G4_IDENT,        /* [P, P] identity: a strided column slice as a GEMM */
     G4_SKV_DK0, G4_SKV_DV0, G4_SKV_DK1, G4_SKV_DV1, /* [N, KVD] shared K/V gradients of the local (0) and global (1) donor */
-    G4_GWIN_PLE,     /* fp32 gradient window of the per-layer-input globals (with a gradient sink) */
-    G4_PWIN_PLE,     /* their parameter window, of the compute dtype (fsdp, parameter offload) */
+    G4_GWIN_PLE,     /* fp32 gradient window of the per-layer-input globals (with a gradient sink; with
+                      * mtm_g4_ple_grad_windows without the per-layer embedding table: mtm_g4_ple_window) */
+    G4_PWIN_PLE,     /* their parameter window, of the compute dtype (fsdp, parameter offload; with
+                      * mtm_g4_ple_windows likewise without the table) */
+    G4_GWIN_PLE_VOCAB, /* [ceil(V / ple_C), L*P] fp32: one chunk of the table's gradient (mtm_g4_ple_grad_windows) */
+    G4_PWIN_PLE_VOCAB, /* [ceil(V / ple_C), L*P] of the compute dtype: one chunk of its rows (mtm_g4_ple_windows) */
     G4_COUNT
 };
 
@@ -372,6 +378,18 @@ static inline int mtm_vocab_windows(const mt_model *m) { return m->vc.C > 1 && p
 static inline int mtm_vocab_grad_windows(const mt_model *m) {
     return m->vc.C > 1 && m->sink.fn && !m->cfg.logits_via_embedding;
 }
+/* gemma4, the per-layer embedding table [V, L*P] in vocabulary chunks (vc.ple_C > 1):
+ * with parameter windows its rows come a chunk at a time through G4_PWIN_PLE_VOCAB
+ * (not in G4_PWIN_PLE), with a gradient sink its gradient goes to the sink a chunk at a
+ * time from G4_GWIN_PLE_VOCAB (not from G4_GWIN_PLE). Chunk c is rows [c V / ple_C,
+ * (c + 1) V / ple_C) (parallel/vocab_loss.h's split). */
+static inline int mtm_g4_ple_windows(const mt_model *m) { return m->vc.ple_C > 1 && params_windowed(m); }
+static inline int mtm_g4_ple_grad_windows(const mt_model *m) { return m->vc.ple_C > 1 && m->sink.fn; }
+static inline void mtm_g4_ple_chunk(const mt_model *m, int64_t c, int64_t *a, int64_t *b) {
+    mt_vocab_chunk_rows(m->V, m->vc.ple_C, c, a, b);
+}
+static inline int64_t mtm_g4_ple_chunk_rows(const mt_model *m) { return (m->V + m->vc.ple_C - 1) / m->vc.ple_C; }
+
 /* Elements of the global parameter window: the embedding (unless it comes in chunks),
  * model.norm and lm_head (unless it comes in chunks). */
 static inline int64_t mtm_global_window_numel(const mt_model *m) {
@@ -516,6 +534,10 @@ mt_status MT_MUST_CHECK mtm_g4_inputs_backward(mt_model *m, void *G);
  * With a gradient sink their gradients go to window G4_GWIN_PLE, zeroed and handed to
  * the sink by mtm_g4_inputs_backward. */
 void mtm_g4_ple_range(const mt_model *m, int64_t *a, int64_t *n);
+/* The part of that range held by the window G4_PWIN_PLE (grad 0) or G4_GWIN_PLE (grad
+ * 1): all of it, or without the per-layer embedding table (the first V x L*P elements)
+ * when the table comes in chunks (mtm_g4_ple_windows / mtm_g4_ple_grad_windows). */
+void mtm_g4_ple_window(const mt_model *m, int grad, int64_t *a, int64_t *n);
 /* Whether layer l's K/V are used by KV-sharing layers (its key/value_proj are kept). */
 int mtm_g4_is_donor(const mt_model *m, int64_t l);
 

@@ -16,7 +16,9 @@
  *   "remat.*" scratch, or offloaded to the host pool;
  *   the loss tile ceil(N / tiles) x V / tp x 4 (kernels/tiled_loss.h), or with
  *   vocabulary chunks ceil(N / tiles) x ceil(V / C) x 4 and the chunks' windows (one
- *   chunk of rows x D, es per parameter, 4 per gradient; mtm_vocab_resolve);
+ *   chunk of rows x D, es per parameter, 4 per gradient; mtm_vocab_resolve); gemma4's
+ *   per-layer-input globals' windows (their numel, es / 4) or, with vocabulary chunks,
+ *   those without the table plus one chunk of the table, ceil(V / ple_C) x L x P;
  *   context parallelism: "cp.*" gather buffers of B x seq x KVD each, or ring blocks
  *   of N x KVD. */
 #include "models/model_internal.h"
@@ -217,6 +219,20 @@ void mtm_vocab_resolve(mt_model *m) {
     if (C == 0) /* auto: chunks no larger than a decoder layer where windows hold the vocabulary */
         C = !m->dec.on && m->tp.size == 1 && (params_windowed(m) || m->sink.fn) ? (V * D + layer - 1) / layer : 1;
     m->vc.C = C < 1 ? 1 : C > V ? V : C;
+    /* gemma4's per-layer embedding table [V, L P] in chunks of its own whenever the
+     * vocabulary comes in chunks: the table is L P / D times as wide as the embedding
+     * (gemma4-e2b: 35 x 256 / 1536 = 5.8), so one vocabulary chunk of it would hold 5.8
+     * decoder layers (1.6 GB of fp32 gradient window at E2B); instead the fewest chunks
+     * no larger than one decoder layer's parameters, ceil(V L P / layer) (E2B: 34 chunks
+     * of 7711 rows, 69.1M elements against the largest layer's 70.0M), and never fewer
+     * than the vocabulary's C, so that a given num_vocab_chunks cuts it at least as
+     * finely. */
+    m->vc.ple_C = 1;
+    if (m->vc.C > 1 && m->g4.on && m->g4.P > 0) {
+        const int64_t wide = V * m->cfg.num_decoder_layers * m->g4.P;
+        const int64_t Cp = max64(m->vc.C, (wide + layer - 1) / layer);
+        m->vc.ple_C = Cp > V ? V : Cp;
+    }
     int64_t T = m->vc.req_tiles;
     if (T == 0) { /* auto: a loss tile no larger than a layer's parameters in the activation dtype */
         const int64_t cols = m->vc.C > 1 ? mtm_vocab_chunk_rows(m) : m->tp.Vl;
@@ -236,6 +252,10 @@ void mtm_vocab_resolve(mt_model *m) {
 void mt_model_vocab_tiling(const mt_model *m, int64_t *tiles, int64_t *chunks) {
     if (tiles) *tiles = m ? m->tiles : 0;
     if (chunks) *chunks = m ? m->vc.C : 0;
+}
+
+int64_t mt_model_per_layer_input_chunks(const mt_model *m) {
+    return m && m->g4.on && m->g4.P > 0 ? m->vc.ple_C : 0;
 }
 
 /* Parameters (or their windows, and the compute copy) and gradients (or their windows). */
@@ -482,14 +502,24 @@ static mt_status add_gemma4(mt_model *m, mt_plan *plan) {
         if (b[i].bytes > 0)
             MT_TRY(mt_plan_add(plan, b[i].name, MT_MEM_SCRATCH, b[i].bytes, b[i].first, b[i].last,
                                &m->g4.id[b[i].id]));
-    int64_t pa, pn;
+    int64_t pa, pn, gn, wn;
     mtm_g4_ple_range(m, &pa, &pn);
+    mtm_g4_ple_window(m, 1, &pa, &gn);
+    mtm_g4_ple_window(m, 0, &pa, &wn);
+    /* one chunk of the per-layer embedding table's rows, [ceil(V / ple_C), L P] */
+    const int64_t chunk = mtm_g4_ple_chunk_rows(m) * L * P;
     if (m->sink.fn && pn > 0) /* the per-layer-input globals' gradient window: the embedding's backward */
-        MT_TRY(mt_plan_add(plan, "grads.window.per_layer_inputs", MT_MEM_GRADS, (size_t)pn * f4, eb, eb,
+        MT_TRY(mt_plan_add(plan, "grads.window.per_layer_inputs", MT_MEM_GRADS, (size_t)gn * f4, eb, eb,
                            &m->g4.id[G4_GWIN_PLE]));
+    if (mtm_g4_ple_grad_windows(m) && pn > 0) /* the table's gradient a chunk at a time, the same phase */
+        MT_TRY(mt_plan_add(plan, "grads.window.vocab.per_layer_embedding", MT_MEM_GRADS, (size_t)chunk * f4, eb, eb,
+                           &m->g4.id[G4_GWIN_PLE_VOCAB]));
     if (params_windowed(m) && pn > 0) /* their parameter window: filled in phase 0, read until their backward */
-        MT_TRY(mt_plan_add(plan, "params.window.per_layer_inputs", MT_MEM_PARAMS, (size_t)pn * es, 0, eb,
+        MT_TRY(mt_plan_add(plan, "params.window.per_layer_inputs", MT_MEM_PARAMS, (size_t)wn * es, 0, eb,
                            &m->g4.id[G4_PWIN_PLE]));
+    if (mtm_g4_ple_windows(m) && pn > 0) /* the table's rows a chunk at a time: the lookup, phase 0 */
+        MT_TRY(mt_plan_add(plan, "params.window.vocab.per_layer_embedding", MT_MEM_PARAMS, (size_t)chunk * es, 0, 0,
+                           &m->g4.id[G4_PWIN_PLE_VOCAB]));
     if (m->cfg.num_kv_shared_layers > 0) {
         static const char *const nm[4] = {"gemma4.shared_dk.local", "gemma4.shared_dv.local", "gemma4.shared_dk.global",
                                           "gemma4.shared_dv.global"};

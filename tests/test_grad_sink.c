@@ -13,7 +13,8 @@
  * write it), Gemma 3 (QK norms, post norms, soft-caps), kept and under remat full, and
  * Gemma 4 (layers of three sizes: global head dim, KV-sharing layers without k/v and
  * with a double-wide MLP; the per-layer-input globals in a fourth window handed over
- * between layer 0 and the embedding).
+ * between layer 0 and the embedding; with vocabulary chunks their table a chunk at a
+ * time from a fifth).
  * Also: the plan entries (no "grads", the three windows with their sizes and phases),
  * mt_model_grads NULL, and a sink error stopping the backward.
  * Asynchronous sink (mt_model_set_grad_sink_wait): the sink only notes each window and
@@ -106,10 +107,12 @@ typedef struct fixture {
     mt_arena arena;
 } fixture;
 
-static void fx_init(fixture *f, const mt_model_config *c, int remat_full, collector *col, int async) {
+/* chunks: the layout's num_vocab_chunks (0 = auto). */
+static void fx_init(fixture *f, const mt_model_config *c, int remat_full, collector *col, int async, int64_t chunks) {
     memset(f, 0, sizeof *f);
     mt_backend *be = mt_cpu_backend();
-    cr_assert_eq(mt_model_create(&f->m, c, be, 2, 6, 3, NULL), MT_OK, "%s", mt_last_error());
+    const mt_model_layout lay = {.vocab_chunks = chunks};
+    cr_assert_eq(mt_model_create(&f->m, c, be, 2, 6, 3, &lay), MT_OK, "%s", mt_last_error());
     if (remat_full) {
         mt_remat_policy p;
         cr_assert_eq(mt_remat_policy_resolve(MT_REMAT_FULL, NULL, &p), MT_OK);
@@ -173,13 +176,16 @@ static int64_t ple_numel(const mt_model *m) {
 }
 
 /* Every element once; calls: tail, layers L-1 .. 0, (gemma4) the per-layer-input
- * globals, embedding, with the layout's ranges. */
+ * globals (with their table in Cp > 1 chunks: each chunk of the table, then the rest),
+ * embedding, with the layout's ranges. */
 static void check_calls(const collector *col, const mt_model *m, const char *what) {
     const mt_model_config *c = mt_model_get_config(m);
     const int64_t L = c->num_decoder_layers, numel = mt_model_numel(m), pn = ple_numel(m);
+    const int64_t Cp = pn > 0 ? mt_model_per_layer_input_chunks(m) : 1, V = c->vocab_size;
+    const int64_t LP = L * c->per_layer_input_dim, tc = Cp > 1 ? Cp : 0; /* the table's own calls */
     for (int64_t i = 0; i < numel; i++) cr_assert_eq(col->seen[i], 1, "%s: element %lld handed %d times", what,
                                                      (long long)i, col->seen[i]);
-    cr_assert_eq(col->calls, L + 2 + (pn > 0), "%s: %d sink calls", what, col->calls);
+    cr_assert_eq(col->calls, L + 2 + (pn > 0) + tc, "%s: %d sink calls", what, col->calls);
     const int fn = mt_model_param_find(m, "model.norm.weight"), emb = mt_model_param_find(m, "model.embed_tokens.weight");
     cr_assert_eq(col->off[0], mt_model_param(m, fn)->offset, "%s: first call is not the tail", what);
     cr_assert_eq(col->off[0] + col->num[0], numel);
@@ -189,19 +195,28 @@ static void check_calls(const collector *col, const mt_model *m, const char *wha
         cr_assert_eq(col->off[1 + (L - 1 - l)], mt_model_param(m, mt_model_param_find(m, name))->offset,
                      "%s: call %lld is not layer %lld", what, (long long)(1 + (L - 1 - l)), (long long)l);
     }
-    if (pn > 0) {
-        cr_assert_eq(col->off[L + 1], mt_model_param(m, emb)->numel, "%s: the globals' window", what);
-        cr_assert_eq(col->num[L + 1], pn);
+    const int64_t e = mt_model_param(m, emb)->numel; /* the globals follow the embedding */
+    for (int64_t k = 0; k < tc; k++) { /* chunk k: rows [k V / Cp, (k + 1) V / Cp) (parallel/vocab_loss.h) */
+        const int64_t a = k * V / Cp, b = (k + 1) * V / Cp;
+        cr_assert_eq(col->off[L + 1 + k], e + a * LP, "%s: call %lld is not table chunk %lld", what,
+                     (long long)(L + 1 + k), (long long)k);
+        cr_assert_eq(col->num[L + 1 + k], (b - a) * LP, "%s: table chunk %lld of %lld floats", what, (long long)k,
+                     (long long)col->num[L + 1 + k]);
     }
-    cr_assert_eq(col->off[L + 1 + (pn > 0)], 0);
-    cr_assert_eq(col->num[L + 1 + (pn > 0)], mt_model_param(m, emb)->numel);
+    if (pn > 0) {
+        cr_assert_eq(col->off[L + 1 + tc], e + (tc ? V * LP : 0), "%s: the globals' window", what);
+        cr_assert_eq(col->num[L + 1 + tc], pn - (tc ? V * LP : 0));
+    }
+    cr_assert_eq(col->off[L + 1 + (pn > 0) + tc], 0);
+    cr_assert_eq(col->num[L + 1 + (pn > 0) + tc], e);
 }
 
-static void check_model(const mt_model_config *c, int remat_full, int async, const char *what) {
+/* chunks: num_vocab_chunks of both models (0 = auto). */
+static void check_model(const mt_model_config *c, int remat_full, int async, int64_t chunks, const char *what) {
     fixture a, b;
     collector col = {0};
-    fx_init(&a, c, remat_full, NULL, 0);
-    fx_init(&b, c, remat_full, &col, async);
+    fx_init(&a, c, remat_full, NULL, 0, chunks);
+    fx_init(&b, c, remat_full, &col, async, chunks);
     const int64_t numel = mt_model_numel(a.m), L = c->num_decoder_layers, N = 12, D = c->emb_dim;
     col.got = malloc((size_t)numel * sizeof(float));
     col.seen = malloc((size_t)numel * sizeof(int));
@@ -215,7 +230,8 @@ static void check_model(const mt_model_config *c, int remat_full, int async, con
         const int64_t n = (l + 1 < L ? layer_off(a.m, l + 1) : fnp->offset) - layer_off(a.m, l);
         if (n > layer) layer = n;
     }
-    const int64_t pn = ple_numel(a.m);
+    const int64_t pn = ple_numel(a.m), Cp = pn > 0 ? mt_model_per_layer_input_chunks(b.m) : 1;
+    const int64_t LP = L * c->per_layer_input_dim, table = Cp > 1 ? c->vocab_size * LP : 0;
     int found = 0;
     for (int i = 0; i < mt_plan_count(b.plan); i++) {
         const mt_plan_entry *e = mt_plan_entry_get(b.plan, i);
@@ -234,16 +250,21 @@ static void check_model(const mt_model_config *c, int remat_full, int async, con
                          e->first);
             cr_expect_eq(e->last, 2 * L + 2);
             found++;
-        } else if (strcmp(e->name, "grads.window.per_layer_inputs") == 0) {
-            cr_expect_eq(e->bytes, (size_t)pn * 4);
+        } else if (strcmp(e->name, "grads.window.per_layer_inputs") == 0) { /* without the table when chunked */
+            cr_expect_eq(e->bytes, (size_t)(pn - table) * 4);
             cr_expect(e->first == 2 * L + 2 && e->last == 2 * L + 2, "%s: globals' window [%d, %d]", what, e->first,
+                      e->last);
+            found++;
+        } else if (strcmp(e->name, "grads.window.vocab.per_layer_embedding") == 0) { /* one chunk of the table */
+            cr_expect_eq(e->bytes, (size_t)((c->vocab_size + Cp - 1) / Cp * LP) * 4);
+            cr_expect(e->first == 2 * L + 2 && e->last == 2 * L + 2, "%s: table window [%d, %d]", what, e->first,
                       e->last);
             found++;
         }
         if (e->category == MT_MEM_GRADS) cr_expect_lt(e->bytes, (size_t)numel * 4);
     }
-    cr_assert_eq(found, 3 + async + (pn > 0), "%s: %d of the %d windows planned", what, found,
-                 3 + async + (pn > 0));
+    cr_assert_eq(found, 3 + async + (pn > 0) + (Cp > 1), "%s: %d of the %d windows planned", what, found,
+                 3 + async + (pn > 0) + (Cp > 1));
     cr_assert_lt(mt_plan_peak(b.plan), mt_plan_peak(a.plan), "%s: windows do not lower the peak", what);
 
     int32_t tok[12], lab[12];
@@ -305,42 +326,63 @@ static mt_model_config tiny(mt_decoder_block blk) {
 
 Test(grad_sink, gemma4_layers_of_three_sizes) {
     mt_model_config c = tu_tiny_gemma4(); /* tests/test_fixtures.h */
-    check_model(&c, 0, 0, "gemma4");
-    check_model(&c, 1, 0, "gemma4, remat full");
-    check_model(&c, 0, 1, "gemma4, asynchronous");
+    check_model(&c, 0, 0, 0, "gemma4");
+    check_model(&c, 1, 0, 0, "gemma4, remat full");
+    check_model(&c, 0, 1, 0, "gemma4, asynchronous");
+}
+
+/* Vocabulary chunks (3 of V 41) take the per-layer embedding table [41, 5 x 4] in chunks
+ * of its own (models/model.h mt_model_per_layer_input_chunks: here the vocabulary's 3,
+ * the tiny table being smaller than a layer), each chunk's gradient handed over on its
+ * own (rows 0-12, 13-26, 27-40) before the projection's and norm's window; bitwise the
+ * full buffer of a model in the same chunks. */
+Test(grad_sink, gemma4_per_layer_table_in_chunks) {
+    mt_model_config c = tu_tiny_gemma4();
+    mt_model *m = NULL;
+    const mt_model_layout lay = {.vocab_chunks = 3};
+    cr_assert_eq(mt_model_create(&m, &c, mt_cpu_backend(), 2, 6, 3, &lay), MT_OK, "%s", mt_last_error());
+    mt_plan *p = NULL;
+    cr_assert_eq(mt_plan_new(&p), MT_OK);
+    cr_assert_eq(mt_model_add_to_plan(m, p), MT_OK, "%s", mt_last_error());
+    cr_assert_eq(mt_model_per_layer_input_chunks(m), 3, "the table in %lld chunks",
+                 (long long)mt_model_per_layer_input_chunks(m));
+    mt_plan_free(p);
+    mt_model_free(m);
+    check_model(&c, 0, 0, 3, "gemma4 in 3 chunks");
+    check_model(&c, 1, 1, 3, "gemma4 in 3 chunks, asynchronous, remat full");
 }
 
 Test(grad_sink, llama_untied) {
     mt_model_config c = tiny(MT_DECODER_LLAMA2);
     cr_assert_eq(c.logits_via_embedding, 0);
-    check_model(&c, 0, 0, "llama");
-    check_model(&c, 1, 0, "llama, remat full");
+    check_model(&c, 0, 0, 0, "llama");
+    check_model(&c, 1, 0, 0, "llama, remat full");
 }
 
 Test(grad_sink, gemma_tied) {
     mt_model_config c = tiny(MT_DECODER_GEMMA);
     cr_assert_eq(c.logits_via_embedding, 1);
-    check_model(&c, 0, 0, "gemma");
-    check_model(&c, 1, 0, "gemma, remat full");
+    check_model(&c, 0, 0, 0, "gemma");
+    check_model(&c, 1, 0, 0, "gemma, remat full");
 }
 
 Test(grad_sink, gemma3_every_optional_path) {
     mt_model_config c = tiny(MT_DECODER_GEMMA3);
-    check_model(&c, 0, 0, "gemma3");
+    check_model(&c, 0, 0, 0, "gemma3");
 }
 
 Test(grad_sink, asynchronous_sink) {
     mt_model_config c = tiny(MT_DECODER_LLAMA2);
-    check_model(&c, 0, 1, "llama, asynchronous");
-    check_model(&c, 1, 1, "llama, asynchronous, remat full");
+    check_model(&c, 0, 1, 0, "llama, asynchronous");
+    check_model(&c, 1, 1, 0, "llama, asynchronous, remat full");
     c = tiny(MT_DECODER_GEMMA);
-    check_model(&c, 0, 1, "gemma, asynchronous");
+    check_model(&c, 0, 1, 0, "gemma, asynchronous");
 }
 
 Test(grad_sink, set_after_planning_is_refused) {
     mt_model_config c = tiny(MT_DECODER_LLAMA2);
     fixture f;
-    fx_init(&f, &c, 0, NULL, 0);
+    fx_init(&f, &c, 0, NULL, 0, 0);
     collector col = {0};
     cr_assert_eq(mt_model_set_grad_sink(f.m, sink, &col), MT_ERR_INVALID);
     cr_assert_eq(mt_model_set_grad_sink(NULL, sink, &col), MT_ERR_INVALID);

@@ -22,6 +22,16 @@
 #      (vocab_size 1024: V D = 32768 > layer 9280) num_vocab_chunks=auto picks
 #      C = ceil(V D / layer) = 4 under fsdp (1 for one process) and the largest window
 #      is a layer's: no [V, D] parameter or gradient buffer.
+#    - gemma4's per-layer embedding table [V, L P] (models/model_gemma4.c; tiny gemma4
+#      V 64, L 5, P 4, tied embedding): with C = 3 its own count is max(C, ceil(V L P /
+#      layer)) = 3 (the tiny table is smaller than a layer) of Vp = 22 rows, so against
+#      C = 1 only its windows change: ZeRO-1 K = 1 gradient bytes fall by 4 (V - Vp) L P
+#      (its gradient a chunk at a time), fsdp 2 parameter bytes by 4 (V D - 2 Vc D +
+#      (V - Vp) L P) (the embedding's lookup and loss chunks, Vc = 22, and the table's).
+#      At gemma4-e2b (configs/models, fsdp 8, bf16, batch 1 x 4096) the table, 262144 x
+#      8960, comes in ceil(V L P / layer) = 34 chunks of 7711 rows: its largest window
+#      is 4 x 7711 x 8960 bytes, no larger than a layer's gradient window, and the
+#      largest window is no longer the table's (it was its 9.45 GB fp32 gradient window).
 # 2. Runs (mpirun, else skipped): windows against the full-buffer path
 #    (mpi_layout run-full-grads: the behaviour before windows) on the same layout.
 #    Bitwise (tolerance 0) where the sums are the same fp32 operations: one process
@@ -56,7 +66,9 @@ mt_tmp
 
 mt_tiny_model "$tmp/cfg/models/tinyl.yml" llama
 mt_tiny_model "$tmp/cfg/models/tinyg.yml" gemma
+mt_tiny_model "$tmp/cfg/models/tinyg4.yml" gemma4 5
 mt_layout_cfg tinyl
+src="$(cd "$(dirname "$0")/.." && pwd)"
 
 # ---- 1. plans ----
 layer=$((2 * 32 + 32 * 32 + 2 * 16 * 32 + 32 * 32 + 3 * 64 * 32)) # norms, q, k, v, o, gate/up/down
@@ -113,6 +125,30 @@ params.window.layer* | grads.window.layer*) ;;
 esac
 p="$(plan vocab_size=1024)"
 [ "$(field chunks "$p")" = 1 ] || fail "one process vocab 1024: auto gave $(field chunks "$p") chunks, not 1"
+# gemma4's per-layer embedding table in chunks (the header's formulas)
+g4=(model_name=tinyg4 num_devices=2)
+p1="$(plan "${g4[@]}" ici_data_parallelism=2 shard_optimizer_over_data=true num_vocab_chunks=1)"
+p3="$(plan "${g4[@]}" ici_data_parallelism=2 shard_optimizer_over_data=true num_vocab_chunks=3)"
+[ "$(field ple_chunks "$p3")" = 3 ] || fail "gemma4 chunks 3: the table in $(field ple_chunks "$p3") chunks, not 3"
+[ "$(field ple_chunks "$p1")" = 1 ] || fail "gemma4 chunks 1: the table in $(field ple_chunks "$p1") chunks, not 1"
+check "gemma4 dp2 zero1 K1 chunks 1 - 3" $(($(field grads "$p1") - $(field grads "$p3"))) $((4 * (64 - 22) * 20))
+p1="$(plan "${g4[@]}" ici_fsdp_parallelism=2 num_vocab_chunks=1)"
+p3="$(plan "${g4[@]}" ici_fsdp_parallelism=2 num_vocab_chunks=3)"
+d=$(($(field params "$p1") - $(field params "$p3"))) want=$((4 * (64 * 32 - 2 * 22 * 32 + 42 * 20)))
+printf 'plan %-34s parameter bytes %9s (formula %9s)\n' "gemma4 fsdp2 chunks 1 - 3" $d $want
+[ $d = $want ] || fail "gemma4 fsdp2 chunks 1 - 3: parameter bytes $d, formula $want"
+p="$("$tool" plan "$src/configs/base.yml" model_name=gemma4-e2b dataset_path=/none num_devices=8 \
+    ici_fsdp_parallelism=8 dtype=bfloat16 max_target_length=4096 per_device_batch_size=1 2>&1)"
+printf 'plan gemma4-e2b fsdp8: %s\n' "$p"
+layer=$(($(field gwlayer "$p") / 4)) wide=$((262144 * 35 * 256))
+want=$(((wide + layer - 1) / layer))
+[ "$(field ple_chunks "$p")" = $want ] || fail "gemma4-e2b: the table in $(field ple_chunks "$p") chunks, not $want"
+rows=$(((262144 + want - 1) / want))
+check "gemma4-e2b fsdp8 table window" "$(field maxple "$p")" $((4 * rows * 35 * 256))
+[ "$(field maxple "$p")" -le "$(field gwlayer "$p")" ] || fail "gemma4-e2b: a table window above a layer's ($p)"
+case "$(field maxwin "$p")" in
+*per_layer*) fail "gemma4-e2b: the largest window is still the per-layer table's, $(field maxwin "$p")" ;;
+esac
 
 # ---- 2. runs ----
 command -v mpirun >/dev/null || { echo "mpirun not found: runs skipped"; [ $failures -eq 0 ] && exit 77; exit 1; }
@@ -171,6 +207,17 @@ same dp2_zero1_every_bf16_tied_chunks3 0 2 $ga4 ici_data_parallelism=2 shard_opt
     gradient_accumulation_reduce=every grad_dtype=bfloat16 model_name=tinyg num_vocab_chunks=3
 same bf16_once_1proc_param_offload_chunks3 0 1 $ga4 grad_dtype=bfloat16 parameter_memory_host_offload=true \
     num_vocab_chunks=3
+# gemma4's per-layer embedding table in the same 3 chunks: each chunk's gradient window
+# reduce-scattered (or, one process with bf16 accumulation, folded into the accumulator)
+# on its own against the full buffer's rows (the same lookups' sums); the last also
+# copies each chunk of the bf16 compute copy's table rows from the host pool
+same dp2_zero1_every_fp32_chunks3_gemma4 0 2 $ga4 ici_data_parallelism=2 shard_optimizer_over_data=true \
+    gradient_accumulation_reduce=every num_vocab_chunks=3 model_name=tinyg4
+same fsdp2_k1_chunks3_gemma4 0 2 per_device_batch_size=2 ici_fsdp_parallelism=2 num_vocab_chunks=3 model_name=tinyg4
+same dp2_zero1_every_bf16_chunks3_gemma4 0 2 $ga4 ici_data_parallelism=2 shard_optimizer_over_data=true \
+    gradient_accumulation_reduce=every grad_dtype=bfloat16 num_vocab_chunks=3 model_name=tinyg4
+same bf16_once_1proc_param_offload_chunks3_gemma4 0 1 $ga4 grad_dtype=bfloat16 dtype=bfloat16 \
+    parameter_memory_host_offload=true num_vocab_chunks=3 model_name=tinyg4
 same dp2_bf16_once_store_back 3.9e-3 2 $ga4 ici_data_parallelism=2 grad_dtype=bfloat16
 grep -q "grad.bin: .* worst relative error 0.000e+00" "$tmp/dp2_bf16_once_store_back.cmp" &&
     fail "dp2 bf16 once: identical to the full path, the store-back rounding did not happen"

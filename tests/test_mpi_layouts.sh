@@ -142,7 +142,16 @@ layout dp2_untied_tiles4 ref_b4_untied 2 per_device_batch_size=2 num_vocab_tilin
 # layer's size, the per-layer-input globals gathered into their own window once per
 # forward): 2 and 4 (uneven shards), with vocabulary chunks, with tensor + sequence
 # parallelism, data x fsdp x context; parameter host offload with fsdp (bitwise fsdp
-# alone) and in one process (bitwise the run without offload).
+# alone) and in one process (bitwise the run without offload). Vocabulary chunks also
+# take the per-layer embedding table a chunk of rows at a time (its own count, here
+# the vocabulary's: models/model_plan.c mtm_vocab_resolve): fsdp 2 in 4 chunks (each
+# gathered from the shards into a chunk window for the lookup, each chunk's gradient
+# reduce-scattered on its own), ZeRO-1 in 3 (uneven chunks of 22, 21, 21 rows, each
+# chunk's gradient reduce-scattered into the shards), and fsdp 2 with parameter offload
+# in 4, bitwise fsdp 2 in 4 (the chunks copied from the host pool instead of gathered:
+# the same values); on the CPU also one process in bf16 and 3 chunks with parameter
+# offload (each chunk copied from the host pool's bf16 compute copy) bitwise without. The chunked lookups and their backwards are the whole-table ones
+# row by row (kernels/ops.h embedding_fwd / embedding_bwd), so the fp32 bound holds.
 mt_tiny_model "$tmp/cfg/models/tinyg4.yml" gemma4 5
 ref ref_b4_g4 model_name=tinyg4 per_device_batch_size=4 num_vocab_tiling=4
 layout dp2_gemma4 ref_b4_g4 2 model_name=tinyg4 per_device_batch_size=2 num_vocab_tiling=4 ici_data_parallelism=2
@@ -169,6 +178,22 @@ layout fsdp2_gemma4 ref_b4_g4 2 model_name=tinyg4 per_device_batch_size=2 num_vo
 layout fsdp4_gemma4 ref_b4_g4 4 model_name=tinyg4 per_device_batch_size=1 num_vocab_tiling=4 ici_fsdp_parallelism=4
 layout fsdp2_chunks4_gemma4 ref_b4_g4 2 model_name=tinyg4 per_device_batch_size=2 num_vocab_tiling=4 \
     ici_fsdp_parallelism=2 num_vocab_chunks=4
+layout dp2_zero1_chunks3_gemma4 ref_b4_g4 2 model_name=tinyg4 per_device_batch_size=2 num_vocab_tiling=4 \
+    ici_data_parallelism=2 shard_optimizer_over_data=true num_vocab_chunks=3
+layout fsdp2_param_offload_chunks4_gemma4 ref_b4_g4 2 model_name=tinyg4 per_device_batch_size=2 \
+    num_vocab_tiling=4 ici_fsdp_parallelism=2 parameter_memory_host_offload=true num_vocab_chunks=4
+"$tool" compare "$tmp/fsdp2_chunks4_gemma4" "$tmp/fsdp2_param_offload_chunks4_gemma4" 0 > "$tmp/fsdp_off_c4_g4.cmp" \
+    2>&1 || { fail "gemma4 fsdp2 in 4 chunks with parameter offload is not bitwise fsdp2 in 4 chunks"
+              cat "$tmp/fsdp_off_c4_g4.cmp"; }
+if [ "$backend" = cpu ]; then # bf16, one process: the table's chunks copied from the host pool's compute copy
+    ref ref_b4_g4_bf16_chunks3 model_name=tinyg4 per_device_batch_size=4 num_vocab_tiling=4 dtype=bfloat16 \
+        num_vocab_chunks=3
+    ref ref_b4_g4_bf16_chunks3_offload model_name=tinyg4 per_device_batch_size=4 num_vocab_tiling=4 dtype=bfloat16 \
+        num_vocab_chunks=3 parameter_memory_host_offload=true
+    "$tool" compare "$tmp/ref_b4_g4_bf16_chunks3" "$tmp/ref_b4_g4_bf16_chunks3_offload" 0 > "$tmp/g4_bf16_c3.cmp" \
+        2>&1 || { fail "gemma4 bf16 in 3 chunks with parameter offload is not bitwise without"
+                  cat "$tmp/g4_bf16_c3.cmp"; }
+fi
 layout fsdp2xtp2_sp_gemma4 ref_b4_g4 4 model_name=tinyg4 per_device_batch_size=2 num_vocab_tiling=4 \
     ici_fsdp_parallelism=2 ici_tensor_parallelism=2 tensor_sequence_parallelism=true
 layout dp2xfsdp2xcp2_gemma4 ref_b4_g4 8 model_name=tinyg4 per_device_batch_size=1 num_vocab_tiling=4 \

@@ -108,7 +108,9 @@ static const mt_config_key mt_keys[] = {
              "tiles whose loss tile is no larger than one decoder layer's parameters (plan prints the count)"),
     RKEY_INT(num_vocab_chunks, "0", 0, "vocabulary chunks the embedding, lm_head and loss are taken in "
              "(1..vocab_size); 0 = auto: with fsdp, parameter offload or gradient windows and no tensor axis, the "
-             "fewest chunks no larger than one decoder layer, else 1"),
+             "fewest chunks no larger than one decoder layer, else 1; with more than 1, gemma4's per-layer "
+             "embedding table comes in chunks too, at least as many and none larger than a layer (plan prints "
+             "both)"),
     RKEY_ENUM(dtype, dtype_names, dtype_values, "float32", "compute and activation dtype"),
     RKEY_ENUM(weight_dtype, dtype_names, dtype_values, "float32", "master weight dtype"),
     RKEY_ENUM(grad_dtype, dtype_names, dtype_values, "float32",

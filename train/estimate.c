@@ -116,7 +116,7 @@ static void fill_report(mt_memory_report *r, const mt_plan *p, const mt_plan *h)
 /* The trainer's own plan of rank 0 of the full data x fsdp x context x tensor mesh,
  * each axis given explicitly (mt_trainer_plan resolves a -1 axis to 1). */
 static mt_status trainer_plan(const mt_train_config *cfg, const int dims[4], mt_plan **p, mt_plan **h,
-                              int64_t *local, uint64_t *step_bytes, int64_t vocab_tiling[2]) {
+                              int64_t *local, uint64_t *step_bytes, int64_t vocab_tiling[3]) {
     mt_train_config lc = *cfg;
     lc.ici_data_parallelism = dims[MT_AXIS_DATA];
     lc.ici_fsdp_parallelism = dims[MT_AXIS_FSDP];

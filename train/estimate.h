@@ -64,8 +64,9 @@ typedef struct mt_memory_report {
     size_t layer_kept;            /* device bytes one layer adds (its kept tensors) */
     uint64_t step_bytes;          /* bytes rank 0 sends in one optimizer step: the trainer's formula
                                    * (train/trainer.h mt_trainer_plan_ex, mt_trainer_step_bytes) */
-    int64_t vocab_tiling[2];      /* the loss's row tiles and vocabulary chunks as the model resolved them
-                                   * (num_vocab_tiling / num_vocab_chunks 0 = auto: models/model.h) */
+    int64_t vocab_tiling[3];      /* the loss's row tiles and vocabulary chunks as the model resolved them
+                                   * (num_vocab_tiling / num_vocab_chunks 0 = auto: models/model.h), and
+                                   * gemma4's per-layer embedding table chunks (0 without one) */
 } mt_memory_report;
 
 /* Plan rank 0 of cfg (num_devices and the ici_* keys give the mesh; when every

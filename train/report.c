@@ -104,6 +104,8 @@ static mt_status plan_json(const mt_train_config *cfg, const mt_memory_report *r
     bad |= mt_json_add_int(doc, "gradient_accumulation_steps", cfg->gradient_accumulation_steps);
     bad |= mt_json_add_int(doc, "num_vocab_tiling", r->vocab_tiling[0]);
     bad |= mt_json_add_int(doc, "num_vocab_chunks", r->vocab_tiling[1]);
+    if (r->vocab_tiling[2] > 0) /* gemma4: the per-layer embedding table's chunks (models/model.h) */
+        bad |= mt_json_add_int(doc, "per_layer_embedding_chunks", r->vocab_tiling[2]);
     bad |= mt_json_add_string(doc, "dtype", mt_dtype_name(cfg->dtype));
     bad |= mt_json_add_string(doc, "grad_dtype", mt_dtype_name(cfg->grad_dtype));
     bad |= mt_json_add_string(doc, "remat_policy", mt_remat_policy_name((mt_remat_policy_kind)cfg->remat_policy));
@@ -173,6 +175,10 @@ static void plan_table(const mt_train_config *cfg, const mt_memory_report *r, co
         printf("auto (num_vocab_tiling / num_vocab_chunks = 0): vocabulary chunks no larger than one decoder layer "
                "where fsdp, parameter offload or gradient windows hold the vocabulary (else 1); row tiles so that "
                "the loss tile is no larger than one decoder layer's parameters\n");
+    if (r->vocab_tiling[2] > 0)
+        printf("per-layer embedding table [vocab, layers x per_layer_input_dim] in %" PRId64 " chunk(s): 1 when the "
+               "vocabulary is whole, else the fewest no larger than one decoder layer and at least the vocabulary "
+               "chunks\n", r->vocab_tiling[2]);
     printf("mesh: %" PRId64 " device(s) = data %d x fsdp %d x context %d x tensor %d (rank 0: exactly what "
            "`train` allocates)\n", cfg->num_devices, r->dims[0], r->dims[1], r->dims[2], r->dims[3]);
     char col[48];

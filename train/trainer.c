@@ -276,7 +276,7 @@ mt_status mt_trainer_plan(const mt_train_config *cfg, mt_plan **plan, mt_plan **
 }
 
 mt_status mt_trainer_plan_ex(const mt_train_config *cfg, mt_plan **plan, mt_plan **host_plan, int64_t *num_params,
-                             uint64_t *step_bytes, int64_t vocab_tiling[2]) {
+                             uint64_t *step_bytes, int64_t vocab_tiling[3]) {
     *plan = NULL;
     if (step_bytes) *step_bytes = 0;
     if (host_plan) *host_plan = NULL;
@@ -301,7 +301,10 @@ mt_status mt_trainer_plan_ex(const mt_train_config *cfg, mt_plan **plan, mt_plan
         if (st == MT_OK) st = mt_plan_finalize(host);
     }
     if (st == MT_OK && num_params) *num_params = mt_model_numel(model);
-    if (st == MT_OK && vocab_tiling) mt_model_vocab_tiling(model, &vocab_tiling[0], &vocab_tiling[1]);
+    if (st == MT_OK && vocab_tiling) {
+        mt_model_vocab_tiling(model, &vocab_tiling[0], &vocab_tiling[1]);
+        vocab_tiling[2] = mt_model_per_layer_input_chunks(model);
+    }
     if (model) mt_model_free(model);
     if (st == MT_OK && host_plan) {
         *host_plan = host;

@@ -97,9 +97,12 @@ mt_status mt_trainer_plan(const mt_train_config *cfg, mt_plan **plan, mt_plan **
  * and fsdp layer all-gathers, with every activation kept), made from the planned model
  * and gradient sync without any communicator. The estimator's step model takes its
  * collective bytes from here, so it counts exactly what the trainer counts.
+ * vocab_tiling (may be NULL) gets the model's resolved counts: [0] the loss's row tiles,
+ * [1] its vocabulary chunks (models/model.h mt_model_vocab_tiling), [2] gemma4's
+ * per-layer embedding table chunks (mt_model_per_layer_input_chunks; 0 without one).
  * Errors: those of mt_trainer_plan. */
 mt_status mt_trainer_plan_ex(const mt_train_config *cfg, mt_plan **plan, mt_plan **host_plan, int64_t *num_params,
-                             uint64_t *step_bytes, int64_t vocab_tiling[2]);
+                             uint64_t *step_bytes, int64_t vocab_tiling[3]);
 
 typedef struct mt_trainer mt_trainer;
 

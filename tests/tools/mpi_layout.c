@@ -28,10 +28,15 @@
  *                                     behaviour before windows, as a reference
  *   mpi_layout plan CONFIG [k=v]      the trainer's own plan of rank 0 of the layout
  *                                     (no mpirun): "params P grads G optimizer O
- *                                     peak K maxgrad M maxwin NAME chunks C" (bytes; P =
- *                                     sum of the params entries, M = the largest
- *                                     gradient entry, NAME the largest parameter or
- *                                     gradient window, C the vocabulary chunks)
+ *                                     peak K maxgrad M maxwin NAME chunks C ple_chunks E"
+ *                                     (bytes; P = sum of the params entries, M = the
+ *                                     largest gradient entry, NAME the largest parameter
+ *                                     or gradient window, C the vocabulary chunks, E
+ *                                     gemma4's per-layer embedding table chunks, 0 for
+ *                                     other models) "maxple B gwlayer W" (B the largest
+ *                                     window of gemma4's per-layer-input globals or of a
+ *                                     chunk of their table, W the gradient window of a
+ *                                     layer, 0 when there is none)
  *   mpi_layout bounds REF K           the derived bounds of REF's first K steps (with
  *                                     REF_kappa): "step loss grad_norm" relative
  *   mpi_layout compare REF RUN TOL [PABS]
@@ -213,22 +218,26 @@ static int cmd_plan(const char *config, int n, const char *const *ov) {
     if (mt_train_config_load(&cfg, config, n, ov) != MT_OK) return die("config");
     mt_plan *plan = NULL;
     int64_t np = 0;
-    int64_t vt[2] = {0, 0};
+    int64_t vt[3] = {0, 0, 0};
     if (mt_trainer_plan_ex(&cfg, &plan, NULL, &np, NULL, vt) != MT_OK) return die("plan");
-    size_t tot[MT_MEM_CATEGORY_COUNT], maxgrad = 0, maxwin = 0;
+    size_t tot[MT_MEM_CATEGORY_COUNT], maxgrad = 0, maxwin = 0, maxple = 0, gwlayer = 0;
     const char *win = "none";
     mt_plan_total_by_category(plan, tot);
     for (int i = 0; i < mt_plan_count(plan); i++) {
         const mt_plan_entry *e = mt_plan_entry_get(plan, i);
         if (e->category == MT_MEM_GRADS && e->bytes > maxgrad) maxgrad = e->bytes;
+        if (!strcmp(e->name, "grads.window.layer")) gwlayer = e->bytes;
+        if (strstr(e->name, "window.per_layer_inputs") || strstr(e->name, "window.vocab.per_layer_embedding"))
+            maxple = e->bytes > maxple ? e->bytes : maxple;
         if ((!strncmp(e->name, "params.window.", 14) || !strncmp(e->name, "grads.window.", 13)) &&
             e->bytes > maxwin) {
             maxwin = e->bytes;
             win = e->name;
         }
     }
-    printf("params %zu grads %zu optimizer %zu peak %zu maxgrad %zu maxwin %s chunks %lld\n", tot[MT_MEM_PARAMS],
-           tot[MT_MEM_GRADS], tot[MT_MEM_OPTIMIZER], mt_plan_peak(plan), maxgrad, win, (long long)vt[1]);
+    printf("params %zu grads %zu optimizer %zu peak %zu maxgrad %zu maxwin %s chunks %lld ple_chunks %lld "
+           "maxple %zu gwlayer %zu\n", tot[MT_MEM_PARAMS], tot[MT_MEM_GRADS], tot[MT_MEM_OPTIMIZER], mt_plan_peak(plan),
+           maxgrad, win, (long long)vt[1], (long long)vt[2], maxple, gwlayer);
     mt_plan_free(plan);
     return 0;
 }
