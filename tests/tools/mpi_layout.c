@@ -22,6 +22,17 @@
  *                                     params.bin again, so that it holds the updates'
  *                                     response only; OUT/p0.bin: the unperturbed
  *                                     initial parameters
+ *   mpi_layout run-acc OUT CONFIG [k=v]
+ *                                     run (one process, the model's full gradient
+ *                                     buffer), and before each step s the step's K
+ *                                     micro-batches again through the model at its
+ *                                     parameters (a second loader over the same
+ *                                     windows): OUT/acc<s>.bin = sum_k |G_k| / N
+ *                                     elementwise (G_k = g_1 + ... + g_k, the partial
+ *                                     sums a grad_dtype accumulator rounds, g_k the
+ *                                     gradient of micro-batch k's summed token loss, N
+ *                                     the step's labelled tokens: the mean gradient's
+ *                                     scale), OUT/acc.txt = K; for bounds ACC_DTYPE
  *   mpi_layout run-full-grads OUT CONFIG [k=v]
  *                                     run, with the model's full gradient buffer instead
  *                                     of the gradient windows (parallel/zero1.h): the
@@ -32,8 +43,12 @@
  *                                     sum of the params entries, M = the largest
  *                                     gradient entry, NAME the largest parameter or
  *                                     gradient window, C the vocabulary chunks)
- *   mpi_layout bounds REF K           the derived bounds of REF's first K steps (with
- *                                     REF_kappa): "step loss grad_norm" relative
+ *   mpi_layout bounds REF K [ACC_DTYPE]
+ *                                     the derived bounds of REF's first K steps (with
+ *                                     REF_kappa): "step loss grad_norm" relative;
+ *                                     with ACC_DTYPE (bfloat16) those of a run that
+ *                                     differs from REF in its gradient accumulator's
+ *                                     dtype too (REF from run-acc: derive_bounds)
  *   mpi_layout compare REF RUN TOL [PABS]
  *                                     loss, every parameter's gradient and every
  *                                     parameter after 3 steps: relative error
@@ -112,13 +127,48 @@ static int plan_bytes_differ(const mt_train_config *cfg, uint64_t form) {
     return 1;
 }
 
+/* run-acc, before step s (s from 1): the step's K micro-batches read from dl (a second
+ * loader over the trainer's windows in the trainer's order) and run through the trainer's model m at its current parameters, each gradient
+ * g_k of the summed token loss in m's full gradient buffer; OUT/acc<s>.bin gets
+ * sum_k |g_1 + ... + g_k| / N elementwise (fp64 sums, N the labelled tokens of the K
+ * micro-batches). The trainer's step zeroes the gradients and the step statistics
+ * before it uses them, so this pass leaves its step unchanged. */
+static int acc_partials(mt_model *m, mt_data_loader *dl, const mt_train_config *cfg, int s, const char *out,
+                        int32_t *tok, int32_t *lab, float *buf, double *G, double *sum) {
+    mt_backend *be = mt_model_backend(m);
+    const int64_t numel = mt_model_numel(m);
+    double count = 0;
+    memset(G, 0, sizeof(double) * (size_t)numel);
+    memset(sum, 0, sizeof(double) * (size_t)numel);
+    mt_model_set_compute_rounding(m, (uint64_t)cfg->seed, s - 1); /* as the trainer's step s */
+    for (int64_t k = 0; k < cfg->gradient_accumulation_steps; k++) {
+        double st[MT_MODEL_STATS];
+        if (be->ops->zero(be, mt_model_grads(m), sizeof(float) * (size_t)numel) != MT_OK ||
+            be->ops->zero(be, mt_model_step_stats(m), sizeof st) != MT_OK || mt_data_next(dl, tok, lab) != MT_OK ||
+            mt_model_forward_backward_acc(m, tok, lab, 1.0f) != MT_OK ||
+            be->ops->copy_to_host(be, buf, mt_model_grads(m), sizeof(float) * (size_t)numel) != MT_OK ||
+            be->ops->copy_to_host(be, st, mt_model_step_stats(m), sizeof st) != MT_OK || be->ops->sync(be) != MT_OK)
+            return die("micro-batch gradient");
+        count += st[1];
+        for (int64_t j = 0; j < numel; j++) {
+            G[j] += buf[j];
+            sum[j] += fabs(G[j]);
+        }
+    }
+    for (int64_t j = 0; j < numel; j++) buf[j] = (float)(sum[j] / count);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/acc%d.bin", out, s);
+    return write_floats(path, buf, numel) ? die(path) : 0;
+}
+
 /* full_grads: the model's full gradient buffer instead of the gradient windows the
  * trainer would choose (mt_trainer_create_ex): the pre-window behaviour, as reference.
  * kappa: the perturbed run of run-kappa (one process, parameters in the model's flat
  * buffer). Every run writes OUT/chain.txt: the term counts S of tests/test_bounds.h
  * to the loss (the logits, the cross-entropy's V + 2) and to a parameter gradient
  * (the rows of a step, N, in the weight gradient's sum). */
-static int cmd_run(const char *out, const char *config, int n, const char *const *ov, int full_grads, int kappa) {
+static int cmd_run(const char *out, const char *config, int n, const char *const *ov, int full_grads, int kappa,
+                   int acc) {
     mt_train_config cfg;
     if (mt_train_config_load(&cfg, config, n, ov) != MT_OK) return die("config");
     mt_trainer *t = NULL;
@@ -160,8 +210,30 @@ static int cmd_run(const char *out, const char *config, int n, const char *const
                 (long long)tu_chain_terms(c, T, 1, N), cfg.learning_rate, cfg.adam_eps, cfg.adam_b2, cfg.adam_b1);
         fclose(f);
     }
+    mt_data_loader *dl = NULL; /* run-acc: the micro-batches again */
+    int32_t *tok = NULL, *lab = NULL;
+    double *G = NULL, *sum = NULL;
+    if (acc) {
+        mt_data_options opt;
+        const int64_t bt = cfg.per_device_batch_size * cfg.max_target_length;
+        mt_trainer_data_options(&cfg, "train", &opt);
+        if (mt_trainer_world_rank(t) != 0 || !mt_model_grads(m)) return die("run-acc runs one process");
+        if (mt_data_open_ex(&dl, cfg.dataset_path, "train", &opt, cfg.per_device_batch_size, cfg.max_target_length, 0,
+                            1) != MT_OK)
+            return die("data");
+        tok = malloc(sizeof(int32_t) * (size_t)bt);
+        lab = malloc(sizeof(int32_t) * (size_t)bt);
+        G = malloc(sizeof(double) * (size_t)numel);
+        sum = malloc(sizeof(double) * (size_t)numel);
+        snprintf(path, sizeof path, "%s/acc.txt", out);
+        FILE *f = fopen(path, "w");
+        if (!f) return die(path);
+        fprintf(f, "%lld\n", (long long)cfg.gradient_accumulation_steps);
+        fclose(f);
+    }
     for (int s = 0; s < K; s++) {
         mt_step_metrics sm;
+        if (acc && acc_partials(m, dl, &cfg, s + 1, out, tok, lab, buf, G, sum)) return 1;
         if (mt_trainer_step(t, &sm) != MT_OK) return die("step");
         loss[s] = sm.loss;
         uint64_t meas = 0, form = 0;
@@ -188,6 +260,8 @@ static int cmd_run(const char *out, const char *config, int n, const char *const
         for (int64_t i = 0; i < numel; i++) buf[i] = (float)((double)buf[i] - ((double)pk[i] - (double)p0[i]));
     free(p0);
     free(pk);
+    free(tok), free(lab), free(G), free(sum);
+    mt_data_close(dl);
     if (rank == 0) {
         snprintf(path, sizeof path, "%s/params.bin", out);
         if (write_floats(path, buf, numel)) return die(path);
@@ -298,7 +372,20 @@ static int read_losses(const char *dir, double *l, int K) {
  *     sqrt(sum_i (p0_i g_i)^2) / |L|, so that one draw that cancels cannot make it
  *     small), plus, from s = 2, lambda sqrt(sum_i (g_si dp_{s-1,i})^2) / |L| (the
  *     loss's response to dp; the elements' differences come from independent
- *     roundings, so the signed sum adds in quadrature, as in the model). */
+ *     roundings, so the signed sum adds in quadrature, as in the model);
+ *   a run whose gradient accumulator has unit roundoff uacc > 0 (bounds REF K bfloat16,
+ *     REF from run-acc; the reference accumulates in fp32): it holds A_k =
+ *     r(fl32(A_{k-1} + g_k)) after micro-batch k where the reference holds the fp32 sum
+ *     F_k of the partial sum G_k = g_1 + ... + g_k; round to nearest errs by at most u
+ *     relative (|r(x) - x| <= u |x|, Higham, "Accuracy and Stability of Numerical
+ *     Algorithms", 2nd ed., Thm 2.2), so |A_k - F_k| <= (1 + v) |A_{k-1} - F_{k-1}| +
+ *     v |G_k| with v = uacc + 2^-22 (the accumulator's rounding, the fp32 add before it
+ *     and the reference's own fp32 add, 2^-24 each, with their cross terms), and after
+ *     K micro-batches |A_K - F_K| <= v (1 + v)^(K - 1) sum_k |G_k|: per element and per
+ *     step m, that times REF/acc<m>.bin (sum_k |G_k| / N, the mean gradient's scale)
+ *     adds to D_mi; it is a worst case per element (every rounding the full u), and the
+ *     elements' roundings are independent, so the responses above still add in
+ *     quadrature. */
 /* The derived bounds (above) of the first K steps of REF: lbound[K] (each step's loss,
  * relative), gnbound[K] (each step's gradient norm, relative), gbound[np] (the step-1
  * gradient of each tensor, relative norm), pel[numel] (each parameter after K steps,
@@ -306,11 +393,12 @@ static int read_losses(const char *dir, double *l, int K) {
  * mdiff, vdiff[numel] (bounds on their differences: m = b1 m + (1 - b1) g moves by
  * b1 dm + (1 - b1) D, v = b2 v + (1 - b2) g^2 by b2 dv + (1 - b2)(2 |g| D + D^2), D the
  * step's gradient difference bound) and mref, vref[numel] (the reference's moments);
- * kbase: the fp32 run whose perturbed twin kbase_kappa gives the conditions.
+ * kbase: the fp32 run whose perturbed twin kbase_kappa gives the conditions; uacc:
+ * the unit roundoff of the compared run's gradient accumulator (0: fp32, as REF's).
  * Returns 1 (with a message) on a missing file. */
 static int derive_bounds(const char *ref, const char *kbase, int K, int np, const long long *off,
                          const long long *cnt, double *lbound, double *gnbound, double *gbound, double *pel,
-                         double *mdiff, double *vdiff, double *mref, double *vref) {
+                         double *mdiff, double *vdiff, double *mref, double *vref, double uacc) {
     char p[1024], kdir[1024];
     const int64_t numel = off[np - 1] + cnt[np - 1];
     snprintf(kdir, sizeof kdir, "%s_kappa", kbase);
@@ -329,6 +417,22 @@ static int derive_bounds(const char *ref, const char *kbase, int K, int np, cons
         if (m == 0) snprintf(name, sizeof name, "grad.bin");
         else snprintf(name, sizeof name, "grad%d.bin", m + 1);
         g[m] = read_floats(kbase, name, numel);
+    }
+    float **ga = NULL; /* uacc > 0: each step's v (1 + v)^(K - 1) sum_k |G_k| / N (above) */
+    if (uacc > 0) {
+        long long mb = 0;
+        snprintf(p, sizeof p, "%s/acc.txt", ref);
+        f = fopen(p, "r");
+        if (!f || fscanf(f, "%lld", &mb) != 1 || mb < 1) return fprintf(stderr, "bad %s (run-acc)\n", p), 1;
+        fclose(f);
+        const double v = uacc + 0x1p-22, c = v * pow(1.0 + v, (double)(mb - 1));
+        ga = malloc(sizeof(float *) * (size_t)K);
+        for (int m = 0; m < K; m++) {
+            char name[32];
+            snprintf(name, sizeof name, "acc%d.bin", m + 1);
+            ga[m] = read_floats(ref, name, numel);
+            for (int64_t j = 0; j < numel; j++) ga[m][j] = (float)(c * ga[m][j]);
+        }
     }
     double kappa_an = 0, pnorm = 0;
     for (int64_t j = 0; j < numel; j++) {
@@ -366,7 +470,8 @@ static int derive_bounds(const char *ref, const char *kbase, int K, int np, cons
         for (int i = 0; i < np; i++)
             for (long long j = off[i]; j < off[i] + cnt[i]; j++) {
                 const double d = tu_chain_bound(TU_U_F32, (m + 1) * S_grad, kapm[i]) * gmax[m * np + i] +
-                                 fabs((double)gk[j] - g[0][j]) / TU_KAPPA_ETA * (dpn / pnorm);
+                                 fabs((double)gk[j] - g[0][j]) / TU_KAPPA_ETA * (dpn / pnorm) +
+                                 (ga ? (double)ga[m][j] : 0.0);
                 dn += d * d;
                 gn += (double)g[m][j] * g[m][j];
                 dmax[j] = fmax(dmax[j], d); /* the clipping term is added below */
@@ -395,8 +500,12 @@ static int derive_bounds(const char *ref, const char *kbase, int K, int np, cons
         lbound[s] += tu_chain_bound(TU_U_F32, S_loss + s * S_grad, kl);
     }
     free(kapm), free(gmax), free(dmax), free(v), free(p0), free(gk);
-    for (int m = 0; m < K; m++) free(g[m]);
+    for (int m = 0; m < K; m++) {
+        free(g[m]);
+        if (ga) free(ga[m]);
+    }
     free(g);
+    free(ga);
     return 0;
 }
 
@@ -411,13 +520,14 @@ static int read_index(const char *ref, char names[][96], long long *off, long lo
     return np;
 }
 
-/* mpi_layout bounds REF K: the derived bounds of REF's first K steps (REF_kappa next to
- * it), one line per step: "step loss_bound grad_norm_bound" (relative), for the suites
+/* mpi_layout bounds REF K [bfloat16]: the derived bounds of REF's first K steps
+ * (REF_kappa next to it; with bfloat16, against a run with bf16 gradient accumulators:
+ * uacc of derive_bounds), one line per step: "step loss_bound grad_norm_bound" (relative), for the suites
  * that compare the trainer's own metrics (tests/lib.sh mt_fp32_bounds); and
  * REF/tensor_bounds.txt, a line per parameter tensor after step K (REF must have run K
  * steps): "name params adam_m adam_v", the relative norm bounds |bound| / |reference|
  * of the parameter and its two moments (a checkpoint's tensors). */
-static int cmd_bounds(const char *ref, int K) {
+static int cmd_bounds(const char *ref, int K, double uacc) {
     static char names[512][96];
     long long off[512], cnt[512];
     const int np = read_index(ref, names, off, cnt);
@@ -426,7 +536,7 @@ static int cmd_bounds(const char *ref, int K) {
     double lb[MAXSTEPS], gnb[MAXSTEPS], *gb = calloc((size_t)np, sizeof(double));
     double *e[5];
     for (int k = 0; k < 5; k++) e[k] = calloc((size_t)numel, sizeof(double));
-    int bad = derive_bounds(ref, ref, K, np, off, cnt, lb, gnb, gb, e[0], e[1], e[2], e[3], e[4]);
+    int bad = derive_bounds(ref, ref, K, np, off, cnt, lb, gnb, gb, e[0], e[1], e[2], e[3], e[4], uacc);
     for (int s = 0; s < K && !bad; s++) printf("%d %.3e %.3e\n", s + 1, lb[s], gnb[s]);
     if (!bad) {
         float *pr = read_floats(ref, "params.bin", numel);
@@ -473,7 +583,7 @@ static int cmd_compare(const char *ref, const char *run, double tol, double pabs
     for (int i = 0; i < np; i++) gbound[i] = pbound[i] = tol;
     if (derived) {
         pel = calloc((size_t)numel, sizeof(double));
-        if (derive_bounds(ref, kbase ? kbase : ref, 3, np, off, cnt, lbound, gnb, gbound, pel, NULL, NULL, NULL, NULL))
+        if (derive_bounds(ref, kbase ? kbase : ref, 3, np, off, cnt, lbound, gnb, gbound, pel, NULL, NULL, NULL, NULL, 0.0))
             return 1;
     }
     /* MT_COMPARE_PLANT=x: RUN's values moved by x times their derived bound (each loss,
@@ -560,12 +670,16 @@ static int cmd_compare(const char *ref, const char *run, double tol, double pabs
 int main(int argc, char **argv) {
     if (argc >= 3 && strcmp(argv[1], "data") == 0) return cmd_data(argv[2]);
     if (argc >= 4 && strcmp(argv[1], "run") == 0)
-        return cmd_run(argv[2], argv[3], argc - 4, (const char *const *)argv + 4, 0, 0);
-    if (argc == 4 && strcmp(argv[1], "bounds") == 0) return cmd_bounds(argv[2], atoi(argv[3]));
+        return cmd_run(argv[2], argv[3], argc - 4, (const char *const *)argv + 4, 0, 0, 0);
+    if (argc == 4 && strcmp(argv[1], "bounds") == 0) return cmd_bounds(argv[2], atoi(argv[3]), 0.0);
+    if (argc == 5 && strcmp(argv[1], "bounds") == 0 && strcmp(argv[4], "bfloat16") == 0)
+        return cmd_bounds(argv[2], atoi(argv[3]), TU_U_BF16);
     if (argc >= 4 && strcmp(argv[1], "run-kappa") == 0)
-        return cmd_run(argv[2], argv[3], argc - 4, (const char *const *)argv + 4, 0, 1);
+        return cmd_run(argv[2], argv[3], argc - 4, (const char *const *)argv + 4, 0, 1, 0);
+    if (argc >= 4 && strcmp(argv[1], "run-acc") == 0)
+        return cmd_run(argv[2], argv[3], argc - 4, (const char *const *)argv + 4, 1, 0, 1);
     if (argc >= 4 && strcmp(argv[1], "run-full-grads") == 0)
-        return cmd_run(argv[2], argv[3], argc - 4, (const char *const *)argv + 4, 1, 0);
+        return cmd_run(argv[2], argv[3], argc - 4, (const char *const *)argv + 4, 1, 0, 0);
     if (argc >= 3 && strcmp(argv[1], "plan") == 0) return cmd_plan(argv[2], argc - 3, (const char *const *)argv + 3);
     if ((argc == 5 || argc == 6) && strcmp(argv[1], "compare") == 0) {
         const int derived = strncmp(argv[4], "derived", 7) == 0;
@@ -574,6 +688,7 @@ int main(int argc, char **argv) {
     }
     fprintf(stderr, "usage: mpi_layout data DIR | run OUT CONFIG [k=v ...] | run-kappa OUT CONFIG [k=v ...] | "
             "run-full-grads OUT CONFIG [k=v ...] | "
-            "plan CONFIG [k=v ...] | compare REF RUN TOL|derived[=BASE] [PABS] | bounds REF K\n");
+            "run-acc OUT CONFIG [k=v ...] | plan CONFIG [k=v ...] | compare REF RUN TOL|derived[=BASE] [PABS] | "
+            "bounds REF K [bfloat16]\n");
     return 2;
 }
