@@ -32,7 +32,12 @@
  *                                     sums a grad_dtype accumulator rounds, g_k the
  *                                     gradient of micro-batch k's summed token loss, N
  *                                     the step's labelled tokens: the mean gradient's
- *                                     scale), OUT/acc.txt = K; for bounds ACC_DTYPE
+ *                                     scale), OUT/acc.txt = K; with a last argument
+ *                                     acc_groups=R, micro-batch k's partial sums are
+ *                                     those of group k mod R (R data-parallel ranks'
+ *                                     accumulators, each reading every R-th window)
+ *                                     and acc.txt = K / R; for bounds ACC_DTYPE and
+ *                                     compare derived-bf16acc
  *   mpi_layout run-full-grads OUT CONFIG [k=v]
  *                                     run, with the model's full gradient buffer instead
  *                                     of the gradient windows (parallel/zero1.h): the
@@ -59,7 +64,14 @@
  *                                     perturbed run REF_kappa (run-kappa; cmd_compare
  *                                     says how), per tensor and per step; derived=BASE:
  *                                     the condition from the fp32 pair BASE and
- *                                     BASE_kappa (a bf16 REF of the same model)
+ *                                     BASE_kappa (a bf16 REF of the same model);
+ *                                     TOL = rounded=M:BASE (with PABS): a bf16 layout
+ *                                     whose collectives round each summed element up
+ *                                     to M times otherwise than REF, bounded with
+ *                                     BASE's condition (rounded_bounds);
+ *                                     TOL = derived-bf16acc[=BASE]: derived, for a RUN
+ *                                     with bf16 gradient accumulators against REF from
+ *                                     run-acc (derive_bounds' uacc)
  * Per-tensor norms rather than elementwise: a gradient element near zero has no
  * meaningful relative error, the tensor as a whole does. PABS is for parameters that
  * start at zero (Gemma's norm scales, 1 + w): their norm after k Adam steps is about
@@ -128,17 +140,20 @@ static int plan_bytes_differ(const mt_train_config *cfg, uint64_t form) {
 }
 
 /* run-acc, before step s (s from 1): the step's K micro-batches read from dl (a second
- * loader over the trainer's windows in the trainer's order) and run through the trainer's model m at its current parameters, each gradient
- * g_k of the summed token loss in m's full gradient buffer; OUT/acc<s>.bin gets
- * sum_k |g_1 + ... + g_k| / N elementwise (fp64 sums, N the labelled tokens of the K
+ * loader over the trainer's windows in the trainer's order) and run through the
+ * trainer's model m at its current parameters, each gradient g_k of the summed token
+ * loss in m's full gradient buffer; OUT/acc<s>.bin gets sum_k |G_k| / N elementwise,
+ * G_k the partial sum of micro-batch k's group (k mod groups) up to k: with groups = 1
+ * g_1 + ... + g_k; with groups = R the accumulators of R data-parallel ranks that each
+ * read every R-th of these windows (fp64 sums, N the labelled tokens of the K
  * micro-batches). The trainer's step zeroes the gradients and the step statistics
  * before it uses them, so this pass leaves its step unchanged. */
 static int acc_partials(mt_model *m, mt_data_loader *dl, const mt_train_config *cfg, int s, const char *out,
-                        int32_t *tok, int32_t *lab, float *buf, double *G, double *sum) {
+                        int32_t *tok, int32_t *lab, float *buf, double *G, double *sum, int groups) {
     mt_backend *be = mt_model_backend(m);
     const int64_t numel = mt_model_numel(m);
     double count = 0;
-    memset(G, 0, sizeof(double) * (size_t)numel);
+    memset(G, 0, sizeof(double) * (size_t)(numel * groups));
     memset(sum, 0, sizeof(double) * (size_t)numel);
     mt_model_set_compute_rounding(m, (uint64_t)cfg->seed, s - 1); /* as the trainer's step s */
     for (int64_t k = 0; k < cfg->gradient_accumulation_steps; k++) {
@@ -150,9 +165,10 @@ static int acc_partials(mt_model *m, mt_data_loader *dl, const mt_train_config *
             be->ops->copy_to_host(be, st, mt_model_step_stats(m), sizeof st) != MT_OK || be->ops->sync(be) != MT_OK)
             return die("micro-batch gradient");
         count += st[1];
+        double *Gg = G + (k % groups) * numel; /* micro-batch k's group: its rank's accumulator */
         for (int64_t j = 0; j < numel; j++) {
-            G[j] += buf[j];
-            sum[j] += fabs(G[j]);
+            Gg[j] += buf[j];
+            sum[j] += fabs(Gg[j]);
         }
     }
     for (int64_t j = 0; j < numel; j++) buf[j] = (float)(sum[j] / count);
@@ -169,6 +185,9 @@ static int acc_partials(mt_model *m, mt_data_loader *dl, const mt_train_config *
  * (the rows of a step, N, in the weight gradient's sum). */
 static int cmd_run(const char *out, const char *config, int n, const char *const *ov, int full_grads, int kappa,
                    int acc) {
+    int groups = 1; /* run-acc: acc_groups=R (not a config key) */
+    if (acc && n > 0 && strncmp(ov[n - 1], "acc_groups=", 11) == 0) groups = atoi(ov[--n] + 11);
+    if (groups < 1) return fprintf(stderr, "mpi_layout: acc_groups must be >= 1\n"), 2;
     mt_train_config cfg;
     if (mt_train_config_load(&cfg, config, n, ov) != MT_OK) return die("config");
     mt_trainer *t = NULL;
@@ -223,17 +242,18 @@ static int cmd_run(const char *out, const char *config, int n, const char *const
             return die("data");
         tok = malloc(sizeof(int32_t) * (size_t)bt);
         lab = malloc(sizeof(int32_t) * (size_t)bt);
-        G = malloc(sizeof(double) * (size_t)numel);
+        G = malloc(sizeof(double) * (size_t)(numel * groups));
         sum = malloc(sizeof(double) * (size_t)numel);
         snprintf(path, sizeof path, "%s/acc.txt", out);
         FILE *f = fopen(path, "w");
         if (!f) return die(path);
-        fprintf(f, "%lld\n", (long long)cfg.gradient_accumulation_steps);
+        if (cfg.gradient_accumulation_steps % groups) return fprintf(stderr, "mpi_layout: acc_groups\n"), 2;
+        fprintf(f, "%lld\n", (long long)(cfg.gradient_accumulation_steps / groups));
         fclose(f);
     }
     for (int s = 0; s < K; s++) {
         mt_step_metrics sm;
-        if (acc && acc_partials(m, dl, &cfg, s + 1, out, tok, lab, buf, G, sum)) return 1;
+        if (acc && acc_partials(m, dl, &cfg, s + 1, out, tok, lab, buf, G, sum, groups)) return 1;
         if (mt_trainer_step(t, &sm) != MT_OK) return die("step");
         loss[s] = sm.loss;
         uint64_t meas = 0, form = 0;
@@ -444,6 +464,14 @@ static int derive_bounds(const char *ref, const char *kbase, int K, int np, cons
     double *kapm = calloc((size_t)np, sizeof(double)), *gmax = calloc((size_t)(K * np), sizeof(double));
     for (int i = 0; i < np; i++) {
         gbound[i] = tu_chain_bound(TU_U_F32, S_grad, rel_norm(gk, g[0], off[i], cnt[i]) / TU_KAPPA_ETA);
+        if (ga) { /* the accumulator's rounding, elementwise worst case, as a relative norm */
+            double a2 = 0, g2 = 0;
+            for (long long j = off[i]; j < off[i] + cnt[i]; j++) {
+                a2 += (double)ga[0][j] * ga[0][j];
+                g2 += (double)g[0][j] * g[0][j];
+            }
+            gbound[i] += g2 > 0 ? sqrt(a2 / g2) : sqrt(a2);
+        }
         double d = 0, r = 0;
         for (long long j = off[i]; j < off[i] + cnt[i]; j++) {
             d = fmax(d, fabs((double)gk[j] - g[0][j]));
@@ -565,13 +593,73 @@ static int cmd_bounds(const char *ref, int K, double uacc) {
     return bad;
 }
 
-static int cmd_compare(const char *ref, const char *run, double tol, double pabs, const char *kbase) {
+/* compare REF RUN rounded=M:BASE PABS: a bf16 layout (dtype=bfloat16) against the
+ * one-process bf16 REF, where the layout's activation collectives round each element of
+ * their sums up to M times more or otherwise than REF does (M counts both runs'
+ * roundings: tests/test_mpi_layouts.sh gives it per layout), everything else the same
+ * bf16 math. First order, the difference of a compared value is J eps, eps the relative
+ * perturbations of the summed elements: each the sum of at most M independent roundings
+ * of mean zero and size <= u = 2^-8 (Higham and Mary 2019, the model of
+ * tests/test_bounds.h), so E eps_k^2 <= M u^2. The condition measured on BASE (the fp32
+ * run of the same model) and BASE_kappa, every parameter times 1 + eta xi: a weight's
+ * perturbation perturbs each product of its GEMM relatively by eta, as a rounding of the
+ * GEMM's output does (tests/test_bounds.h), and every GEMM output is reached, the
+ * collectives' sums among them; independent perturbations add in quadrature, so a
+ * subset of them moves a value less. Hence E |J eps|^2 <= M u^2 (kappa |value|)^2, with
+ * kappa = (relative change of the value) / eta:
+ *   step-1 gradient of tensor t: 2 sqrt(M) u kappa_t, relative norm (kappa_t: BASE's
+ *     relative norm change of that tensor's gradient over eta);
+ *   loss of step s: 2 sqrt(M) u kappa_L,s (BASE's loss change over eta, at least its
+ *     first-order expectation, as derive_bounds) plus, from s = 2, the response to the
+ *     parameter difference, at most PABS (s - 1) / 3 per element after s - 1 of the 3
+ *     steps PABS covers: lambda (PABS (s - 1) / 3) |g_s| / |L_s| (g_s REF's gradient,
+ *     the elements' differences independent: in quadrature, lambda = 6);
+ *   parameters after step 3: PABS elementwise (tests/test_mpi_layouts.sh derives it).
+ * The factor 2: |J eps| is one draw of a norm whose square has mean at most
+ * M u^2 (kappa |value|)^2; round to nearest's relative error is spread over [-u, u]
+ * (rms about u / sqrt(3)), so 2 sqrt(M) u kappa is 2 sqrt(3) = 3.5 times the rms, and
+ * even a single Gaussian direction (chi-square of one degree, the least concentrated
+ * case) exceeds 3.5 times its rms with probability 5e-4; a tensor's norm over many
+ * elements exceeds it far less often. */
+static int rounded_bounds(const char *ref, const char *kbase, double M, double pabs, int np, const long long *off,
+                          const long long *cnt, double *lbound, double *gbound) {
+    char kdir[1024];
+    const int64_t numel = off[np - 1] + cnt[np - 1];
+    double lk[3], lb[3], lr[3];
+    snprintf(kdir, sizeof kdir, "%s_kappa", kbase);
+    if (pabs < 0) return fprintf(stderr, "mpi_layout: rounded=M:BASE needs PABS\n"), 1;
+    if (read_losses(kdir, lk, 3) || read_losses(kbase, lb, 3) || read_losses(ref, lr, 3)) return 1;
+    float *g0 = read_floats(kbase, "grad.bin", numel), *gk = read_floats(kdir, "grad.bin", numel);
+    float *p0 = read_floats(kdir, "p0.bin", numel);
+    const double c = 2.0 * sqrt(M) * TU_U_BF16;
+    double kappa_an = 0;
+    for (int64_t j = 0; j < numel; j++) kappa_an += ((double)p0[j] * g0[j]) * ((double)p0[j] * g0[j]);
+    kappa_an = sqrt(kappa_an) / fabs(lb[0]);
+    for (int i = 0; i < np; i++) gbound[i] = c * rel_norm(gk, g0, off[i], cnt[i]) / TU_KAPPA_ETA;
+    for (int s = 0; s < 3; s++) {
+        lbound[s] = c * fmax(kappa_an, fabs(lk[s] - lb[s]) / fabs(lb[s]) / TU_KAPPA_ETA);
+        if (s > 0) {
+            char name[32];
+            snprintf(name, sizeof name, "grad%d.bin", s + 1);
+            float *g = read_floats(ref, name, numel);
+            double n2 = 0;
+            for (int64_t j = 0; j < numel; j++) n2 += (double)g[j] * g[j];
+            lbound[s] += TU_LAMBDA * (pabs * s / 3.0) * sqrt(n2) / fabs(lr[s]);
+            free(g);
+        }
+    }
+    free(g0), free(gk), free(p0);
+    return 0;
+}
+
+static int cmd_compare(const char *ref, const char *run, double tol, double pabs, const char *kbase, double mround,
+                       double uacc) {
     static char names[512][96];
     long long off[512], cnt[512];
     const int np = read_index(ref, names, off, cnt);
     if (np <= 0) return 1;
     const int64_t numel = off[np - 1] + cnt[np - 1];
-    const int derived = tol < 0;
+    const int derived = tol < 0 && mround <= 0, bounded = tol < 0; /* bounded: derived or rounded */
     int bad = 0;
     double lr3[3], lx[3];
     if (read_losses(ref, lr3, 3) || read_losses(run, lx, 3)) return 1;
@@ -583,17 +671,19 @@ static int cmd_compare(const char *ref, const char *run, double tol, double pabs
     for (int i = 0; i < np; i++) gbound[i] = pbound[i] = tol;
     if (derived) {
         pel = calloc((size_t)numel, sizeof(double));
-        if (derive_bounds(ref, kbase ? kbase : ref, 3, np, off, cnt, lbound, gnb, gbound, pel, NULL, NULL, NULL, NULL, 0.0))
+        if (derive_bounds(ref, kbase ? kbase : ref, 3, np, off, cnt, lbound, gnb, gbound, pel, NULL, NULL, NULL, NULL, uacc))
             return 1;
     }
+    if (mround > 0 && rounded_bounds(ref, kbase, mround, pabs, np, off, cnt, lbound, gbound)) return 1;
     /* MT_COMPARE_PLANT=x: RUN's values moved by x times their derived bound (each loss,
-     * each tensor scaled by 1 + x bound): shows that the bounds can fail */
-    const double plant = derived && getenv("MT_COMPARE_PLANT") ? atof(getenv("MT_COMPARE_PLANT")) : 0.0;
+     * each tensor scaled by 1 + x bound; with PABS each parameter moved by x PABS):
+     * shows that the bounds can fail */
+    const double plant = bounded && getenv("MT_COMPARE_PLANT") ? atof(getenv("MT_COMPARE_PLANT")) : 0.0;
     double worst_loss = 0, worst_ratio = 0;
     for (int s = 0; s < 3; s++) {
         lx[s] += plant * lbound[s] * lr3[s];
         const double e = fabs(lx[s] - lr3[s]) / fabs(lr3[s]);
-        if (derived) {
+        if (bounded) {
             printf("loss step %d: relative error %.3e, bound %.2e\n", s + 1, e, lbound[s]);
             worst_ratio = fmax(worst_ratio, e / lbound[s]);
         }
@@ -627,12 +717,13 @@ static int cmd_compare(const char *ref, const char *run, double tol, double pabs
                 bmax = fmax(bmax, mb);
                 wr = fmax(wr, r);
             } else {
-                if (derived && !absolute)
-                    for (long long j = off[i]; j < off[i] + cnt[i]; j++) a[j] += (float)(plant * lim * b[j]);
+                if (bounded)
+                    for (long long j = off[i]; j < off[i] + cnt[i]; j++)
+                        a[j] += (float)(absolute ? plant * lim * (b[j] < 0 ? -1 : 1) : plant * lim * b[j]);
                 double mx = 0;
                 for (long long j = off[i]; j < off[i] + cnt[i]; j++) mx = fmax(mx, fabs((double)a[j] - b[j]));
                 e = absolute ? mx : rel_norm(a, b, off[i], cnt[i]);
-                if (derived && !absolute) {
+                if (bounded) {
                     bmin = fmin(bmin, lim);
                     bmax = fmax(bmax, lim);
                     if (lim > 0) wr = fmax(wr, e / lim);
@@ -652,15 +743,15 @@ static int cmd_compare(const char *ref, const char *run, double tol, double pabs
         printf("%s: %d tensors, worst %s %.3e (%s)", files[w], np,
                derived && w == 1 && !absolute ? "elementwise ratio to the bound" :
                absolute ? "absolute error" : "relative error", worst, names[wi]);
-        if (derived && !absolute)
-            printf(", %s bounds %.2e to %.2e, worst ratio %.3g", w ? "largest elementwise" : "relative", bmin, bmax,
-                   wr);
+        if (bounded)
+            printf(", %s bounds %.2e to %.2e, worst ratio %.3g",
+                   absolute ? "absolute" : w ? "largest elementwise" : "relative", bmin, bmax, wr);
         printf("\n");
         worst_ratio = fmax(worst_ratio, wr);
         free(a);
         free(b);
     }
-    if (derived) printf("worst ratio to the derived bound %.3g\n", worst_ratio);
+    if (bounded) printf("worst ratio to the derived bound %.3g\n", worst_ratio);
     free(gbound);
     free(pbound);
     free(pel);
@@ -682,13 +773,20 @@ int main(int argc, char **argv) {
         return cmd_run(argv[2], argv[3], argc - 4, (const char *const *)argv + 4, 1, 0, 0);
     if (argc >= 3 && strcmp(argv[1], "plan") == 0) return cmd_plan(argv[2], argc - 3, (const char *const *)argv + 3);
     if ((argc == 5 || argc == 6) && strcmp(argv[1], "compare") == 0) {
-        const int derived = strncmp(argv[4], "derived", 7) == 0;
-        return cmd_compare(argv[2], argv[3], derived ? -1.0 : atof(argv[4]), argc == 6 ? atof(argv[5]) : -1.0,
-                           derived && argv[4][7] == '=' ? argv[4] + 8 : NULL);
+        if (strncmp(argv[4], "derived-bf16acc", 15) == 0) /* REF from run-acc: bf16 accumulators */
+            return cmd_compare(argv[2], argv[3], -1.0, argc == 6 ? atof(argv[5]) : -1.0,
+                               argv[4][15] == '=' ? argv[4] + 16 : NULL, 0.0, TU_U_BF16);
+        const int derived = strncmp(argv[4], "derived", 7) == 0, rounded = strncmp(argv[4], "rounded=", 8) == 0;
+        const char *colon = rounded ? strchr(argv[4], ':') : NULL;
+        if (rounded && (!colon || atof(argv[4] + 8) <= 0)) return fprintf(stderr, "mpi_layout: rounded=M:BASE\n"), 2;
+        return cmd_compare(argv[2], argv[3], derived || rounded ? -1.0 : atof(argv[4]),
+                           argc == 6 ? atof(argv[5]) : -1.0,
+                           rounded ? colon + 1 : derived && argv[4][7] == '=' ? argv[4] + 8 : NULL,
+                           rounded ? atof(argv[4] + 8) : 0.0, 0.0);
     }
     fprintf(stderr, "usage: mpi_layout data DIR | run OUT CONFIG [k=v ...] | run-kappa OUT CONFIG [k=v ...] | "
             "run-full-grads OUT CONFIG [k=v ...] | "
-            "run-acc OUT CONFIG [k=v ...] | plan CONFIG [k=v ...] | compare REF RUN TOL|derived[=BASE] [PABS] | "
+            "run-acc OUT CONFIG [k=v ...] | plan CONFIG [k=v ...] | compare REF RUN TOL|derived[=BASE]|derived-bf16acc[=BASE]|rounded=M:BASE [PABS] | "
             "bounds REF K [bfloat16]\n");
     return 2;
 }
