@@ -92,7 +92,10 @@ void mt_model_config_defaults(mt_model_config *c, mt_decoder_block block) {
 }
 
 /* The gemma4 keys: zero on the other blocks; on gemma4 a global head_dim that the
- * attention can take, and a donor for every KV-sharing layer. */
+ * attention can take, a donor for every KV-sharing layer, and the norms its layer always
+ * has (transformers models/gemma4/modeling_gemma4.py: Gemma4TextAttention's q_norm /
+ * k_norm, Gemma4TextDecoderLayer's post_attention_layernorm and
+ * post_feedforward_layernorm; models/model_gemma4.c runs them unconditionally). */
 static mt_status validate_gemma4(const mt_model_config *c) {
     if (c->decoder_block != MT_DECODER_GEMMA4) {
         struct { const char *key; double v; } g4[] = {
@@ -109,6 +112,16 @@ static mt_status validate_gemma4(const mt_model_config *c) {
             return mt_set_error(MT_ERR_INVALID, "rope_type=proportional is gemma4's (decoder_block=%s)",
                                 mt_decoder_block_name(c->decoder_block));
         return MT_OK;
+    }
+    {
+        struct { const char *key; int v; } on[] = {
+            {"use_qk_norm", c->use_qk_norm},
+            {"use_post_attn_norm", c->use_post_attn_norm},
+            {"use_post_ffw_norm", c->use_post_ffw_norm},
+        };
+        for (size_t i = 0; i < sizeof(on) / sizeof(on[0]); i++)
+            if (!on[i].v)
+                return mt_set_error(MT_ERR_INVALID, "%s=false: decoder_block=gemma4 always has this norm", on[i].key);
     }
     if (c->global_head_dim < 0 || c->global_head_dim % 2 != 0 || c->global_head_dim > 512)
         return mt_set_error(MT_ERR_INVALID, "global_head_dim=%lld must be even, in [0, 512] (0 = head_dim)",

@@ -59,6 +59,13 @@
 #                           or mpi_layout_emu) into $tmp/NAME and $tmp/NAME_kappa, writes
 #                           "STEP LOSS_BOUND GRAD_NORM_BOUND" (relative) lines to
 #                           $tmp/NAME.bounds; on failure fail, return 1
+#   mt_bf16_acc_bounds NAME K ARGS...
+#                           mt_fp32_bounds for a run with ARGS and grad_dtype=bfloat16
+#                           against the run with ARGS (fp32 accumulators): the reference
+#                           from $layout_tool run-acc (each step's micro-batch partial
+#                           sums), its perturbed twin, then `bounds $tmp/NAME K bfloat16`
+#                           (tests/tools/mpi_layout.c derive_bounds: the accumulator's
+#                           roundings) into $tmp/NAME.bounds
 #   mt_check_bounds BOUNDS FIELD A B
 #                           FIELD (loss or grad_norm) of every step of runs A and B
 #                           ($tmp/out/RUN/metrics.jsonl) within BOUNDS' relative bound of
@@ -245,6 +252,15 @@ mt_fp32_bounds() {
     "$layout_tool" run "$tmp/$name" "$cfg" steps="$k" "$@" > "$tmp/$name.log" 2>&1 &&
         "$layout_tool" run-kappa "$tmp/${name}_kappa" "$cfg" steps="$k" "$@" > "$tmp/${name}_kappa.log" 2>&1 &&
         "$layout_tool" bounds "$tmp/$name" "$k" > "$tmp/$name.bounds" 2> "$tmp/$name.bounds.err" ||
+        { fail "bounds $name: $(tail -3 "$tmp/$name.log" "$tmp/${name}_kappa.log" "$tmp/$name.bounds.err" 2>/dev/null)"
+          return 1; }
+}
+
+mt_bf16_acc_bounds() {
+    local name=$1 k=$2; shift 2
+    "$layout_tool" run-acc "$tmp/$name" "$cfg" steps="$k" "$@" > "$tmp/$name.log" 2>&1 &&
+        "$layout_tool" run-kappa "$tmp/${name}_kappa" "$cfg" steps="$k" "$@" > "$tmp/${name}_kappa.log" 2>&1 &&
+        "$layout_tool" bounds "$tmp/$name" "$k" bfloat16 > "$tmp/$name.bounds" 2> "$tmp/$name.bounds.err" ||
         { fail "bounds $name: $(tail -3 "$tmp/$name.log" "$tmp/${name}_kappa.log" "$tmp/$name.bounds.err" 2>/dev/null)"
           return 1; }
 }

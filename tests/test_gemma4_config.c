@@ -116,6 +116,13 @@ Test(gemma4_config, bad_keys_refused) {
     expect_refused(&c, "global_head_dim");
     c = t.model, c.rope_partial_rotary_factor = 0.0f;
     expect_refused(&c, "rope_partial_rotary_factor");
+    /* the layer always has these norms (it crashed without them) */
+    c = t.model, c.use_qk_norm = 0;
+    expect_refused(&c, "use_qk_norm");
+    c = t.model, c.use_post_attn_norm = 0;
+    expect_refused(&c, "use_post_attn_norm");
+    c = t.model, c.use_post_ffw_norm = 0;
+    expect_refused(&c, "use_post_ffw_norm");
     mt_model_config g3;
     mt_model_config_defaults(&g3, MT_DECODER_GEMMA3);
     g3.vocab_size = 64, g3.emb_dim = 32, g3.num_query_heads = 4, g3.num_kv_heads = 2, g3.head_dim = 8;

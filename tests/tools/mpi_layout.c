@@ -22,6 +22,22 @@
  *                                     params.bin again, so that it holds the updates'
  *                                     response only; OUT/p0.bin: the unperturbed
  *                                     initial parameters
+ *   mpi_layout run-acc OUT CONFIG [k=v]
+ *                                     run (one process, the model's full gradient
+ *                                     buffer), and before each step s the step's K
+ *                                     micro-batches again through the model at its
+ *                                     parameters (a second loader over the same
+ *                                     windows): OUT/acc<s>.bin = sum_k |G_k| / N
+ *                                     elementwise (G_k = g_1 + ... + g_k, the partial
+ *                                     sums a grad_dtype accumulator rounds, g_k the
+ *                                     gradient of micro-batch k's summed token loss, N
+ *                                     the step's labelled tokens: the mean gradient's
+ *                                     scale), OUT/acc.txt = K; with a last argument
+ *                                     acc_groups=R, micro-batch k's partial sums are
+ *                                     those of group k mod R (R data-parallel ranks'
+ *                                     accumulators, each reading every R-th window)
+ *                                     and acc.txt = K / R; for bounds ACC_DTYPE and
+ *                                     compare derived-bf16acc
  *   mpi_layout run-full-grads OUT CONFIG [k=v]
  *                                     run, with the model's full gradient buffer instead
  *                                     of the gradient windows (parallel/zero1.h): the
@@ -37,8 +53,12 @@
  *                                     window of gemma4's per-layer-input globals or of a
  *                                     chunk of their table, W the gradient window of a
  *                                     layer, 0 when there is none)
- *   mpi_layout bounds REF K           the derived bounds of REF's first K steps (with
- *                                     REF_kappa): "step loss grad_norm" relative
+ *   mpi_layout bounds REF K [ACC_DTYPE]
+ *                                     the derived bounds of REF's first K steps (with
+ *                                     REF_kappa): "step loss grad_norm" relative;
+ *                                     with ACC_DTYPE (bfloat16) those of a run that
+ *                                     differs from REF in its gradient accumulator's
+ *                                     dtype too (REF from run-acc: derive_bounds)
  *   mpi_layout compare REF RUN TOL [PABS]
  *                                     loss, every parameter's gradient and every
  *                                     parameter after 3 steps: relative error
@@ -49,7 +69,14 @@
  *                                     perturbed run REF_kappa (run-kappa; cmd_compare
  *                                     says how), per tensor and per step; derived=BASE:
  *                                     the condition from the fp32 pair BASE and
- *                                     BASE_kappa (a bf16 REF of the same model)
+ *                                     BASE_kappa (a bf16 REF of the same model);
+ *                                     TOL = rounded=M:BASE (with PABS): a bf16 layout
+ *                                     whose collectives round each summed element up
+ *                                     to M times otherwise than REF, bounded with
+ *                                     BASE's condition (rounded_bounds);
+ *                                     TOL = derived-bf16acc[=BASE]: derived, for a RUN
+ *                                     with bf16 gradient accumulators against REF from
+ *                                     run-acc (derive_bounds' uacc)
  * Per-tensor norms rather than elementwise: a gradient element near zero has no
  * meaningful relative error, the tensor as a whole does. PABS is for parameters that
  * start at zero (Gemma's norm scales, 1 + w): their norm after k Adam steps is about
@@ -117,13 +144,55 @@ static int plan_bytes_differ(const mt_train_config *cfg, uint64_t form) {
     return 1;
 }
 
+/* run-acc, before step s (s from 1): the step's K micro-batches read from dl (a second
+ * loader over the trainer's windows in the trainer's order) and run through the
+ * trainer's model m at its current parameters, each gradient g_k of the summed token
+ * loss in m's full gradient buffer; OUT/acc<s>.bin gets sum_k |G_k| / N elementwise,
+ * G_k the partial sum of micro-batch k's group (k mod groups) up to k: with groups = 1
+ * g_1 + ... + g_k; with groups = R the accumulators of R data-parallel ranks that each
+ * read every R-th of these windows (fp64 sums, N the labelled tokens of the K
+ * micro-batches). The trainer's step zeroes the gradients and the step statistics
+ * before it uses them, so this pass leaves its step unchanged. */
+static int acc_partials(mt_model *m, mt_data_loader *dl, const mt_train_config *cfg, int s, const char *out,
+                        int32_t *tok, int32_t *lab, float *buf, double *G, double *sum, int groups) {
+    mt_backend *be = mt_model_backend(m);
+    const int64_t numel = mt_model_numel(m);
+    double count = 0;
+    memset(G, 0, sizeof(double) * (size_t)(numel * groups));
+    memset(sum, 0, sizeof(double) * (size_t)numel);
+    mt_model_set_compute_rounding(m, (uint64_t)cfg->seed, s - 1); /* as the trainer's step s */
+    for (int64_t k = 0; k < cfg->gradient_accumulation_steps; k++) {
+        double st[MT_MODEL_STATS];
+        if (be->ops->zero(be, mt_model_grads(m), sizeof(float) * (size_t)numel) != MT_OK ||
+            be->ops->zero(be, mt_model_step_stats(m), sizeof st) != MT_OK || mt_data_next(dl, tok, lab) != MT_OK ||
+            mt_model_forward_backward_acc(m, tok, lab, 1.0f) != MT_OK ||
+            be->ops->copy_to_host(be, buf, mt_model_grads(m), sizeof(float) * (size_t)numel) != MT_OK ||
+            be->ops->copy_to_host(be, st, mt_model_step_stats(m), sizeof st) != MT_OK || be->ops->sync(be) != MT_OK)
+            return die("micro-batch gradient");
+        count += st[1];
+        double *Gg = G + (k % groups) * numel; /* micro-batch k's group: its rank's accumulator */
+        for (int64_t j = 0; j < numel; j++) {
+            Gg[j] += buf[j];
+            sum[j] += fabs(Gg[j]);
+        }
+    }
+    for (int64_t j = 0; j < numel; j++) buf[j] = (float)(sum[j] / count);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/acc%d.bin", out, s);
+    return write_floats(path, buf, numel) ? die(path) : 0;
+}
+
 /* full_grads: the model's full gradient buffer instead of the gradient windows the
  * trainer would choose (mt_trainer_create_ex): the pre-window behaviour, as reference.
  * kappa: the perturbed run of run-kappa (one process, parameters in the model's flat
  * buffer). Every run writes OUT/chain.txt: the term counts S of tests/test_bounds.h
  * to the loss (the logits, the cross-entropy's V + 2) and to a parameter gradient
  * (the rows of a step, N, in the weight gradient's sum). */
-static int cmd_run(const char *out, const char *config, int n, const char *const *ov, int full_grads, int kappa) {
+static int cmd_run(const char *out, const char *config, int n, const char *const *ov, int full_grads, int kappa,
+                   int acc) {
+    int groups = 1; /* run-acc: acc_groups=R (not a config key) */
+    if (acc && n > 0 && strncmp(ov[n - 1], "acc_groups=", 11) == 0) groups = atoi(ov[--n] + 11);
+    if (groups < 1) return fprintf(stderr, "mpi_layout: acc_groups must be >= 1\n"), 2;
     mt_train_config cfg;
     if (mt_train_config_load(&cfg, config, n, ov) != MT_OK) return die("config");
     mt_trainer *t = NULL;
@@ -165,8 +234,31 @@ static int cmd_run(const char *out, const char *config, int n, const char *const
                 (long long)tu_chain_terms(c, T, 1, N), cfg.learning_rate, cfg.adam_eps, cfg.adam_b2, cfg.adam_b1);
         fclose(f);
     }
+    mt_data_loader *dl = NULL; /* run-acc: the micro-batches again */
+    int32_t *tok = NULL, *lab = NULL;
+    double *G = NULL, *sum = NULL;
+    if (acc) {
+        mt_data_options opt;
+        const int64_t bt = cfg.per_device_batch_size * cfg.max_target_length;
+        mt_trainer_data_options(&cfg, "train", &opt);
+        if (mt_trainer_world_rank(t) != 0 || !mt_model_grads(m)) return die("run-acc runs one process");
+        if (mt_data_open_ex(&dl, cfg.dataset_path, "train", &opt, cfg.per_device_batch_size, cfg.max_target_length, 0,
+                            1) != MT_OK)
+            return die("data");
+        tok = malloc(sizeof(int32_t) * (size_t)bt);
+        lab = malloc(sizeof(int32_t) * (size_t)bt);
+        G = malloc(sizeof(double) * (size_t)(numel * groups));
+        sum = malloc(sizeof(double) * (size_t)numel);
+        snprintf(path, sizeof path, "%s/acc.txt", out);
+        FILE *f = fopen(path, "w");
+        if (!f) return die(path);
+        if (cfg.gradient_accumulation_steps % groups) return fprintf(stderr, "mpi_layout: acc_groups\n"), 2;
+        fprintf(f, "%lld\n", (long long)(cfg.gradient_accumulation_steps / groups));
+        fclose(f);
+    }
     for (int s = 0; s < K; s++) {
         mt_step_metrics sm;
+        if (acc && acc_partials(m, dl, &cfg, s + 1, out, tok, lab, buf, G, sum, groups)) return 1;
         if (mt_trainer_step(t, &sm) != MT_OK) return die("step");
         loss[s] = sm.loss;
         uint64_t meas = 0, form = 0;
@@ -193,6 +285,8 @@ static int cmd_run(const char *out, const char *config, int n, const char *const
         for (int64_t i = 0; i < numel; i++) buf[i] = (float)((double)buf[i] - ((double)pk[i] - (double)p0[i]));
     free(p0);
     free(pk);
+    free(tok), free(lab), free(G), free(sum);
+    mt_data_close(dl);
     if (rank == 0) {
         snprintf(path, sizeof path, "%s/params.bin", out);
         if (write_floats(path, buf, numel)) return die(path);
@@ -307,7 +401,20 @@ static int read_losses(const char *dir, double *l, int K) {
  *     sqrt(sum_i (p0_i g_i)^2) / |L|, so that one draw that cancels cannot make it
  *     small), plus, from s = 2, lambda sqrt(sum_i (g_si dp_{s-1,i})^2) / |L| (the
  *     loss's response to dp; the elements' differences come from independent
- *     roundings, so the signed sum adds in quadrature, as in the model). */
+ *     roundings, so the signed sum adds in quadrature, as in the model);
+ *   a run whose gradient accumulator has unit roundoff uacc > 0 (bounds REF K bfloat16,
+ *     REF from run-acc; the reference accumulates in fp32): it holds A_k =
+ *     r(fl32(A_{k-1} + g_k)) after micro-batch k where the reference holds the fp32 sum
+ *     F_k of the partial sum G_k = g_1 + ... + g_k; round to nearest errs by at most u
+ *     relative (|r(x) - x| <= u |x|, Higham, "Accuracy and Stability of Numerical
+ *     Algorithms", 2nd ed., Thm 2.2), so |A_k - F_k| <= (1 + v) |A_{k-1} - F_{k-1}| +
+ *     v |G_k| with v = uacc + 2^-22 (the accumulator's rounding, the fp32 add before it
+ *     and the reference's own fp32 add, 2^-24 each, with their cross terms), and after
+ *     K micro-batches |A_K - F_K| <= v (1 + v)^(K - 1) sum_k |G_k|: per element and per
+ *     step m, that times REF/acc<m>.bin (sum_k |G_k| / N, the mean gradient's scale)
+ *     adds to D_mi; it is a worst case per element (every rounding the full u), and the
+ *     elements' roundings are independent, so the responses above still add in
+ *     quadrature. */
 /* The derived bounds (above) of the first K steps of REF: lbound[K] (each step's loss,
  * relative), gnbound[K] (each step's gradient norm, relative), gbound[np] (the step-1
  * gradient of each tensor, relative norm), pel[numel] (each parameter after K steps,
@@ -315,11 +422,12 @@ static int read_losses(const char *dir, double *l, int K) {
  * mdiff, vdiff[numel] (bounds on their differences: m = b1 m + (1 - b1) g moves by
  * b1 dm + (1 - b1) D, v = b2 v + (1 - b2) g^2 by b2 dv + (1 - b2)(2 |g| D + D^2), D the
  * step's gradient difference bound) and mref, vref[numel] (the reference's moments);
- * kbase: the fp32 run whose perturbed twin kbase_kappa gives the conditions.
+ * kbase: the fp32 run whose perturbed twin kbase_kappa gives the conditions; uacc:
+ * the unit roundoff of the compared run's gradient accumulator (0: fp32, as REF's).
  * Returns 1 (with a message) on a missing file. */
 static int derive_bounds(const char *ref, const char *kbase, int K, int np, const long long *off,
                          const long long *cnt, double *lbound, double *gnbound, double *gbound, double *pel,
-                         double *mdiff, double *vdiff, double *mref, double *vref) {
+                         double *mdiff, double *vdiff, double *mref, double *vref, double uacc) {
     char p[1024], kdir[1024];
     const int64_t numel = off[np - 1] + cnt[np - 1];
     snprintf(kdir, sizeof kdir, "%s_kappa", kbase);
@@ -339,6 +447,22 @@ static int derive_bounds(const char *ref, const char *kbase, int K, int np, cons
         else snprintf(name, sizeof name, "grad%d.bin", m + 1);
         g[m] = read_floats(kbase, name, numel);
     }
+    float **ga = NULL; /* uacc > 0: each step's v (1 + v)^(K - 1) sum_k |G_k| / N (above) */
+    if (uacc > 0) {
+        long long mb = 0;
+        snprintf(p, sizeof p, "%s/acc.txt", ref);
+        f = fopen(p, "r");
+        if (!f || fscanf(f, "%lld", &mb) != 1 || mb < 1) return fprintf(stderr, "bad %s (run-acc)\n", p), 1;
+        fclose(f);
+        const double v = uacc + 0x1p-22, c = v * pow(1.0 + v, (double)(mb - 1));
+        ga = malloc(sizeof(float *) * (size_t)K);
+        for (int m = 0; m < K; m++) {
+            char name[32];
+            snprintf(name, sizeof name, "acc%d.bin", m + 1);
+            ga[m] = read_floats(ref, name, numel);
+            for (int64_t j = 0; j < numel; j++) ga[m][j] = (float)(c * ga[m][j]);
+        }
+    }
     double kappa_an = 0, pnorm = 0;
     for (int64_t j = 0; j < numel; j++) {
         kappa_an += ((double)p0[j] * g[0][j]) * ((double)p0[j] * g[0][j]);
@@ -349,6 +473,14 @@ static int derive_bounds(const char *ref, const char *kbase, int K, int np, cons
     double *kapm = calloc((size_t)np, sizeof(double)), *gmax = calloc((size_t)(K * np), sizeof(double));
     for (int i = 0; i < np; i++) {
         gbound[i] = tu_chain_bound(TU_U_F32, S_grad, rel_norm(gk, g[0], off[i], cnt[i]) / TU_KAPPA_ETA);
+        if (ga) { /* the accumulator's rounding, elementwise worst case, as a relative norm */
+            double a2 = 0, g2 = 0;
+            for (long long j = off[i]; j < off[i] + cnt[i]; j++) {
+                a2 += (double)ga[0][j] * ga[0][j];
+                g2 += (double)g[0][j] * g[0][j];
+            }
+            gbound[i] += g2 > 0 ? sqrt(a2 / g2) : sqrt(a2);
+        }
         double d = 0, r = 0;
         for (long long j = off[i]; j < off[i] + cnt[i]; j++) {
             d = fmax(d, fabs((double)gk[j] - g[0][j]));
@@ -375,7 +507,8 @@ static int derive_bounds(const char *ref, const char *kbase, int K, int np, cons
         for (int i = 0; i < np; i++)
             for (long long j = off[i]; j < off[i] + cnt[i]; j++) {
                 const double d = tu_chain_bound(TU_U_F32, (m + 1) * S_grad, kapm[i]) * gmax[m * np + i] +
-                                 fabs((double)gk[j] - g[0][j]) / TU_KAPPA_ETA * (dpn / pnorm);
+                                 fabs((double)gk[j] - g[0][j]) / TU_KAPPA_ETA * (dpn / pnorm) +
+                                 (ga ? (double)ga[m][j] : 0.0);
                 dn += d * d;
                 gn += (double)g[m][j] * g[m][j];
                 dmax[j] = fmax(dmax[j], d); /* the clipping term is added below */
@@ -404,8 +537,12 @@ static int derive_bounds(const char *ref, const char *kbase, int K, int np, cons
         lbound[s] += tu_chain_bound(TU_U_F32, S_loss + s * S_grad, kl);
     }
     free(kapm), free(gmax), free(dmax), free(v), free(p0), free(gk);
-    for (int m = 0; m < K; m++) free(g[m]);
+    for (int m = 0; m < K; m++) {
+        free(g[m]);
+        if (ga) free(ga[m]);
+    }
     free(g);
+    free(ga);
     return 0;
 }
 
@@ -420,13 +557,14 @@ static int read_index(const char *ref, char names[][96], long long *off, long lo
     return np;
 }
 
-/* mpi_layout bounds REF K: the derived bounds of REF's first K steps (REF_kappa next to
- * it), one line per step: "step loss_bound grad_norm_bound" (relative), for the suites
+/* mpi_layout bounds REF K [bfloat16]: the derived bounds of REF's first K steps
+ * (REF_kappa next to it; with bfloat16, against a run with bf16 gradient accumulators:
+ * uacc of derive_bounds), one line per step: "step loss_bound grad_norm_bound" (relative), for the suites
  * that compare the trainer's own metrics (tests/lib.sh mt_fp32_bounds); and
  * REF/tensor_bounds.txt, a line per parameter tensor after step K (REF must have run K
  * steps): "name params adam_m adam_v", the relative norm bounds |bound| / |reference|
  * of the parameter and its two moments (a checkpoint's tensors). */
-static int cmd_bounds(const char *ref, int K) {
+static int cmd_bounds(const char *ref, int K, double uacc) {
     static char names[512][96];
     long long off[512], cnt[512];
     const int np = read_index(ref, names, off, cnt);
@@ -435,7 +573,7 @@ static int cmd_bounds(const char *ref, int K) {
     double lb[MAXSTEPS], gnb[MAXSTEPS], *gb = calloc((size_t)np, sizeof(double));
     double *e[5];
     for (int k = 0; k < 5; k++) e[k] = calloc((size_t)numel, sizeof(double));
-    int bad = derive_bounds(ref, ref, K, np, off, cnt, lb, gnb, gb, e[0], e[1], e[2], e[3], e[4]);
+    int bad = derive_bounds(ref, ref, K, np, off, cnt, lb, gnb, gb, e[0], e[1], e[2], e[3], e[4], uacc);
     for (int s = 0; s < K && !bad; s++) printf("%d %.3e %.3e\n", s + 1, lb[s], gnb[s]);
     if (!bad) {
         float *pr = read_floats(ref, "params.bin", numel);
@@ -464,13 +602,73 @@ static int cmd_bounds(const char *ref, int K) {
     return bad;
 }
 
-static int cmd_compare(const char *ref, const char *run, double tol, double pabs, const char *kbase) {
+/* compare REF RUN rounded=M:BASE PABS: a bf16 layout (dtype=bfloat16) against the
+ * one-process bf16 REF, where the layout's activation collectives round each element of
+ * their sums up to M times more or otherwise than REF does (M counts both runs'
+ * roundings: tests/test_mpi_layouts.sh gives it per layout), everything else the same
+ * bf16 math. First order, the difference of a compared value is J eps, eps the relative
+ * perturbations of the summed elements: each the sum of at most M independent roundings
+ * of mean zero and size <= u = 2^-8 (Higham and Mary 2019, the model of
+ * tests/test_bounds.h), so E eps_k^2 <= M u^2. The condition measured on BASE (the fp32
+ * run of the same model) and BASE_kappa, every parameter times 1 + eta xi: a weight's
+ * perturbation perturbs each product of its GEMM relatively by eta, as a rounding of the
+ * GEMM's output does (tests/test_bounds.h), and every GEMM output is reached, the
+ * collectives' sums among them; independent perturbations add in quadrature, so a
+ * subset of them moves a value less. Hence E |J eps|^2 <= M u^2 (kappa |value|)^2, with
+ * kappa = (relative change of the value) / eta:
+ *   step-1 gradient of tensor t: 2 sqrt(M) u kappa_t, relative norm (kappa_t: BASE's
+ *     relative norm change of that tensor's gradient over eta);
+ *   loss of step s: 2 sqrt(M) u kappa_L,s (BASE's loss change over eta, at least its
+ *     first-order expectation, as derive_bounds) plus, from s = 2, the response to the
+ *     parameter difference, at most PABS (s - 1) / 3 per element after s - 1 of the 3
+ *     steps PABS covers: lambda (PABS (s - 1) / 3) |g_s| / |L_s| (g_s REF's gradient,
+ *     the elements' differences independent: in quadrature, lambda = 6);
+ *   parameters after step 3: PABS elementwise (tests/test_mpi_layouts.sh derives it).
+ * The factor 2: |J eps| is one draw of a norm whose square has mean at most
+ * M u^2 (kappa |value|)^2; round to nearest's relative error is spread over [-u, u]
+ * (rms about u / sqrt(3)), so 2 sqrt(M) u kappa is 2 sqrt(3) = 3.5 times the rms, and
+ * even a single Gaussian direction (chi-square of one degree, the least concentrated
+ * case) exceeds 3.5 times its rms with probability 5e-4; a tensor's norm over many
+ * elements exceeds it far less often. */
+static int rounded_bounds(const char *ref, const char *kbase, double M, double pabs, int np, const long long *off,
+                          const long long *cnt, double *lbound, double *gbound) {
+    char kdir[1024];
+    const int64_t numel = off[np - 1] + cnt[np - 1];
+    double lk[3], lb[3], lr[3];
+    snprintf(kdir, sizeof kdir, "%s_kappa", kbase);
+    if (pabs < 0) return fprintf(stderr, "mpi_layout: rounded=M:BASE needs PABS\n"), 1;
+    if (read_losses(kdir, lk, 3) || read_losses(kbase, lb, 3) || read_losses(ref, lr, 3)) return 1;
+    float *g0 = read_floats(kbase, "grad.bin", numel), *gk = read_floats(kdir, "grad.bin", numel);
+    float *p0 = read_floats(kdir, "p0.bin", numel);
+    const double c = 2.0 * sqrt(M) * TU_U_BF16;
+    double kappa_an = 0;
+    for (int64_t j = 0; j < numel; j++) kappa_an += ((double)p0[j] * g0[j]) * ((double)p0[j] * g0[j]);
+    kappa_an = sqrt(kappa_an) / fabs(lb[0]);
+    for (int i = 0; i < np; i++) gbound[i] = c * rel_norm(gk, g0, off[i], cnt[i]) / TU_KAPPA_ETA;
+    for (int s = 0; s < 3; s++) {
+        lbound[s] = c * fmax(kappa_an, fabs(lk[s] - lb[s]) / fabs(lb[s]) / TU_KAPPA_ETA);
+        if (s > 0) {
+            char name[32];
+            snprintf(name, sizeof name, "grad%d.bin", s + 1);
+            float *g = read_floats(ref, name, numel);
+            double n2 = 0;
+            for (int64_t j = 0; j < numel; j++) n2 += (double)g[j] * g[j];
+            lbound[s] += TU_LAMBDA * (pabs * s / 3.0) * sqrt(n2) / fabs(lr[s]);
+            free(g);
+        }
+    }
+    free(g0), free(gk), free(p0);
+    return 0;
+}
+
+static int cmd_compare(const char *ref, const char *run, double tol, double pabs, const char *kbase, double mround,
+                       double uacc) {
     static char names[512][96];
     long long off[512], cnt[512];
     const int np = read_index(ref, names, off, cnt);
     if (np <= 0) return 1;
     const int64_t numel = off[np - 1] + cnt[np - 1];
-    const int derived = tol < 0;
+    const int derived = tol < 0 && mround <= 0, bounded = tol < 0; /* bounded: derived or rounded */
     int bad = 0;
     double lr3[3], lx[3];
     if (read_losses(ref, lr3, 3) || read_losses(run, lx, 3)) return 1;
@@ -482,17 +680,19 @@ static int cmd_compare(const char *ref, const char *run, double tol, double pabs
     for (int i = 0; i < np; i++) gbound[i] = pbound[i] = tol;
     if (derived) {
         pel = calloc((size_t)numel, sizeof(double));
-        if (derive_bounds(ref, kbase ? kbase : ref, 3, np, off, cnt, lbound, gnb, gbound, pel, NULL, NULL, NULL, NULL))
+        if (derive_bounds(ref, kbase ? kbase : ref, 3, np, off, cnt, lbound, gnb, gbound, pel, NULL, NULL, NULL, NULL, uacc))
             return 1;
     }
+    if (mround > 0 && rounded_bounds(ref, kbase, mround, pabs, np, off, cnt, lbound, gbound)) return 1;
     /* MT_COMPARE_PLANT=x: RUN's values moved by x times their derived bound (each loss,
-     * each tensor scaled by 1 + x bound): shows that the bounds can fail */
-    const double plant = derived && getenv("MT_COMPARE_PLANT") ? atof(getenv("MT_COMPARE_PLANT")) : 0.0;
+     * each tensor scaled by 1 + x bound; with PABS each parameter moved by x PABS):
+     * shows that the bounds can fail */
+    const double plant = bounded && getenv("MT_COMPARE_PLANT") ? atof(getenv("MT_COMPARE_PLANT")) : 0.0;
     double worst_loss = 0, worst_ratio = 0;
     for (int s = 0; s < 3; s++) {
         lx[s] += plant * lbound[s] * lr3[s];
         const double e = fabs(lx[s] - lr3[s]) / fabs(lr3[s]);
-        if (derived) {
+        if (bounded) {
             printf("loss step %d: relative error %.3e, bound %.2e\n", s + 1, e, lbound[s]);
             worst_ratio = fmax(worst_ratio, e / lbound[s]);
         }
@@ -526,12 +726,13 @@ static int cmd_compare(const char *ref, const char *run, double tol, double pabs
                 bmax = fmax(bmax, mb);
                 wr = fmax(wr, r);
             } else {
-                if (derived && !absolute)
-                    for (long long j = off[i]; j < off[i] + cnt[i]; j++) a[j] += (float)(plant * lim * b[j]);
+                if (bounded)
+                    for (long long j = off[i]; j < off[i] + cnt[i]; j++)
+                        a[j] += (float)(absolute ? plant * lim * (b[j] < 0 ? -1 : 1) : plant * lim * b[j]);
                 double mx = 0;
                 for (long long j = off[i]; j < off[i] + cnt[i]; j++) mx = fmax(mx, fabs((double)a[j] - b[j]));
                 e = absolute ? mx : rel_norm(a, b, off[i], cnt[i]);
-                if (derived && !absolute) {
+                if (bounded) {
                     bmin = fmin(bmin, lim);
                     bmax = fmax(bmax, lim);
                     if (lim > 0) wr = fmax(wr, e / lim);
@@ -551,15 +752,15 @@ static int cmd_compare(const char *ref, const char *run, double tol, double pabs
         printf("%s: %d tensors, worst %s %.3e (%s)", files[w], np,
                derived && w == 1 && !absolute ? "elementwise ratio to the bound" :
                absolute ? "absolute error" : "relative error", worst, names[wi]);
-        if (derived && !absolute)
-            printf(", %s bounds %.2e to %.2e, worst ratio %.3g", w ? "largest elementwise" : "relative", bmin, bmax,
-                   wr);
+        if (bounded)
+            printf(", %s bounds %.2e to %.2e, worst ratio %.3g",
+                   absolute ? "absolute" : w ? "largest elementwise" : "relative", bmin, bmax, wr);
         printf("\n");
         worst_ratio = fmax(worst_ratio, wr);
         free(a);
         free(b);
     }
-    if (derived) printf("worst ratio to the derived bound %.3g\n", worst_ratio);
+    if (bounded) printf("worst ratio to the derived bound %.3g\n", worst_ratio);
     free(gbound);
     free(pbound);
     free(pel);
@@ -569,20 +770,32 @@ static int cmd_compare(const char *ref, const char *run, double tol, double pabs
 int main(int argc, char **argv) {
     if (argc >= 3 && strcmp(argv[1], "data") == 0) return cmd_data(argv[2]);
     if (argc >= 4 && strcmp(argv[1], "run") == 0)
-        return cmd_run(argv[2], argv[3], argc - 4, (const char *const *)argv + 4, 0, 0);
-    if (argc == 4 && strcmp(argv[1], "bounds") == 0) return cmd_bounds(argv[2], atoi(argv[3]));
+        return cmd_run(argv[2], argv[3], argc - 4, (const char *const *)argv + 4, 0, 0, 0);
+    if (argc == 4 && strcmp(argv[1], "bounds") == 0) return cmd_bounds(argv[2], atoi(argv[3]), 0.0);
+    if (argc == 5 && strcmp(argv[1], "bounds") == 0 && strcmp(argv[4], "bfloat16") == 0)
+        return cmd_bounds(argv[2], atoi(argv[3]), TU_U_BF16);
     if (argc >= 4 && strcmp(argv[1], "run-kappa") == 0)
-        return cmd_run(argv[2], argv[3], argc - 4, (const char *const *)argv + 4, 0, 1);
+        return cmd_run(argv[2], argv[3], argc - 4, (const char *const *)argv + 4, 0, 1, 0);
+    if (argc >= 4 && strcmp(argv[1], "run-acc") == 0)
+        return cmd_run(argv[2], argv[3], argc - 4, (const char *const *)argv + 4, 1, 0, 1);
     if (argc >= 4 && strcmp(argv[1], "run-full-grads") == 0)
-        return cmd_run(argv[2], argv[3], argc - 4, (const char *const *)argv + 4, 1, 0);
+        return cmd_run(argv[2], argv[3], argc - 4, (const char *const *)argv + 4, 1, 0, 0);
     if (argc >= 3 && strcmp(argv[1], "plan") == 0) return cmd_plan(argv[2], argc - 3, (const char *const *)argv + 3);
     if ((argc == 5 || argc == 6) && strcmp(argv[1], "compare") == 0) {
-        const int derived = strncmp(argv[4], "derived", 7) == 0;
-        return cmd_compare(argv[2], argv[3], derived ? -1.0 : atof(argv[4]), argc == 6 ? atof(argv[5]) : -1.0,
-                           derived && argv[4][7] == '=' ? argv[4] + 8 : NULL);
+        if (strncmp(argv[4], "derived-bf16acc", 15) == 0) /* REF from run-acc: bf16 accumulators */
+            return cmd_compare(argv[2], argv[3], -1.0, argc == 6 ? atof(argv[5]) : -1.0,
+                               argv[4][15] == '=' ? argv[4] + 16 : NULL, 0.0, TU_U_BF16);
+        const int derived = strncmp(argv[4], "derived", 7) == 0, rounded = strncmp(argv[4], "rounded=", 8) == 0;
+        const char *colon = rounded ? strchr(argv[4], ':') : NULL;
+        if (rounded && (!colon || atof(argv[4] + 8) <= 0)) return fprintf(stderr, "mpi_layout: rounded=M:BASE\n"), 2;
+        return cmd_compare(argv[2], argv[3], derived || rounded ? -1.0 : atof(argv[4]),
+                           argc == 6 ? atof(argv[5]) : -1.0,
+                           rounded ? colon + 1 : derived && argv[4][7] == '=' ? argv[4] + 8 : NULL,
+                           rounded ? atof(argv[4] + 8) : 0.0, 0.0);
     }
     fprintf(stderr, "usage: mpi_layout data DIR | run OUT CONFIG [k=v ...] | run-kappa OUT CONFIG [k=v ...] | "
             "run-full-grads OUT CONFIG [k=v ...] | "
-            "plan CONFIG [k=v ...] | compare REF RUN TOL|derived[=BASE] [PABS] | bounds REF K\n");
+            "run-acc OUT CONFIG [k=v ...] | plan CONFIG [k=v ...] | compare REF RUN TOL|derived[=BASE]|derived-bf16acc[=BASE]|rounded=M:BASE [PABS] | "
+            "bounds REF K [bfloat16]\n");
     return 2;
 }
