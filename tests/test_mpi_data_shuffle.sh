@@ -41,19 +41,6 @@ run() { # NP RUN_NAME ARGS...
     if [ "$np" -gt 1 ]; then mpi "$np" "${cmd[@]}" > "$tmp/$name.log" 2>&1; else "${cmd[@]}" > "$tmp/$name.log" 2>&1; fi ||
         fail "$name: $(tail -5 "$tmp/$name.log")"
 }
-# close A B TOL: every step's loss of run B within TOL (relative) of run A's; prints them
-close() {
-    python3 - "$tmp/out/$1/metrics.jsonl" "$tmp/out/$2/metrics.jsonl" "$3" <<'PY'
-import json, sys
-a = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
-b = [json.loads(l) for l in open(sys.argv[2]) if '"loss"' in l]
-tol = float(sys.argv[3])
-assert len(a) == len(b) == 12, (len(a), len(b))
-worst = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b))
-print(f"{sys.argv[2].split('/')[-2]} vs {sys.argv[1].split('/')[-2]}: max relative loss difference {worst:.2e}")
-sys.exit(0 if worst <= tol else 1)
-PY
-}
 bitwise() { # A B FIRST: loss and grad_norm rows from step FIRST on, as printed
     python3 - "$tmp/out/$1/metrics.jsonl" "$tmp/out/$2/metrics.jsonl" "$3" <<'PY'
 import re, sys

@@ -178,7 +178,9 @@ Test(plan_estimate, flops_per_token_counts_the_logits_once) {
         const double V = (double)m.vocab_size, D = (double)m.emb_dim, N = (double)mt_model_num_parameters(&m);
         const double attn = 12.0 * (double)(m.num_decoder_layers * m.num_query_heads * m.head_dim) * 32.0;
         const double want = (m.logits_via_embedding ? 6.0 * N : 6.0 * (N - V * D)) + attn;
-        cr_expect_float_eq(mt_flops_per_token(&m, 32), want, 1e-12 * want, "block %d: %.17g, want %.17g", bi,
+        /* bitwise (was 1e-12 relative, by hand): every term, product and sum on both sides
+         * is an integer below 2^53, so exact in fp64 (Higham 2002, section 2.1) */
+        cr_expect_eq(mt_flops_per_token(&m, 32), want, "block %d: %.17g, want %.17g", bi,
                            mt_flops_per_token(&m, 32), want);
     }
 }
@@ -208,13 +210,19 @@ Test(plan_estimate, step_model_takes_the_trainers_flops_and_bytes) {
             cr_assert(isfinite(s), "%s", mt_last_error());
             const double tokens = (double)(c.per_device_batch_size * c.max_target_length) / (double)lay[li][1];
             const double want = mt_flops_per_token(&c.model, c.max_target_length) * tokens;
-            cr_expect_float_eq(flops, want, 1e-12 * want, "block %d layout %d: %.17g vs %.17g", bi, li, flops, want);
+            /* bitwise (was 1e-12 relative, by hand): train/estimate.c model_flops is the same
+             * mt_flops_per_token times device_tokens, the same rounded quotient of the same
+             * integers (B T, 1 accumulation step, over the tensor axis), plus 0 recompute
+             * (every tensor kept): the same fp64 operations in the same order */
+            cr_expect_eq(flops, want, "block %d layout %d: %.17g vs %.17g", bi, li, flops, want);
             mt_memory_report r;
             cr_assert_eq(mt_memory_plan_rank(&c, &r, NULL, NULL), MT_OK, "%s", mt_last_error());
             cr_expect_eq(comm, (double)r.step_bytes);
             cr_expect_eq(r.step_bytes > 0, lay[li][0] > 1, "bytes %llu on %lld device(s)",
                          (unsigned long long)r.step_bytes, (long long)lay[li][0]);
-            cr_expect_float_eq(s, flops / sm.device_flops + comm / sm.link_bw, 1e-12 * s);
+            /* bitwise (was 1e-12): step_time's flops / device_flops + 0 / host_bw (nothing
+             * offloaded: + 0 is exact) + comm / link_bw, the same operations in order */
+            cr_expect_eq(s, flops / sm.device_flops + comm / sm.link_bw, "%.17g", s);
             if (lay[li][0] == 1) continue;
             mt_estimate_result res;
             c.hbm_gib = 80;
@@ -348,7 +356,9 @@ Test(plan_estimate, mesh_search_is_exact_and_its_rows_pass_the_trainer) {
                 cr_expect_eq(res.searched + res.bounded + res.no_fit + res.refused, res.candidates);
                 for (int k = 0, i = 0; k < listed && i < res.nrows; i++)
                     if (i == 0 || res.rows[i].layout != res.rows[i - 1].layout) {
-                        cr_expect_float_eq(res.rows[i].tokens_per_s, best[k], 1e-12 * best[k],
+                        /* bitwise (was 1e-12): both rows come from train/estimate.c
+                         * confirm_and_model on the same layout, batch and policy */
+                        cr_expect_eq(res.rows[i].tokens_per_s, best[k],
                                            "layout %d: %.17g tokens/s, brute force %.17g", k + 1,
                                            res.rows[i].tokens_per_s, best[k]);
                         k++;
