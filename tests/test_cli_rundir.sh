@@ -2,7 +2,8 @@
 # tests/test_cli_rundir.sh BUILD_DIR: `meshtrain train` and its run directory
 # <base_output_directory>/<run_name>/ on a tiny model and tiny synthetic shards:
 #  - re-running into a directory that holds a run, without load_checkpoint, exits 2
-#    before any work, naming the checkpoint to resume from; nothing is touched;
+#    before any work, naming the checkpoint to resume from; nothing is touched; a run
+#    directory another process holds (its .lock) exits 2 the same way;
 #  - resuming from an earlier checkpoint cuts metrics.jsonl back to the resumed step
 #    (no duplicated rows) and drops a partial last line (a crash mid-write);
 #  - a file named checkpoints, an empty base_output_directory, load_checkpoint together
@@ -71,6 +72,17 @@ expect 2 "re-run into an existing run" "$tmp/out/r already holds a run" \
 # ... also when only a checkpoint is there (a run that died before metrics? no: checkpoints only)
 mkdir -p "$tmp/out/onlyck/checkpoints/step_2"
 expect 2 "run dir with a checkpoint only" "already holds a run" "step_2" -- train "$run" run_name=onlyck
+# one process per run directory: while another holds <run dir>/.lock (flock(1) here, as
+# a second train started at once would) a train exits 2 naming it and writes nothing
+mkdir -p "$tmp/out/busy"
+flock -o "$tmp/out/busy/.lock" sleep 30 &  # -o: flock itself holds it, not sleep
+holder=$!
+for _ in $(seq 50); do flock -n "$tmp/out/busy/.lock" true 2> /dev/null || break; sleep 0.1; done
+expect 2 "run dir locked by another process" "$tmp/out/busy is in use by another meshtrain process" "run_name" \
+    -- train "$run" run_name=busy
+[ -z "$(ls "$tmp/out/busy")" ] || fail "a refused run wrote into the locked run directory: $(ls "$tmp/out/busy")"
+kill "$holder" 2> /dev/null; wait "$holder" 2> /dev/null
+"$bin" train "$run" run_name=busy steps=1 > /dev/null 2>&1 || fail "training after the lock was released failed"
 # an empty run directory is fine to train into
 mkdir -p "$tmp/out/empty"
 "$bin" train "$run" run_name=empty steps=1 > /dev/null 2>&1 || fail "training into an empty run directory failed"

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -561,10 +563,46 @@ static mt_status check_outputs_here(const mt_trainer *t) {
     return MT_OK;
 }
 
+/* One process per run directory: an exclusive flock(2) on <run_dir>/.lock, held until
+ * mt_trainer_free (or the process ends: the kernel drops it, so a killed run leaves no
+ * stale lock). Two trains started at once into one run_name both pass the checks of
+ * an empty directory; without the lock both wrote metrics and checkpoints over each
+ * other. The directory is created for it (a run writes there first anyway); the file
+ * stays, empty (a resume that writes nothing changes nothing). Errors:
+ * MT_ERR_INVALID when another process holds it (exit 2: choose another run_name or wait
+ * for that run), MT_ERR_IO when it cannot be created. */
+static mt_status lock_run_dir(mt_trainer *t) {
+    if (t->have_lock) return MT_OK;
+    char path[MT_PATH];
+    if (!mt_trainer_path_join(path, sizeof path, t->run_dir, ".lock"))
+        return mt_set_error(MT_ERR_INVALID, "base_output_directory + run_name is too long");
+    MT_TRY(mt_file_mkdir_p(t->run_dir));
+    const int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return mt_set_error(MT_ERR_IO, "cannot create the run directory's lock '%s' (%s)", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        const int e = errno;
+        close(fd);
+        if (e == EWOULDBLOCK)
+            return mt_set_error(MT_ERR_INVALID, "run directory %s is in use by another meshtrain process (it holds "
+                                "'%s'): wait for it to end or choose another run_name", t->run_dir, path);
+        return mt_set_error(MT_ERR_IO, "cannot lock '%s' (%s)", path, strerror(e));
+    }
+    t->lock_fd = fd;
+    t->have_lock = 1;
+    return MT_OK;
+}
+
 mt_status mt_trainer_check_outputs(mt_trainer *t) {
-    /* World rank 0 writes the run directory: it checks, and every rank learns the
-     * verdict before any rank goes on (so no rank sees rank 0's first writes). */
-    mt_status st = t->mesh->rank == 0 ? check_outputs_here(t) : MT_OK;
+    /* World rank 0 writes the run directory: it checks, locks it (lock_run_dir) and checks
+     * again under the lock (another process may have written between the two), and every
+     * rank learns the verdict before any rank goes on (so no rank sees rank 0's first
+     * writes). */
+    mt_status st = MT_OK;
+    if (t->mesh->rank == 0) {
+        st = check_outputs_here(t);
+        if (st == MT_OK) st = lock_run_dir(t);
+        if (st == MT_OK) st = check_outputs_here(t);
+    }
     int64_t bad = st != MT_OK;
     if (t->mesh->dims[0] * t->mesh->dims[1] * t->mesh->dims[2] * t->mesh->dims[3] > 1) {
         char msg[1024];

@@ -450,6 +450,7 @@ mt_status mt_trainer_create_ex(mt_trainer **out, const mt_train_config *cfg, int
 
 void mt_trainer_free(mt_trainer *t) {
     if (!t) return;
+    if (t->have_lock) close(t->lock_fd); /* releases the run directory's lock */
     mt_data_close(t->train);
     mt_data_close(t->val);
     mt_model_free(t->model);

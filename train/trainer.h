@@ -201,9 +201,13 @@ mt_status mt_trainer_check_checkpoint_dir(const mt_train_config *cfg, const char
  * every complete checkpoint there carries load_checkpoint's run_id (without ids:
  * load_checkpoint is in that checkpoints/), no checkpoint there is later than the
  * resumed step, and without checkpoints metrics.jsonl holds no row at or before the
- * resumed step (another run's rows would be kept). World rank 0 checks; under mpirun
- * every rank gets the verdict (a collective on the world). Errors: MT_ERR_INVALID
- * naming the key or path, MT_ERR_IO (not writable). */
+ * resumed step (another run's rows would be kept). Then it takes the run directory for
+ * this process: an exclusive flock(2) on <run dir>/.lock (created, with the directory,
+ * if missing; held until mt_trainer_free or the process ends) and checks again under
+ * it, so two processes started at once into one run_name cannot both write there.
+ * World rank 0 checks and locks; under mpirun every rank gets the verdict (a collective
+ * on the world). Errors: MT_ERR_INVALID naming the key or path, or when another
+ * process holds the lock; MT_ERR_IO (not writable). */
 mt_status mt_trainer_check_outputs(mt_trainer *t);
 
 /* Called after every step (and after the evaluation before training) with that

@@ -39,6 +39,7 @@ struct mt_trainer {
     int resumed;
     double flops_per_token, peak_flops; /* peak_flops: one device's x the world size (the job's) */
     char run_dir[MT_PATH];
+    int have_lock, lock_fd;   /* world rank 0: the run directory's lock (rundir.c lock_run_dir) */
     /* which history the checkpoints belong to (see "checkpoint identity" below) */
     char run_id[MT_ID_LEN];         /* this run's, in every checkpoint it writes ("" until chosen) */
     char resume_run_id[MT_ID_LEN];  /* load_checkpoint's ("" for one written before ids) */
