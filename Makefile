@@ -57,6 +57,9 @@ corpus:
 # DEMO_ARGS is known to be good (`plan` checks every key and value, exit 2 naming a bad
 # one), so a typo in DEMO_ARGS does not cost the previous run.
 demo: deps build corpus
+	@case " $(DEMO_ARGS) " in *" run_name="*|*" base_output_directory="*) \
+	  echo "make demo: DEMO_ARGS may not set run_name or base_output_directory (the demo writes, and first removes, $(DEMO_RUN)); use meshtrain train for another run" >&2; \
+	  exit 2;; esac
 	$(MESHTRAIN) plan configs/demo.yml $(DEMO_ARGS) > /dev/null
 	rm -rf $(DEMO_RUN)
 	$(MESHTRAIN) train configs/demo.yml $(DEMO_ARGS)

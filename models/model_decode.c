@@ -44,8 +44,9 @@ mt_status mt_model_set_decode(mt_model *m, int on) {
     if (!m) return mt_set_error(MT_ERR_INVALID, "mt_model_set_decode: NULL model");
     if (m->plan.planned) return mt_set_error(MT_ERR_INVALID, "mt_model_set_decode: set it before planning");
     if (on && m->g4.on)
-        return mt_set_error(MT_ERR_UNSUPPORTED, "decoder_block=gemma4: incremental decoding is not supported yet "
-                            "(issue 18)");
+        return mt_set_error(MT_ERR_UNSUPPORTED, "decoder_block=gemma4: `sample` (incremental decoding with a "
+                            "KV cache) does not support Gemma 4's KV-sharing layers and per-layer inputs yet; "
+                            "train, evaluate and save it, and sample with Hugging Face transformers");
     if (on && m->B != 1)
         return mt_set_error(MT_ERR_INVALID, "mt_model_set_decode: the KV cache holds one sequence (batch %lld, "
                             "must be 1)", (long long)m->B);
