@@ -137,13 +137,7 @@ static mt_status ple_fetch(mt_model *m) {
     if (!params_windowed(m)) return MT_OK;
     int64_t a, n;
     mtm_g4_ple_window(m, 0, &a, &n);
-    if (m->fsdp.size > 1) {
-        mtm_fsdp_wait(m);
-        mtm_fsdp_gather(m, G4B(m, G4_PWIN_PLE), a, a + n, 0);
-        return m->fsdp.status;
-    }
-    const void *host = m->plan.gptr[m->dt != MT_F32 ? GB_COMPUTE_W : GB_PARAMS];
-    return m->be->ops->copy_to_device(m->be, G4B(m, G4_PWIN_PLE), AT(m, host, a), (size_t)n * m->es);
+    return mtm_window_fill(m, G4B(m, G4_PWIN_PLE), a, a + n);
 }
 
 /* Rows [r0, r1) of the per-layer embedding table, [r1 - r0, L*P] of m->dt: in place
@@ -156,15 +150,8 @@ static mt_status ple_table_rows(mt_model *m, int64_t r0, int64_t r1, const void 
         *rows = AT(m, ple_pw(m, m->par.ple_embed), r0 * LP);
         return MT_OK;
     }
-    void *win = G4B(m, G4_PWIN_PLE_VOCAB);
-    *rows = win;
-    if (m->fsdp.size > 1) {
-        mtm_fsdp_wait(m);
-        mtm_fsdp_gather(m, win, off, off + (r1 - r0) * LP, 0);
-        return m->fsdp.status;
-    }
-    const void *host = m->plan.gptr[m->dt != MT_F32 ? GB_COMPUTE_W : GB_PARAMS];
-    return m->be->ops->copy_to_device(m->be, win, AT(m, host, off), (size_t)((r1 - r0) * LP) * m->es);
+    *rows = G4B(m, G4_PWIN_PLE_VOCAB);
+    return mtm_window_fill(m, G4B(m, G4_PWIN_PLE_VOCAB), off, off + (r1 - r0) * LP);
 }
 
 /* The gradient of per-layer-input global i: mtm_gw, or with a gradient sink its place
@@ -194,11 +181,7 @@ static mt_status ple_table_backward(mt_model *m, const void *dall, const int32_t
                                           scale, m->dt));
             continue;
         }
-        float *win = G4B(m, G4_GWIN_PLE_VOCAB);
-        if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, win));
-        MT_TRY(be->ops->zero(be, win, (size_t)((b - a) * LP) * sizeof(float)));
-        MT_TRY(be->ops->embedding_bwd(be, win, dall, tok, N, a, b - a, LP, scale, m->dt));
-        MT_TRY(m->sink.fn(m->sink.ctx, e0 + a * LP, (b - a) * LP, win));
+        MT_TRY(mtm_table_chunk_backward(m, G4B(m, G4_GWIN_PLE_VOCAB), e0, dall, tok, N, a, b, LP, scale));
     }
     return MT_OK;
 }

@@ -467,6 +467,17 @@ mt_status MT_MUST_CHECK mtm_grad_windows_begin(mt_model *m);
  * into window w (MT_PWIN_VOCAB_EMBED or MT_PWIN_VOCAB_HEAD); valid until the next call
  * for that window. Errors: the copy's, or the gather's (fsdp.status). */
 mt_status MT_MUST_CHECK mtm_vocab_rows(mt_model *m, int i, int64_t a, int64_t b, int w, const void **rows);
+/* Parameter window win[0, b - a) = flat parameters [a, b) of m->dt: all-gathered from
+ * the fsdp shards (after the prefetch in flight), or with parameter host offload copied
+ * from the host pool. Errors: the copy's, or the gather's (fsdp.status). */
+mt_status MT_MUST_CHECK mtm_window_fill(mt_model *m, void *win, int64_t a, int64_t b);
+/* One vocabulary chunk of a lookup table's gradient through the sink: rows [a, b) of
+ * the table at flat offset off ([V, width] fp32 rows), dE[tok] += scale G into the
+ * chunk window win (waited for, zeroed), then handed to the sink. The embedding's and
+ * gemma4's per-layer table's chunked backward. Errors: the backend's, the sink's. */
+mt_status MT_MUST_CHECK mtm_table_chunk_backward(mt_model *m, float *win, int64_t off, const void *G,
+                                                 const int32_t *tok, int64_t N, int64_t a, int64_t b, int64_t width,
+                                                 float scale);
 /* Resolve num_vocab_chunks and num_vocab_tiling (0 = auto) for this layout and sink
  * (model.h mt_model_vocab_tiling states the rules). */
 void mtm_vocab_resolve(mt_model *m);

@@ -180,10 +180,7 @@ static mt_status embedding_backward(mt_model *m, const void *G) {
     for (int64_t c = 0; c < m->vc.C; c++) {
         int64_t a, b;
         mtm_vocab_chunk(m, c, &a, &b);
-        if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, win));
-        MT_TRY(be->ops->zero(be, win, (size_t)((b - a) * D) * sizeof(float)));
-        MT_TRY(be->ops->embedding_bwd(be, win, G, tok, Ns, a, b - a, D, m->emb_scale, m->dt));
-        MT_TRY(m->sink.fn(m->sink.ctx, m->par.info[m->par.embed].offset + a * D, (b - a) * D, win));
+        MT_TRY(mtm_table_chunk_backward(m, win, m->par.info[m->par.embed].offset, G, tok, Ns, a, b, D, m->emb_scale));
     }
     if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, NULL));
     return MT_OK;

@@ -67,11 +67,7 @@ mt_status mtm_fetch_layer(mt_model *m, int64_t l) {
     const int s = (int)(l % 2);
     if (m->pwin.layer[s] == l) return MT_OK;
     const int64_t a = m->par.info[m->par.layer[l].in_norm].offset, n = mtm_layer_numel(m, l);
-    if (m->fsdp.size > 1)
-        mtm_fsdp_gather(m, m->pwin.ptr[MT_PWIN_LAYER0 + s], a, a + n, 0);
-    else
-        MT_TRY(m->be->ops->copy_to_device(m->be, m->pwin.ptr[MT_PWIN_LAYER0 + s], AT(m, window_source(m), a),
-                                          (size_t)n * m->es));
+    MT_TRY(mtm_window_fill(m, m->pwin.ptr[MT_PWIN_LAYER0 + s], a, a + n));
     m->pwin.layer[s] = l;
     return MT_OK;
 }
@@ -97,18 +93,19 @@ mt_status mtm_fetch_global(mt_model *m) {
     if (!params_windowed(m)) return MT_OK;
     mtm_fsdp_wait(m);
     const int64_t n = mtm_global_window_numel(m), emb = mtm_vocab_windows(m) ? 0 : m->par.info[m->par.embed].numel;
-    if (m->fsdp.size > 1) {
-        if (emb > 0) mtm_fsdp_gather(m, m->pwin.ptr[MT_PWIN_GLOBAL], 0, emb, 0);
-        mtm_fsdp_gather(m, AT(m, m->pwin.ptr[MT_PWIN_GLOBAL], emb), m->par.tail_off, m->par.tail_off + n - emb, 0);
-        m->pwin.layer[0] = m->pwin.layer[1] = -1;
-        return MT_OK;
-    }
-    const void *host = window_source(m);
-    if (emb > 0) MT_TRY(m->be->ops->copy_to_device(m->be, m->pwin.ptr[MT_PWIN_GLOBAL], host, (size_t)emb * m->es));
-    MT_TRY(m->be->ops->copy_to_device(m->be, AT(m, m->pwin.ptr[MT_PWIN_GLOBAL], emb), AT(m, host, m->par.tail_off),
-                                      (size_t)(n - emb) * m->es));
+    if (emb > 0) MT_TRY(mtm_window_fill(m, m->pwin.ptr[MT_PWIN_GLOBAL], 0, emb));
+    MT_TRY(mtm_window_fill(m, AT(m, m->pwin.ptr[MT_PWIN_GLOBAL], emb), m->par.tail_off, m->par.tail_off + n - emb));
     m->pwin.layer[0] = m->pwin.layer[1] = -1;
     return MT_OK;
+}
+
+mt_status mtm_window_fill(mt_model *m, void *win, int64_t a, int64_t b) {
+    if (m->fsdp.size > 1) {
+        mtm_fsdp_wait(m);
+        mtm_fsdp_gather(m, win, a, b, 0);
+        return m->fsdp.status;
+    }
+    return m->be->ops->copy_to_device(m->be, win, AT(m, window_source(m), a), (size_t)(b - a) * m->es);
 }
 
 mt_status mtm_vocab_rows(mt_model *m, int i, int64_t a, int64_t b, int w, const void **rows) {
@@ -117,14 +114,17 @@ mt_status mtm_vocab_rows(mt_model *m, int i, int64_t a, int64_t b, int w, const 
         *rows = AT(m, mtm_pw(m, i), a * D);
         return MT_OK;
     }
-    void *win = m->pwin.ptr[w];
-    *rows = win;
-    if (m->fsdp.size > 1) {
-        mtm_fsdp_wait(m);
-        mtm_fsdp_gather(m, win, off, off + (b - a) * D, 0);
-        return m->fsdp.status;
-    }
-    return m->be->ops->copy_to_device(m->be, win, AT(m, window_source(m), off), (size_t)((b - a) * D) * m->es);
+    *rows = m->pwin.ptr[w];
+    return mtm_window_fill(m, m->pwin.ptr[w], off, off + (b - a) * D);
+}
+
+mt_status mtm_table_chunk_backward(mt_model *m, float *win, int64_t off, const void *G, const int32_t *tok, int64_t N,
+                                   int64_t a, int64_t b, int64_t width, float scale) {
+    mt_backend *be = m->be;
+    if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, win));
+    MT_TRY(be->ops->zero(be, win, (size_t)((b - a) * width) * sizeof(float)));
+    MT_TRY(be->ops->embedding_bwd(be, win, G, tok, N, a, b - a, width, scale, m->dt));
+    return m->sink.fn(m->sink.ctx, off + a * width, (b - a) * width, win);
 }
 
 /* The gradient of parameter i (its tensor-parallel slice): in the full buffer, or with
