@@ -388,7 +388,17 @@ mt_status mt_model_set_grad_sink(mt_model *m, mt_grad_sink_fn fn, void *ctx) {
     if (m->plan.planned) return mt_set_error(MT_ERR_INVALID, "mt_model_set_grad_sink: set it before planning");
     m->sink.fn = fn;
     m->sink.ctx = ctx;
+    m->sink.shares = 1;
     if (!fn) m->sink.wait = NULL;
+    return MT_OK;
+}
+
+mt_status mt_model_set_grad_sink_shares(mt_model *m, int exact) {
+    if (!m) return mt_set_error(MT_ERR_INVALID, "mt_model_set_grad_sink_shares: NULL model");
+    if (m->plan.planned) return mt_set_error(MT_ERR_INVALID, "mt_model_set_grad_sink_shares: set it before planning");
+    if (!m->sink.fn)
+        return mt_set_error(MT_ERR_INVALID, "mt_model_set_grad_sink_shares: no gradient sink (mt_model_set_grad_sink)");
+    m->sink.shares = exact != 0;
     return MT_OK;
 }
 

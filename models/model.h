@@ -242,9 +242,12 @@ mt_status mt_model_set_remat(mt_model *m, const mt_remat_policy *p);
 /* Gradient sink: receives the gradient of the flat range [offset, offset + numel) of
  * the parameter layout in grad[numel] (backend memory, float32; for tensor-parallel
  * slices and replicated ranges the same content the full buffer would hold there).
- * The window is the model's: read or reduce it before returning; it is overwritten
- * after. A non-OK status stops the backward and is returned by it. */
-typedef mt_status (*mt_grad_sink_fn)(void *ctx, int64_t offset, int64_t numel, float *grad);
+ * add = 0: the range's first hand-over in this backward; add = 1: a second share of a
+ * range already handed over in this backward, which the sink adds to the first (only
+ * the tied embedding's vocabulary chunks, see below). The window is the model's: read
+ * or reduce it before returning; it is overwritten after. A non-OK status stops the
+ * backward and is returned by it. */
+typedef mt_status (*mt_grad_sink_fn)(void *ctx, int64_t offset, int64_t numel, float *grad, int add);
 
 /* Per-layer gradient windows, before planning (fn NULL turns them off again). The plan
  * then holds no full "grads" buffer (mt_model_grads returns NULL) but fp32 windows,
@@ -262,19 +265,46 @@ typedef mt_status (*mt_grad_sink_fn)(void *ctx, int64_t offset, int64_t numel, f
  *   "grads.window.per_layer_inputs"  gemma4 with per-layer inputs: the per-layer
  *                             embedding, its projection and norm (flat, right after the
  *                             embedding), phase 2L + 2.
+ * With the vocabulary in chunks (mt_model_vocab_tiling) the embedding's and the
+ * unembedding's gradients come a chunk of rows at a time instead, through
+ * "grads.window.vocab.lm_head" (the loss phase: the unembedding's rows, lm_head's or,
+ * tied, the embedding's) and "grads.window.vocab.embedding" (phase 2L + 2: the
+ * lookup's rows), and the tail window holds model.norm alone; no window of the whole
+ * [V, D] table is planned, tied or not.
  * Each backward (mt_model_forward_backward, mt_model_backward_hidden) zeroes a window
  * before its first write and calls fn once its gradient is complete (tensor-axis
  * collectives included): fn(ctx, model.norm offset, numel - that, tail) after the final
  * norm's backward, fn(ctx, offset of layer l's input_layernorm, layer numel, layer
  * window) after layer l's backward (l = L-1 .. 0), (gemma4) fn(ctx, embedding numel,
  * their numel, per-layer-input window) when those are complete, fn(ctx, 0, embedding
- * numel, embedding window) after the embedding backward. So a backward hands over THIS
- * micro-batch's gradient (times dscale), each element exactly once, each element
- * bitwise what the full buffer would have received; the caller accumulates or reduces
- * it (parallel/zero1.h). Works with every parallel layout, remat / offload and
- * parameter host offload. Errors: MT_ERR_INVALID (NULL model, already planned),
- * MT_ERR_OOM. */
+ * numel, embedding window) after the embedding backward; in chunks, each unembedding
+ * chunk as the loss finishes it (before the tail) and each embedding chunk after the
+ * embedding backward of its rows. So a backward hands over THIS micro-batch's gradient
+ * (times dscale), each element exactly once with add = 0, each element bitwise what the
+ * full buffer would have received; except a tied embedding in vocabulary chunks, whose
+ * rows are handed over twice: the loss's share h (add = 0, in the loss phase) and the
+ * lookup's share e (add = 1, summed from zero), so their sum is h + e in another order
+ * than the full buffer's ((h + e_1) + e_2 ...: the rounding of one fp32 sum more; a
+ * tied table does not stay whole for it, unless the sink says it cannot add shares
+ * exactly: mt_model_set_grad_sink_shares). The caller accumulates or reduces it
+ * (parallel/zero1.h). Works with every parallel layout, remat / offload and parameter
+ * host offload. Errors: MT_ERR_INVALID (NULL model, already planned), MT_ERR_OOM. */
 mt_status mt_model_set_grad_sink(mt_model *m, mt_grad_sink_fn fn, void *ctx);
+
+/* Whether the sink adds a second share of a range (mt_grad_sink_fn's add) with no
+ * rounding but the fp32 sum's: 1 (the default of mt_model_set_grad_sink) lets a tied
+ * embedding in vocabulary chunks hand its rows over in two shares; 0 (a sink that
+ * rounds each hand-over, e.g. into a bfloat16 accumulator: parallel/zero1.h
+ * mt_grad_sync_exact_shares) keeps a tied embedding's gradient in one whole window
+ * ("grads.window.embedding", from the loss phase on) so that its rows are handed over
+ * once, as without chunks. After mt_model_set_grad_sink, before planning.
+ * Errors: MT_ERR_INVALID (NULL model, already planned, no sink set). */
+mt_status mt_model_set_grad_sink_shares(mt_model *m, int exact);
+
+/* The range of the flat parameters a backward hands to the sink twice (add = 0, then
+ * add = 1: a tied embedding in vocabulary chunks, mt_grad_sink_fn): returns its numel
+ * and sets *offset, or returns 0 (no such range; m NULL, unplanned or without a sink). */
+int64_t mt_model_grad_twice(const mt_model *m, int64_t *offset);
 
 /* Completes the sink's work on a handed-over window: window w (NULL: every window). */
 typedef mt_status (*mt_grad_sink_wait_fn)(void *ctx, const float *window);

@@ -181,7 +181,7 @@ static mt_status ple_table_backward(mt_model *m, const void *dall, const int32_t
                                           scale, m->dt));
             continue;
         }
-        MT_TRY(mtm_table_chunk_backward(m, G4B(m, G4_GWIN_PLE_VOCAB), e0, dall, tok, N, a, b, LP, scale));
+        MT_TRY(mtm_table_chunk_backward(m, G4B(m, G4_GWIN_PLE_VOCAB), e0, dall, tok, N, a, b, LP, scale, 0));
     }
     return MT_OK;
 }
@@ -260,7 +260,7 @@ mt_status mtm_g4_inputs_backward(mt_model *m, void *G) {
     MT_TRY(linear_bwd_x(m, G, dproj, ple_pw(m, m->par.ple_model_proj), N, D, LP, 1.0f));
     /* the globals' gradients are complete: hand their window over (an asynchronous sink
      * is waited for with the embedding's window, model_loss.c) */
-    if (m->sink.fn) MT_TRY(m->sink.fn(m->sink.ctx, ga, gn, G4B(m, G4_GWIN_PLE)));
+    if (m->sink.fn) MT_TRY(m->sink.fn(m->sink.ctx, ga, gn, G4B(m, G4_GWIN_PLE), 0));
     return MT_OK;
 }
 

@@ -175,6 +175,8 @@ typedef struct mtm_grad_sink {
     void *ctx;
     int id[MT_GWIN_COUNT];
     float *ptr[MT_GWIN_COUNT];
+    int shares;      /* the sink adds a second share exactly (mt_model_set_grad_sink_shares) */
+    int loss_shares; /* the loss of this backward handed the unembedding's chunks over (vocabulary chunks) */
 } mtm_grad_sink;
 
 /* Vocabulary chunks (num_vocab_chunks; model_loss.c, model_windows.c): the embedding
@@ -371,12 +373,13 @@ static inline int mtm_fsdp_rounds_in_window(const mt_model *m) {
 /* Vocabulary chunks with parameter windows: the embedding and lm_head rows come
  * through the vocabulary windows, a chunk at a time (not in the global window). */
 static inline int mtm_vocab_windows(const mt_model *m) { return m->vc.C > 1 && params_windowed(m); }
-/* Vocabulary chunks with a gradient sink and an untied lm_head: the embedding's and
- * lm_head's gradients go to the sink a chunk at a time (tied: the loss and the lookup
- * both add to the one embedding gradient, which stays whole until the lookup's
- * backward, as without chunks). */
+/* Vocabulary chunks with a gradient sink: the embedding's and the unembedding's
+ * gradients go to the sink a chunk at a time (tied: the loss's share of a chunk in
+ * the loss phase, the lookup's share added to it in the embedding's backward:
+ * mt_grad_sink_fn's add; unless the sink cannot add shares exactly, when a tied
+ * embedding's gradient stays whole as without chunks: mt_model_set_grad_sink_shares). */
 static inline int mtm_vocab_grad_windows(const mt_model *m) {
-    return m->vc.C > 1 && m->sink.fn && !m->cfg.logits_via_embedding;
+    return m->vc.C > 1 && m->sink.fn && (m->sink.shares || !m->cfg.logits_via_embedding);
 }
 /* gemma4, the per-layer embedding table [V, L*P] in vocabulary chunks (vc.ple_C > 1):
  * with parameter windows its rows come a chunk at a time through G4_PWIN_PLE_VOCAB
@@ -401,7 +404,7 @@ static inline int64_t mtm_global_window_numel(const mt_model *m) {
  * when lm_head's gradient comes in chunks. */
 static inline int64_t mtm_tail_grad_numel(const mt_model *m) {
     const int64_t tail = m->par.numel - m->par.tail_off;
-    return mtm_vocab_grad_windows(m) ? tail - m->par.info[m->par.lm_head].numel : tail;
+    return mtm_vocab_grad_windows(m) && m->par.lm_head >= 0 ? tail - m->par.info[m->par.lm_head].numel : tail;
 }
 
 /* The first failed collective of the pass: tensor group, then context, then fsdp
@@ -473,11 +476,13 @@ mt_status MT_MUST_CHECK mtm_vocab_rows(mt_model *m, int i, int64_t a, int64_t b,
 mt_status MT_MUST_CHECK mtm_window_fill(mt_model *m, void *win, int64_t a, int64_t b);
 /* One vocabulary chunk of a lookup table's gradient through the sink: rows [a, b) of
  * the table at flat offset off ([V, width] fp32 rows), dE[tok] += scale G into the
- * chunk window win (waited for, zeroed), then handed to the sink. The embedding's and
- * gemma4's per-layer table's chunked backward. Errors: the backend's, the sink's. */
+ * chunk window win (waited for, zeroed), then handed to the sink with `add`
+ * (mt_grad_sink_fn: 1 for a tied embedding, whose rows the loss handed over first).
+ * The embedding's and gemma4's per-layer table's chunked backward. Errors: the
+ * backend's, the sink's. */
 mt_status MT_MUST_CHECK mtm_table_chunk_backward(mt_model *m, float *win, int64_t off, const void *G,
                                                  const int32_t *tok, int64_t N, int64_t a, int64_t b, int64_t width,
-                                                 float scale);
+                                                 float scale, int add);
 /* Resolve num_vocab_chunks and num_vocab_tiling (0 = auto) for this layout and sink
  * (model.h mt_model_vocab_tiling states the rules). */
 void mtm_vocab_resolve(mt_model *m);

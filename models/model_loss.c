@@ -135,8 +135,8 @@ static mt_status unembedding_rows(void *ctx, int64_t a, int64_t b, const void **
 
 /* Where rows [a, b) of the unembedding's gradient add up: the chunk window (zeroed,
  * once the sink is done with the previous chunk), or the rows of the whole gradient
- * (no sink; or tied, where the embedding's window collects the loss's and the lookup's
- * shares until the lookup's backward). */
+ * (no sink, or no chunks: tied, the embedding's window then collects the loss's and
+ * the lookup's shares until the lookup's backward). */
 static mt_status unembedding_grad_begin(void *ctx, int64_t a, int64_t b, float **dW) {
     mt_model *m = ctx;
     if (!mtm_vocab_grad_windows(m)) {
@@ -154,11 +154,32 @@ static mt_status unembedding_grad_end(void *ctx, int64_t a, int64_t b, float *dW
     mt_model *m = ctx;
     if (!mtm_vocab_grad_windows(m)) return MT_OK;
     MT_TRY(mtm_comm_status(m));
-    return m->sink.fn(m->sink.ctx, m->par.info[m->par.lm_head].offset + a * m->D, (b - a) * m->D, dW);
+    /* tied: the loss's share of the embedding's rows, the first of two (embedding_backward) */
+    m->sink.loss_shares = 1;
+    return m->sink.fn(m->sink.ctx, m->par.info[unembedding_index(m)].offset + a * m->D, (b - a) * m->D, dW, 0);
+}
+
+/* A backward without the loss (mt_model_backward_hidden) with the unembedding in
+ * chunks: an untied lm_head's gradient, zero, handed over chunk by chunk all the same,
+ * so that every element reaches the sink once (a tied table's rows go once, from the
+ * lookup, with add = 0). */
+static mt_status unembedding_zero_shares(mt_model *m) {
+    if (!mtm_vocab_grad_windows(m) || m->sink.loss_shares || m->cfg.logits_via_embedding) return MT_OK;
+    for (int64_t c = 0; c < m->vc.C; c++) {
+        int64_t a, b;
+        float *dW = NULL;
+        mtm_vocab_chunk(m, c, &a, &b);
+        MT_TRY(unembedding_grad_begin(m, a, b, &dW));
+        MT_TRY(unembedding_grad_end(m, a, b, dW));
+    }
+    m->sink.loss_shares = 0; /* these were no loss's */
+    if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, m->sink.ptr[MT_GWIN_VOCAB_HEAD]));
+    return MT_OK;
 }
 
 /* The embedding's backward, phase 2L + 2: dE += the rows of G by token; with chunked
- * gradient windows one chunk of rows at a time, each handed to the sink. */
+ * gradient windows one chunk of rows at a time, each handed to the sink (tied: as the
+ * second share of rows the loss handed over already, add = 1). */
 static mt_status embedding_backward(mt_model *m, const void *G) {
     mt_backend *be = m->be;
     const int64_t D = m->D, Ns = seq_rows(m);
@@ -171,7 +192,7 @@ static mt_status embedding_backward(mt_model *m, const void *G) {
             MT_TRY(be->ops->embedding_bwd(be, mtm_gw(m, m->par.embed), G, tok, Ns, 0, m->V, D, m->emb_scale, m->dt));
         if (m->sink.fn) { /* the embedding's gradient is complete: hand its window over */
             MT_TRY(m->sink.fn(m->sink.ctx, m->par.info[m->par.embed].offset, m->par.info[m->par.embed].numel,
-                              m->sink.ptr[MT_GWIN_EMBEDDING]));
+                              m->sink.ptr[MT_GWIN_EMBEDDING], 0));
             if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, NULL)); /* every window is done when we return */
         }
         return MT_OK;
@@ -180,7 +201,8 @@ static mt_status embedding_backward(mt_model *m, const void *G) {
     for (int64_t c = 0; c < m->vc.C; c++) {
         int64_t a, b;
         mtm_vocab_chunk(m, c, &a, &b);
-        MT_TRY(mtm_table_chunk_backward(m, win, m->par.info[m->par.embed].offset, G, tok, Ns, a, b, D, m->emb_scale));
+        MT_TRY(mtm_table_chunk_backward(m, win, m->par.info[m->par.embed].offset, G, tok, Ns, a, b, D, m->emb_scale,
+                                        m->cfg.logits_via_embedding && m->sink.loss_shares));
     }
     if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, NULL));
     return MT_OK;
@@ -219,9 +241,10 @@ static mt_status backward_from_final_hidden(mt_model *m) {
      * communicator orders after the compute stream with events) is queued after the
      * backward that wrote it and before the next write: no host wait here (a step reads
      * the device only for its loss and norm: tests/test_emu_syncs.c). */
+    MT_TRY(unembedding_zero_shares(m));
     if (m->sink.fn) { /* model.norm and lm_head are complete (phase L + 1): hand the tail window over */
         float *tail = m->sink.ptr[MT_GWIN_TAIL];
-        MT_TRY(m->sink.fn(m->sink.ctx, m->par.tail_off, mtm_tail_grad_numel(m), tail));
+        MT_TRY(m->sink.fn(m->sink.ctx, m->par.tail_off, mtm_tail_grad_numel(m), tail, 0));
         /* the tail window is planned for the loss phase alone (the layer windows may
          * reuse its memory): an asynchronous sink finishes it here */
         if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, tail));
@@ -237,7 +260,7 @@ static mt_status backward_from_final_hidden(mt_model *m) {
         MT_TRY(mtm_layer_backward(m, l));
         if (win) { /* layer l's gradient is complete: hand its window over */
             MT_TRY(mtm_comm_status(m));
-            MT_TRY(m->sink.fn(m->sink.ctx, m->par.info[m->par.layer[l].in_norm].offset, mtm_layer_numel(m, l), win));
+            MT_TRY(m->sink.fn(m->sink.ctx, m->par.info[m->par.layer[l].in_norm].offset, mtm_layer_numel(m, l), win, 0));
         }
     }
     MT_TRY(mtm_comm_status(m));

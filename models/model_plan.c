@@ -254,6 +254,13 @@ void mt_model_vocab_tiling(const mt_model *m, int64_t *tiles, int64_t *chunks) {
     if (chunks) *chunks = m ? m->vc.C : 0;
 }
 
+int64_t mt_model_grad_twice(const mt_model *m, int64_t *offset) {
+    *offset = 0;
+    if (!m || !m->plan.planned || !mtm_vocab_grad_windows(m) || !m->cfg.logits_via_embedding) return 0;
+    *offset = m->par.info[m->par.embed].offset;
+    return m->par.info[m->par.embed].numel;
+}
+
 int64_t mt_model_per_layer_input_chunks(const mt_model *m) {
     return m && m->g4.on && m->g4.P > 0 ? m->vc.ple_C : 0;
 }

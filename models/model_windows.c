@@ -12,7 +12,10 @@
  * backward only when layer l + 2 reused the slot.
  *
  * Gradient windows (mt_model_set_grad_sink): one layer's gradient, the embedding's
- * and the tail's (model.norm, lm_head) instead of the full buffer; each is zeroed
+ * and the tail's (model.norm, lm_head) instead of the full buffer, or with the
+ * vocabulary in chunks one chunk of the unembedding's rows in the loss and one of the
+ * embedding's in its backward (a tied table's rows are handed over twice, the second
+ * share added: mt_grad_sink_fn); each is zeroed
  * before its first write and handed to the sink when complete (model_loss.c). With an
  * asynchronous sink (mt_model_set_grad_sink_wait) two layer windows alternate, so that
  * the sink's reduce-scatter of layer l overlaps layer l - 1's backward. */
@@ -119,12 +122,12 @@ mt_status mtm_vocab_rows(mt_model *m, int i, int64_t a, int64_t b, int w, const 
 }
 
 mt_status mtm_table_chunk_backward(mt_model *m, float *win, int64_t off, const void *G, const int32_t *tok, int64_t N,
-                                   int64_t a, int64_t b, int64_t width, float scale) {
+                                   int64_t a, int64_t b, int64_t width, float scale, int add) {
     mt_backend *be = m->be;
     if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, win));
     MT_TRY(be->ops->zero(be, win, (size_t)((b - a) * width) * sizeof(float)));
     MT_TRY(be->ops->embedding_bwd(be, win, G, tok, N, a, b - a, width, scale, m->dt));
-    return m->sink.fn(m->sink.ctx, off + a * width, (b - a) * width, win);
+    return m->sink.fn(m->sink.ctx, off + a * width, (b - a) * width, win, add);
 }
 
 /* The gradient of parameter i (its tensor-parallel slice): in the full buffer, or with
@@ -147,8 +150,9 @@ float *mtm_gwin_layer(const mt_model *m, int64_t l) {
  * it) the embedding window; an untied embedding window is zeroed before its backward. */
 mt_status mtm_grad_windows_begin(mt_model *m) {
     if (!m->sink.fn) return MT_OK;
+    m->sink.loss_shares = 0;
     MT_TRY(m->be->ops->zero(m->be, m->sink.ptr[MT_GWIN_TAIL], (size_t)mtm_tail_grad_numel(m) * sizeof(float)));
-    if (m->cfg.logits_via_embedding)
+    if (m->cfg.logits_via_embedding && !mtm_vocab_grad_windows(m)) /* else the chunk windows */
         MT_TRY(m->be->ops->zero(m->be, m->sink.ptr[MT_GWIN_EMBEDDING],
                                 (size_t)m->par.info[m->par.embed].numel * sizeof(float)));
     return MT_OK;

@@ -169,11 +169,11 @@ static int windows_in_place(const mt_grad_sync *g) { return g->path == MT_GRAD_W
 
 /* ZeRO-1: reduce-scatter x = the gradient of [a, a + n) over the group, each rank
  * receiving its shard's part of the range (uneven counts, empty ones included) into
- * the fp32 shard at the same place, or in place (windows_in_place: into x at the
- * part's own place). *own0 / *own: that part, [own0, own0 + own); *sum: where it
- * lands. req non-NULL: started only (mt_comm_reduce_scatter_start; the counts are
- * copied). */
-static mt_status reduce_scatter_range(mt_grad_sync *g, float *x, int64_t a, int64_t n, int64_t *own0,
+ * the fp32 shard at the same place, or in place (windows_in_place, or `add`: a second
+ * share of the range, which must not overwrite the first: into x at the part's own
+ * place). *own0 / *own: that part, [own0, own0 + own); *sum: where it lands. req
+ * non-NULL: started only (mt_comm_reduce_scatter_start; the counts are copied). */
+static mt_status reduce_scatter_range(mt_grad_sync *g, float *x, int64_t a, int64_t n, int add, int64_t *own0,
                                       int64_t *own, const float **sum, mt_comm_request **req) {
     for (int r = 0; r < g->n; r++) {
         int64_t lo, hi;
@@ -184,7 +184,7 @@ static mt_status reduce_scatter_range(mt_grad_sync *g, float *x, int64_t a, int6
     }
     *own0 = g->lo > a ? g->lo : a;
     *own = g->wcounts[g->rank];
-    float *dst = windows_in_place(g) ? x + (*own0 - a) : g->shard + (*own > 0 ? *own0 - g->lo : 0);
+    float *dst = windows_in_place(g) || add ? x + (*own0 - a) : g->shard + (*own > 0 ? *own0 - g->lo : 0);
     *sum = dst;
     if (req) return mt_comm_reduce_scatter_start(g->comm, x, dst, g->wcounts, MT_COMM_F32, req);
     return mt_comm_reduce_scatter(g->comm, x, dst, g->wcounts, MT_COMM_F32);
@@ -246,22 +246,26 @@ mt_status mt_grad_sync_set_path(mt_grad_sync *g, int fsdp, int64_t chunk) {
 
 void mt_grad_sync_set_microbatch(mt_grad_sync *g, int64_t mb) { g->mb = mb; }
 
-/* With K > 1: add this rank's reduced part [own0, own0 + own) of a window (at sum, in
- * the window) into the shard accumulator. */
-static mt_status add_own(mt_grad_sync *g, int64_t own0, int64_t own, const float *sum) {
-    if (g->direct || own <= 0) return MT_OK;
+/* This rank's reduced part [own0, own0 + own) of a window, at sum: with K > 1 (in the
+ * window) added into the shard accumulator, the first share of micro-batch 0 stored;
+ * with K = 1 already in the fp32 shard, unless it is a second share (add, in the
+ * window), added to the first there in fp32. */
+static mt_status add_own(mt_grad_sync *g, int64_t own0, int64_t own, const float *sum, int add) {
+    if (own <= 0) return MT_OK;
+    if (g->direct) return add ? accumulate(g, g->shard + (own0 - g->lo), MT_F32, sum, own, 0) : MT_OK;
     const size_t es = mt_dtype_size(g->grad_dtype);
-    return accumulate(g, (char *)g->shard_acc + (size_t)(own0 - g->lo) * es, g->grad_dtype, sum, own, g->mb == 0);
+    return accumulate(g, (char *)g->shard_acc + (size_t)(own0 - g->lo) * es, g->grad_dtype, sum, own,
+                      g->mb == 0 && !add);
 }
 
-mt_status mt_grad_sync_window(void *ctx, int64_t a, int64_t n, float *w) {
+mt_status mt_grad_sync_window(void *ctx, int64_t a, int64_t n, float *w, int add) {
     mt_grad_sync *g = ctx;
     const size_t es = mt_dtype_size(g->grad_dtype);
     if (a < 0 || n < 0 || a + n > g->numel)
         return mt_set_error(MT_ERR_INVALID, "gradient sync: window [%lld, +%lld) outside the %lld gradients",
                             (long long)a, (long long)n, (long long)g->numel);
     if (g->path == MT_GRAD_WINDOW_ACC) { /* the tensor / data reductions come once, at finish */
-        return accumulate(g, (char *)g->acc + (size_t)a * es, g->grad_dtype, w, n, g->mb == 0);
+        return accumulate(g, (char *)g->acc + (size_t)a * es, g->grad_dtype, w, n, g->mb == 0 && !add);
     }
     if (g->path != MT_GRAD_WINDOW_RS) return mt_set_error(MT_ERR_INVALID, "gradient sync: no window path chosen");
     MT_TRY(tensor_reduce_range(g, w, a, n));
@@ -275,14 +279,16 @@ mt_status mt_grad_sync_window(void *ctx, int64_t a, int64_t n, float *w) {
                                 "before it reuses a window)", MT_GRAD_SYNC_PENDING);
         mt_comm_request *req = NULL;
         const float *sum = NULL;
-        MT_TRY(reduce_scatter_range(g, w, a, n, &own0, &own, &sum, &req));
-        *slot = (struct mt_grad_sync_pending){w, req, own0, own, sum};
+        MT_TRY(reduce_scatter_range(g, w, a, n, add, &own0, &own, &sum, &req));
+        *slot = (struct mt_grad_sync_pending){w, req, own0, own, sum, add};
         return MT_OK;
     }
     const float *sum = NULL;
-    MT_TRY(reduce_scatter_range(g, w, a, n, &own0, &own, &sum, NULL));
-    return add_own(g, own0, own, sum);
+    MT_TRY(reduce_scatter_range(g, w, a, n, add, &own0, &own, &sum, NULL));
+    return add_own(g, own0, own, sum, add);
 }
+
+int mt_grad_sync_exact_shares(const mt_grad_sync *g) { return g->grad_dtype == MT_F32 || g->direct; }
 
 int mt_grad_sync_overlaps(const mt_grad_sync *g) { return g->path == MT_GRAD_WINDOW_RS && g->n > 1; }
 
@@ -301,7 +307,7 @@ mt_status mt_grad_sync_window_wait(void *ctx, const float *w) {
         struct mt_grad_sync_pending *p = &g->pending[i];
         if (!p->w || (w && p->w != w)) continue;
         mt_status st = mt_comm_wait(p->req);
-        if (st == MT_OK) st = add_own(g, p->own0, p->own, p->sum);
+        if (st == MT_OK) st = add_own(g, p->own0, p->own, p->sum, p->add);
         *p = (struct mt_grad_sync_pending){0};
         if (first == MT_OK) first = st;
     }
@@ -330,7 +336,7 @@ static mt_status finish_windows(mt_grad_sync *g, float **out) {
         if (g->zero1) {
             int64_t own0, own;
             const float *sum = NULL;
-            MT_TRY(reduce_scatter_range(g, g->chunk_buf, a, n, &own0, &own, &sum, NULL));
+            MT_TRY(reduce_scatter_range(g, g->chunk_buf, a, n, 0, &own0, &own, &sum, NULL));
         } else if (g->comm && g->n > 1) {
             MT_TRY(mt_comm_all_reduce(g->comm, g->chunk_buf, n, MT_COMM_F32));
         }
@@ -412,6 +418,17 @@ uint64_t mt_grad_sync_step_bytes(const mt_grad_sync *g, int64_t K) {
             tp = (per_microbatch(g) ? (uint64_t)K : 1) * (2 * (uint64_t)(g->tp - 1) * G / (uint64_t)g->tp);
     }
     return tp + data_bytes(g, K);
+}
+
+uint64_t mt_grad_sync_range_bytes(const mt_grad_sync *g, int64_t a, int64_t n, int64_t K) {
+    if (g->path != MT_GRAD_WINDOW_RS || n <= 0) return 0;
+    const uint64_t S = 4 * (uint64_t)n;
+    uint64_t b = g->tp > 1 ? 2 * (uint64_t)(g->tp - 1) * S / (uint64_t)g->tp : 0;
+    if (g->n > 1) {
+        const int64_t lo = g->lo > a ? g->lo : a, hi = g->hi < a + n ? g->hi : a + n;
+        b += S - 4 * (uint64_t)(hi > lo ? hi - lo : 0);
+    }
+    return (g->direct ? 1 : (uint64_t)K) * b;
 }
 
 /* The data x fsdp part of mt_grad_sync_step_bytes. */

@@ -171,6 +171,7 @@ typedef struct mt_grad_sync {
         mt_comm_request *req; /* its reduce-scatter (NULL: done at start, a group of one) */
         int64_t own0, own;    /* this rank's part of the window's range */
         const float *sum;     /* where its reduced part lands: in the window (K > 1) or the shard */
+        int add;              /* a second share of the range (mt_grad_sink_fn's add) */
     } pending[MT_GRAD_SYNC_PENDING];
 } mt_grad_sync;
 
@@ -236,9 +237,21 @@ void mt_grad_sync_set_microbatch(mt_grad_sync *g, int64_t mb);
  * paths only. MT_GRAD_WINDOW_ACC: folded into the accumulator (fp32 add, one rounding);
  * MT_GRAD_WINDOW_RS: summed over the tensor group (replicated ranges once; w is
  * scratch), reduce-scattered (each rank's shard part of the range) and, with K > 1,
- * added into the shard accumulator. Errors: MT_ERR_INVALID (range outside numel, no
- * window path), MT_ERR_RUNTIME (a collective failed). */
-mt_status mt_grad_sync_window(void *ctx, int64_t offset, int64_t numel, float *w);
+ * added into the shard accumulator. add = 1 (a tied embedding's second share, the
+ * lookup's, of rows the loss handed over already): folded into the accumulator, or
+ * reduce-scattered in place in w and added into the shard (K = 1: one fp32 add) or the
+ * shard accumulator (K > 1), never overwriting the first share; with grad_dtype
+ * bfloat16 and K > 1 those rows would be rounded once per share, which the trainer
+ * avoids (mt_grad_sync_exact_shares). Errors: MT_ERR_INVALID (range outside
+ * numel, no window path), MT_ERR_RUNTIME (a collective failed). */
+mt_status mt_grad_sync_window(void *ctx, int64_t offset, int64_t numel, float *w, int add);
+
+/* 1 when mt_grad_sync_window adds a second share of a range (add = 1) with the fp32
+ * sum's rounding alone: fp32 accumulation (grad_dtype float32, or one micro-batch, whose
+ * shard is fp32); 0 when each hand-over is rounded into a bfloat16 accumulator. The
+ * trainer tells the model (models/model.h mt_model_set_grad_sink_shares), so that with
+ * a bfloat16 accumulator a tied embedding's rows are rounded once per micro-batch. */
+int mt_grad_sync_exact_shares(const mt_grad_sync *g);
 
 /* 1 when the gradient path can overlap its reduce-scatters with the backward: the path
  * is MT_GRAD_WINDOW_RS and the data x fsdp x context group has more than one rank
@@ -305,6 +318,14 @@ mt_status mt_grad_sync_gather(mt_grad_sync *g, const float *shard, float *full);
 /* The bytes formula of the header comment for the gradient and parameter
  * collectives of one step with K micro-batches (scalars excluded). */
 uint64_t mt_grad_sync_step_bytes(const mt_grad_sync *g, int64_t K);
+
+/* Bytes of handing the range [a, a + n) to mt_grad_sync_window once more per
+ * micro-batch (a tied embedding's second share: models/model.h mt_model_grad_twice),
+ * K micro-batches: on MT_GRAD_WINDOW_RS the tensor all-reduce of 4n bytes (tensor axis
+ * of more than one rank) and the reduce-scatter of the range less this rank's part
+ * (parallel/comm.h accounting), K times (once with K = 1); 0 on the other paths, which
+ * communicate at finish, not per window. */
+uint64_t mt_grad_sync_range_bytes(const mt_grad_sync *g, int64_t a, int64_t n, int64_t K);
 
 #ifdef __cplusplus
 }

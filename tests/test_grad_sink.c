@@ -14,7 +14,10 @@
  * Gemma 4 (layers of three sizes: global head dim, KV-sharing layers without k/v and
  * with a double-wide MLP; the per-layer-input globals in a fourth window handed over
  * between layer 0 and the embedding; with vocabulary chunks their table a chunk at a
- * time from a fifth).
+ * time from a fifth). With the vocabulary in chunks the unembedding's and the
+ * embedding's gradients come a chunk at a time; a tied embedding's rows then come
+ * twice (the loss's share, then the lookup's with add = 1), each share bitwise an
+ * untied twin's lm_head and embedding gradients.
  * Also: the plan entries (no "grads", the three windows with their sizes and phases),
  * mt_model_grads NULL, and a sink error stopping the backward.
  * Asynchronous sink (mt_model_set_grad_sink_wait): the sink only notes each window and
@@ -41,43 +44,54 @@
 #include "runtime/rng.h"
 
 typedef struct collector {
-    float *got;      /* [numel] host copy of what the sink received */
+    float *got;      /* [numel] host copy of what the sink received (add = 0) */
+    float *got2;     /* [numel] the second shares (add = 1: a tied embedding in chunks) */
     int *seen;       /* [numel] times each element was handed over */
     int64_t off[64]; /* offsets of the calls, in order */
     int64_t num[64];
+    int add[64];
     int calls;
     mt_status fail;  /* returned by the sink when not MT_OK */
     /* asynchronous: windows handed over and not yet waited for */
     float *pend_w[8];
     int64_t pend_off[8], pend_num[8];
+    int pend_add[8];
     int pending, max_pending, waits;
 } collector;
 
-static void copy_in(collector *c, int64_t offset, int64_t numel, const float *grad) {
-    memcpy(c->got + offset, grad, (size_t)numel * sizeof(float));
-    for (int64_t i = 0; i < numel; i++) c->seen[offset + i]++;
+/* A second share (add) must come after the first, once. */
+static void copy_in(collector *c, int64_t offset, int64_t numel, const float *grad, int add) {
+    memcpy((add ? c->got2 : c->got) + offset, grad, (size_t)numel * sizeof(float));
+    for (int64_t i = 0; i < numel; i++) {
+        cr_assert_eq(c->seen[offset + i], add, "element %lld: share %d handed over after %d", (long long)(offset + i),
+                     add + 1, c->seen[offset + i]);
+        c->seen[offset + i]++;
+    }
 }
 
-static mt_status sink(void *ctx, int64_t offset, int64_t numel, float *grad) {
+static mt_status sink(void *ctx, int64_t offset, int64_t numel, float *grad, int add) {
     collector *c = ctx;
     if (c->fail != MT_OK) return mt_set_error(c->fail, "test sink refuses");
     cr_assert_lt(c->calls, 64);
     c->off[c->calls] = offset;
+    c->add[c->calls] = add;
     c->num[c->calls++] = numel;
-    copy_in(c, offset, numel, grad);
+    copy_in(c, offset, numel, grad, add);
     return MT_OK;
 }
 
 /* The asynchronous sink: note the window; async_wait reads it. */
-static mt_status async_sink(void *ctx, int64_t offset, int64_t numel, float *grad) {
+static mt_status async_sink(void *ctx, int64_t offset, int64_t numel, float *grad, int add) {
     collector *c = ctx;
     if (c->fail != MT_OK) return mt_set_error(c->fail, "test sink refuses");
     cr_assert_lt(c->calls, 64);
     cr_assert_lt(c->pending, 8);
     for (int i = 0; i < c->pending; i++) cr_assert_neq(c->pend_w[i], grad, "window handed over twice unwaited");
     c->off[c->calls] = offset;
+    c->add[c->calls] = add;
     c->num[c->calls++] = numel;
     c->pend_w[c->pending] = grad;
+    c->pend_add[c->pending] = add;
     c->pend_off[c->pending] = offset;
     c->pend_num[c->pending++] = numel;
     if (c->pending > c->max_pending) c->max_pending = c->pending;
@@ -90,9 +104,10 @@ static mt_status async_wait(void *ctx, const float *w) {
     int k = 0;
     for (int i = 0; i < c->pending; i++) {
         if (!w || c->pend_w[i] == w) {
-            copy_in(c, c->pend_off[i], c->pend_num[i], c->pend_w[i]);
+            copy_in(c, c->pend_off[i], c->pend_num[i], c->pend_w[i], c->pend_add[i]);
         } else {
             c->pend_w[k] = c->pend_w[i];
+            c->pend_add[k] = c->pend_add[i];
             c->pend_off[k] = c->pend_off[i];
             c->pend_num[k++] = c->pend_num[i];
         }
@@ -106,6 +121,10 @@ typedef struct fixture {
     mt_plan *plan;
     mt_arena arena;
 } fixture;
+
+/* mt_model_set_grad_sink_shares of the sink models (1, the default: the sink adds a
+ * second share exactly; 0: a tied embedding keeps one whole gradient window). */
+static int g_shares = 1;
 
 /* chunks: the layout's num_vocab_chunks (0 = auto). */
 static void fx_init(fixture *f, const mt_model_config *c, int remat_full, collector *col, int async, int64_t chunks) {
@@ -121,6 +140,7 @@ static void fx_init(fixture *f, const mt_model_config *c, int remat_full, collec
     if (col)
         cr_assert_eq(mt_model_set_grad_sink(f->m, async ? async_sink : sink, col), MT_OK, "%s", mt_last_error());
     if (async) cr_assert_eq(mt_model_set_grad_sink_wait(f->m, async_wait), MT_OK, "%s", mt_last_error());
+    if (col && !g_shares) cr_assert_eq(mt_model_set_grad_sink_shares(f->m, 0), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_plan_new(&f->plan), MT_OK);
     cr_assert_eq(mt_model_add_to_plan(f->m, f->plan), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_plan_finalize(f->plan), MT_OK);
@@ -156,7 +176,7 @@ static void batch(const mt_model_config *c, uint64_t seed, int32_t *tok, int32_t
 
 static void reset(collector *col, int64_t numel) {
     for (int64_t i = 0; i < numel; i++) {
-        col->got[i] = NAN;
+        col->got[i] = col->got2[i] = NAN;
         col->seen[i] = 0;
     }
     col->calls = 0;
@@ -175,40 +195,65 @@ static int64_t ple_numel(const mt_model *m) {
     return layer_off(m, 0) - e0->numel;
 }
 
-/* Every element once; calls: tail, layers L-1 .. 0, (gemma4) the per-layer-input
+/* The model's vocabulary chunks (models/model.h mt_model_vocab_tiling). */
+static int64_t vocab_chunks(const mt_model *m) {
+    int64_t tiles, chunks;
+    mt_model_vocab_tiling(m, &tiles, &chunks);
+    return chunks;
+}
+
+/* Every element once (a tied embedding in C > 1 vocabulary chunks after a loss: twice,
+ * the loss's share first, add = 0, the lookup's second, add = 1); calls: (C > 1) the
+ * unembedding's C chunks (without a loss, loss = 0: an untied lm_head's zero gradient,
+ * none for a tied one), then the tail, layers L-1 .. 0, (gemma4) the per-layer-input
  * globals (with their table in Cp > 1 chunks: each chunk of the table, then the rest),
- * embedding, with the layout's ranges. */
-static void check_calls(const collector *col, const mt_model *m, const char *what) {
+ * the embedding (C > 1: its C chunks), with the layout's ranges. Chunk k of C is rows
+ * [k V / C, (k + 1) V / C) (parallel/vocab_loss.h). */
+static void check_calls(const collector *col, const mt_model *m, const char *what, int loss) {
     const mt_model_config *c = mt_model_get_config(m);
-    const int64_t L = c->num_decoder_layers, numel = mt_model_numel(m), pn = ple_numel(m);
-    const int64_t Cp = pn > 0 ? mt_model_per_layer_input_chunks(m) : 1, V = c->vocab_size;
+    const int64_t L = c->num_decoder_layers, numel = mt_model_numel(m), pn = ple_numel(m), D = c->emb_dim;
+    const int64_t Cp = pn > 0 ? mt_model_per_layer_input_chunks(m) : 1, V = c->vocab_size, C = vocab_chunks(m);
     const int64_t LP = L * c->per_layer_input_dim, tc = Cp > 1 ? Cp : 0; /* the table's own calls */
-    for (int64_t i = 0; i < numel; i++) cr_assert_eq(col->seen[i], 1, "%s: element %lld handed %d times", what,
-                                                     (long long)i, col->seen[i]);
-    cr_assert_eq(col->calls, L + 2 + (pn > 0) + tc, "%s: %d sink calls", what, col->calls);
+    const int tied = c->logits_via_embedding, vg = C > 1 && (!tied || g_shares), twice = tied && vg && loss;
+    const int64_t uc = vg && (loss || !tied) ? C : 0, ec = vg ? C : 1; /* unembedding's, embedding's calls */
     const int fn = mt_model_param_find(m, "model.norm.weight"), emb = mt_model_param_find(m, "model.embed_tokens.weight");
-    cr_assert_eq(col->off[0], mt_model_param(m, fn)->offset, "%s: first call is not the tail", what);
-    cr_assert_eq(col->off[0] + col->num[0], numel);
-    for (int64_t l = L - 1; l >= 0; l--) {
-        char name[96];
-        snprintf(name, sizeof name, "model.layers.%lld.input_layernorm.weight", (long long)l);
-        cr_assert_eq(col->off[1 + (L - 1 - l)], mt_model_param(m, mt_model_param_find(m, name))->offset,
-                     "%s: call %lld is not layer %lld", what, (long long)(1 + (L - 1 - l)), (long long)l);
+    const int64_t e = mt_model_param(m, emb)->numel; /* the globals follow the embedding at 0 */
+    for (int64_t i = 0; i < numel; i++)
+        cr_assert_eq(col->seen[i], 1 + (twice && i < e), "%s: element %lld handed %d times", what, (long long)i,
+                     col->seen[i]);
+    cr_assert_eq(col->calls, uc + 1 + L + tc + (pn > 0) + ec, "%s: %d sink calls", what, col->calls);
+    const int64_t u0 = tied ? 0 : mt_model_param(m, mt_model_param_find(m, "lm_head.weight"))->offset;
+    for (int64_t k = 0; k < uc; k++) {
+        const int64_t a = k * V / C, b = (k + 1) * V / C;
+        cr_assert(col->off[k] == u0 + a * D && col->num[k] == (b - a) * D && col->add[k] == 0,
+                  "%s: call %lld is not unembedding chunk %lld", what, (long long)k, (long long)k);
     }
-    const int64_t e = mt_model_param(m, emb)->numel; /* the globals follow the embedding */
-    for (int64_t k = 0; k < tc; k++) { /* chunk k: rows [k V / Cp, (k + 1) V / Cp) (parallel/vocab_loss.h) */
+    cr_assert_eq(col->off[uc], mt_model_param(m, fn)->offset, "%s: call %lld is not the tail", what, (long long)uc);
+    cr_assert_eq(col->num[uc], (vg && !tied ? u0 : numel) - col->off[uc], "%s: the tail's size", what);
+    for (int64_t l = L - 1; l >= 0; l--) {
+        const int64_t k = uc + 1 + (L - 1 - l);
+        cr_assert_eq(col->off[k], layer_off(m, l), "%s: call %lld is not layer %lld", what, (long long)k,
+                     (long long)l);
+    }
+    const int64_t t0 = uc + 1 + L;
+    for (int64_t k = 0; k < tc; k++) { /* table chunk k: rows [k V / Cp, (k + 1) V / Cp) */
         const int64_t a = k * V / Cp, b = (k + 1) * V / Cp;
-        cr_assert_eq(col->off[L + 1 + k], e + a * LP, "%s: call %lld is not table chunk %lld", what,
-                     (long long)(L + 1 + k), (long long)k);
-        cr_assert_eq(col->num[L + 1 + k], (b - a) * LP, "%s: table chunk %lld of %lld floats", what, (long long)k,
-                     (long long)col->num[L + 1 + k]);
+        cr_assert_eq(col->off[t0 + k], e + a * LP, "%s: call %lld is not table chunk %lld", what,
+                     (long long)(t0 + k), (long long)k);
+        cr_assert_eq(col->num[t0 + k], (b - a) * LP, "%s: table chunk %lld of %lld floats", what, (long long)k,
+                     (long long)col->num[t0 + k]);
     }
     if (pn > 0) {
-        cr_assert_eq(col->off[L + 1 + tc], e + (tc ? V * LP : 0), "%s: the globals' window", what);
-        cr_assert_eq(col->num[L + 1 + tc], pn - (tc ? V * LP : 0));
+        cr_assert_eq(col->off[t0 + tc], e + (tc ? V * LP : 0), "%s: the globals' window", what);
+        cr_assert_eq(col->num[t0 + tc], pn - (tc ? V * LP : 0));
     }
-    cr_assert_eq(col->off[L + 1 + (pn > 0) + tc], 0);
-    cr_assert_eq(col->num[L + 1 + (pn > 0) + tc], e);
+    for (int64_t k = 0; k < ec; k++) {
+        const int64_t a = k * V / ec, b = (k + 1) * V / ec, j = t0 + tc + (pn > 0) + k;
+        cr_assert(col->off[j] == a * D && col->num[j] == (b - a) * D && col->add[j] == twice,
+                  "%s: call %lld is not embedding chunk %lld of %lld (offset %lld, %lld floats, add %d)", what,
+                  (long long)j, (long long)k, (long long)ec, (long long)col->off[j], (long long)col->num[j],
+                  col->add[j]);
+    }
 }
 
 /* chunks: num_vocab_chunks of both models (0 = auto). */
@@ -219,8 +264,32 @@ static void check_model(const mt_model_config *c, int remat_full, int async, int
     fx_init(&b, c, remat_full, &col, async, chunks);
     const int64_t numel = mt_model_numel(a.m), L = c->num_decoder_layers, N = 12, D = c->emb_dim;
     col.got = malloc((size_t)numel * sizeof(float));
+    col.got2 = malloc((size_t)numel * sizeof(float));
     col.seen = malloc((size_t)numel * sizeof(int));
     cr_assert_null(mt_model_grads(b.m), "%s: a full gradient buffer with a sink", what);
+    const int64_t C = vocab_chunks(b.m), V = c->vocab_size, E = (int64_t)c->vocab_size * D;
+    cr_assert_eq(vocab_chunks(a.m), C, "%s: the full-buffer model in other chunks", what);
+    /* A tied embedding in chunks: its rows come in two shares (the loss's, the lookup's)
+     * whose sum is the full buffer's in another order; each share is checked bitwise
+     * against an untied twin (the same parameters, lm_head = the embedding) with a sink:
+     * the loss's share its lm_head gradient, the lookup's its embedding gradient. */
+    const int vg = C > 1 && (!c->logits_via_embedding || g_shares); /* the vocabulary's gradient in chunks */
+    const int twin = c->logits_via_embedding && vg;
+    fixture t;
+    collector colt = {0};
+    if (twin) {
+        mt_model_config ct = *c;
+        ct.logits_via_embedding = 0;
+        fx_init(&t, &ct, remat_full, &colt, async, chunks);
+        cr_assert_eq(mt_model_numel(t.m), numel + E);
+        cr_assert_eq(vocab_chunks(t.m), C);
+        float *wt = mt_model_params(t.m);
+        memcpy(wt, mt_model_params(a.m), (size_t)numel * sizeof(float)); /* lm_head comes last */
+        memcpy(wt + numel, mt_model_params(a.m), (size_t)E * sizeof(float));
+        colt.got = malloc((size_t)(numel + E) * sizeof(float));
+        colt.got2 = malloc((size_t)(numel + E) * sizeof(float));
+        colt.seen = malloc((size_t)(numel + E) * sizeof(int));
+    }
 
     /* plan: no "grads"; the windows with their sizes and lifetimes (models/model.h) */
     const mt_param_info *e0 = mt_model_param(a.m, mt_model_param_find(a.m, "model.embed_tokens.weight"));
@@ -240,11 +309,20 @@ static void check_model(const mt_model_config *c, int remat_full, int async, int
             cr_expect_eq(e->bytes, (size_t)layer * 4);
             cr_expect(e->first == L + 2 && e->last == 2 * L + 1, "%s: layer window [%d, %d]", what, e->first, e->last);
             found++;
-        } else if (strcmp(e->name, "grads.window.tail") == 0) {
-            cr_expect_eq(e->bytes, (size_t)(numel - fnp->offset) * 4);
+        } else if (strcmp(e->name, "grads.window.tail") == 0) { /* model.norm (+ lm_head unless chunked) */
+            cr_expect_eq(e->bytes, (size_t)(numel - fnp->offset - (vg && !c->logits_via_embedding ? E : 0)) * 4);
             cr_expect(e->first == L + 1 && e->last == L + 1);
             found++;
-        } else if (strcmp(e->name, "grads.window.embedding") == 0) {
+        } else if (strcmp(e->name, "grads.window.vocab.lm_head") == 0 ||
+                   strcmp(e->name, "grads.window.vocab.embedding") == 0) { /* one chunk of rows, its phase */
+            const int loss = strcmp(e->name, "grads.window.vocab.lm_head") == 0;
+            cr_expect_eq(e->bytes, (size_t)((V + C - 1) / C * D) * 4, "%s: %s", what, e->name);
+            cr_expect(e->first == (loss ? L + 1 : 2 * L + 2) && e->last == e->first, "%s: %s [%d, %d]", what,
+                      e->name, e->first, e->last);
+            cr_expect(vg, "%s: %s without the vocabulary's gradient in chunks", what, e->name);
+            found++;
+        } else if (strcmp(e->name, "grads.window.embedding") == 0) { /* whole: without chunks only */
+            cr_expect(!vg, "%s: a whole embedding gradient window in %lld chunks", what, (long long)C);
             cr_expect_eq(e->bytes, (size_t)e0->numel * 4);
             cr_expect_eq(e->first, c->logits_via_embedding ? L + 1 : 2 * L + 2, "%s: embedding window from %d", what,
                          e->first);
@@ -263,8 +341,8 @@ static void check_model(const mt_model_config *c, int remat_full, int async, int
         }
         if (e->category == MT_MEM_GRADS) cr_expect_lt(e->bytes, (size_t)numel * 4);
     }
-    cr_assert_eq(found, 3 + async + (pn > 0) + (Cp > 1), "%s: %d of the %d windows planned", what, found,
-                 3 + async + (pn > 0) + (Cp > 1));
+    cr_assert_eq(found, 3 + async + (pn > 0) + (Cp > 1) + vg, "%s: %d of the %d windows planned", what, found,
+                 3 + async + (pn > 0) + (Cp > 1) + vg);
     cr_assert_lt(mt_plan_peak(b.plan), mt_plan_peak(a.plan), "%s: windows do not lower the peak", what);
 
     int32_t tok[12], lab[12];
@@ -272,30 +350,59 @@ static void check_model(const mt_model_config *c, int remat_full, int async, int
     for (int k = 0; k < 3; k++) { /* batch 1, batch 2 (windows re-zeroed), then backward_hidden */
         batch(c, 40 + (uint64_t)k, tok, lab);
         reset(&col, numel);
+        if (twin) reset(&colt, numel + E);
         memset(mt_model_grads(a.m), 0, (size_t)numel * sizeof(float));
         if (k < 2) {
-            double la, lb;
-            int64_t ca, cb;
+            double la, lb, lt;
+            int64_t ca, cb, ct;
             cr_assert_eq(mt_model_forward_backward(a.m, tok, lab, 0.1f, &la, &ca), MT_OK, "%s", mt_last_error());
             cr_assert_eq(mt_model_forward_backward(b.m, tok, lab, 0.1f, &lb, &cb), MT_OK, "%s", mt_last_error());
             cr_assert(la == lb && ca == cb, "%s: loss %.17g vs %.17g", what, la, lb);
+            if (twin) {
+                cr_assert_eq(mt_model_forward_backward(t.m, tok, lab, 0.1f, &lt, &ct), MT_OK, "%s", mt_last_error());
+                cr_assert(lt == la && ct == ca, "%s: the untied twin's loss %.17g vs %.17g", what, lt, la);
+            }
         } else {
             cr_assert_eq(mt_model_hidden(a.m, tok, h), MT_OK, "%s", mt_last_error());
             cr_assert_eq(mt_model_hidden(b.m, tok, h), MT_OK, "%s", mt_last_error());
             mt_rng_fill_normal(dh, (size_t)(N * D), 0.5f, 3, 0);
             cr_assert_eq(mt_model_backward_hidden(a.m, dh), MT_OK, "%s", mt_last_error());
             cr_assert_eq(mt_model_backward_hidden(b.m, dh), MT_OK, "%s", mt_last_error());
+            if (twin) {
+                cr_assert_eq(mt_model_hidden(t.m, tok, h), MT_OK, "%s", mt_last_error());
+                cr_assert_eq(mt_model_backward_hidden(t.m, dh), MT_OK, "%s", mt_last_error());
+            }
         }
-        check_calls(&col, b.m, what);
+        /* backward_hidden has no loss: no loss's shares (check_calls), an untied lm_head's
+         * zero gradient handed over all the same */
+        check_calls(&col, b.m, what, k < 2);
+        if (twin) check_calls(&colt, t.m, what, k < 2);
         cr_assert_eq(col.pending, 0, "%s pass %d: %d windows unwaited after the backward", what, k, col.pending);
         if (async) /* layer l - 1 handed over while layer l is in flight */
             cr_assert_geq(col.max_pending, 2, "%s pass %d: at most %d windows in flight", what, k, col.max_pending);
         const float *g = mt_model_grads(a.m);
         int64_t nonzero = 0;
         for (int64_t i = 0; i < numel; i++) {
+            nonzero += g[i] != 0.0f;
+            if (twin && i < E) { /* the two shares against the twin's lm_head and embedding gradients */
+                const float *lo = k < 2 ? &col.got[i] : NULL, *hi = k < 2 ? &col.got2[i] : &col.got[i];
+                if (lo)
+                    cr_assert(memcmp(lo, &colt.got[numel + i], sizeof(float)) == 0,
+                              "%s pass %d: embedding element %lld: the loss's share %.9g, the twin's lm_head %.9g",
+                              what, k, (long long)i, *lo, colt.got[numel + i]);
+                cr_assert(memcmp(hi, &colt.got[i], sizeof(float)) == 0,
+                          "%s pass %d: embedding element %lld: the lookup's share %.9g, the twin's %.9g", what, k,
+                          (long long)i, *hi, colt.got[i]);
+                if (k == 2) /* no loss: one share, the full buffer's exactly */
+                    cr_assert(memcmp(&g[i], hi, sizeof(float)) == 0, "%s pass %d: element %lld", what, k,
+                              (long long)i);
+                continue;
+            }
             cr_assert(memcmp(&g[i], &col.got[i], sizeof(float)) == 0, "%s pass %d: element %lld: sink %.9g, full %.9g",
                       what, k, (long long)i, col.got[i], g[i]);
-            nonzero += g[i] != 0.0f;
+            if (twin) /* the twin's other gradients: bitwise too */
+                cr_assert(memcmp(&g[i], &colt.got[i], sizeof(float)) == 0, "%s pass %d: twin element %lld", what, k,
+                          (long long)i);
         }
         cr_assert_gt(nonzero, numel / 2, "%s pass %d: mostly zero gradients (vacuous)", what, k);
     }
@@ -308,7 +415,14 @@ static void check_model(const mt_model_config *c, int remat_full, int async, int
     free(h);
     free(dh);
     free(col.got);
+    free(col.got2);
     free(col.seen);
+    if (twin) {
+        free(colt.got);
+        free(colt.got2);
+        free(colt.seen);
+        fx_free(&t);
+    }
     fx_free(&a);
     fx_free(&b);
 }
@@ -364,6 +478,27 @@ Test(grad_sink, gemma_tied) {
     cr_assert_eq(c.logits_via_embedding, 1);
     check_model(&c, 0, 0, 0, "gemma");
     check_model(&c, 1, 0, 0, "gemma, remat full");
+}
+
+/* The vocabulary in 3 chunks (V 37: rows 0-11, 12-23, 24-36): the unembedding's
+ * gradient handed over a chunk at a time in the loss, the embedding's after its
+ * backward; an untied lm_head's zero gradient chunk by chunk after mt_model_hidden
+ * (no loss); a tied embedding's rows in two shares, each bitwise an untied twin's, or,
+ * when the sink cannot add shares exactly (mt_model_set_grad_sink_shares 0), in one
+ * whole window handed over once as without chunks. */
+Test(grad_sink, vocabulary_chunks) {
+    mt_model_config c = tiny(MT_DECODER_LLAMA2);
+    check_model(&c, 0, 0, 3, "llama in 3 chunks");
+    check_model(&c, 1, 1, 3, "llama in 3 chunks, asynchronous, remat full");
+    c = tiny(MT_DECODER_GEMMA);
+    check_model(&c, 0, 0, 3, "gemma (tied) in 3 chunks");
+    check_model(&c, 1, 1, 3, "gemma (tied) in 3 chunks, asynchronous, remat full");
+    g_shares = 0; /* a sink that rounds each hand-over: the tied gradient whole, handed over once */
+    check_model(&c, 0, 0, 3, "gemma (tied) in 3 chunks, shares not exact");
+    check_model(&c, 0, 1, 3, "gemma (tied) in 3 chunks, shares not exact, asynchronous");
+    c = tiny(MT_DECODER_LLAMA2); /* untied: in chunks all the same */
+    check_model(&c, 0, 0, 3, "llama in 3 chunks, shares not exact");
+    g_shares = 1;
 }
 
 Test(grad_sink, gemma3_every_optional_path) {

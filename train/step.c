@@ -34,7 +34,10 @@ static uint64_t ar_bytes(uint64_t S, uint64_t T) { return T > 1 ? 2 * (T - 1) * 
 
 uint64_t mtt_step_bytes_formula(const mt_model *model, const mt_grad_sync *gs, int64_t ga) {
     const uint64_t scalar = ar_bytes(8, (uint64_t)gs->n); /* one 8-byte all-reduce on data x fsdp */
-    return mt_grad_sync_step_bytes(gs, ga) + (gs->zero1 ? 3 : 2) * scalar +
+    int64_t twice0;
+    const int64_t twice = mt_model_grad_twice(model, &twice0); /* a tied embedding's second share */
+    return mt_grad_sync_step_bytes(gs, ga) + mt_grad_sync_range_bytes(gs, twice0, twice, ga) +
+           (gs->zero1 ? 3 : 2) * scalar +
            (uint64_t)ga * (mt_model_shard_bytes(model) + /* tensor and context collectives */
                            (uint64_t)mt_dtype_size(mt_model_dtype(model)) * /* fsdp gathers, compute dtype */
                                (uint64_t)mt_model_fsdp_gather_floats(model));

@@ -77,7 +77,8 @@ static inline int mt_trainer_dp_size(const mt_mesh *m) { return m->dims[MT_AXIS_
 
 /* Bytes one rank sends in one optimizer step of ga micro-batches (parallel/comm.h
  * accounting) for its model and gradient sync: the gradient reduction and parameter
- * all-gathers (parallel/zero1.h mt_grad_sync_step_bytes), the 8-byte all-reduces of
+ * all-gathers (parallel/zero1.h mt_grad_sync_step_bytes; a tied embedding in
+ * vocabulary chunks reduced twice, mt_grad_sync_range_bytes), the 8-byte all-reduces of
  * loss sum, token count and, under ZeRO-1, squared norm, and per micro-batch the
  * tensor / context collectives (models/model.h mt_model_shard_bytes) and the fsdp
  * layer all-gathers (mt_model_fsdp_gather_floats). Needs no communicator: the figures
