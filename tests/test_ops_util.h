@@ -2,8 +2,7 @@
  *
  * A private RNG (so the tests do not depend on runtime/rng.c, which they do not test),
  * conversions between the kernels' fp32 and the references' fp64, error measures, the
- * central finite difference used to check every backward against an fp64 forward
- * reference written in the test itself, the bf16 unit roundoff and conversions, the
+ * fp32 and fp64 unit roundoffs and gamma_n, the bf16 unit roundoff and conversions, the
  * derived error bounds of the loss tile shared by test_ops.c and test_ops_bf16.c, and
  * the constructed case that pins where bf16 attention's backward rounds (tu_att_rcase,
  * shared by test_ops_attention.c, test_gpu_ops.c and test_gpu_attention_mma.c). */
@@ -102,58 +101,6 @@ static inline double tu_bound_ratio(const float *got, const double *want, const 
         w = d > w ? d : w;
     }
     return w;
-}
-
-/* Central difference of loss(ctx) with respect to x[i], where x is one of the fp64
- * inputs the loss reads through ctx. With fp64 references of O(1) curvature, h = 1e-5
- * leaves a truncation error ~h^2 = 1e-10 and a rounding error ~1e-16 |L| / h ~ 1e-10,
- * both far below the fp32 errors the tests measure. */
-typedef double (*tu_loss_fn)(void *ctx);
-#define TU_FD_H 1e-5
-
-static inline double tu_fd(tu_loss_fn loss, void *ctx, double *x, int64_t i) {
-    const double x0 = x[i];
-    x[i] = x0 + TU_FD_H;
-    const double lp = loss(ctx);
-    x[i] = x0 - TU_FD_H;
-    const double lm = loss(ctx);
-    x[i] = x0;
-    return (lp - lm) / (2.0 * TU_FD_H);
-}
-
-/* Finite-difference gradient of loss w.r.t. every x[i] (all n, or `samples` random
- * indices when 0 < samples < n; unsampled entries of `grad` are left NAN and `idx` lists
- * the sampled ones). Returns the number of entries computed. */
-static inline int64_t tu_fd_grad(tu_loss_fn loss, void *ctx, double *x, int64_t n, double *grad,
-                                 int64_t *idx, int64_t samples, tu_rng *r) {
-    if (samples <= 0 || samples >= n) {
-        for (int64_t i = 0; i < n; i++) {
-            grad[i] = tu_fd(loss, ctx, x, i);
-            idx[i] = i;
-        }
-        return n;
-    }
-    for (int64_t i = 0; i < n; i++) grad[i] = NAN;
-    for (int64_t s = 0; s < samples; s++) {
-        const int64_t i = tu_below(r, n);
-        idx[s] = i;
-        grad[i] = tu_fd(loss, ctx, x, i);
-    }
-    return samples;
-}
-
-/* Error of a kernel gradient at the indices the finite difference computed, relative to
- * the largest finite-difference entry. */
-static inline double tu_grad_err(const float *got, const double *fd, const int64_t *idx,
-                                 int64_t m) {
-    double e = 0.0, s = 0.0;
-    for (int64_t t = 0; t < m; t++) s = fabs(fd[idx[t]]) > s ? fabs(fd[idx[t]]) : s;
-    for (int64_t t = 0; t < m; t++) {
-        double d = fabs((double)got[idx[t]] - fd[idx[t]]);
-        if (d != d) return NAN;
-        e = d > e ? d : e;
-    }
-    return s > 0.0 ? e / s : e;
 }
 
 /* With MT_TEST_VERBOSE set, print each measured error next to its tolerance (used to
