@@ -445,7 +445,7 @@ static void xent_case(float cap, double std) {
     cr_expect(s3[1] == 3.0 + 7.0, "xent_tile: count += the labelled rows");
     cr_expect(bf16_is_rounded(dh, l1, R * V), "xent_tile: bf16 dlogits = the fp32 gradient rounded once");
     double *xd = tu_to_double(x, R * V), *eg = tu_dalloc(R * V), *want = tu_dalloc(R * V), loss = 0.0;
-    const double lb = tu_xent_bounds(xd, labels, ignore, R, V, cap, dscale, eg);
+    const double lb = tu_xent_bounds(xd, labels, ignore, R, V, cap, dscale, 1.5, eg);
     for (int64_t row = 0; row < R; row++) {
         if (labels[row] == ignore) continue;
         const double *xr = xd + row * V;

@@ -2,8 +2,7 @@
  *
  * A private RNG (so the tests do not depend on runtime/rng.c, which they do not test),
  * conversions between the kernels' fp32 and the references' fp64, error measures, the
- * central finite difference used to check every backward against an fp64 forward
- * reference written in the test itself, the bf16 unit roundoff and conversions, the
+ * fp32 and fp64 unit roundoffs and gamma_n, the bf16 unit roundoff and conversions, the
  * derived error bounds of the loss tile shared by test_ops.c and test_ops_bf16.c, and
  * the constructed case that pins where bf16 attention's backward rounds (tu_att_rcase,
  * shared by test_ops_attention.c, test_gpu_ops.c and test_gpu_attention_mma.c). */
@@ -86,6 +85,11 @@ static inline int tu_bitwise_equal(const float *a, const float *b, int64_t n) {
  * Stability of Numerical Algorithms", 2nd ed., eq. 3.5). */
 #define U32 0x1p-24
 #define GAMMA(n) ((double)(n) * U32 / (1.0 - (double)(n) * U32))
+/* The same for fp64 (u = 2^-53): the kernels' fp64 sums and the tests' fp64 references. */
+#ifndef U64
+#define U64 0x1p-53
+#define GAMMA64(n) ((double)(n) * U64 / (1.0 - (double)(n) * U64))
+#endif
 
 /* max_i |got_i - want_i| / bnd_i: at most 1 when every entry is within its own derived
  * bound bnd_i (> 0); NaN if got has a NaN. */
@@ -97,58 +101,6 @@ static inline double tu_bound_ratio(const float *got, const double *want, const 
         w = d > w ? d : w;
     }
     return w;
-}
-
-/* Central difference of loss(ctx) with respect to x[i], where x is one of the fp64
- * inputs the loss reads through ctx. With fp64 references of O(1) curvature, h = 1e-5
- * leaves a truncation error ~h^2 = 1e-10 and a rounding error ~1e-16 |L| / h ~ 1e-10,
- * both far below the fp32 errors the tests measure. */
-typedef double (*tu_loss_fn)(void *ctx);
-#define TU_FD_H 1e-5
-
-static inline double tu_fd(tu_loss_fn loss, void *ctx, double *x, int64_t i) {
-    const double x0 = x[i];
-    x[i] = x0 + TU_FD_H;
-    const double lp = loss(ctx);
-    x[i] = x0 - TU_FD_H;
-    const double lm = loss(ctx);
-    x[i] = x0;
-    return (lp - lm) / (2.0 * TU_FD_H);
-}
-
-/* Finite-difference gradient of loss w.r.t. every x[i] (all n, or `samples` random
- * indices when 0 < samples < n; unsampled entries of `grad` are left NAN and `idx` lists
- * the sampled ones). Returns the number of entries computed. */
-static inline int64_t tu_fd_grad(tu_loss_fn loss, void *ctx, double *x, int64_t n, double *grad,
-                                 int64_t *idx, int64_t samples, tu_rng *r) {
-    if (samples <= 0 || samples >= n) {
-        for (int64_t i = 0; i < n; i++) {
-            grad[i] = tu_fd(loss, ctx, x, i);
-            idx[i] = i;
-        }
-        return n;
-    }
-    for (int64_t i = 0; i < n; i++) grad[i] = NAN;
-    for (int64_t s = 0; s < samples; s++) {
-        const int64_t i = tu_below(r, n);
-        idx[s] = i;
-        grad[i] = tu_fd(loss, ctx, x, i);
-    }
-    return samples;
-}
-
-/* Error of a kernel gradient at the indices the finite difference computed, relative to
- * the largest finite-difference entry. */
-static inline double tu_grad_err(const float *got, const double *fd, const int64_t *idx,
-                                 int64_t m) {
-    double e = 0.0, s = 0.0;
-    for (int64_t t = 0; t < m; t++) s = fabs(fd[idx[t]]) > s ? fabs(fd[idx[t]]) : s;
-    for (int64_t t = 0; t < m; t++) {
-        double d = fabs((double)got[idx[t]] - fd[idx[t]]);
-        if (d != d) return NAN;
-        e = d > e ? d : e;
-    }
-    return s > 0.0 ? e / s : e;
 }
 
 /* With MT_TEST_VERBOSE set, print each measured error next to its tolerance (used to
@@ -332,30 +284,51 @@ static inline int tu_att_rcase_make(tu_att_rcase *c, int64_t Dh) {
 
 /* Derived bounds for one xent_tile call (the analysis of tests/test_tiled_loss.c, with
  * the logits exact here; test_ops.c, and test_ops_bf16.c before the bf16 rounding of
- * dlogits): per labelled row of fp64 logits x (the kernel's fp32 values),
- * z = cap tanh(x / cap) or x, p = softmax(z), dz = dz/dx:
+ * dlogits) against an fp64 reference of the same math (logsumexp(z) - z_label and
+ * dscale (softmax(z) - onehot) dz): per labelled row of fp64 logits x (the kernel's fp32
+ * values), z = cap tanh(x / cap) or x, p = softmax(z), dz = dz/dx:
  *  - z: x inv_cap (inv_cap = fl(1/cap) and the product: 2u relative, which tanh does not
  *    amplify since a sech^2 a <= tanh a), tanh (8u), the product by cap (u): ez = 11u |z|.
  *  - log-sum-exp: the logit errors weighted by p (dlse = sum p ez), each term's fp32
  *    z - max (u |z - max|) and exp (2 ulp of the rounded value, 2.5 of the exact: 5u;
- *    Test vmath), the fp64 sum and log (< 1e-13):
- *    es = sum p (u |z - max| + 5u) + 1e-13; row loss within dlse + es + ez_label.
- *  - gradient dscale (p - onehot) dz: p carries ez + dlse (the shift), es, its own
- *    u |z - max| + 5u, 1/sum and the product (2u): rp; dz = 1 - th^2, th = z inv_cap,
- *    moves by 2 |th| ez / cap + 6u absolute (edz); the label's p - 1, the products by
- *    dz and dscale: 3u. eg = |dscale| (p rp |dz| + |p - onehot| (edz + 3u |dz|)).
- * Writes eg[R * V] (0 on ignored rows) and returns the bound on the summed loss. */
+ *    Test vmath): es = sum p (u |z - max| + 5u). Then fp64 (u64 = 2^-53): the sum S of
+ *    V positive terms, in any order, within gamma64_V S (Higham eq. 3.5), which moves
+ *    log S by at most gamma64_V / (1 - gamma64_V); log within 1 ulp (glibc manual, "Known
+ *    Maximum Errors in Math Functions"; ulp(y) <= 2 u64 |y|); the additions max + log S
+ *    and - z_label: e64 = gamma64_V + 2 u64 |log S| + u64 (|max + log S| + l), l the row
+ *    loss. Row loss within dlse + es + ez_label + e64.
+ *  - the reference's own error: the same operations in fp64, each within the error
+ *    counted above in units of u64 (glibc's exp, log, tanh: 1, 1, 2 ulp), so within
+ *    2^-29 (dlse + es + ez_label) + e64 per row: the fp64 terms count twice, the fp32
+ *    ones' 2^-29 share is inside the factor 1.01 below.
+ *  - the loss sums: the kernel adds the R row losses to stats[0] = st0 in some grouping
+ *    and the caller subtracts st0 again, R + 1 fp64 additions of terms of one sign (the
+ *    row losses are >= 0) plus one: gamma64_(R+2) (|st0| + sum l); the reference's sum
+ *    of the rows gamma64_R sum l.
+ *  - gradient dscale (p - onehot) dz: p carries ez + dlse (the shift), es, the sum's
+ *    gamma64_V through 1/S (twice: the reference's own sum), its own u |z - max| + 5u,
+ *    1/sum and the product (2u): rp; dz = 1 - th^2, th = z inv_cap, moves by
+ *    2 |th| ez / cap + 6u absolute (edz); the label's p - 1, the products by dz and
+ *    dscale: 3u. eg = |dscale| (p rp |dz| + |p - onehot| (edz + 3u |dz|)).
+ *  - higher orders: along each chain the relative errors d_k compound to at most
+ *    eps / (1 - eps), eps = sum |d_k| <= max rp + 3u; while eps <= 0.0099 that and the
+ *    reference's 2^-29 share are within 1.01 of the first-order bound, which is
+ *    returned times 1.01. This function requires eps <= 0.009 (else NAN, failing every
+ *    comparison), leaving 0.0009 to a caller whose logits carry errors of their own
+ *    (each moves a chain's eps by at most twice its largest absolute logit error).
+ * Writes eg[R * V] (0 on ignored rows) and returns the bound on |(stats[0] after the
+ * call - st0) - the reference's summed loss|. */
 static inline double tu_xent_bounds(const double *x, const int32_t *labels, int32_t ignore, int64_t R,
-                                    int64_t V, double cap, double dscale, double *eg) {
+                                    int64_t V, double cap, double dscale, double st0, double *eg) {
     const double u = U32;
-    double lb = 1e-15 * (double)R;
+    double lb = 0.0, lsum = 0.0, eps = 0.0;
     double *z = tu_dalloc(V), *p = tu_dalloc(V);
     for (int64_t r = 0; r < R; r++) {
         if (labels[r] == ignore) {
             for (int64_t j = 0; j < V; j++) eg[r * V + j] = 0.0;
             continue;
         }
-        double mx = -INFINITY, s = 0.0, dlse = 0.0, es = 1e-13;
+        double mx = -INFINITY, s = 0.0, dlse = 0.0, es = 0.0;
         for (int64_t j = 0; j < V; j++) {
             z[j] = cap > 0 ? cap * tanh(x[r * V + j] / cap) : x[r * V + j];
             mx = z[j] > mx ? z[j] : mx;
@@ -367,17 +340,28 @@ static inline double tu_xent_bounds(const double *x, const int32_t *labels, int3
             es += p[j] * (u * fabs(z[j] - mx) + 5 * u);
         }
         const int32_t l = labels[r];
-        lb += dlse + es + (cap > 0 ? 11 * u * fabs(z[l]) : 0.0);
+        const double g64 = GAMMA64(V) / (1.0 - GAMMA64(V)), lse = mx + log(s), loss = lse - z[l];
+        const double e64 = g64 + 2 * U64 * fabs(log(s)) + U64 * (fabs(lse) + fabs(loss));
+        lb += dlse + es + (cap > 0 ? 11 * u * fabs(z[l]) : 0.0) + 2 * e64;
+        lsum += fabs(loss);
         for (int64_t j = 0; j < V; j++) {
             const double ez = cap > 0 ? 11 * u * fabs(z[j]) : 0.0, th = cap > 0 ? z[j] / cap : 0.0;
             const double dz = 1.0 - th * th, edz = cap > 0 ? 2 * fabs(th) * ez / cap + 6 * u : 0.0;
-            const double rp = ez + dlse + es + u * fabs(z[j] - mx) + 7 * u;
-            eg[r * V + j] = fabs(dscale) * (p[j] * rp * fabs(dz) + fabs(p[j] - (j == l)) * (edz + 3 * u * fabs(dz)));
+            const double rp = ez + dlse + es + 2 * g64 + u * fabs(z[j] - mx) + 7 * u;
+            eg[r * V + j] = 1.01 * fabs(dscale) *
+                            (p[j] * rp * fabs(dz) + fabs(p[j] - (j == l)) * (edz + 3 * u * fabs(dz)));
+            eps = rp + 3 * u > eps ? rp + 3 * u : eps;
         }
     }
+    lb += GAMMA64(R + 2) * (fabs(st0) + lsum) + GAMMA64(R) * lsum;
     free(z);
     free(p);
-    return lb;
+    if (!(eps <= 0.009)) {
+        fprintf(stderr, "tu_xent_bounds: first-order eps %.3g > 0.009: the bound does not hold\n", eps);
+        for (int64_t i = 0; i < R * V; i++) eg[i] = NAN;
+        return NAN;
+    }
+    return 1.01 * lb;
 }
 
 #endif
