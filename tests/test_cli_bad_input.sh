@@ -152,6 +152,9 @@ MESHTRAIN_PYTHON=no-such-python-here expect_bad "MESHTRAIN_PYTHON not on PATH" "
 "$bin" prepare --help > "$tmp/prep_help.out" 2>&1 || fail "prepare --help failed: $(cat "$tmp/prep_help.out")"
 grep -q "DESIGN.md" "$tmp/prep_help.out" && fail "prepare --help cites DESIGN.md"
 grep -q "data_common.py" "$tmp/prep_help.out" || fail "prepare --help does not cite llm.c's data_common.py"
+# ... and names the command the user ran, not the script behind it.
+grep -q "prepare_data" "$tmp/prep_help.out" && fail "prepare --help names the script: $(grep prepare_data "$tmp/prep_help.out")"
+head -1 "$tmp/prep_help.out" | grep -q "^usage: meshtrain prepare " || fail "prepare --help: $(head -1 "$tmp/prep_help.out")"
 expect_bad "override first" "steps=20" "CONFIG.yml must come first" -- train steps=20 "$run"
 # A missing model file: each directory tried once, by its real path.
 # From the config's own directory ./configs/models and <CONFIG dir>/configs/models are one.
