@@ -107,6 +107,11 @@ expect_bad "gemma4: every layer shares KV" "num_kv_shared_layers=35" -- train "$
 expect_bad "gemma4: a global layer without a donor" "num_kv_shared_layers=34" "no earlier global layer" -- \
     train "$run" model_name=gemma4-e2b num_kv_shared_layers=34
 expect_bad "gemma4 key on llama" "global_head_dim=64" "gemma4 key" -- train "$run" global_head_dim=64
+# top_k beyond the vocabulary (vocab_size 64 here): the config's model for train, the
+# checkpoint's for sample
+expect_bad "top_k beyond the vocabulary" "top_k" "65" "vocab_size 64" -- train "$run" top_k=65
+expect_bad "top_k beyond the checkpoint's vocabulary" "top_k" "65" "vocab_size 64" -- \
+    sample "$run" load_checkpoint="$tmp/out/keep/checkpoints/step_2" top_k=65 prompt_ids=1
 expect_bad "missing checkpoint" "$tmp/nockpt" -- train "$run" load_checkpoint="$tmp/nockpt"
 expect_bad "not key=value" "steps" -- train "$run" steps
 expect_bad "unknown command" "frobnicate" -- frobnicate "$run"
@@ -135,6 +140,16 @@ with open(t + "/small.vocab", "w") as f:
 PY
 expect_bad "tokenizer smaller than the model" "tokenizer_path" "600" "8192" -- \
     sample "$run" load_checkpoint="$tmp/o8k/keep/checkpoints/step_1" tokenizer_path="$tmp/small.vocab" prompt_ids=1
+# sample's model is the checkpoint's: a top_k within its 8192 ids but past the config
+# model's 64 samples (the config's model file describes another model)
+python3 -c 'print("<unk>\t0\n<s>\t0\n</s>\t0\n" + "".join("p%d\t0\n" % i for i in range(8189)), end="")' \
+    > "$tmp/v8k.vocab"
+"$bin" sample "$run" load_checkpoint="$tmp/o8k/keep/checkpoints/step_1" tokenizer_path="$tmp/v8k.vocab" \
+    prompt_ids=1 sample_length=2 top_k=100 > "$tmp/s8k.out" 2>&1 ||
+    fail "sample top_k=100 of the 8192-id checkpoint with a 64-id config model: $(cat "$tmp/s8k.out")"
+expect_bad "top_k beyond the 8192-id checkpoint" "top_k" "8193" "vocab_size 8192" -- \
+    sample "$run" load_checkpoint="$tmp/o8k/keep/checkpoints/step_1" tokenizer_path="$tmp/v8k.vocab" \
+    prompt_ids=1 top_k=8193
 expect_bad "packing separator beyond the vocabulary" "packing_separator_id" "99999" "vocab_size" -- \
     train "$run" packing=true packing_separator_id=99999 base_output_directory="$tmp/out2"
 # An empty entry inside a list is an error naming the key (as train_files=a.bin, is).

@@ -281,6 +281,25 @@ Test(config, ranges) {
     cr_expect_eq(load(&c, "model_name: tm\n", 3, ov), MT_OK, "%s", mt_last_error());
 }
 
+/* top_k beyond the model's vocabulary keeps more tokens than there are: refused at
+ * config validation (train, plan, the library's config load), naming top_k, the value
+ * and vocab_size; top_k = vocab_size and 0 (all) are the same sampling. */
+Test(config, top_k_within_vocab) {
+    mt_train_config c;
+    const char *bad[] = {"top_k=257"};
+    cr_assert_eq(load(&c, "model_name: tm\n", 1, bad), MT_ERR_INVALID, "top_k=257 accepted for vocab_size 256");
+    cr_expect(strstr(mt_last_error(), "top_k") && strstr(mt_last_error(), "257") &&
+                  strstr(mt_last_error(), "vocab_size 256"), "%s", mt_last_error());
+    cr_expect_eq(load(&c, "model_name: tm\ntop_k: 100000\n", 0, NULL), MT_ERR_INVALID, "top_k in CONFIG.yml");
+    const char *good[] = {"top_k=256"};
+    cr_expect_eq(load(&c, "model_name: tm\n", 1, good), MT_OK, "%s", mt_last_error());
+    /* a caller that fills the struct itself */
+    cr_assert_eq(load(&c, "model_name: tm\n", 0, NULL), MT_OK, "%s", mt_last_error());
+    c.top_k = 1000;
+    cr_expect_eq(mt_train_config_validate(&c), MT_ERR_INVALID);
+    cr_expect(strstr(mt_last_error(), "top_k") != NULL, "%s", mt_last_error());
+}
+
 Test(config, yaml_errors) {
     mt_train_config c;
     cr_assert_eq(load(&c, "model_name: tm\nsteps: [1\n", 0, NULL), MT_ERR_INVALID);

@@ -125,7 +125,7 @@ static const mt_config_key mt_keys[] = {
     RKEY_INT(log_period, "10", 1, "console line every this many steps"),
     RKEY_INT(sample_length, "64", 1, "`sample`: tokens to generate after <s>"),
     RKEY_DBL(temperature, "1", 1, 0, 0, 0, "`sample`: softmax temperature; 0 = greedy"),
-    RKEY_INT(top_k, "0", 0, "`sample`: keep the k most likely tokens; 0 = all"),
+    RKEY_INT(top_k, "0", 0, "`sample`: keep the k most likely tokens (k <= vocab_size); 0 = all"),
     /* `sample`'s prompt (train/tokenizer.h, scripts/prepare_data.py) */
     RKEY_STR(prompt, "", "`sample`: text to continue, encoded by the tokenizer (MaxText's key); \"\" = start from BOS"),
     RKEY_STR(prompt_ids, "", "`sample`: token ids to continue (\"2,651,3\", \"2 651 3\" or [2, 651, 3]), used as given "
@@ -918,6 +918,10 @@ mt_status mt_train_config_validate(const mt_train_config *c) {
         return mt_set_error(MT_ERR_INVALID, "key 'num_vocab_chunks' = %lld: must be 0 (auto) or between 1 and "
                             "vocab_size = %lld", (long long)c->num_vocab_chunks, (long long)c->model.vocab_size);
     MT_TRY(mt_model_config_validate(&c->model));
+    if (c->top_k > c->model.vocab_size) /* after the model's own check: vocab_size is valid */
+        return mt_set_error(MT_ERR_INVALID, "key 'top_k' = %lld is more than the model's vocab_size %lld: top_k "
+                            "keeps the k most likely of vocab_size tokens; give %lld or less (0 = all tokens)",
+                            (long long)c->top_k, (long long)c->model.vocab_size, (long long)c->model.vocab_size);
     return MT_OK;
 }
 
@@ -1001,8 +1005,8 @@ static mt_status find_model_file(const char *config_path, const char *model_name
                         tried);
 }
 
-mt_status mt_train_config_load(mt_train_config *cfg, const char *config_path, int n_overrides,
-                               const char *const *overrides) {
+static mt_status config_load(mt_train_config *cfg, const char *config_path, int n_overrides,
+                             const char *const *overrides, int validate) {
     cfg_layer lfile = {0}, lcli = {0}, lmodel = {0};
     mt_status st = MT_OK;
     if (config_path) st = layer_parse_file(&lfile, config_path);
@@ -1092,9 +1096,19 @@ mt_status mt_train_config_load(mt_train_config *cfg, const char *config_path, in
             st = mt_set_error(MT_ERR_INVALID, "%s: model key '%s' is missing from the model file (decoder_block %s "
                               "has no default for it)", model_path, k->name, blk ? blk->value : "?");
     }
-    if (st == MT_OK) st = mt_train_config_validate(cfg);
+    if (st == MT_OK && validate) st = mt_train_config_validate(cfg);
     layer_free(&lfile);
     layer_free(&lcli);
     layer_free(&lmodel);
     return st;
+}
+
+mt_status mt_train_config_load(mt_train_config *cfg, const char *config_path, int n_overrides,
+                               const char *const *overrides) {
+    return config_load(cfg, config_path, n_overrides, overrides, 1);
+}
+
+mt_status mt_train_config_read(mt_train_config *cfg, const char *config_path, int n_overrides,
+                               const char *const *overrides) {
+    return config_load(cfg, config_path, n_overrides, overrides, 0);
 }

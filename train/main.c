@@ -159,7 +159,7 @@ static mt_status check_config_first(const char *path) {
 
 /* Load CONFIG.yml + overrides from argv (after the command); --json (accepted
  * anywhere when json is non-NULL) is taken out. */
-static mt_status load_config(int argc, char **argv, mt_train_config *cfg, int *json) {
+static mt_status load_config_ex(int argc, char **argv, mt_train_config *cfg, int *json, int validate) {
     const char **ov = calloc((size_t)argc + 1, sizeof(char *));
     if (!ov) return mt_set_error(MT_ERR_OOM, "out of memory");
     const char *path = NULL;
@@ -170,9 +170,13 @@ static mt_status load_config(int argc, char **argv, mt_train_config *cfg, int *j
         else ov[n++] = argv[i];
     }
     mt_status st = path ? check_config_first(path) : mt_set_error(MT_ERR_INVALID, "missing CONFIG.yml");
-    if (st == MT_OK) st = mt_train_config_load(cfg, path, n, ov);
+    if (st == MT_OK) st = validate ? mt_train_config_load(cfg, path, n, ov) : mt_train_config_read(cfg, path, n, ov);
     free(ov);
     return st;
+}
+
+static mt_status load_config(int argc, char **argv, mt_train_config *cfg, int *json) {
+    return load_config_ex(argc, argv, cfg, json, 1);
 }
 
 static void human_duration(double s, char *buf, size_t n) {
@@ -538,10 +542,22 @@ static mt_status check_sample_overrides(int argc, char **argv, const mt_train_co
 
 static int cmd_sample(int argc, char **argv) {
     mt_train_config cfg;
-    mt_status st = load_config(argc, argv, &cfg, NULL);
+    /* validated once the checkpoint's model is in (top_k is checked against its
+     * vocab_size): the config's model file may describe another one */
+    mt_status st = load_config_ex(argc, argv, &cfg, NULL, 0);
     if (st != MT_OK) return fail(st);
     if (!cfg.load_checkpoint[0]) return usage_error("sample needs load_checkpoint=DIR");
     st = check_sample_overrides(argc, argv, &cfg);
+    if (st != MT_OK) return fail(st);
+    char ckjson[MT_CONFIG_PATH_MAX + 16];
+    snprintf(ckjson, sizeof ckjson, "%s/config.json", cfg.load_checkpoint);
+    mt_model_config ckmodel;
+    if (access(ckjson, R_OK) == 0 && mt_hf_config_read(ckjson, &ckmodel) == MT_OK) {
+        /* (an unreadable one: mt_sample_generate names the checkpoint's problem) */
+        memcpy(ckmodel.model_name, cfg.model.model_name, sizeof ckmodel.model_name);
+        cfg.model = ckmodel;
+    }
+    st = mt_train_config_validate(&cfg);
     if (st != MT_OK) return fail(st);
     int32_t *prompt = NULL;
     int64_t nprompt = 0;
