@@ -107,6 +107,14 @@ expect_bad "gemma4: every layer shares KV" "num_kv_shared_layers=35" -- train "$
 expect_bad "gemma4: a global layer without a donor" "num_kv_shared_layers=34" "no earlier global layer" -- \
     train "$run" model_name=gemma4-e2b num_kv_shared_layers=34
 expect_bad "gemma4 key on llama" "global_head_dim=64" "gemma4 key" -- train "$run" global_head_dim=64
+# gemma4 values that no Gemma 4 has: a local/global period of 0 (every layer global with
+# the window set), a RoPE scaling its config.json cannot hold (plan: an accepted one
+# would not allocate E2B's 70 GiB here)
+expect_bad "gemma4: sliding_window_pattern 0" "sliding_window_pattern=0" "gemma4" -- plan "$run" \
+    model_name=gemma4-e2b sliding_window_pattern=0
+expect_bad "gemma4: rope_type llama3" "rope_type=llama3" "gemma4" -- plan "$run" model_name=gemma4-e2b rope_type=llama3
+expect_bad "gemma4: per-layer table past int64" "per_layer_input_dim" -- plan "$run" model_name=gemma4-e2b \
+    per_layer_input_dim=1000000000000000
 # top_k beyond the vocabulary (vocab_size 64 here): the config's model for train, the
 # checkpoint's for sample
 expect_bad "top_k beyond the vocabulary" "top_k" "65" "vocab_size 64" -- train "$run" top_k=65

@@ -190,7 +190,8 @@ static const mt_config_key mt_keys[] = {
     MKEY_FLT("final_logits_soft_cap", final_logits_soft_cap, 0, "final logit soft-cap; 0 = off"),
     MKEY_FLT("attn_logits_soft_cap", attn_logits_soft_cap, 0, "attention logit soft-cap; 0 = off"),
     MKEY_INT("sliding_window_size", sliding_window_size, 0, "sliding window of local layers; 0 = off"),
-    MKEY_INT("sliding_window_pattern", sliding_window_pattern, 0, "local/global layer period"),
+    MKEY_INT("sliding_window_pattern", sliding_window_pattern, 0,
+             "local/global layer period, its last layer global; 0 = none (gemma4: >= 1)"),
     MKEY_FLT("query_pre_attn_scalar", query_pre_attn_scalar, 0, "attention scale^-2; 0 = head_dim"),
     MKEY_FLT("rope_max_timescale", rope_max_timescale, 0, "RoPE base theta"),
     {"rope_type", MT_KEY_ENUM, MOFF(rope_type), 0, rope_names, rope_values, 1, NULL, 0, 0, 0, 0,
@@ -886,10 +887,16 @@ mt_status mt_train_config_validate(const mt_train_config *c) {
             if (widths[i] > w) w = widths[i];
         const double tokens = (double)c->per_device_batch_size * (double)c->max_target_length;
         const double act = tokens * w * 4.0 * ((double)mc->num_decoder_layers + 2.0) * 16.0;
+        /* gemma4: the wider global head dim, the double-wide MLP and the per-layer inputs
+         * (the table V x L x P, and per layer a gate and a projection of P x D) */
+        const double dh = (double)(mc->global_head_dim > mc->head_dim ? mc->global_head_dim : mc->head_dim);
+        const double f = (double)mc->mlp_dim * (mc->use_double_wide_mlp ? 2.0 : 1.0);
+        const double ple = (double)mc->per_layer_input_dim * (double)mc->num_decoder_layers *
+                           ((double)mc->vocab_size + 3.0 * (double)mc->emb_dim);
         const double par = ((double)mc->vocab_size * (double)mc->emb_dim * 2.0 +
                             (double)mc->num_decoder_layers * (double)mc->emb_dim *
-                                ((double)mc->mlp_dim * 3.0 + (double)mc->head_dim *
-                                 ((double)mc->num_query_heads * 2.0 + (double)mc->num_kv_heads * 2.0))) * 16.0;
+                                (f * 3.0 + dh * ((double)mc->num_query_heads * 2.0 + (double)mc->num_kv_heads * 2.0)) +
+                            ple) * 16.0;
         const double lim = 9.2e18; /* INT64_MAX */
         if (tokens * 4.0 * (double)c->gradient_accumulation_steps > lim || act > lim)
             return mt_set_error(MT_ERR_INVALID, "key '%s' = %lld (with %s = %lld): the step's activations "
@@ -906,7 +913,8 @@ mt_status mt_train_config_validate(const mt_train_config *c) {
         if (par > lim)
             return mt_set_error(MT_ERR_INVALID, "model '%s': the parameter state (%.3g bytes) overflows a "
                                 "64-bit byte count (check vocab_size, base_emb_dim, base_mlp_dim, "
-                                "base_num_decoder_layers)", mc->model_name, par);
+                                "base_num_decoder_layers%s)", mc->model_name, par,
+                                mc->per_layer_input_dim > 0 ? ", per_layer_input_dim" : "");
     }
     int64_t rows = c->per_device_batch_size * c->max_target_length;
     if (c->num_vocab_tiling < 0 || c->num_vocab_tiling > rows)
