@@ -115,6 +115,12 @@ expect_bad "gemma4: sliding_window_pattern 0" "sliding_window_pattern=0" "gemma4
 expect_bad "gemma4: rope_type llama3" "rope_type=llama3" "gemma4" -- plan "$run" model_name=gemma4-e2b rope_type=llama3
 expect_bad "gemma4: per-layer table past int64" "per_layer_input_dim" -- plan "$run" model_name=gemma4-e2b \
     per_layer_input_dim=1000000000000000
+# range messages say what is accepted (0 is no mesh axis; 1 is no beta)
+expect_bad "ici axis -2" "ici_tensor_parallelism" "-1 (fill the world) or >= 1" -- plan "$run" ici_tensor_parallelism=-2
+grep -q ">= -1" "$tmp/bad.err" && fail "ici_tensor_parallelism=-2 offers 0: $(cat "$tmp/bad.err")"
+expect_bad "ici axis 0" "ici_tensor_parallelism=0" ">= 1 or -1" -- plan "$run" ici_tensor_parallelism=0
+expect_bad "adam_b1 above 1" "adam_b1" "[0, 1)" -- train "$run" adam_b1=2
+expect_bad "adam_b1 at 1" "adam_b1" "[0, 1)" -- train "$run" adam_b1=1
 # top_k beyond the vocabulary (vocab_size 64 here): the config's model for train, the
 # checkpoint's for sample
 expect_bad "top_k beyond the vocabulary" "top_k" "65" "vocab_size 64" -- train "$run" top_k=65

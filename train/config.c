@@ -213,11 +213,67 @@ static const mt_config_key mt_keys[] = {
     MKEY_INT("per_layer_input_dim", per_layer_input_dim, 0,
              "per-layer embedding width per layer (gemma4 hidden_size_per_layer_input); 0 = none"),
     MKEY_FLT("rope_partial_rotary_factor", rope_partial_rotary_factor, 0,
-             "rope_type=proportional: share of the frequencies that rotate (gemma4 0.25)"),
+             "rope_type=proportional: share of the frequencies that rotate, in (0, 1] (gemma4 0.25)"),
 };
 
 #define MT_KEY_N ((int)(sizeof mt_keys / sizeof mt_keys[0]))
 #define PATH_MAX_MT 4096 /* realpath(3) output (PATH_MAX on Linux) */
+
+/* What a number key accepts, where the table's inclusive bounds (has_min / has_max)
+ * would say less than the checks after them (mt_train_config_validate,
+ * mt_model_config_validate, `estimate`, `sample`): a range message prints this instead,
+ * so that it never offers a value that another check refuses (hbm_gib=-1 said ">= 0",
+ * and estimate refuses 0). tests/test_config.c range_messages_say_what_is_accepted
+ * holds each bare text to what a load accepts. */
+static const struct { const char *key, *accepts; } key_accepts[] = {
+    {"ici_data_parallelism", "-1 (fill the world) or >= 1"},
+    {"ici_fsdp_parallelism", "-1 (fill the world) or >= 1"},
+    {"ici_context_parallelism", "-1 (fill the world) or >= 1"},
+    {"ici_tensor_parallelism", "-1 (fill the world) or >= 1"},
+    {"adam_b1", "in [0, 1)"},
+    {"adam_b2", "in [0, 1)"},
+    {"hbm_gib", "> 0 (GiB), or 0 = unset (estimate needs a budget > 0)"},
+    {"num_devices", "in [1, 2^30]"},
+    {"top_k", "in [0, vocab_size] (0 = all)"},
+    {"sample_length", "in [1, 2147483646]"},
+    {"num_vocab_tiling", "0 (auto) or in [1, per_device_batch_size * max_target_length]"},
+    {"num_vocab_chunks", "0 (auto) or in [1, vocab_size]"},
+    {"packing_separator_id", "in [0, 2147483647], and below vocab_size with packing=true"},
+    {"vocab_size", "in [1, 2147483647]"},
+    {"base_num_kv_heads", ">= 1, dividing base_num_query_heads"},
+    {"head_dim", "even, in [2, 256]"},
+    {"normalization_layer_epsilon", "> 0"},
+    {"sliding_window_pattern", ">= 0 (0 = no pattern), and >= 1 with decoder_block=gemma4"},
+    {"rope_max_timescale", "> 0"},
+    {"rope_factor", ">= 0, and > 0 with rope_type linear, llama3 or proportional"},
+    {"rope_low_freq_factor", ">= 0, and > 0 with rope_type llama3"},
+    {"rope_high_freq_factor", ">= 0, and above rope_low_freq_factor with rope_type llama3"},
+    {"rope_original_max_position", ">= 0, and >= 1 with rope_type llama3"},
+    {"global_head_dim", "even, in [0, 512] (0 = head_dim; gemma4 only)"},
+    {"num_kv_shared_layers", "in [0, base_num_decoder_layers) (gemma4 only)"},
+    {"per_layer_input_dim", ">= 0 (0 = none; gemma4 only)"},
+    {"rope_partial_rotary_factor", ">= 0, and in (0, 1] with rope_type proportional"},
+};
+
+const char *mt_config_key_accepts(const mt_config_key *k, char *buf, size_t n) {
+    if (!buf || n == 0) return buf;
+    buf[0] = '\0';
+    if (!k) return buf;
+    for (size_t i = 0; i < sizeof key_accepts / sizeof key_accepts[0]; i++)
+        if (strcmp(key_accepts[i].key, k->name) == 0) {
+            snprintf(buf, n, "%s", key_accepts[i].accepts);
+            return buf;
+        }
+    /* integers whole (packing's 2147483647, not %g's 2.14748e+09) */
+    const char *f = k->type == MT_KEY_INT ? "%.0f" : "%g";
+    char lo[64], hi[64];
+    snprintf(lo, sizeof lo, f, k->min);
+    snprintf(hi, sizeof hi, f, k->max);
+    if (k->has_min && k->has_max) snprintf(buf, n, "in [%s, %s]", lo, hi);
+    else if (k->has_min) snprintf(buf, n, ">= %s", lo);
+    else if (k->has_max) snprintf(buf, n, "<= %s", hi);
+    return buf;
+}
 
 int mt_config_key_count(void) { return MT_KEY_N; }
 
@@ -491,12 +547,9 @@ mt_status mt_train_config_set(mt_train_config *cfg, const char *name, const char
         return MT_OK;
     }
     }
-    if (k->has_min && num < k->min)
-        return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': must be >= %g", source, k->name,
-                            value, k->min);
-    if (k->has_max && num > k->max)
-        return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': must be <= %g", source, k->name,
-                            value, k->max);
+    if ((k->has_min && num < k->min) || (k->has_max && num > k->max))
+        return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': must be %s", source, k->name, value,
+                            mt_config_key_accepts(k, tbuf, sizeof tbuf));
     return MT_OK;
 }
 
@@ -834,17 +887,19 @@ mt_status mt_train_config_validate(const mt_train_config *c) {
         if (k->is_model) continue; /* mt_model_config_validate owns the model keys */
         mt_train_config_format(c, k, buf, sizeof buf);
         double v = strtod(buf, NULL);
-        if ((k->has_min && v < k->min) || (k->has_max && v > k->max))
-            return mt_set_error(MT_ERR_INVALID, "key '%s' = %s is out of range [%g, %g]", k->name, buf,
-                                k->has_min ? k->min : -INFINITY, k->has_max ? k->max : INFINITY);
+        if ((k->has_min && v < k->min) || (k->has_max && v > k->max)) {
+            char acc[160];
+            return mt_set_error(MT_ERR_INVALID, "key '%s' = %s: must be %s", k->name, buf,
+                                mt_config_key_accepts(k, acc, sizeof acc));
+        }
     }
     if (!c->run_name[0] || strchr(c->run_name, '/') || strcmp(c->run_name, ".") == 0 ||
         strcmp(c->run_name, "..") == 0)
         return mt_set_error(MT_ERR_INVALID, "key 'run_name' = '%s': must be a non-empty name without '/'",
                             c->run_name);
     if (!c->model.model_name[0]) return mt_set_error(MT_ERR_INVALID, "key 'model_name' is empty");
-    if (c->adam_b1 >= 1.0) return mt_set_error(MT_ERR_INVALID, "key 'adam_b1' = %g: must be < 1", c->adam_b1);
-    if (c->adam_b2 >= 1.0) return mt_set_error(MT_ERR_INVALID, "key 'adam_b2' = %g: must be < 1", c->adam_b2);
+    if (c->adam_b1 >= 1.0) return mt_set_error(MT_ERR_INVALID, "key 'adam_b1' = %g: must be in [0, 1)", c->adam_b1);
+    if (c->adam_b2 >= 1.0) return mt_set_error(MT_ERR_INVALID, "key 'adam_b2' = %g: must be in [0, 1)", c->adam_b2);
     if (!(c->adam_eps > 0)) return mt_set_error(MT_ERR_INVALID, "key 'adam_eps' = %g: must be > 0", c->adam_eps);
     if (!(c->collective_timeout_s > 0))
         return mt_set_error(MT_ERR_INVALID, "key 'collective_timeout_s' = %g: must be > 0", c->collective_timeout_s);

@@ -127,6 +127,11 @@ const mt_config_key *mt_config_key_find(const char *name);
  * "list"), for messages and help. Writes at most n bytes to buf and returns buf. */
 const char *mt_config_key_type_str(const mt_config_key *k, char *buf, size_t n);
 
+/* What number key k accepts, as its range messages say it: "in [0, 1)", "-1 (fill the
+ * world) or >= 1", ">= 1" (the table's bounds where no other check narrows them), or ""
+ * for a key without a range. Writes at most n bytes to buf and returns buf. */
+const char *mt_config_key_accepts(const mt_config_key *k, char *buf, size_t n);
+
 /* Built-in defaults: every run key from its table default, the model fields from
  * mt_model_config_defaults(MT_DECODER_LLAMA2) with zero dimensions. */
 void mt_train_config_defaults(mt_train_config *cfg);

@@ -138,7 +138,7 @@ static void print_help(const char *cmd) {
                 "binary's path as invoked, so it runs as written from this directory. The step model\n"
                 "assumes an H100/H200-class GPU (no key changes it; meaningless for backend=cpu).\n"
                 "Exit 2 when nothing fits, no layout of num_devices passes the layout check,\n"
-                "num_devices is not an integer >= 1, or hbm_gib is outside (0, %.0f]; a failed estimate\n"
+                "num_devices is outside [1, 2^30], or hbm_gib is outside (0, %.0f]; a failed estimate\n"
                 "changes no file.\n",
                 MT_ESTIMATE_TOP_LAYOUTS, MT_HBM_GIB_MAX);
     }
