@@ -296,28 +296,85 @@ static mt_status train_oom(const mt_train_config *cfg) {
                         mt_remat_policy_name((mt_remat_policy_kind)cfg->remat_policy));
 }
 
+/* ---- errors under mpirun: each one printed once ----
+ * Every rank reads the same config and checks the same layout, so a bad key or mesh is
+ * every rank's error, and each rank printing it gave N copies. At a point every rank
+ * reaches with no collective in flight and nothing written, the ranks exchange their
+ * statuses and a hash of their messages (an all-gather over the world): a failed rank
+ * prints its message unless a lower rank failed with the same status and message, so an
+ * error that every rank found is printed once (rank 0) and one that a rank alone found
+ * (its own file) by that rank. leader_only: the verdict is rank 0's (the run directory,
+ * which rank 0 alone checks; the others fail with "rank 0 refused"), so rank 0 prints,
+ * and another rank only when rank 0 did not fail. Every failed rank exits with its own
+ * status's code, one that did not with the lowest failed rank's (2 for bad input).
+ * Returns -1 when no rank failed. One process: fail(st) when st failed. */
+static int agree_on_inputs(mt_status st, int leader_only) {
+    const int size = mt_comm_world_size(), rank = mt_comm_world_rank();
+    if (size <= 1) return st == MT_OK ? -1 : fail(st);
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s", st == MT_OK ? "" : mt_last_error()[0] ? mt_last_error() : mt_status_str(st));
+    uint64_t hash = 1469598103934665603ULL; /* FNV-1a 64 */
+    for (const char *p = msg; *p; p++) hash = (hash ^ (unsigned char)*p) * 1099511628211ULL;
+    int64_t mine[2] = {(int64_t)st, (int64_t)hash}, *all = calloc((size_t)size * 2, sizeof *all);
+    int64_t *counts = calloc((size_t)size, sizeof *counts);
+    mt_comm *world = NULL;
+    mt_status cs = all && counts ? MT_OK : mt_set_error(MT_ERR_OOM, "out of memory");
+    for (int r = 0; cs == MT_OK && r < size; r++) counts[r] = 2;
+    if (cs == MT_OK) cs = mt_comm_split(&world, 0, rank, "startup");
+    if (cs == MT_OK) cs = mt_comm_all_gather(world, mine, all, counts, MT_COMM_I64);
+    mt_comm_free(world);
+    free(counts);
+    if (cs != MT_OK) { /* no verdict from the others: say what this rank knows */
+        free(all);
+        if (st == MT_OK) return fail(cs);
+        fprintf(stderr, "meshtrain: error: %s\n", msg);
+        return mt_status_exit_code(st);
+    }
+    int first = -1, dup = 0; /* the lowest failed rank; a lower one failed with this message */
+    for (int r = 0; r < size; r++) {
+        if (all[2 * r] == MT_OK) continue;
+        if (first < 0) first = r;
+        if (r < rank && all[2 * r] == mine[0] && all[2 * r + 1] == mine[1]) dup = 1;
+    }
+    const mt_status lead = first >= 0 ? (mt_status)all[2 * first] : MT_OK;
+    const int rank0_failed = all[0] != MT_OK;
+    free(all);
+    if (first < 0) return -1;
+    if (st == MT_OK) return mt_status_exit_code(lead); /* another rank's error, printed there */
+    const int speak = leader_only ? rank == 0 || !rank0_failed : !dup;
+    if (speak) fprintf(stderr, "meshtrain: error: %s\n", msg);
+    return mt_status_exit_code(st);
+}
+
 static int cmd_train(int argc, char **argv) {
     mt_train_config cfg;
-    mt_status st = load_config(argc, argv, &cfg, NULL);
+    /* The process group first (under mpirun; nothing without it), so that the ranks
+     * agree on the checks that need only the config and the world: load, validation,
+     * mesh and layout, the backend kind, num_devices. */
+    mt_status st = mt_comm_world_init();
     if (st != MT_OK) return fail(st);
+    st = load_config(argc, argv, &cfg, NULL);
+    if (st == MT_OK) st = mt_trainer_check_config(&cfg);
+    /* num_devices describes the job to plan/estimate; train takes the world from
+     * mpirun -np (1 = the default, never an error). */
+    if (st == MT_OK && cfg.num_devices != 1 && cfg.num_devices != mt_comm_world_size())
+        st = mt_set_error(MT_ERR_INVALID, "key 'num_devices' = %" PRId64 " but this job has %d rank(s): "
+                          "num_devices is a plan/estimate key; train takes the mesh from mpirun -np N and the "
+                          "ici_* keys (launch `mpirun -np %" PRId64 " meshtrain train ...`, or drop "
+                          "num_devices)", cfg.num_devices, mt_comm_world_size(), cfg.num_devices);
+    int code = agree_on_inputs(st, 0);
+    if (code >= 0) return code;
     mt_trainer *t = NULL;
     st = mt_trainer_create(&t, &cfg);
     if (st == MT_ERR_OOM) st = train_oom(&cfg);
     if (st != MT_OK) return fail(st);
-    /* num_devices describes the job to plan/estimate; train takes the world from
-     * mpirun -np (1 = the default, never an error). */
-    if (cfg.num_devices != 1 && cfg.num_devices != mt_comm_world_size()) {
-        mt_trainer_free(t);
-        return fail(mt_set_error(MT_ERR_INVALID, "key 'num_devices' = %" PRId64 " but this job has %d rank(s): "
-                                 "num_devices is a plan/estimate key; train takes the mesh from mpirun -np N and the "
-                                 "ici_* keys (launch `mpirun -np %" PRId64 " meshtrain train ...`, or drop "
-                                 "num_devices)", cfg.num_devices, mt_comm_world_size(), cfg.num_devices));
-    }
-    /* Every input is checked; the outputs last, before anything is written. */
+    /* Every input is checked; the outputs last, before anything is written (rank 0
+     * checks them; every rank has its verdict when this returns). */
     st = mt_trainer_check_outputs(t);
-    if (st != MT_OK) {
+    code = agree_on_inputs(st, 1);
+    if (code >= 0) {
         mt_trainer_free(t);
-        return fail(st);
+        return code;
     }
     char peak[32];
     mt_report_human_bytes((double)mt_plan_peak(mt_trainer_get_plan(t)), peak, sizeof peak);
@@ -714,5 +771,7 @@ int main(int argc, char **argv) {
             return 0;
         }
     if (argc < 3) return usage_error("missing CONFIG.yml");
-    return run(argc - 2, argv + 2);
+    const int code = run(argc - 2, argv + 2);
+    mt_comm_set_exit_status(code); /* decided: mpirun's SIGTERM while exiting keeps it */
+    return code;
 }
