@@ -349,6 +349,9 @@ Test(config, range_messages_say_what_is_accepted) {
         {"rope_max_timescale=0", "positive", 0}, {"rope_max_timescale=-1", "> 0", 0},
         {"sliding_window_pattern=0", NULL, 1}, /* llama: no pattern */
         {"num_vocab_chunks=0", NULL, 1}, {"num_vocab_chunks=-1", "0 (auto) or in [1, vocab_size]", 0},
+        /* past int64: it said "an integer from -1 to 9223372036854775807" */
+        {"ici_tensor_parallelism=99999999999999999999", "-1 (fill the world) or >= 1", 0},
+        {"top_k=99999999999999999999", "in [0, vocab_size]", 0},
     };
     for (size_t i = 0; i < sizeof narrowed / sizeof narrowed[0]; i++) {
         const char *ov[] = {narrowed[i].ov};

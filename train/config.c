@@ -454,10 +454,13 @@ mt_status mt_train_config_set(mt_train_config *cfg, const char *name, const char
     case MT_KEY_INT: {
         int64_t v;
         const int pr = parse_int(value, &v);
+        if (pr < 0 && (k->has_min || k->has_max))
+            return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': out of range (a 64-bit integer, %" PRId64
+                                " to %" PRId64 "); must be %s", source, k->name, value, (int64_t)INT64_MIN,
+                                (int64_t)INT64_MAX, mt_config_key_accepts(k, tbuf, sizeof tbuf));
         if (pr < 0)
-            return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': out of range (an integer from %.0f to "
-                                "%" PRId64 ")", source, k->name, value, k->has_min ? k->min : (double)INT64_MIN,
-                                (int64_t)INT64_MAX);
+            return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': out of range (an integer from %" PRId64 " to "
+                                "%" PRId64 ")", source, k->name, value, (int64_t)INT64_MIN, (int64_t)INT64_MAX);
         if (!pr)
             return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': expected an integer", source,
                                 k->name, value);
