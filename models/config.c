@@ -123,6 +123,18 @@ static mt_status validate_gemma4(const mt_model_config *c) {
             if (!on[i].v)
                 return mt_set_error(MT_ERR_INVALID, "%s=false: decoder_block=gemma4 always has this norm", on[i].key);
     }
+    /* Gemma4TextConfig's layer_types: sliding unless (layer + 1) % pattern == 0; a
+     * pattern of 0 has no such layers (transformers divides by it) and here made every
+     * layer global while the window and the local RoPE base read as set */
+    if (c->sliding_window_pattern < 1)
+        return mt_set_error(MT_ERR_INVALID, "sliding_window_pattern=%lld: decoder_block=gemma4 needs a period >= 1 "
+                            "(the last layer of each period is global, the others local; 1 = every layer global)",
+                            (long long)c->sliding_window_pattern);
+    /* config.json's rope_parameters.full_attention takes only these two (models/checkpoint.c):
+     * another would train a model that its own checkpoint cannot describe */
+    if (c->rope_type == MT_ROPE_LLAMA3 || c->rope_type == MT_ROPE_LINEAR)
+        return mt_set_error(MT_ERR_INVALID, "rope_type=%s: decoder_block=gemma4 takes default or proportional",
+                            c->rope_type == MT_ROPE_LLAMA3 ? "llama3" : "linear");
     if (c->global_head_dim < 0 || c->global_head_dim % 2 != 0 || c->global_head_dim > 512)
         return mt_set_error(MT_ERR_INVALID, "global_head_dim=%lld must be even, in [0, 512] (0 = head_dim)",
                             (long long)c->global_head_dim);

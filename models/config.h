@@ -56,7 +56,7 @@ typedef struct mt_model_config {
     int64_t sliding_window_pattern;   /* local layers per period: gemma2 2 (1 local, 1
                                          global), gemma3 6 (5 local, 1 global); 0 = all
                                          layers global (or all local if a window is set
-                                         on a gemma/llama block) */
+                                         on a gemma/llama block); gemma4 needs >= 1 */
     float query_pre_attn_scalar;      /* attention scale = this^-0.5 (0 = head_dim) */
     /* RoPE on global layers */
     float rope_max_timescale;         /* rope_max_timescale (base theta) */
@@ -88,7 +88,8 @@ void mt_model_config_defaults(mt_model_config *c, mt_decoder_block block);
 
 /* Check a filled config: positive dimensions, num_query_heads % num_kv_heads == 0,
  * even head_dim <= 256 (global_head_dim <= 512), known enums; gemma4: every KV-sharing
- * layer has a donor, the gemma4 keys are zero on other blocks. Returns MT_ERR_INVALID
+ * layer has a donor, sliding_window_pattern >= 1, rope_type default or proportional,
+ * the three norms on; the gemma4 keys are zero on other blocks. Returns MT_ERR_INVALID
  * naming the key and value. */
 mt_status mt_model_config_validate(const mt_model_config *c);
 

@@ -122,6 +122,13 @@ mt_status mt_comm_world_init(void);
  * stopped. Off by default (a linked library must not end its host process); the CLI
  * turns it on. Takes effect at the next mt_comm_world_init that starts MPI. */
 void mt_comm_set_process_control(int on);
+/* The exit status this process has decided on (0..255; the CLI, once it returns from
+ * a command): with process control on, a SIGTERM from the launcher after this ends the
+ * process at once with that status and without the "stopped by the launcher" line.
+ * mpirun takes the job down as soon as one rank exits non-zero, so the other ranks,
+ * ending with the same verdict a moment later (bad input that every rank found), were
+ * killed by the signal mid-exit, or printed that they were stopped. */
+void mt_comm_set_exit_status(int status);
 /* Join the caller's communicator instead: mpi_comm points to an MPI_Comm of an MPI the
  * caller initialised (and will finalise); it is duplicated. No exit handler, signal
  * handler or watchdog is installed: the caller's program decides how it ends. NULL

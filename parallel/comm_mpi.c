@@ -80,6 +80,8 @@ static _Atomic double g_wd_timeout = 30.0;     /* seconds (mt_comm_set_timeout) 
 static int g_process_control = 0;              /* mt_comm_set_process_control */
 
 void mt_comm_set_process_control(int on) { g_process_control = on != 0; }
+static volatile sig_atomic_t g_exit_status = -1; /* mt_comm_set_exit_status */
+void mt_comm_set_exit_status(int status) { g_exit_status = status >= 0 && status < 256 ? status : 1; }
 
 #ifdef MT_HAVE_MPI
 static _Atomic int g_wd_active = 0;            /* a collective is in progress */
@@ -134,7 +136,8 @@ static void wd_enter(const mt_comm *c, const char *what) {
 static void wd_leave(void) { atomic_store(&g_wd_active, 0); }
 
 /* SIGTERM (mpirun stopping the job after a peer died): say where this rank was, with
- * async-signal-safe writes only, then die of the signal as before. */
+ * async-signal-safe writes only, then die of the signal as before; or, once the rank
+ * is ending with a status of its own, exit with it. */
 static char g_rank_str[16];
 
 static void put(const char *s) {
@@ -148,6 +151,9 @@ static void put(const char *s) {
 }
 
 static void on_sigterm(int sig) {
+    /* already ending with its own verdict (mt_comm_set_exit_status): mpirun takes the
+     * job down because a peer ended first with the same; keep the status, quietly */
+    if (g_exit_status >= 0) _exit(g_exit_status);
     put("meshtrain: rank ");
     put(g_rank_str);
     if (atomic_load(&g_wd_active)) {

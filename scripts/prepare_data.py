@@ -456,7 +456,7 @@ def main(argv):
     sub = ap.add_subparsers(dest="cmd")
     p = sub.add_parser("prepare", help="write shards", prog="meshtrain prepare",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description=__doc__.split("\n\n", 2)[2])
+                       description=__doc__.split("\n\n", 3)[3])  # from "TOK:": the usage above names this file
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="files or directories")
     p.add_argument("--tokenizer", required=True, help="tokenizer.json, a directory holding it, or a SentencePiece .model")
     p.add_argument("--output", required=True, help="output directory (dataset_path)")

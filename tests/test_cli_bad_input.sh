@@ -107,6 +107,25 @@ expect_bad "gemma4: every layer shares KV" "num_kv_shared_layers=35" -- train "$
 expect_bad "gemma4: a global layer without a donor" "num_kv_shared_layers=34" "no earlier global layer" -- \
     train "$run" model_name=gemma4-e2b num_kv_shared_layers=34
 expect_bad "gemma4 key on llama" "global_head_dim=64" "gemma4 key" -- train "$run" global_head_dim=64
+# gemma4 values that no Gemma 4 has: a local/global period of 0 (every layer global with
+# the window set), a RoPE scaling its config.json cannot hold (plan: an accepted one
+# would not allocate E2B's 70 GiB here)
+expect_bad "gemma4: sliding_window_pattern 0" "sliding_window_pattern=0" "gemma4" -- plan "$run" \
+    model_name=gemma4-e2b sliding_window_pattern=0
+expect_bad "gemma4: rope_type llama3" "rope_type=llama3" "gemma4" -- plan "$run" model_name=gemma4-e2b rope_type=llama3
+expect_bad "gemma4: per-layer table past int64" "per_layer_input_dim" -- plan "$run" model_name=gemma4-e2b \
+    per_layer_input_dim=1000000000000000
+# range messages say what is accepted (0 is no mesh axis; 1 is no beta)
+expect_bad "ici axis -2" "ici_tensor_parallelism" "-1 (fill the world) or >= 1" -- plan "$run" ici_tensor_parallelism=-2
+grep -q ">= -1" "$tmp/bad.err" && fail "ici_tensor_parallelism=-2 offers 0: $(cat "$tmp/bad.err")"
+expect_bad "ici axis 0" "ici_tensor_parallelism=0" ">= 1 or -1" -- plan "$run" ici_tensor_parallelism=0
+expect_bad "adam_b1 above 1" "adam_b1" "[0, 1)" -- train "$run" adam_b1=2
+expect_bad "adam_b1 at 1" "adam_b1" "[0, 1)" -- train "$run" adam_b1=1
+# top_k beyond the vocabulary (vocab_size 64 here): the config's model for train, the
+# checkpoint's for sample
+expect_bad "top_k beyond the vocabulary" "top_k" "65" "vocab_size 64" -- train "$run" top_k=65
+expect_bad "top_k beyond the checkpoint's vocabulary" "top_k" "65" "vocab_size 64" -- \
+    sample "$run" load_checkpoint="$tmp/out/keep/checkpoints/step_2" top_k=65 prompt_ids=1
 expect_bad "missing checkpoint" "$tmp/nockpt" -- train "$run" load_checkpoint="$tmp/nockpt"
 expect_bad "not key=value" "steps" -- train "$run" steps
 expect_bad "unknown command" "frobnicate" -- frobnicate "$run"
@@ -135,6 +154,16 @@ with open(t + "/small.vocab", "w") as f:
 PY
 expect_bad "tokenizer smaller than the model" "tokenizer_path" "600" "8192" -- \
     sample "$run" load_checkpoint="$tmp/o8k/keep/checkpoints/step_1" tokenizer_path="$tmp/small.vocab" prompt_ids=1
+# sample's model is the checkpoint's: a top_k within its 8192 ids but past the config
+# model's 64 samples (the config's model file describes another model)
+python3 -c 'print("<unk>\t0\n<s>\t0\n</s>\t0\n" + "".join("p%d\t0\n" % i for i in range(8189)), end="")' \
+    > "$tmp/v8k.vocab"
+"$bin" sample "$run" load_checkpoint="$tmp/o8k/keep/checkpoints/step_1" tokenizer_path="$tmp/v8k.vocab" \
+    prompt_ids=1 sample_length=2 top_k=100 > "$tmp/s8k.out" 2>&1 ||
+    fail "sample top_k=100 of the 8192-id checkpoint with a 64-id config model: $(cat "$tmp/s8k.out")"
+expect_bad "top_k beyond the 8192-id checkpoint" "top_k" "8193" "vocab_size 8192" -- \
+    sample "$run" load_checkpoint="$tmp/o8k/keep/checkpoints/step_1" tokenizer_path="$tmp/v8k.vocab" \
+    prompt_ids=1 top_k=8193
 expect_bad "packing separator beyond the vocabulary" "packing_separator_id" "99999" "vocab_size" -- \
     train "$run" packing=true packing_separator_id=99999 base_output_directory="$tmp/out2"
 # An empty entry inside a list is an error naming the key (as train_files=a.bin, is).
@@ -152,6 +181,9 @@ MESHTRAIN_PYTHON=no-such-python-here expect_bad "MESHTRAIN_PYTHON not on PATH" "
 "$bin" prepare --help > "$tmp/prep_help.out" 2>&1 || fail "prepare --help failed: $(cat "$tmp/prep_help.out")"
 grep -q "DESIGN.md" "$tmp/prep_help.out" && fail "prepare --help cites DESIGN.md"
 grep -q "data_common.py" "$tmp/prep_help.out" || fail "prepare --help does not cite llm.c's data_common.py"
+# ... and names the command the user ran, not the script behind it.
+grep -q "prepare_data" "$tmp/prep_help.out" && fail "prepare --help names the script: $(grep prepare_data "$tmp/prep_help.out")"
+head -1 "$tmp/prep_help.out" | grep -q "^usage: meshtrain prepare " || fail "prepare --help: $(head -1 "$tmp/prep_help.out")"
 expect_bad "override first" "steps=20" "CONFIG.yml must come first" -- train steps=20 "$run"
 # A missing model file: each directory tried once, by its real path.
 # From the config's own directory ./configs/models and <CONFIG dir>/configs/models are one.

@@ -6,6 +6,7 @@
 #     the user's own, as they were; the message says the old file is an earlier run's;
 #  2. hbm_gib beyond 2^63 bytes (1e19, 1e30, 2^33 + 1 GiB) exits 2 naming hbm_gib and
 #     the range (the GiB -> bytes conversion wrapped to "0 bytes"); 2^33 GiB runs;
+#     hbm_gib=-1 and 0 exit 2 saying > 0 (-1 said ">= 0", and 0 is refused too);
 #  3. the commands file's lines start with the binary as invoked (here a relative
 #     path, and a config path with a space, quoted): a line runs as written (eval)
 #     from the directory estimate ran in and trains;
@@ -72,6 +73,11 @@ grep -q "earlier" "$tmp/e" && fail "no old file, yet the message speaks of one: 
 [ -e $cmds ] && fail "a failed estimate wrote ./$cmds"
 
 # ---- 2. hbm_gib out of range ----
+for v in -1 0; do
+    expect 2 "hbm_gib=$v" "hbm_gib" "$bin" estimate "$cfg" hbm_gib=$v
+    grep -q "> 0" "$tmp/e" || fail "hbm_gib=$v: the message does not say > 0: $(cat "$tmp/e")"
+    grep -q ">= 0" "$tmp/e" && fail "hbm_gib=$v: the message offers 0: $(cat "$tmp/e")"
+done
 for v in 1e19 1e30 8589934593; do
     expect 2 "hbm_gib=$v" "hbm_gib" "$bin" estimate "$cfg" hbm_gib=$v
     grep -q "8589934592" "$tmp/e" || fail "hbm_gib=$v: the range is not given: $(cat "$tmp/e")"

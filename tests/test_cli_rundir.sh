@@ -5,7 +5,9 @@
 #    before any work, naming the checkpoint to resume from; nothing is touched; a run
 #    directory another process holds (its .lock) exits 2 the same way;
 #  - resuming from an earlier checkpoint cuts metrics.jsonl back to the resumed step
-#    (no duplicated rows) and drops a partial last line (a crash mid-write);
+#    (no duplicated rows) and drops a partial last line (a crash mid-write) with a
+#    warning naming the file and line; a corrupt row elsewhere exits 2 naming the file
+#    and the line, changing nothing;
 #  - a file named checkpoints, an empty base_output_directory, load_checkpoint together
 #    with load_parameters_path: exit 2 at start-up naming the key / path;
 #  - resuming with another model (config.json differs), another batch shape, a broken
@@ -112,8 +114,36 @@ printf '{"step": 5, "loss": 1.2' >> "$tmp/out/r/metrics.jsonl"
 expect 2 "resume with a later checkpoint" "step_4" "run_name" -- \
     train "$run" load_checkpoint="$tmp/out/r/checkpoints/step_2"
 rm -rf "$tmp/out/r/checkpoints/step_4"
+# A corrupt row that is not a torn last line (an edit, another program's bytes) is bad
+# input: exit 2 naming the file and the line, the file and the run directory unchanged
+# (it was dropped without a word, and with it the step it held).
+cp "$tmp/out/r/metrics.jsonl" "$tmp/metrics.kept"
+for bad in 3 6; do
+    python3 - "$tmp/out/r/metrics.jsonl" "$bad" <<'PY'
+import sys
+path, bad = sys.argv[1], int(sys.argv[2])
+lines = open(path).read().split("\n")  # rows 0..4, then the torn line (no newline)
+if bad == 3:
+    lines[2] = '{"step": 2, "loss": oops}'  # a middle row
+else:
+    lines[5] = 'not a row'                  # a complete last line (it ends in a newline)
+    lines.append("")
+open(path, "w").write("\n".join(lines))
+PY
+    cp "$tmp/out/r/metrics.jsonl" "$tmp/metrics.bad"
+    before="$(snapshot)"
+    expect 2 "resume over a corrupt metrics row (line $bad)" "$tmp/out/r/metrics.jsonl" "line $bad" -- \
+        train "$run" load_checkpoint="$tmp/out/r/checkpoints/step_2"
+    cmp -s "$tmp/out/r/metrics.jsonl" "$tmp/metrics.bad" || fail "a corrupt metrics row (line $bad): the file changed"
+    [ "$before" = "$(snapshot)" ] || fail "a corrupt metrics row (line $bad): the run directory changed"
+    cp "$tmp/metrics.kept" "$tmp/out/r/metrics.jsonl"
+done
+# A torn last line (a crash while it was written) is dropped with a warning naming the
+# file and the line.
 "$bin" train "$run" load_checkpoint="$tmp/out/r/checkpoints/step_2" > "$tmp/res.out" 2>&1 ||
     fail "resume failed: $(cat "$tmp/res.out")"
+grep -q "warn.*$tmp/out/r/metrics.jsonl.* line 6: .*cut short.*dropped" "$tmp/res.out" ||
+    fail "resume dropped the torn last line without a warning naming file and line: $(cat "$tmp/res.out")"
 [ "$(steps r)" = "0 1 2 3 4" ] || fail "resumed run's metrics rows: $(steps r) (expected 0 1 2 3 4)"
 [ ! -e "$tmp/out/r/metrics.jsonl.tmp" ] || fail "metrics.jsonl.tmp left behind"
 # Bug 11: the resume news once.

@@ -281,6 +281,109 @@ Test(config, ranges) {
     cr_expect_eq(load(&c, "model_name: tm\n", 3, ov), MT_OK, "%s", mt_last_error());
 }
 
+/* A range message says what the key accepts (a new-user trial: hbm_gib=-1 said ">= 0"
+ * where estimate refuses 0, adam_b1=2 "<= 1" where 1 is refused, ici_*=-2 ">= -1" where
+ * 0 is refused). For every number key a value past its table bound is refused with the
+ * text mt_config_key_accepts gives; where that text is the bare bound (">= 0",
+ * "<= 1", "in [0, 1]"), a full load takes the values it offers (the bound, and the
+ * next two integers above a lower one); the keys that other checks narrow carry their
+ * own text, checked below and in the CLI tests (tests/test_cli_bad_input.sh). */
+Test(config, range_messages_say_what_is_accepted) {
+    mt_train_config def;
+    mt_train_config_defaults(&def);
+    int checked = 0;
+    for (int i = 0; i < mt_config_key_count(); i++) {
+        const mt_config_key *k = mt_config_key_get(i);
+        if (k->type != MT_KEY_INT && k->type != MT_KEY_FLOAT && k->type != MT_KEY_DOUBLE) continue;
+        if (!k->has_min && !k->has_max) continue;
+        const char *f = k->type == MT_KEY_INT ? "%.0f" : "%g";
+        char acc[200], lo[64], hi[64], bare[160], val[96];
+        mt_config_key_accepts(k, acc, sizeof acc);
+        cr_assert(acc[0], "key %s has a range but no text for it", k->name);
+        snprintf(lo, sizeof lo, f, k->min);
+        snprintf(hi, sizeof hi, f, k->max);
+        if (k->has_min && k->has_max) snprintf(bare, sizeof bare, "in [%s, %s]", lo, hi);
+        else if (k->has_min) snprintf(bare, sizeof bare, ">= %s", lo);
+        else snprintf(bare, sizeof bare, "<= %s", hi);
+        /* past the bound: refused, naming the key and the text */
+        snprintf(val, sizeof val, f, k->has_min ? k->min - 1 : k->max + 1);
+        mt_train_config c = def;
+        cr_expect_eq(mt_train_config_set(&c, k->name, val, "test"), MT_ERR_INVALID, "%s=%s accepted", k->name, val);
+        cr_expect(strstr(mt_last_error(), k->name) && strstr(mt_last_error(), acc),
+                  "%s=%s: the message does not say '%s': %s", k->name, val, acc, mt_last_error());
+        checked++;
+        if (strcmp(acc, bare) != 0) continue; /* narrowed by another check: its own text */
+        /* the values the bare text offers load */
+        double offers[4];
+        int n = 0;
+        if (k->has_min) {
+            offers[n++] = k->min;
+            if (k->type == MT_KEY_INT) offers[n++] = k->min + 1, offers[n++] = k->min + 2;
+        }
+        if (k->has_max) offers[n++] = k->max;
+        for (int j = 0; j < n; j++) {
+            char ov0[128];
+            snprintf(val, sizeof val, f, offers[j]);
+            snprintf(ov0, sizeof ov0, "%s=%s", k->name, val);
+            /* a query head count must stay a multiple of the kv heads' */
+            const char *ov[] = {ov0, "base_num_kv_heads=1"};
+            const int nov = strcmp(k->name, "base_num_query_heads") == 0 ? 2 : 1;
+            cr_expect_eq(load(&c, "model_name: tm\n", nov, ov), MT_OK, "key %s: the message offers '%s' but %s is "
+                         "refused: %s", k->name, bare, ov0, mt_last_error());
+        }
+    }
+    cr_expect_geq(checked, 30);
+    /* integers whole: not %g's 2.14748e+09 for 2147483647 */
+    mt_train_config c = def;
+    cr_expect_eq(mt_train_config_set(&c, "packing_separator_id", "3000000000", "test"), MT_ERR_INVALID);
+    cr_expect(strstr(mt_last_error(), "2147483647") != NULL, "%s", mt_last_error());
+    /* the narrowed ones, at config load: what their text offers loads, what it excludes
+     * does not (the ici_* axes and hbm_gib are checked where the mesh and estimate are:
+     * tests/test_cli_bad_input.sh, tests/test_cli_estimate_inputs.sh) */
+    const struct { const char *ov, *needle; int ok; } narrowed[] = {
+        {"adam_b1=0", NULL, 1}, {"adam_b1=0.999", NULL, 1}, {"adam_b1=1", "[0, 1)", 0}, {"adam_b1=2", "[0, 1)", 0},
+        {"adam_b2=1", "[0, 1)", 0},
+        {"top_k=256", NULL, 1}, {"top_k=0", NULL, 1}, {"top_k=257", "vocab_size 256", 0},
+        {"head_dim=2", NULL, 1}, {"head_dim=0", "even, in [2, 256]", 0}, {"head_dim=258", "256", 0},
+        {"normalization_layer_epsilon=0", "positive", 0}, {"normalization_layer_epsilon=-1", "> 0", 0},
+        {"rope_max_timescale=0", "positive", 0}, {"rope_max_timescale=-1", "> 0", 0},
+        {"sliding_window_pattern=0", NULL, 1}, /* llama: no pattern */
+        {"num_vocab_chunks=0", NULL, 1}, {"num_vocab_chunks=-1", "0 (auto) or in [1, vocab_size]", 0},
+        /* past int64: it said "an integer from -1 to 9223372036854775807" */
+        {"ici_tensor_parallelism=99999999999999999999", "-1 (fill the world) or >= 1", 0},
+        {"top_k=99999999999999999999", "in [0, vocab_size]", 0},
+    };
+    for (size_t i = 0; i < sizeof narrowed / sizeof narrowed[0]; i++) {
+        const char *ov[] = {narrowed[i].ov};
+        const mt_status st = load(&c, "model_name: tm\n", 1, ov);
+        if (narrowed[i].ok) {
+            cr_expect_eq(st, MT_OK, "%s refused: %s", narrowed[i].ov, mt_last_error());
+        } else {
+            cr_expect_eq(st, MT_ERR_INVALID, "%s accepted", narrowed[i].ov);
+            cr_expect(strstr(mt_last_error(), narrowed[i].needle) != NULL, "%s: %s", narrowed[i].ov, mt_last_error());
+        }
+    }
+}
+
+/* top_k beyond the model's vocabulary keeps more tokens than there are: refused at
+ * config validation (train, plan, the library's config load), naming top_k, the value
+ * and vocab_size; top_k = vocab_size and 0 (all) are the same sampling. */
+Test(config, top_k_within_vocab) {
+    mt_train_config c;
+    const char *bad[] = {"top_k=257"};
+    cr_assert_eq(load(&c, "model_name: tm\n", 1, bad), MT_ERR_INVALID, "top_k=257 accepted for vocab_size 256");
+    cr_expect(strstr(mt_last_error(), "top_k") && strstr(mt_last_error(), "257") &&
+                  strstr(mt_last_error(), "vocab_size 256"), "%s", mt_last_error());
+    cr_expect_eq(load(&c, "model_name: tm\ntop_k: 100000\n", 0, NULL), MT_ERR_INVALID, "top_k in CONFIG.yml");
+    const char *good[] = {"top_k=256"};
+    cr_expect_eq(load(&c, "model_name: tm\n", 1, good), MT_OK, "%s", mt_last_error());
+    /* a caller that fills the struct itself */
+    cr_assert_eq(load(&c, "model_name: tm\n", 0, NULL), MT_OK, "%s", mt_last_error());
+    c.top_k = 1000;
+    cr_expect_eq(mt_train_config_validate(&c), MT_ERR_INVALID);
+    cr_expect(strstr(mt_last_error(), "top_k") != NULL, "%s", mt_last_error());
+}
+
 Test(config, yaml_errors) {
     mt_train_config c;
     cr_assert_eq(load(&c, "model_name: tm\nsteps: [1\n", 0, NULL), MT_ERR_INVALID);

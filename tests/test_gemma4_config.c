@@ -130,6 +130,37 @@ Test(gemma4_config, bad_keys_refused) {
     expect_refused(&c, "use_post_attn_norm");
     c = t.model, c.use_post_ffw_norm = 0;
     expect_refused(&c, "use_post_ffw_norm");
+    /* a pattern of 0 made every layer global with the window still set (transformers
+     * divides by it); 1 is every layer global, as layer_types of full_attention only */
+    c = t.model, c.sliding_window_pattern = 0;
+    expect_refused(&c, "sliding_window_pattern");
+    c = t.model, c.sliding_window_pattern = -3;
+    expect_refused(&c, "sliding_window_pattern");
+    c = t.model, c.sliding_window_pattern = 1, c.num_kv_shared_layers = 0;
+    cr_expect_eq(mt_model_config_validate(&c), MT_OK, "pattern 1: %s", mt_last_error());
+    /* config.json's gemma4 rope_parameters take default or proportional only */
+    c = t.model, c.rope_type = MT_ROPE_LLAMA3;
+    expect_refused(&c, "rope_type");
+    c = t.model, c.rope_type = MT_ROPE_LINEAR;
+    expect_refused(&c, "rope_type");
+    c = t.model, c.rope_type = MT_ROPE_DEFAULT;
+    cr_expect_eq(mt_model_config_validate(&c), MT_OK, "rope_type default: %s", mt_last_error());
+    c = t.model, c.global_head_dim = 7;
+    expect_refused(&c, "global_head_dim");
+    c = t.model, c.global_head_dim = -2;
+    expect_refused(&c, "global_head_dim");
+    c = t.model, c.per_layer_input_dim = -1;
+    expect_refused(&c, "per_layer_input_dim");
+    c = t.model, c.num_kv_shared_layers = -1;
+    expect_refused(&c, "num_kv_shared_layers");
+    c = t.model, c.rope_partial_rotary_factor = 1.5f;
+    expect_refused(&c, "rope_partial_rotary_factor");
+    /* a per-layer embedding table V x L x P past a 64-bit byte count (the run config's
+     * parameter-state bound counts it: 1e15 wrapped the parameter count) */
+    mt_train_config big = t;
+    big.model.per_layer_input_dim = 1000000000000000LL;
+    cr_expect_eq(mt_train_config_validate(&big), MT_ERR_INVALID, "per_layer_input_dim 1e15 accepted");
+    cr_expect(strstr(mt_last_error(), "per_layer_input_dim") != NULL, "%s", mt_last_error());
     mt_model_config g3;
     mt_model_config_defaults(&g3, MT_DECODER_GEMMA3);
     g3.vocab_size = 64, g3.emb_dim = 32, g3.num_query_heads = 4, g3.num_kv_heads = 2, g3.head_dim = 8;

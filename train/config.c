@@ -125,7 +125,7 @@ static const mt_config_key mt_keys[] = {
     RKEY_INT(log_period, "10", 1, "console line every this many steps"),
     RKEY_INT(sample_length, "64", 1, "`sample`: tokens to generate after <s>"),
     RKEY_DBL(temperature, "1", 1, 0, 0, 0, "`sample`: softmax temperature; 0 = greedy"),
-    RKEY_INT(top_k, "0", 0, "`sample`: keep the k most likely tokens; 0 = all"),
+    RKEY_INT(top_k, "0", 0, "`sample`: keep the k most likely tokens (k <= vocab_size); 0 = all"),
     /* `sample`'s prompt (train/tokenizer.h, scripts/prepare_data.py) */
     RKEY_STR(prompt, "", "`sample`: text to continue, encoded by the tokenizer (MaxText's key); \"\" = start from BOS"),
     RKEY_STR(prompt_ids, "", "`sample`: token ids to continue (\"2,651,3\", \"2 651 3\" or [2, 651, 3]), used as given "
@@ -190,7 +190,8 @@ static const mt_config_key mt_keys[] = {
     MKEY_FLT("final_logits_soft_cap", final_logits_soft_cap, 0, "final logit soft-cap; 0 = off"),
     MKEY_FLT("attn_logits_soft_cap", attn_logits_soft_cap, 0, "attention logit soft-cap; 0 = off"),
     MKEY_INT("sliding_window_size", sliding_window_size, 0, "sliding window of local layers; 0 = off"),
-    MKEY_INT("sliding_window_pattern", sliding_window_pattern, 0, "local/global layer period"),
+    MKEY_INT("sliding_window_pattern", sliding_window_pattern, 0,
+             "local/global layer period, its last layer global; 0 = none (gemma4: >= 1)"),
     MKEY_FLT("query_pre_attn_scalar", query_pre_attn_scalar, 0, "attention scale^-2; 0 = head_dim"),
     MKEY_FLT("rope_max_timescale", rope_max_timescale, 0, "RoPE base theta"),
     {"rope_type", MT_KEY_ENUM, MOFF(rope_type), 0, rope_names, rope_values, 1, NULL, 0, 0, 0, 0,
@@ -212,11 +213,67 @@ static const mt_config_key mt_keys[] = {
     MKEY_INT("per_layer_input_dim", per_layer_input_dim, 0,
              "per-layer embedding width per layer (gemma4 hidden_size_per_layer_input); 0 = none"),
     MKEY_FLT("rope_partial_rotary_factor", rope_partial_rotary_factor, 0,
-             "rope_type=proportional: share of the frequencies that rotate (gemma4 0.25)"),
+             "rope_type=proportional: share of the frequencies that rotate, in (0, 1] (gemma4 0.25)"),
 };
 
 #define MT_KEY_N ((int)(sizeof mt_keys / sizeof mt_keys[0]))
 #define PATH_MAX_MT 4096 /* realpath(3) output (PATH_MAX on Linux) */
+
+/* What a number key accepts, where the table's inclusive bounds (has_min / has_max)
+ * would say less than the checks after them (mt_train_config_validate,
+ * mt_model_config_validate, `estimate`, `sample`): a range message prints this instead,
+ * so that it never offers a value that another check refuses (hbm_gib=-1 said ">= 0",
+ * and estimate refuses 0). tests/test_config.c range_messages_say_what_is_accepted
+ * holds each bare text to what a load accepts. */
+static const struct { const char *key, *accepts; } key_accepts[] = {
+    {"ici_data_parallelism", "-1 (fill the world) or >= 1"},
+    {"ici_fsdp_parallelism", "-1 (fill the world) or >= 1"},
+    {"ici_context_parallelism", "-1 (fill the world) or >= 1"},
+    {"ici_tensor_parallelism", "-1 (fill the world) or >= 1"},
+    {"adam_b1", "in [0, 1)"},
+    {"adam_b2", "in [0, 1)"},
+    {"hbm_gib", "> 0 (GiB), or 0 = unset (estimate needs a budget > 0)"},
+    {"num_devices", "in [1, 2^30]"},
+    {"top_k", "in [0, vocab_size] (0 = all)"},
+    {"sample_length", "in [1, 2147483646]"},
+    {"num_vocab_tiling", "0 (auto) or in [1, per_device_batch_size * max_target_length]"},
+    {"num_vocab_chunks", "0 (auto) or in [1, vocab_size]"},
+    {"packing_separator_id", "in [0, 2147483647], and below vocab_size with packing=true"},
+    {"vocab_size", "in [1, 2147483647]"},
+    {"base_num_kv_heads", ">= 1, dividing base_num_query_heads"},
+    {"head_dim", "even, in [2, 256]"},
+    {"normalization_layer_epsilon", "> 0"},
+    {"sliding_window_pattern", ">= 0 (0 = no pattern), and >= 1 with decoder_block=gemma4"},
+    {"rope_max_timescale", "> 0"},
+    {"rope_factor", ">= 0, and > 0 with rope_type linear, llama3 or proportional"},
+    {"rope_low_freq_factor", ">= 0, and > 0 with rope_type llama3"},
+    {"rope_high_freq_factor", ">= 0, and above rope_low_freq_factor with rope_type llama3"},
+    {"rope_original_max_position", ">= 0, and >= 1 with rope_type llama3"},
+    {"global_head_dim", "even, in [0, 512] (0 = head_dim; gemma4 only)"},
+    {"num_kv_shared_layers", "in [0, base_num_decoder_layers) (gemma4 only)"},
+    {"per_layer_input_dim", ">= 0 (0 = none; gemma4 only)"},
+    {"rope_partial_rotary_factor", ">= 0, and in (0, 1] with rope_type proportional"},
+};
+
+const char *mt_config_key_accepts(const mt_config_key *k, char *buf, size_t n) {
+    if (!buf || n == 0) return buf;
+    buf[0] = '\0';
+    if (!k) return buf;
+    for (size_t i = 0; i < sizeof key_accepts / sizeof key_accepts[0]; i++)
+        if (strcmp(key_accepts[i].key, k->name) == 0) {
+            snprintf(buf, n, "%s", key_accepts[i].accepts);
+            return buf;
+        }
+    /* integers whole (packing's 2147483647, not %g's 2.14748e+09) */
+    const char *f = k->type == MT_KEY_INT ? "%.0f" : "%g";
+    char lo[64], hi[64];
+    snprintf(lo, sizeof lo, f, k->min);
+    snprintf(hi, sizeof hi, f, k->max);
+    if (k->has_min && k->has_max) snprintf(buf, n, "in [%s, %s]", lo, hi);
+    else if (k->has_min) snprintf(buf, n, ">= %s", lo);
+    else if (k->has_max) snprintf(buf, n, "<= %s", hi);
+    return buf;
+}
 
 int mt_config_key_count(void) { return MT_KEY_N; }
 
@@ -397,10 +454,13 @@ mt_status mt_train_config_set(mt_train_config *cfg, const char *name, const char
     case MT_KEY_INT: {
         int64_t v;
         const int pr = parse_int(value, &v);
+        if (pr < 0 && (k->has_min || k->has_max))
+            return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': out of range (a 64-bit integer, %" PRId64
+                                " to %" PRId64 "); must be %s", source, k->name, value, (int64_t)INT64_MIN,
+                                (int64_t)INT64_MAX, mt_config_key_accepts(k, tbuf, sizeof tbuf));
         if (pr < 0)
-            return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': out of range (an integer from %.0f to "
-                                "%" PRId64 ")", source, k->name, value, k->has_min ? k->min : (double)INT64_MIN,
-                                (int64_t)INT64_MAX);
+            return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': out of range (an integer from %" PRId64 " to "
+                                "%" PRId64 ")", source, k->name, value, (int64_t)INT64_MIN, (int64_t)INT64_MAX);
         if (!pr)
             return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': expected an integer", source,
                                 k->name, value);
@@ -490,12 +550,9 @@ mt_status mt_train_config_set(mt_train_config *cfg, const char *name, const char
         return MT_OK;
     }
     }
-    if (k->has_min && num < k->min)
-        return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': must be >= %g", source, k->name,
-                            value, k->min);
-    if (k->has_max && num > k->max)
-        return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': must be <= %g", source, k->name,
-                            value, k->max);
+    if ((k->has_min && num < k->min) || (k->has_max && num > k->max))
+        return mt_set_error(MT_ERR_INVALID, "%s: key '%s' = '%s': must be %s", source, k->name, value,
+                            mt_config_key_accepts(k, tbuf, sizeof tbuf));
     return MT_OK;
 }
 
@@ -833,17 +890,19 @@ mt_status mt_train_config_validate(const mt_train_config *c) {
         if (k->is_model) continue; /* mt_model_config_validate owns the model keys */
         mt_train_config_format(c, k, buf, sizeof buf);
         double v = strtod(buf, NULL);
-        if ((k->has_min && v < k->min) || (k->has_max && v > k->max))
-            return mt_set_error(MT_ERR_INVALID, "key '%s' = %s is out of range [%g, %g]", k->name, buf,
-                                k->has_min ? k->min : -INFINITY, k->has_max ? k->max : INFINITY);
+        if ((k->has_min && v < k->min) || (k->has_max && v > k->max)) {
+            char acc[160];
+            return mt_set_error(MT_ERR_INVALID, "key '%s' = %s: must be %s", k->name, buf,
+                                mt_config_key_accepts(k, acc, sizeof acc));
+        }
     }
     if (!c->run_name[0] || strchr(c->run_name, '/') || strcmp(c->run_name, ".") == 0 ||
         strcmp(c->run_name, "..") == 0)
         return mt_set_error(MT_ERR_INVALID, "key 'run_name' = '%s': must be a non-empty name without '/'",
                             c->run_name);
     if (!c->model.model_name[0]) return mt_set_error(MT_ERR_INVALID, "key 'model_name' is empty");
-    if (c->adam_b1 >= 1.0) return mt_set_error(MT_ERR_INVALID, "key 'adam_b1' = %g: must be < 1", c->adam_b1);
-    if (c->adam_b2 >= 1.0) return mt_set_error(MT_ERR_INVALID, "key 'adam_b2' = %g: must be < 1", c->adam_b2);
+    if (c->adam_b1 >= 1.0) return mt_set_error(MT_ERR_INVALID, "key 'adam_b1' = %g: must be in [0, 1)", c->adam_b1);
+    if (c->adam_b2 >= 1.0) return mt_set_error(MT_ERR_INVALID, "key 'adam_b2' = %g: must be in [0, 1)", c->adam_b2);
     if (!(c->adam_eps > 0)) return mt_set_error(MT_ERR_INVALID, "key 'adam_eps' = %g: must be > 0", c->adam_eps);
     if (!(c->collective_timeout_s > 0))
         return mt_set_error(MT_ERR_INVALID, "key 'collective_timeout_s' = %g: must be > 0", c->collective_timeout_s);
@@ -886,10 +945,16 @@ mt_status mt_train_config_validate(const mt_train_config *c) {
             if (widths[i] > w) w = widths[i];
         const double tokens = (double)c->per_device_batch_size * (double)c->max_target_length;
         const double act = tokens * w * 4.0 * ((double)mc->num_decoder_layers + 2.0) * 16.0;
+        /* gemma4: the wider global head dim, the double-wide MLP and the per-layer inputs
+         * (the table V x L x P, and per layer a gate and a projection of P x D) */
+        const double dh = (double)(mc->global_head_dim > mc->head_dim ? mc->global_head_dim : mc->head_dim);
+        const double f = (double)mc->mlp_dim * (mc->use_double_wide_mlp ? 2.0 : 1.0);
+        const double ple = (double)mc->per_layer_input_dim * (double)mc->num_decoder_layers *
+                           ((double)mc->vocab_size + 3.0 * (double)mc->emb_dim);
         const double par = ((double)mc->vocab_size * (double)mc->emb_dim * 2.0 +
                             (double)mc->num_decoder_layers * (double)mc->emb_dim *
-                                ((double)mc->mlp_dim * 3.0 + (double)mc->head_dim *
-                                 ((double)mc->num_query_heads * 2.0 + (double)mc->num_kv_heads * 2.0))) * 16.0;
+                                (f * 3.0 + dh * ((double)mc->num_query_heads * 2.0 + (double)mc->num_kv_heads * 2.0)) +
+                            ple) * 16.0;
         const double lim = 9.2e18; /* INT64_MAX */
         if (tokens * 4.0 * (double)c->gradient_accumulation_steps > lim || act > lim)
             return mt_set_error(MT_ERR_INVALID, "key '%s' = %lld (with %s = %lld): the step's activations "
@@ -906,7 +971,8 @@ mt_status mt_train_config_validate(const mt_train_config *c) {
         if (par > lim)
             return mt_set_error(MT_ERR_INVALID, "model '%s': the parameter state (%.3g bytes) overflows a "
                                 "64-bit byte count (check vocab_size, base_emb_dim, base_mlp_dim, "
-                                "base_num_decoder_layers)", mc->model_name, par);
+                                "base_num_decoder_layers%s)", mc->model_name, par,
+                                mc->per_layer_input_dim > 0 ? ", per_layer_input_dim" : "");
     }
     int64_t rows = c->per_device_batch_size * c->max_target_length;
     if (c->num_vocab_tiling < 0 || c->num_vocab_tiling > rows)
@@ -918,6 +984,10 @@ mt_status mt_train_config_validate(const mt_train_config *c) {
         return mt_set_error(MT_ERR_INVALID, "key 'num_vocab_chunks' = %lld: must be 0 (auto) or between 1 and "
                             "vocab_size = %lld", (long long)c->num_vocab_chunks, (long long)c->model.vocab_size);
     MT_TRY(mt_model_config_validate(&c->model));
+    if (c->top_k > c->model.vocab_size) /* after the model's own check: vocab_size is valid */
+        return mt_set_error(MT_ERR_INVALID, "key 'top_k' = %lld is more than the model's vocab_size %lld: top_k "
+                            "keeps the k most likely of vocab_size tokens; give %lld or less (0 = all tokens)",
+                            (long long)c->top_k, (long long)c->model.vocab_size, (long long)c->model.vocab_size);
     return MT_OK;
 }
 
@@ -1001,8 +1071,8 @@ static mt_status find_model_file(const char *config_path, const char *model_name
                         tried);
 }
 
-mt_status mt_train_config_load(mt_train_config *cfg, const char *config_path, int n_overrides,
-                               const char *const *overrides) {
+static mt_status config_load(mt_train_config *cfg, const char *config_path, int n_overrides,
+                             const char *const *overrides, int validate) {
     cfg_layer lfile = {0}, lcli = {0}, lmodel = {0};
     mt_status st = MT_OK;
     if (config_path) st = layer_parse_file(&lfile, config_path);
@@ -1092,9 +1162,19 @@ mt_status mt_train_config_load(mt_train_config *cfg, const char *config_path, in
             st = mt_set_error(MT_ERR_INVALID, "%s: model key '%s' is missing from the model file (decoder_block %s "
                               "has no default for it)", model_path, k->name, blk ? blk->value : "?");
     }
-    if (st == MT_OK) st = mt_train_config_validate(cfg);
+    if (st == MT_OK && validate) st = mt_train_config_validate(cfg);
     layer_free(&lfile);
     layer_free(&lcli);
     layer_free(&lmodel);
     return st;
+}
+
+mt_status mt_train_config_load(mt_train_config *cfg, const char *config_path, int n_overrides,
+                               const char *const *overrides) {
+    return config_load(cfg, config_path, n_overrides, overrides, 1);
+}
+
+mt_status mt_train_config_read(mt_train_config *cfg, const char *config_path, int n_overrides,
+                               const char *const *overrides) {
+    return config_load(cfg, config_path, n_overrides, overrides, 0);
 }

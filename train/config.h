@@ -127,6 +127,11 @@ const mt_config_key *mt_config_key_find(const char *name);
  * "list"), for messages and help. Writes at most n bytes to buf and returns buf. */
 const char *mt_config_key_type_str(const mt_config_key *k, char *buf, size_t n);
 
+/* What number key k accepts, as its range messages say it: "in [0, 1)", "-1 (fill the
+ * world) or >= 1", ">= 1" (the table's bounds where no other check narrows them), or ""
+ * for a key without a range. Writes at most n bytes to buf and returns buf. */
+const char *mt_config_key_accepts(const mt_config_key *k, char *buf, size_t n);
+
 /* Built-in defaults: every run key from its table default, the model fields from
  * mt_model_config_defaults(MT_DECODER_LLAMA2) with zero dimensions. */
 void mt_train_config_defaults(mt_train_config *cfg);
@@ -163,12 +168,20 @@ mt_status mt_train_config_apply_file(mt_train_config *cfg, const char *path);
 mt_status mt_train_config_load(mt_train_config *cfg, const char *config_path, int n_overrides,
                                const char *const *overrides);
 
+/* mt_train_config_load without the final mt_train_config_validate, for a caller that
+ * changes cfg first and then validates it: `sample` puts its checkpoint's model (its
+ * config.json) in place of the config's, since that is the model it runs and top_k is
+ * checked against. Same errors, but validation's. */
+mt_status mt_train_config_read(mt_train_config *cfg, const char *config_path, int n_overrides,
+                               const char *const *overrides);
+
 /* Cross-key and range validation: mt_model_config_validate, per_device_batch_size,
  * max_target_length, steps, gradient_accumulation_steps, eval_steps, log_period >= 1;
  * 0 <= num_vocab_tiling <= batch*seq (0 = auto); 0 <= num_vocab_chunks <= vocab_size;
  * learning_rate >= 0; warmup and final fractions
  * in [0, 1]; adam_b1, adam_b2 in [0, 1); adam_eps > 0; weight decay, clipping
- * threshold, checkpoint_period, temperature, top_k >= 0; run_name non-empty and
+ * threshold, checkpoint_period, temperature >= 0; 0 <= top_k <= vocab_size (0 = all;
+ * more would keep more tokens than the model has); run_name non-empty and
  * without '/'; load_checkpoint and load_parameters_path not both set; the step's byte
  * counts (activations, parameter state) within int64. Errors: MT_ERR_INVALID naming
  * the key and value. */

@@ -138,7 +138,7 @@ static void print_help(const char *cmd) {
                 "binary's path as invoked, so it runs as written from this directory. The step model\n"
                 "assumes an H100/H200-class GPU (no key changes it; meaningless for backend=cpu).\n"
                 "Exit 2 when nothing fits, no layout of num_devices passes the layout check,\n"
-                "num_devices is not an integer >= 1, or hbm_gib is outside (0, %.0f]; a failed estimate\n"
+                "num_devices is outside [1, 2^30], or hbm_gib is outside (0, %.0f]; a failed estimate\n"
                 "changes no file.\n",
                 MT_ESTIMATE_TOP_LAYOUTS, MT_HBM_GIB_MAX);
     }
@@ -159,7 +159,7 @@ static mt_status check_config_first(const char *path) {
 
 /* Load CONFIG.yml + overrides from argv (after the command); --json (accepted
  * anywhere when json is non-NULL) is taken out. */
-static mt_status load_config(int argc, char **argv, mt_train_config *cfg, int *json) {
+static mt_status load_config_ex(int argc, char **argv, mt_train_config *cfg, int *json, int validate) {
     const char **ov = calloc((size_t)argc + 1, sizeof(char *));
     if (!ov) return mt_set_error(MT_ERR_OOM, "out of memory");
     const char *path = NULL;
@@ -170,9 +170,13 @@ static mt_status load_config(int argc, char **argv, mt_train_config *cfg, int *j
         else ov[n++] = argv[i];
     }
     mt_status st = path ? check_config_first(path) : mt_set_error(MT_ERR_INVALID, "missing CONFIG.yml");
-    if (st == MT_OK) st = mt_train_config_load(cfg, path, n, ov);
+    if (st == MT_OK) st = validate ? mt_train_config_load(cfg, path, n, ov) : mt_train_config_read(cfg, path, n, ov);
     free(ov);
     return st;
+}
+
+static mt_status load_config(int argc, char **argv, mt_train_config *cfg, int *json) {
+    return load_config_ex(argc, argv, cfg, json, 1);
 }
 
 static void human_duration(double s, char *buf, size_t n) {
@@ -292,28 +296,85 @@ static mt_status train_oom(const mt_train_config *cfg) {
                         mt_remat_policy_name((mt_remat_policy_kind)cfg->remat_policy));
 }
 
+/* ---- errors under mpirun: each one printed once ----
+ * Every rank reads the same config and checks the same layout, so a bad key or mesh is
+ * every rank's error, and each rank printing it gave N copies. At a point every rank
+ * reaches with no collective in flight and nothing written, the ranks exchange their
+ * statuses and a hash of their messages (an all-gather over the world): a failed rank
+ * prints its message unless a lower rank failed with the same status and message, so an
+ * error that every rank found is printed once (rank 0) and one that a rank alone found
+ * (its own file) by that rank. leader_only: the verdict is rank 0's (the run directory,
+ * which rank 0 alone checks; the others fail with "rank 0 refused"), so rank 0 prints,
+ * and another rank only when rank 0 did not fail. Every failed rank exits with its own
+ * status's code, one that did not with the lowest failed rank's (2 for bad input).
+ * Returns -1 when no rank failed. One process: fail(st) when st failed. */
+static int agree_on_inputs(mt_status st, int leader_only) {
+    const int size = mt_comm_world_size(), rank = mt_comm_world_rank();
+    if (size <= 1) return st == MT_OK ? -1 : fail(st);
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s", st == MT_OK ? "" : mt_last_error()[0] ? mt_last_error() : mt_status_str(st));
+    uint64_t hash = 1469598103934665603ULL; /* FNV-1a 64 */
+    for (const char *p = msg; *p; p++) hash = (hash ^ (unsigned char)*p) * 1099511628211ULL;
+    int64_t mine[2] = {(int64_t)st, (int64_t)hash}, *all = calloc((size_t)size * 2, sizeof *all);
+    int64_t *counts = calloc((size_t)size, sizeof *counts);
+    mt_comm *world = NULL;
+    mt_status cs = all && counts ? MT_OK : mt_set_error(MT_ERR_OOM, "out of memory");
+    for (int r = 0; cs == MT_OK && r < size; r++) counts[r] = 2;
+    if (cs == MT_OK) cs = mt_comm_split(&world, 0, rank, "startup");
+    if (cs == MT_OK) cs = mt_comm_all_gather(world, mine, all, counts, MT_COMM_I64);
+    mt_comm_free(world);
+    free(counts);
+    if (cs != MT_OK) { /* no verdict from the others: say what this rank knows */
+        free(all);
+        if (st == MT_OK) return fail(cs);
+        fprintf(stderr, "meshtrain: error: %s\n", msg);
+        return mt_status_exit_code(st);
+    }
+    int first = -1, dup = 0; /* the lowest failed rank; a lower one failed with this message */
+    for (int r = 0; r < size; r++) {
+        if (all[2 * r] == MT_OK) continue;
+        if (first < 0) first = r;
+        if (r < rank && all[2 * r] == mine[0] && all[2 * r + 1] == mine[1]) dup = 1;
+    }
+    const mt_status lead = first >= 0 ? (mt_status)all[2 * first] : MT_OK;
+    const int rank0_failed = all[0] != MT_OK;
+    free(all);
+    if (first < 0) return -1;
+    if (st == MT_OK) return mt_status_exit_code(lead); /* another rank's error, printed there */
+    const int speak = leader_only ? rank == 0 || !rank0_failed : !dup;
+    if (speak) fprintf(stderr, "meshtrain: error: %s\n", msg);
+    return mt_status_exit_code(st);
+}
+
 static int cmd_train(int argc, char **argv) {
     mt_train_config cfg;
-    mt_status st = load_config(argc, argv, &cfg, NULL);
+    /* The process group first (under mpirun; nothing without it), so that the ranks
+     * agree on the checks that need only the config and the world: load, validation,
+     * mesh and layout, the backend kind, num_devices. */
+    mt_status st = mt_comm_world_init();
     if (st != MT_OK) return fail(st);
+    st = load_config(argc, argv, &cfg, NULL);
+    if (st == MT_OK) st = mt_trainer_check_config(&cfg);
+    /* num_devices describes the job to plan/estimate; train takes the world from
+     * mpirun -np (1 = the default, never an error). */
+    if (st == MT_OK && cfg.num_devices != 1 && cfg.num_devices != mt_comm_world_size())
+        st = mt_set_error(MT_ERR_INVALID, "key 'num_devices' = %" PRId64 " but this job has %d rank(s): "
+                          "num_devices is a plan/estimate key; train takes the mesh from mpirun -np N and the "
+                          "ici_* keys (launch `mpirun -np %" PRId64 " meshtrain train ...`, or drop "
+                          "num_devices)", cfg.num_devices, mt_comm_world_size(), cfg.num_devices);
+    int code = agree_on_inputs(st, 0);
+    if (code >= 0) return code;
     mt_trainer *t = NULL;
     st = mt_trainer_create(&t, &cfg);
     if (st == MT_ERR_OOM) st = train_oom(&cfg);
     if (st != MT_OK) return fail(st);
-    /* num_devices describes the job to plan/estimate; train takes the world from
-     * mpirun -np (1 = the default, never an error). */
-    if (cfg.num_devices != 1 && cfg.num_devices != mt_comm_world_size()) {
-        mt_trainer_free(t);
-        return fail(mt_set_error(MT_ERR_INVALID, "key 'num_devices' = %" PRId64 " but this job has %d rank(s): "
-                                 "num_devices is a plan/estimate key; train takes the mesh from mpirun -np N and the "
-                                 "ici_* keys (launch `mpirun -np %" PRId64 " meshtrain train ...`, or drop "
-                                 "num_devices)", cfg.num_devices, mt_comm_world_size(), cfg.num_devices));
-    }
-    /* Every input is checked; the outputs last, before anything is written. */
+    /* Every input is checked; the outputs last, before anything is written (rank 0
+     * checks them; every rank has its verdict when this returns). */
     st = mt_trainer_check_outputs(t);
-    if (st != MT_OK) {
+    code = agree_on_inputs(st, 1);
+    if (code >= 0) {
         mt_trainer_free(t);
-        return fail(st);
+        return code;
     }
     char peak[32];
     mt_report_human_bytes((double)mt_plan_peak(mt_trainer_get_plan(t)), peak, sizeof peak);
@@ -538,10 +599,22 @@ static mt_status check_sample_overrides(int argc, char **argv, const mt_train_co
 
 static int cmd_sample(int argc, char **argv) {
     mt_train_config cfg;
-    mt_status st = load_config(argc, argv, &cfg, NULL);
+    /* validated once the checkpoint's model is in (top_k is checked against its
+     * vocab_size): the config's model file may describe another one */
+    mt_status st = load_config_ex(argc, argv, &cfg, NULL, 0);
     if (st != MT_OK) return fail(st);
     if (!cfg.load_checkpoint[0]) return usage_error("sample needs load_checkpoint=DIR");
     st = check_sample_overrides(argc, argv, &cfg);
+    if (st != MT_OK) return fail(st);
+    char ckjson[MT_CONFIG_PATH_MAX + 16];
+    snprintf(ckjson, sizeof ckjson, "%s/config.json", cfg.load_checkpoint);
+    mt_model_config ckmodel;
+    if (access(ckjson, R_OK) == 0 && mt_hf_config_read(ckjson, &ckmodel) == MT_OK) {
+        /* (an unreadable one: mt_sample_generate names the checkpoint's problem) */
+        memcpy(ckmodel.model_name, cfg.model.model_name, sizeof ckmodel.model_name);
+        cfg.model = ckmodel;
+    }
+    st = mt_train_config_validate(&cfg);
     if (st != MT_OK) return fail(st);
     int32_t *prompt = NULL;
     int64_t nprompt = 0;
@@ -698,5 +771,7 @@ int main(int argc, char **argv) {
             return 0;
         }
     if (argc < 3) return usage_error("missing CONFIG.yml");
-    return run(argc - 2, argv + 2);
+    const int code = run(argc - 2, argv + 2);
+    mt_comm_set_exit_status(code); /* decided: mpirun's SIGTERM while exiting keeps it */
+    return code;
 }

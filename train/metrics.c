@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "runtime/log.h"
 #include "train/json.h"
 
 /* gemma4: MaxText's calculate_gemma4_small_tflops_training_per_device per token (metrics.h). */
@@ -110,8 +111,52 @@ static int64_t row_step(const char *line) {
     return (int64_t)v;
 }
 
+/* Why `line` (len bytes, its newline taken off) is not a row, or NULL when it is one:
+ * the layout row_step reads ({"step": N, ...}) and a JSON object whose "step" is N. */
+static const char *row_problem(const char *line, size_t len) {
+    if (len == 0) return "an empty line";
+    if (strlen(line) != len) return "a NUL byte inside";
+    const int64_t s = row_step(line);
+    if (s < 0) return "it does not start {\"step\": N, with N >= 0, and end in }";
+    cJSON *row = cJSON_Parse(line);
+    const cJSON *st = row ? cJSON_GetObjectItemCaseSensitive(row, "step") : NULL;
+    const char *why = !row ? "not JSON" : !cJSON_IsObject(row) ? "not a JSON object"
+                      : !cJSON_IsNumber(st) || st->valuedouble != (double)s ? "its \"step\" is not N" : NULL;
+    cJSON_Delete(row);
+    return why;
+}
+
+mt_status mt_metrics_check(const char *path, int64_t *torn_line) {
+    *torn_line = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return errno == ENOENT ? MT_OK : mt_set_error(MT_ERR_IO, "cannot read metrics file '%s': %s", path,
+                                                           strerror(errno));
+    mt_status st = MT_OK;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    for (int64_t no = 1; st == MT_OK && (len = getline(&line, &cap, f)) > 0; no++) {
+        if (line[len - 1] != '\n') { /* only the last line can lack one (getline) */
+            *torn_line = no;
+            break;
+        }
+        line[len - 1] = '\0';
+        const char *why = row_problem(line, (size_t)len - 1);
+        if (why)
+            st = mt_set_error(MT_ERR_INVALID, "metrics file '%s' line %lld is not a metrics row (%s): resuming keeps "
+                              "the rows up to the resumed step and cannot tell what this one held; the file is left "
+                              "unchanged: repair or remove the line", path, (long long)no, why);
+    }
+    if (st == MT_OK && ferror(f)) st = mt_set_error(MT_ERR_IO, "cannot read metrics file '%s'", path);
+    free(line);
+    fclose(f);
+    return st;
+}
+
 mt_status mt_metrics_open_resume(mt_metrics_writer **out, const char *path, int64_t step) {
     *out = NULL;
+    int64_t torn = 0;
+    MT_TRY(mt_metrics_check(path, &torn)); /* a corrupt row: nothing rewritten */
     FILE *in = fopen(path, "rb");
     if (!in) {
         if (errno != ENOENT)
@@ -147,10 +192,10 @@ mt_status mt_metrics_open_resume(mt_metrics_writer **out, const char *path, int6
             continue;
         }
         line[len] = '\0';
-        const int64_t s = row_step(line);
+        const int64_t s = row_step(line); /* every complete line is a row (mt_metrics_check) */
         if (s >= 0 && s <= step && fprintf(o, "%s\n", line) < 0)
             st = mt_set_error(MT_ERR_RUNTIME, "cannot write '%s': %s", tmp, strerror(errno));
-        len = 0; /* a last line without its newline (a crash mid-write) is dropped */
+        len = 0; /* a last line without its newline (a crash mid-write) is dropped: torn */
     }
     if (st == MT_OK && ferror(in)) st = mt_set_error(MT_ERR_IO, "cannot read metrics file '%s'", path);
     free(line);
@@ -165,6 +210,9 @@ mt_status mt_metrics_open_resume(mt_metrics_writer **out, const char *path, int6
         remove(tmp); /* the original file is untouched */
         return st;
     }
+    if (torn > 0)
+        MT_LOG_W("metrics file '%s' line %lld: a row cut short (no newline: the run stopped while writing it) was "
+                 "dropped", path, (long long)torn);
     return mt_metrics_open(out, path, 1);
 }
 

@@ -81,12 +81,24 @@ typedef struct mt_metrics_writer mt_metrics_writer;
  * naming the path, MT_ERR_OOM. */
 mt_status mt_metrics_open(mt_metrics_writer **out, const char *path, int append);
 
+/* Check metrics file `path` before a resume rewrites it: every line ends in a newline
+ * and is a row (a JSON object in the layout above, starting {"step": N, N >= 0), but the
+ * last, which may lack its newline: a row cut short by a crash while it was written
+ * (the writer appends line and newline at once). *torn_line = that line's number (1-based)
+ * or 0. A missing file is fine (0). Reads only. Errors: MT_ERR_INVALID naming the file,
+ * the line and what is wrong with it (an edit, another program's bytes: which step it
+ * held cannot be told, so it is neither kept nor dropped silently), MT_ERR_IO (cannot
+ * read). */
+mt_status mt_metrics_check(const char *path, int64_t *torn_line);
+
 /* Open `path` of a run resumed at step `step` for appending: an existing file is first
- * rewritten atomically (path.tmp, fsync, rename) keeping only its complete rows
- * (ending in a newline, starting {"step": N) with N <= step, so rows of steps the
- * resumed run repeats are not duplicated and a row cut short by a crash does not have
- * the next row glued to it. A missing file is created. Errors: MT_ERR_IO (cannot read
- * or open), MT_ERR_RUNTIME (a write of the rewrite fails: disk full), MT_ERR_OOM. */
+ * checked (mt_metrics_check: a corrupt row fails with the file unchanged), then
+ * rewritten atomically (path.tmp, fsync, rename) keeping only its rows with N <= step,
+ * so rows of steps the resumed run repeats are not duplicated and a row cut short by a
+ * crash does not have the next row glued to it; that torn last line is dropped with a
+ * warning (MT_LOG_W) naming the file and the line. A missing file is created. Errors:
+ * those of mt_metrics_check, MT_ERR_IO (cannot open), MT_ERR_RUNTIME (a write of the
+ * rewrite fails: disk full), MT_ERR_OOM. */
 mt_status mt_metrics_open_resume(mt_metrics_writer **out, const char *path, int64_t step);
 
 /* Append one line and flush it. Errors: MT_ERR_RUNTIME (the write failed: disk full,

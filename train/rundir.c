@@ -517,6 +517,10 @@ static mt_status check_outputs_here(const mt_trainer *t) {
     if (has_ck && access(ck, W_OK | X_OK) != 0)
         return mt_set_error(MT_ERR_IO, "cannot write '%s' (%s): checkpoints could not be saved", ck, strerror(errno));
     if (c->load_checkpoint[0]) { /* resuming: metrics are cut back to the resumed step */
+        /* Every row readable (a torn last one is dropped, with a warning, when the
+         * file is rewritten: mt_metrics_open_resume); a corrupt one is bad input. */
+        int64_t torn;
+        if (has_metrics) MT_TRY(mt_metrics_check(mpath, &torn));
         /* The run directory's checkpoints and metrics must be load_checkpoint's history. */
         MT_TRY(check_history(t, ck, mpath));
         /* Checkpoints after the resumed step belong to the history being replaced: the

@@ -174,6 +174,10 @@ mt_status mt_sample_generate(const mt_train_config *cfg, const char *checkpoint_
     snprintf(path, sizeof path, "%s/config.json", checkpoint_dir);
     if (st == MT_OK) st = mt_hf_config_read(path, &mc);
     if (st == MT_OK) st = mt_model_config_validate(&mc);
+    if (st == MT_OK && cfg->top_k > mc.vocab_size) /* (main.c validates it too; a library caller may not) */
+        st = mt_set_error(MT_ERR_INVALID, "key 'top_k' = %lld is more than the model's vocab_size %lld (%s): top_k "
+                          "keeps the k most likely of vocab_size tokens; give %lld or less (0 = all tokens)",
+                          (long long)cfg->top_k, (long long)mc.vocab_size, path, (long long)mc.vocab_size);
     const int64_t ntok = mt_tokenizer_size(vocab);
     if (st == MT_OK && (ntok + MT_SAMPLE_VOCAB_PAD - 1) / MT_SAMPLE_VOCAB_PAD * MT_SAMPLE_VOCAB_PAD < mc.vocab_size)
         st = mt_set_error(MT_ERR_INVALID, "key 'tokenizer_path' = '%s' holds %lld ids, but the model (%s) has "

@@ -61,7 +61,7 @@ mt_status mt_sample_parse_ids(const char *key, const char *s, int32_t **ids, int
  * BOS) with cfg->sample_length, temperature, top_k, seed on cfg->backend. Errors:
  * MT_ERR_IO / MT_ERR_FORMAT (checkpoint or tokenizer files), MT_ERR_INVALID (no prompt
  * and a tokenizer without BOS; a prompt id outside the model's vocabulary, naming
- * prompt_ids; a tokenizer of fewer ids than vocab_size beyond MT_SAMPLE_VOCAB_PAD
+ * prompt_ids; top_k above the model's vocab_size, naming top_k; a tokenizer of fewer ids than vocab_size beyond MT_SAMPLE_VOCAB_PAD
  * padding, naming tokenizer_path; sample_length outside [1, MT_SAMPLE_LENGTH_MAX] or, with the prompt,
  * past the limit, naming the key), MT_ERR_UNSUPPORTED (backend, a tokenizer.json
  * decoder), MT_ERR_OOM (the decode model's memory, whose KV cache grows with

@@ -125,18 +125,28 @@ static mt_status plan_dims(const mt_train_config *cfg, int dims[MT_MESH_AXES]) {
 /* The process group and the mesh sizes of the ici_* keys (checked before any compute),
  * and the refusal of more than one rank on a backend without caps->multi_rank (made
  * from the config's backend kind, before any device is probed). */
-static mt_status setup_layout(mt_trainer *t, const mt_backend_caps *caps, const char *backend,
+static mt_status setup_layout(const mt_train_config *cfg, const mt_backend_caps *caps, const char *backend,
                               int dims[MT_MESH_AXES]) {
     MT_TRY(mt_comm_world_init());
-    mt_comm_set_timeout(t->cfg.collective_timeout_s);
+    mt_comm_set_timeout(cfg->collective_timeout_s);
     int64_t ici[MT_MESH_AXES];
-    cfg_ici(&t->cfg, ici);
+    cfg_ici(cfg, ici);
     MT_TRY(mt_mesh_resolve(ici, mt_comm_world_size(), dims));
-    MT_TRY(mt_trainer_check_layout(&t->cfg, dims));
+    MT_TRY(mt_trainer_check_layout(cfg, dims));
     if (mt_comm_world_size() > 1 && !caps->multi_rank)
         return mt_set_error(MT_ERR_UNSUPPORTED, "backend=%s with %d ranks: the trainer does not run multi-rank "
                             "on this backend; multi-rank runs use backend=cpu or backend=cuda", backend,
                             mt_comm_world_size());
+    return MT_OK;
+}
+
+mt_status mt_trainer_check_config(const mt_train_config *cfg) {
+    MT_TRY(mt_train_config_validate(cfg));
+    const mt_backend_caps kind_caps = mt_backend_kind_caps(cfg->backend);
+    int dims[MT_MESH_AXES];
+    MT_TRY(setup_layout(cfg, &kind_caps, kind_name(cfg->backend), dims));
+    if (cfg->backend != MT_BACKEND_AUTO) /* as mt_trainer_select_backend does first */
+        MT_TRY(mt_trainer_check_caps(cfg, &kind_caps, kind_name(cfg->backend)));
     return MT_OK;
 }
 
@@ -376,7 +386,7 @@ mt_status mt_trainer_create_ex(mt_trainer **out, const mt_train_config *cfg, int
     t->cfg = *cfg;
     const mt_backend_caps kind_caps = mt_backend_kind_caps(cfg->backend);
     int dims[MT_MESH_AXES];
-    mt_status st = setup_layout(t, &kind_caps, kind_name(cfg->backend), dims);
+    mt_status st = setup_layout(cfg, &kind_caps, kind_name(cfg->backend), dims);
     if (st == MT_OK) st = mt_trainer_select_backend(cfg, &t->be);
     if (st == MT_OK) st = setup_mesh(t, dims);
     if (st == MT_OK) st = mt_plan_new(&t->host_plan);

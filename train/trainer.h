@@ -76,6 +76,17 @@ mt_status mt_trainer_select_backend(const mt_train_config *cfg, mt_backend **be)
  * broken; MT_ERR_UNSUPPORTED for a dtype the layout does not run yet. */
 mt_status mt_trainer_check_layout(const mt_train_config *cfg, const int dims[4]);
 
+/* The checks of mt_trainer_create that need only cfg and the size of the world: no
+ * device, no file but the config's, no collective but the process group's start
+ * (mt_comm_world_init): mt_train_config_validate, the mesh of the ici_* keys over the
+ * world (parallel/mesh.h mt_mesh_resolve), mt_trainer_check_layout, more than one rank
+ * on a backend kind without multi_rank, and for backend cpu or cuda
+ * mt_trainer_check_caps. Every rank of a job finds the same verdict from the same
+ * config: the CLI runs it before mt_trainer_create so that the ranks can agree on it and
+ * print an error once (train/main.c). Errors: those of mt_trainer_create for these
+ * checks (MT_ERR_INVALID, MT_ERR_UNSUPPORTED), MT_ERR_RUNTIME (MPI start). */
+mt_status mt_trainer_check_config(const mt_train_config *cfg);
+
 /* The finalised memory plan of a training step for cfg without allocating anything
  * or opening data: the model's buffers (mt_model_add_to_plan) plus the gradient sync's
  * and the AdamW moments, for rank 0 of the layout the ici_* keys give (a -1 axis counts
