@@ -200,7 +200,9 @@ PY
 # --- estimate: mode 1 (batch and policy), fast, the Pareto list, runnable commands ---
 # llama3.1-405b on 1024 devices at hbm_gib=95 (docs/estimates/) when it fits (exit 2
 # with "does not fit" otherwise), and at a budget with room to walk: the full-remat
-# plan of batch 1 plus 4 x what batch 2 adds to it. Each search < 2 s.
+# plan of batch 1 plus 4 x what batch 2 adds to it. Their time (target: under 2 s each)
+# is a benchmark, bench/estimate_time.sh, not a check here: a shared machine's wall
+# time is noise.
 gib=$((1024 * 1024 * 1024))
 big="model_name=llama3.1-405b num_devices=1024 max_target_length=2048"
 pk() { "$bin" plan "$base" $nodata $big remat_policy=full per_device_batch_size=$1 --json |
@@ -208,12 +210,8 @@ pk() { "$bin" plan "$base" $nodata $big remat_policy=full per_device_batch_size=
 p1=$(pk 1); p2=$(pk 2)
 roomy=$(( (p1 + 4 * (p2 - p1) + gib - 1) / gib ))
 for hbm in 95 $roomy; do
-    start=$(date +%s.%N)
     "$bin" estimate "$base" $nodata $big hbm_gib=$hbm > est.out 2> err
     rc=$?
-    end=$(date +%s.%N)
-    $py -c "import sys; t = $end - $start; print('405b estimate hbm_gib=$hbm: %.3f s' % t); sys.exit(0 if t < 2.0 else 1)" \
-        || fail "estimate too slow"
     if [ $rc -ne 0 ]; then
         [ $hbm -eq 95 ] && grep -q "does not fit" err || fail "estimate 405b hbm_gib=$hbm: $(cat err)"
         continue
