@@ -357,6 +357,7 @@ def cmd_prepare(args):
     name = args.name or os.path.basename(os.path.normpath(args.output)) or "data"
     if "/" in name or not name:
         raise BadInput("--name '%s': must be a file name prefix" % name)
+    created = not os.path.isdir(args.output)  # removed again if this run fails
     try:
         os.makedirs(args.output, exist_ok=True)
     except OSError as e:
@@ -368,69 +369,89 @@ def cmd_prepare(args):
     if old:
         raise BadInput("--output '%s' already holds %s shards (%s ...): remove them or choose another --name"
                        % (args.output, name, sorted(old)[0]))
-    wide = tok.vocab_size > 65536
-    writers = {"train": ShardWriter(args.output, name, "train", args.shard_size, wide)}
-    if args.val_every > 0:
-        writers["val"] = ShardWriter(args.output, name, "val", args.shard_size, wide)
-    ndocs = {"train": 0, "val": 0}
-    skipped = 0
-    total = sum(os.path.getsize(f) for f, _ in inputs)
-    prog = Progress(total)
-    base = 0
-    pending = []
+    writers = {}
+    try:
+        wide = tok.vocab_size > 65536
+        writers["train"] = ShardWriter(args.output, name, "train", args.shard_size, wide)
+        if args.val_every > 0:
+            writers["val"] = ShardWriter(args.output, name, "val", args.shard_size, wide)
+        ndocs = {"train": 0, "val": 0}
+        skipped = 0
+        total = sum(os.path.getsize(f) for f, _ in inputs)
+        prog = Progress(total)
+        base = 0
+        pending = []
 
-    def run(batch):
-        for (split, _), ids in zip(batch, tok.encode([t for _, t in batch])):
-            if bos_extra is not None and (not ids or ids[0] != bos_extra):
-                ids = [bos_extra] + ids
-            if eos_extra is not None and (not ids or ids[-1] != eos_extra):
-                ids = ids + [eos_extra]
-            bad = [i for i in ids if i < 0 or i >= tok.vocab_size]
-            if bad:
-                raise BadInput("tokenizer '%s' produced id %d outside its vocabulary of %d"
-                               % (tok.path, bad[0], tok.vocab_size))
-            writers[split].add(ids)
-            ndocs[split] += 1
+        def run(batch):
+            for (split, _), ids in zip(batch, tok.encode([t for _, t in batch])):
+                if bos_extra is not None and (not ids or ids[0] != bos_extra):
+                    ids = [bos_extra] + ids
+                if eos_extra is not None and (not ids or ids[-1] != eos_extra):
+                    ids = ids + [eos_extra]
+                bad = [i for i in ids if i < 0 or i >= tok.vocab_size]
+                if bad:
+                    raise BadInput("tokenizer '%s' produced id %d outside its vocabulary of %d"
+                                   % (tok.path, bad[0], tok.vocab_size))
+                writers[split].add(ids)
+                ndocs[split] += 1
 
-    for path, kind in inputs:
-        for text, done in documents(path, kind, args):
-            if not text.strip():
-                skipped += 1
-                continue
-            split = "val" if is_val(text, args.seed, args.val_every) else "train"
-            pending.append((split, text))
-            if len(pending) >= args.batch_docs:
-                run(pending)
-                pending = []
-            prog.show(base + done, ndocs["train"] + ndocs["val"] + len(pending),
-                      writers["train"].tokens + writers.get("val", writers["train"]).tokens)
-        base += os.path.getsize(path)
-    run(pending)
-    prog.show(total, ndocs["train"] + ndocs["val"], sum(w.tokens for w in writers.values()), force=True)
-    prog.end()
-    if ndocs["train"] + ndocs["val"] == 0:
-        raise BadInput("no documents: the inputs (%s) hold no non-empty document%s"
-                       % (", ".join(f for f, _ in inputs), " (%d empty ones skipped)" % skipped if skipped else ""))
-    if ndocs["train"] == 0:
-        raise BadInput("every one of the %d documents fell into the val split: add documents or raise --val-every"
-                       % ndocs["val"])
-    if args.val_every > 0 and ndocs["val"] == 0:
-        raise BadInput("no document of the %d fell into the val split (about 1 in --val-every %d, by hash): "
-                       "add documents, lower --val-every, or give --val-every 0 for no val split"
-                       % (ndocs["train"], args.val_every))
-    for w in writers.values():
-        w.close()
-    summary = {
-        "tokenizer": os.path.abspath(tok.path), "tokenizer_kind": tok.kind, "vocab_size": tok.vocab_size,
-        "token_bytes": 4 if wide else 2, "inputs": [os.path.abspath(f) for f, _ in inputs],
-        "seed": args.seed, "val_every": args.val_every, "shard_size": args.shard_size,
-        "documents": ndocs, "empty_documents_skipped": skipped,
-        "tokens": {s: w.tokens for s, w in writers.items()}, "shards": {s: w.written for s, w in writers.items()},
-    }
-    with open(os.path.join(args.output, name + "_prepare.json.tmp"), "w") as fh:
-        json.dump(summary, fh, indent=1)
-        fh.write("\n")
-    os.replace(os.path.join(args.output, name + "_prepare.json.tmp"), os.path.join(args.output, name + "_prepare.json"))
+        for path, kind in inputs:
+            for text, done in documents(path, kind, args):
+                if not text.strip():
+                    skipped += 1
+                    continue
+                split = "val" if is_val(text, args.seed, args.val_every) else "train"
+                pending.append((split, text))
+                if len(pending) >= args.batch_docs:
+                    run(pending)
+                    pending = []
+                prog.show(base + done, ndocs["train"] + ndocs["val"] + len(pending),
+                          writers["train"].tokens + writers.get("val", writers["train"]).tokens)
+            base += os.path.getsize(path)
+        run(pending)
+        prog.show(total, ndocs["train"] + ndocs["val"], sum(w.tokens for w in writers.values()), force=True)
+        prog.end()
+        if ndocs["train"] + ndocs["val"] == 0:
+            raise BadInput("no documents: the inputs (%s) hold no non-empty document%s"
+                           % (", ".join(f for f, _ in inputs), " (%d empty ones skipped)" % skipped if skipped else ""))
+        if ndocs["train"] == 0:
+            raise BadInput("every one of the %d documents fell into the val split: add documents or raise --val-every"
+                           % ndocs["val"])
+        if args.val_every > 0 and ndocs["val"] == 0:
+            raise BadInput("no document of the %d fell into the val split (about 1 in --val-every %d, by hash): "
+                           "add documents, lower --val-every, or give --val-every 0 for no val split"
+                           % (ndocs["train"], args.val_every))
+        for w in writers.values():
+            w.close()
+        summary = {
+            "tokenizer": os.path.abspath(tok.path), "tokenizer_kind": tok.kind, "vocab_size": tok.vocab_size,
+            "token_bytes": 4 if wide else 2, "inputs": [os.path.abspath(f) for f, _ in inputs],
+            "seed": args.seed, "val_every": args.val_every, "shard_size": args.shard_size,
+            "documents": ndocs, "empty_documents_skipped": skipped,
+            "tokens": {s: w.tokens for s, w in writers.items()}, "shards": {s: w.written for s, w in writers.items()},
+        }
+        with open(os.path.join(args.output, name + "_prepare.json.tmp"), "w") as fh:
+            json.dump(summary, fh, indent=1)
+            fh.write("\n")
+        os.replace(os.path.join(args.output, name + "_prepare.json.tmp"), os.path.join(args.output, name + "_prepare.json"))
+    except BaseException:  # bad input found while writing, an I/O error, ^C: remove what this run wrote
+        for w in writers.values():
+            for f in w.written + ["%s_%s_%06d.bin.tmp" % (name, w.split, w.index)]:
+                try:
+                    os.remove(os.path.join(args.output, f))
+                except OSError:
+                    pass
+        for f in (name + "_prepare.json.tmp",):
+            try:
+                os.remove(os.path.join(args.output, f))
+            except OSError:
+                pass
+        if created:
+            try:
+                os.rmdir(args.output)  # only when empty: nothing of anyone else's goes
+            except OSError:
+                pass
+        raise
     for s, w in writers.items():
         print("prepare: %s: %d documents, %d tokens in %d shard(s) %s_%s_*.bin (%s tokens)"
               % (s, ndocs[s], w.tokens, len(w.written), name, s, "uint32" if wide else "uint16"))
@@ -476,10 +497,17 @@ def main(argv):
     e = sub.add_parser("encode", help="print the ids of a text prompt", prog="prepare_data.py encode")
     e.add_argument("--tokenizer", required=True)
     e.add_argument("--text", required=True)
-    if not argv or argv[0] not in ("prepare", "encode", "-h", "--help"):
-        argv = ["prepare"] + argv  # `meshtrain prepare ARGS` is `prepare_data.py prepare ARGS`
+    # `meshtrain prepare ARGS` is `prepare_data.py prepare ARGS`; each subcommand parses its
+    # own arguments, so an unknown option is reported with that subcommand's usage
     try:
-        args = ap.parse_args(argv)
+        if argv and argv[0] in ("-h", "--help"):
+            args = ap.parse_args(argv)
+        elif argv and argv[0] == "encode":
+            args = e.parse_args(argv[1:])
+            args.cmd = "encode"
+        else:
+            args = p.parse_args(argv[1:] if argv and argv[0] == "prepare" else argv)
+            args.cmd = "prepare"
     except SystemExit as e:
         sys.exit(2 if e.code else 0)
     global PROG

@@ -4,7 +4,8 @@
 # format, an empty document set, a JSONL line that is not JSON or lacks --field, a
 # Parquet file without the column, a missing or malformed tokenizer, a --bos-token
 # the tokenizer lacks, a vocabulary over 2^32 ids, shards already in --output, a bad
-# --shard-size; it writes uint32 shards (magic 20240801 version 7) for a vocabulary
+# --shard-size; a failed run leaves no shard and removes an --output directory it
+# created (not one that was there); it writes uint32 shards (magic 20240801 version 7) for a vocabulary
 # over 65536 ids; and it reads Parquet (pyarrow) and SentencePiece .model input (BOS per
 # document from the model's bos_id). Exit 77 (skipped) without the `tokenizers`
 # environment of scripts/setup-hf-venv.sh (MT_HF_VENV).
@@ -31,6 +32,8 @@ expect_bad() {
     local needles=()
     while [ "$1" != "--" ]; do needles+=("$1"); shift; done
     shift
+    local pre=0
+    [ -e "$tmp/o" ] && pre=1
     "$bin" prepare "$@" > "$tmp/out.txt" 2> "$tmp/err.txt"
     local rc=$?
     if [ $rc -ne 2 ]; then fail "$name: exit $rc, not 2: $(cat "$tmp/out.txt" "$tmp/err.txt")"; return; fi
@@ -38,6 +41,9 @@ expect_bad() {
         grep -qF -- "$n" "$tmp/err.txt" || fail "$name: the message does not name '$n': $(cat "$tmp/err.txt")"
     done
     [ -z "$(ls "$tmp/o" 2>/dev/null | grep '\.bin$')" ] || fail "$name: shards were written: $(ls "$tmp/o")"
+    # an --output directory the failed run created is removed again (one that was there stays)
+    [ $pre = 1 ] || [ ! -e "$tmp/o" ] || fail "$name: left the output directory it created: $(ls -a "$tmp/o")"
+    [ $pre = 0 ] || [ -d "$tmp/o" ] || fail "$name: removed an output directory that was there before"
     rm -rf "$tmp/o"
 }
 T=(--tokenizer "$tmp/tok.json" --output "$tmp/o")
@@ -61,7 +67,15 @@ expect_bad "unknown --bos-token" "--bos-token" "<nope>" -- "${T[@]}" --bos-token
 expect_bad "shard size" "--shard-size" -- "${T[@]}" --shard-size 0 "$tmp/in"
 expect_bad "shard size over int32" "--shard-size" -- "${T[@]}" --shard-size 2147483648 "$tmp/in"
 expect_bad "no val document" "val split" -- "${T[@]}" --val-every 1000 "$tmp/in/d1.txt"
-expect_bad "unknown option" "--frobnicate" -- "${T[@]}" --frobnicate "$tmp/in"
+expect_bad "unknown option" "--frobnicate" "usage: meshtrain prepare [-h] --tokenizer" -- "${T[@]}" --frobnicate "$tmp/in"
+grep -qF "{prepare,encode}" "$tmp/err.txt" && fail "unknown option: the internal usage: $(cat "$tmp/err.txt")"
+# a failed run into a directory that was there keeps it and what it holds
+mkdir -p "$tmp/o" && echo mine > "$tmp/o/notes.txt"
+"$bin" prepare "${T[@]}" --val-every 1000 "$tmp/in/d1.txt" > /dev/null 2>&1
+rc=$?
+[ $rc -eq 2 ] && [ "$(ls -A "$tmp/o")" = notes.txt ] ||
+    fail "a failed prepare into a directory that was there: exit $rc, left $(ls -A "$tmp/o" 2>&1)"
+rm -rf "$tmp/o"
 # shards already there
 "$bin" prepare "${T[@]}" --val-every 0 "$tmp/in" > /dev/null 2>&1 || fail "prepare of good input failed"
 "$bin" prepare "${T[@]}" --val-every 0 "$tmp/in" > /dev/null 2> "$tmp/err.txt"

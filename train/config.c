@@ -112,7 +112,9 @@ static const mt_config_key mt_keys[] = {
              "embedding table comes in chunks too, at least as many and none larger than a layer (plan prints "
              "both)"),
     RKEY_ENUM(dtype, dtype_names, dtype_values, "float32", "compute and activation dtype"),
-    RKEY_ENUM(weight_dtype, dtype_names, dtype_values, "float32", "master weight dtype"),
+    RKEY_ENUM(weight_dtype, dtype_names, dtype_values, "float32",
+              "master weight dtype: float32 only for now (bfloat16 masters are refused; dtype=bfloat16 computes in "
+              "bf16 from fp32 masters)"),
     RKEY_ENUM(grad_dtype, dtype_names, dtype_values, "float32",
               "gradient accumulation dtype (bfloat16: fp32 add, one rounding per micro-batch)"),
     RKEY_INT(eval_interval, "100", -1, "evaluate every this many steps (and at step 0); <= 0 = off"),
@@ -172,7 +174,7 @@ static const mt_config_key mt_keys[] = {
      "reads and writes them in place)"},
     RKEY_DBL(hbm_gib, "0", 1, 0, 0, 0, "`estimate`: device memory budget in GiB (> 0 there); 0 = unset"),
     RKEY_INT(num_devices, "1", 1,
-             "`plan`/`estimate`: devices of the job; the ici_* axes multiply to it (-1 fills; all 1 = fsdp)"),
+             "`plan`/`estimate`: devices of the job; the ici_* axes multiply to it (an ici_* axis of -1 takes what the others leave; all 1 = fsdp)"),
     /* ---- model keys (configs/models/<model_name>.yml) ---- */
     {"decoder_block", MT_KEY_ENUM, MOFF(decoder_block), 0, decoder_names, decoder_values, 1, NULL, 0,
      0, 0, 0, "decoder family"},
