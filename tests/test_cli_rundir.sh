@@ -3,7 +3,8 @@
 # <base_output_directory>/<run_name>/ on a tiny model and tiny synthetic shards:
 #  - re-running into a directory that holds a run, without load_checkpoint, exits 2
 #    before any work, naming the checkpoint to resume from; nothing is touched; a run
-#    directory another process holds (its .lock) exits 2 the same way;
+#    directory another process holds (its .lock) exits 2 the same way, naming the lock
+#    first even when the directory also holds a run (with or without load_checkpoint);
 #  - resuming from an earlier checkpoint cuts metrics.jsonl back to the resumed step
 #    (no duplicated rows) and drops a partial last line (a crash mid-write) with a
 #    warning naming the file and line; a corrupt row elsewhere exits 2 naming the file
@@ -85,6 +86,22 @@ expect 2 "run dir locked by another process" "$tmp/out/busy is in use by another
 [ -z "$(ls "$tmp/out/busy")" ] || fail "a refused run wrote into the locked run directory: $(ls "$tmp/out/busy")"
 kill "$holder" 2> /dev/null; wait "$holder" 2> /dev/null
 "$bin" train "$run" run_name=busy steps=1 > /dev/null 2>&1 || fail "training after the lock was released failed"
+# ... and the lock is reported first when the directory also holds a run: "already holds
+# a run; resume with load_checkpoint=..." sent the user into the same lock. Both without
+# and with load_checkpoint, and nothing there changes.
+cp -a "$tmp/out/r" "$tmp/out/busyrun"
+flock -o "$tmp/out/busyrun/.lock" sleep 30 &
+holder=$!
+for _ in $(seq 50); do flock -n "$tmp/out/busyrun/.lock" true 2> /dev/null || break; sleep 0.1; done
+busy_before="$(cd "$tmp/out/busyrun" && find . -type f -print0 | sort -z | xargs -0 sha256sum; find . | sort)"
+for resume in "" "load_checkpoint=$tmp/out/busyrun/checkpoints/step_4"; do
+    expect 2 "locked run dir holding a run ${resume:+(resume)}" \
+        "$tmp/out/busyrun is in use by another meshtrain process" -- train "$run" run_name=busyrun steps=6 $resume
+    grep -q "already holds a run" "$tmp/x.err" && fail "locked run dir ${resume:+(resume)}: the run, not the lock, was reported: $(cat "$tmp/x.err")"
+done
+[ "$busy_before" = "$(cd "$tmp/out/busyrun" && find . -type f -print0 | sort -z | xargs -0 sha256sum; find . | sort)" ] ||
+    fail "a refused run changed the locked run directory"
+kill "$holder" 2> /dev/null; wait "$holder" 2> /dev/null
 # an empty run directory is fine to train into
 mkdir -p "$tmp/out/empty"
 "$bin" train "$run" run_name=empty steps=1 > /dev/null 2>&1 || fail "training into an empty run directory failed"

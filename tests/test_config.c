@@ -405,3 +405,43 @@ Test(config, no_config_file) {
     cr_expect_eq(c.steps, 3);
     cr_expect_eq(c.model.num_decoder_layers, 2);
 }
+
+/* mt_train_config_text (the ranks compare it, train/main.c agree_on_inputs): one line
+ * per key of the table, "key=value" as mt_train_config_format writes it, a newline and
+ * a backslash in a value escaped so that it stays one line; another value of one key
+ * changes that key's line alone. */
+Test(config, text_one_line_per_key) {
+    mt_train_config a, b;
+    const char *ov[] = {"learning_rate=0.002"};
+    cr_assert_eq(load(&a, "model_name: tm\n", 1, ov), MT_OK, "%s", mt_last_error());
+    snprintf(a.prompt, sizeof a.prompt, "x\ny\\z"); /* a value with a newline (a YAML block) */
+    b = a;
+    b.steps = a.steps + 1;
+    char *ta = NULL, *tb = NULL;
+    size_t la = 0;
+    cr_assert_eq(mt_train_config_text(&a, &ta, &la), MT_OK);
+    cr_assert_eq(mt_train_config_text(&b, &tb, NULL), MT_OK);
+    cr_assert_eq(la, strlen(ta));
+    int lines = 0, differ = 0;
+    const char *pa = ta, *pb = tb;
+    for (int i = 0; i < mt_config_key_count(); i++) {
+        const char *ea = strchr(pa, '\n'), *eb = strchr(pb, '\n');
+        cr_assert(ea && eb, "line %d missing", i);
+        char want[64];
+        snprintf(want, sizeof want, "%s=", mt_config_key_get(i)->name);
+        cr_assert_eq(strncmp(pa, want, strlen(want)), 0, "line %d: '%.*s', want key %s", i, (int)(ea - pa), pa,
+                     want);
+        if (ea - pa != eb - pb || memcmp(pa, pb, (size_t)(ea - pa)) != 0) {
+            differ++;
+            cr_assert_eq(strcmp(mt_config_key_get(i)->name, "steps"), 0, "line %d differs", i);
+        }
+        lines++, pa = ea + 1, pb = eb + 1;
+    }
+    cr_assert_eq(*pa, '\0', "text after the last key: %s", pa);
+    cr_assert_eq(differ, 1);
+    cr_assert_not_null(strstr(ta, "\nprompt=x\\ny\\\\z\n"), "prompt not escaped: %s", strstr(ta, "prompt="));
+    cr_assert_not_null(strstr(ta, "\nlearning_rate=0.002\n"));
+    cr_assert_eq(strncmp(ta, "model_name=tm\n", 14), 0);
+    free(ta);
+    free(tb);
+}

@@ -611,6 +611,43 @@ const char *mt_train_config_format(const mt_train_config *cfg, const mt_config_k
     return buf;
 }
 
+mt_status mt_train_config_text(const mt_train_config *cfg, char **text, size_t *len) {
+    enum { VAL = MT_CONFIG_FILES_MAX + MT_CONFIG_PROMPT_MAX }; /* above every key's capacity */
+    char *val = malloc(VAL);
+    size_t cap = 16384, used = 0;
+    char *out = malloc(cap);
+    mt_status st = val && out ? MT_OK : mt_set_error(MT_ERR_OOM, "out of memory formatting the config");
+    for (int i = 0; st == MT_OK && i < MT_KEY_N; i++) {
+        const mt_config_key *k = &mt_keys[i];
+        mt_train_config_format(cfg, k, val, VAL);
+        const size_t need = used + strlen(k->name) + 2 * strlen(val) + 3; /* '=', '\n', NUL */
+        if (need > cap) {
+            while (need > cap) cap *= 2;
+            char *o = realloc(out, cap);
+            if (!o) {
+                st = mt_set_error(MT_ERR_OOM, "out of memory formatting the config");
+                break;
+            }
+            out = o;
+        }
+        used += (size_t)sprintf(out + used, "%s=", k->name);
+        for (const char *v = val; *v; v++) {
+            if (*v == '\\' || *v == '\n') out[used++] = '\\';
+            out[used++] = *v == '\n' ? 'n' : *v;
+        }
+        out[used++] = '\n';
+        out[used] = '\0';
+    }
+    free(val);
+    if (st != MT_OK) {
+        free(out);
+        return st;
+    }
+    *text = out;
+    if (len) *len = used;
+    return MT_OK;
+}
+
 void mt_train_config_defaults(mt_train_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     mt_model_config_defaults(&cfg->model, MT_DECODER_LLAMA2);

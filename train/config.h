@@ -209,6 +209,15 @@ const mt_config_key *mt_model_config_diff(const mt_model_config *a, const mt_mod
 const char *mt_train_config_format(const mt_train_config *cfg, const mt_config_key *k, char *buf,
                                    size_t n);
 
+/* The whole resolved config as text: one "key=value\n" line per key of the table, in
+ * table order (run keys, model keys and the remat_custom tensors alike), each value as
+ * mt_train_config_format writes it with '\\' and a newline escaped ("\\\\", "\\n"),
+ * so that every key is exactly one line and two configs hold the same values iff their
+ * texts are equal. Under mpirun the ranks compare it (train/main.c agree_on_inputs).
+ * *text is malloc'ed (the caller frees) and NUL-terminated; *len (may be NULL) is its
+ * strlen. Errors: MT_ERR_OOM. */
+mt_status mt_train_config_text(const mt_train_config *cfg, char **text, size_t *len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -296,6 +296,119 @@ static mt_status train_oom(const mt_train_config *cfg) {
                         mt_remat_policy_name((mt_remat_policy_kind)cfg->remat_policy));
 }
 
+/* FNV-1a 64 of s[0..n). */
+static uint64_t fnv1a64(const char *s, size_t n) {
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* Line i (0-based) of text: its start and, in *n, its length without the '\n'; NULL
+ * when text has no line i (a line runs to '\n'). */
+static const char *line_at(const char *text, int i, int *n) {
+    for (; i > 0 && text; i--) {
+        text = strchr(text, '\n');
+        if (text) text++;
+    }
+    const char *end = text ? strchr(text, '\n') : NULL;
+    if (!end) return NULL;
+    *n = (int)(end - text);
+    return text;
+}
+
+/* ---- the same config on every rank ----
+ * mpirun can start ranks with different arguments (MPMD `-np 1 A : -np 1 B`, or a
+ * wrapper that varies them), and nothing else compares them: a different learning_rate
+ * trained diverging replicas silently, a different steps hung in the last collective,
+ * a different model_name died in MPI with a truncated message, a different run_name was
+ * ignored (rank 0 alone writes). So the ranks compare their whole resolved config
+ * (train/config.h mt_train_config_text: every run key, model key and remat tensor,
+ * after CONFIG.yml, the model file and the overrides), as a digest in agree_on_inputs'
+ * exchange. Every key is compared: no key legitimately differs per rank. What is per
+ * rank (the rank, the GPU, which a rank takes from its node-local rank, the data shard)
+ * is derived from the world, not configured; the paths (dataset_path, run_name,
+ * load_checkpoint, ...) are compared as text too, since every rank must read the same
+ * data and checkpoint and agree on the run directory (give them one spelling); and
+ * keys that only one command reads (prompt, hbm_gib, ...) cost nothing to keep equal.
+ *
+ * When the digests differ, every rank's text is gathered (rare: only on this error) and
+ * every rank finds the same verdict: the first key in table order that differs between
+ * rank 0 and some rank, and the lowest such rank. Rank 0 prints it; every rank exits 2.
+ * Returns the exit code (2; 1 when the exchange itself failed), or -1 when the texts
+ * agree after all (a digest collision). */
+static int differing_configs(mt_comm *world, const char *text, size_t len) {
+    const int size = mt_comm_world_size(), rank = mt_comm_world_rank();
+    int64_t *words = calloc((size_t)size, sizeof *words), *ones = calloc((size_t)size, sizeof *ones);
+    const int64_t mywords = (int64_t)(len / 8 + 1); /* the text and its NUL in int64 words */
+    int64_t *mine = calloc((size_t)mywords, sizeof *mine), *all = NULL;
+    mt_status cs = words && ones && mine ? MT_OK : mt_set_error(MT_ERR_OOM, "out of memory");
+    for (int r = 0; cs == MT_OK && r < size; r++) ones[r] = 1;
+    if (cs == MT_OK) {
+        memcpy(mine, text, len);
+        cs = mt_comm_all_gather(world, &mywords, words, ones, MT_COMM_I64);
+    }
+    int64_t total = 0;
+    for (int r = 0; cs == MT_OK && r < size; r++) total += words[r];
+    if (cs == MT_OK && !(all = calloc((size_t)total, sizeof *all))) cs = mt_set_error(MT_ERR_OOM, "out of memory");
+    if (cs == MT_OK) cs = mt_comm_all_gather(world, mine, all, words, MT_COMM_I64);
+    free(ones);
+    free(mine);
+    if (cs != MT_OK) {
+        free(words);
+        free(all);
+        return fail(cs);
+    }
+    /* rank r's text: (const char *)(all + offset of r); the first differing line */
+    const char *t0 = (const char *)all;
+    int best_line = -1, best_rank = -1, ndiff = 0;
+    int64_t off = words[0];
+    for (int r = 1; r < size; off += words[r], r++) {
+        const char *a = t0, *b = (const char *)(all + off);
+        int line = 0;
+        while (*a && *a == *b) {
+            if (*a == '\n') line++;
+            a++, b++;
+        }
+        if (*a == *b) continue; /* equal */
+        ndiff++;
+        if (best_line < 0 || line < best_line) best_line = line, best_rank = r;
+    }
+    int code = -1;
+    if (ndiff > 0) {
+        off = 0;
+        for (int r = 0; r < best_rank; r++) off += words[r];
+        int n0, nr;
+        const char *l0 = line_at(t0, best_line, &n0), *lr = line_at((const char *)(all + off), best_line, &nr);
+        const char *e0 = l0 ? memchr(l0, '=', (size_t)n0) : NULL, *er = lr ? memchr(lr, '=', (size_t)nr) : NULL;
+        char key[128] = "";
+        if (e0 && er && e0 - l0 == er - lr && memcmp(l0, lr, (size_t)(e0 - l0)) == 0)
+            snprintf(key, sizeof key, "%.*s", (int)(e0 - l0), l0);
+        char others[96] = "";
+        if (size > 2)
+            snprintf(others, sizeof others, " (%d of the %d ranks differ from rank 0)", ndiff, size);
+        if (key[0]) {
+            const mt_config_key *k = mt_config_key_find(key);
+            const char *q = k && k->type == MT_KEY_STRING ? "'" : ""; /* strings quoted, as elsewhere */
+            n0 -= (int)(e0 - l0) + 1, nr -= (int)(er - lr) + 1;
+            mt_set_error(MT_ERR_INVALID, "the ranks were started with different configs: key '%s' = %s%.*s%s on rank "
+                         "0 but %s%.*s%s on rank %d%s: every rank must be given the same CONFIG.yml and key=value "
+                         "overrides", key, q, n0 > 300 ? 300 : n0, e0 + 1, q, q, nr > 300 ? 300 : nr, er + 1, q,
+                         best_rank, others);
+        } else { /* not the same key table: another meshtrain binary */
+            mt_set_error(MT_ERR_INVALID, "the ranks were started with different configs: rank %d's keys are not rank "
+                         "0's (line %d of the resolved config: %.*s on rank 0, %.*s on rank %d; another meshtrain "
+                         "build?)%s: every rank must run the same meshtrain with the same CONFIG.yml and key=value "
+                         "overrides", best_rank, best_line + 1, l0 ? (n0 > 100 ? 100 : n0) : 6, l0 ? l0 : "(none)",
+                         lr ? (nr > 100 ? 100 : nr) : 6, lr ? lr : "(none)", best_rank, others);
+        }
+        if (rank == 0) fprintf(stderr, "meshtrain: error: %s\n", mt_last_error());
+        code = 2;
+    }
+    free(words);
+    free(all);
+    return code;
+}
+
 /* ---- errors under mpirun: each one printed once ----
  * Every rank reads the same config and checks the same layout, so a bad key or mesh is
  * every rank's error, and each rank printing it gave N copies. At a point every rank
@@ -307,39 +420,54 @@ static mt_status train_oom(const mt_train_config *cfg) {
  * which rank 0 alone checks; the others fail with "rank 0 refused"), so rank 0 prints,
  * and another rank only when rank 0 did not fail. Every failed rank exits with its own
  * status's code, one that did not with the lowest failed rank's (2 for bad input).
+ * cfg (NULL: not compared): when no rank failed, the same exchange carries a digest of
+ * each rank's resolved config, and ranks that differ exit 2 naming the first differing
+ * key (differing_configs).
  * Returns -1 when no rank failed. One process: fail(st) when st failed. */
-static int agree_on_inputs(mt_status st, int leader_only) {
+static int agree_on_inputs(mt_status st, int leader_only, const mt_train_config *cfg) {
     const int size = mt_comm_world_size(), rank = mt_comm_world_rank();
     if (size <= 1) return st == MT_OK ? -1 : fail(st);
+    char *text = NULL;
+    size_t tlen = 0;
+    if (st == MT_OK && cfg) st = mt_train_config_text(cfg, &text, &tlen);
+    const uint64_t digest = text ? fnv1a64(text, tlen) : 0;
     char msg[2048];
     snprintf(msg, sizeof msg, "%s", st == MT_OK ? "" : mt_last_error()[0] ? mt_last_error() : mt_status_str(st));
-    uint64_t hash = 1469598103934665603ULL; /* FNV-1a 64 */
-    for (const char *p = msg; *p; p++) hash = (hash ^ (unsigned char)*p) * 1099511628211ULL;
-    int64_t mine[2] = {(int64_t)st, (int64_t)hash}, *all = calloc((size_t)size * 2, sizeof *all);
+    const uint64_t hash = fnv1a64(msg, strlen(msg));
+    int64_t mine[3] = {(int64_t)st, (int64_t)hash, (int64_t)digest}, *all = calloc((size_t)size * 3, sizeof *all);
     int64_t *counts = calloc((size_t)size, sizeof *counts);
     mt_comm *world = NULL;
     mt_status cs = all && counts ? MT_OK : mt_set_error(MT_ERR_OOM, "out of memory");
-    for (int r = 0; cs == MT_OK && r < size; r++) counts[r] = 2;
+    for (int r = 0; cs == MT_OK && r < size; r++) counts[r] = 3;
     if (cs == MT_OK) cs = mt_comm_split(&world, 0, rank, "startup");
     if (cs == MT_OK) cs = mt_comm_all_gather(world, mine, all, counts, MT_COMM_I64);
-    mt_comm_free(world);
     free(counts);
     if (cs != MT_OK) { /* no verdict from the others: say what this rank knows */
+        mt_comm_free(world);
         free(all);
+        free(text);
         if (st == MT_OK) return fail(cs);
         fprintf(stderr, "meshtrain: error: %s\n", msg);
         return mt_status_exit_code(st);
     }
-    int first = -1, dup = 0; /* the lowest failed rank; a lower one failed with this message */
+    int first = -1, dup = 0, same_cfg = 1; /* the lowest failed rank; a lower one failed with this message */
     for (int r = 0; r < size; r++) {
-        if (all[2 * r] == MT_OK) continue;
+        same_cfg &= all[3 * r + 2] == all[2];
+        if (all[3 * r] == MT_OK) continue;
         if (first < 0) first = r;
-        if (r < rank && all[2 * r] == mine[0] && all[2 * r + 1] == mine[1]) dup = 1;
+        if (r < rank && all[3 * r] == mine[0] && all[3 * r + 1] == mine[1]) dup = 1;
     }
-    const mt_status lead = first >= 0 ? (mt_status)all[2 * first] : MT_OK;
+    const mt_status lead = first >= 0 ? (mt_status)all[3 * first] : MT_OK;
     const int rank0_failed = all[0] != MT_OK;
     free(all);
-    if (first < 0) return -1;
+    if (first < 0) { /* every rank's inputs are fine: are they the same? */
+        const int code = cfg && !same_cfg ? differing_configs(world, text, tlen) : -1;
+        mt_comm_free(world);
+        free(text);
+        return code;
+    }
+    mt_comm_free(world);
+    free(text);
     if (st == MT_OK) return mt_status_exit_code(lead); /* another rank's error, printed there */
     const int speak = leader_only ? rank == 0 || !rank0_failed : !dup;
     if (speak) fprintf(stderr, "meshtrain: error: %s\n", msg);
@@ -362,7 +490,7 @@ static int cmd_train(int argc, char **argv) {
                           "num_devices is a plan/estimate key; train takes the mesh from mpirun -np N and the "
                           "ici_* keys (launch `mpirun -np %" PRId64 " meshtrain train ...`, or drop "
                           "num_devices)", cfg.num_devices, mt_comm_world_size(), cfg.num_devices);
-    int code = agree_on_inputs(st, 0);
+    int code = agree_on_inputs(st, 0, &cfg);
     if (code >= 0) return code;
     mt_trainer *t = NULL;
     st = mt_trainer_create(&t, &cfg);
@@ -371,7 +499,7 @@ static int cmd_train(int argc, char **argv) {
     /* Every input is checked; the outputs last, before anything is written (rank 0
      * checks them; every rank has its verdict when this returns). */
     st = mt_trainer_check_outputs(t);
-    code = agree_on_inputs(st, 1);
+    code = agree_on_inputs(st, 1, NULL);
     if (code >= 0) {
         mt_trainer_free(t);
         return code;

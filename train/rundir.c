@@ -464,6 +464,27 @@ static mt_status probe_run_dir(const mt_train_config *c, const char *run_dir) {
     return st;
 }
 
+/* The refusal of a run directory whose lock `path` another process holds (exit 2). */
+static mt_status busy_error(const mt_trainer *t, const char *path) {
+    return mt_set_error(MT_ERR_INVALID, "run directory %s is in use by another meshtrain process (it holds '%s'): "
+                        "wait for it to end or choose another run_name", t->run_dir, path);
+}
+
+/* Whether another process holds the run directory's lock (lock_run_dir), found without
+ * creating anything: an existing <run_dir>/.lock is opened read-only and locked and
+ * unlocked at once. Not called while this process holds it (a second open file of the
+ * same lock would find this process's own flock). A lock that cannot be probed (no
+ * file, no permission) is left to lock_run_dir. */
+static mt_status check_not_busy(const mt_trainer *t) {
+    char path[MT_PATH];
+    if (t->have_lock || !mt_trainer_path_join(path, sizeof path, t->run_dir, ".lock")) return MT_OK;
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return MT_OK;
+    const int held = flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+    close(fd); /* drops the probe's lock, if it took it */
+    return held ? busy_error(t, path) : MT_OK;
+}
+
 static mt_status check_outputs_here(const mt_trainer *t) {
     const mt_train_config *c = &t->cfg;
     struct stat sb;
@@ -473,6 +494,9 @@ static mt_status check_outputs_here(const mt_trainer *t) {
     if (stat(c->base_output_directory, &sb) == 0 && !S_ISDIR(sb.st_mode))
         return mt_set_error(MT_ERR_INVALID, "key 'base_output_directory' = '%s' exists and is not a directory",
                             c->base_output_directory);
+    /* A directory another process trains in is reported first, whatever else it holds:
+     * "already holds a run; resume with ..." would send the user into the same lock. */
+    MT_TRY(check_not_busy(t));
     /* The nearest existing ancestor of the run directory must be writable. */
     char anc[MT_PATH];
     snprintf(anc, sizeof anc, "%s", t->run_dir);
@@ -586,9 +610,7 @@ static mt_status lock_run_dir(mt_trainer *t) {
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         const int e = errno;
         close(fd);
-        if (e == EWOULDBLOCK)
-            return mt_set_error(MT_ERR_INVALID, "run directory %s is in use by another meshtrain process (it holds "
-                                "'%s'): wait for it to end or choose another run_name", t->run_dir, path);
+        if (e == EWOULDBLOCK) return busy_error(t, path);
         return mt_set_error(MT_ERR_IO, "cannot lock '%s' (%s)", path, strerror(e));
     }
     t->lock_fd = fd;
