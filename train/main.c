@@ -508,11 +508,20 @@ static int cmd_train(int argc, char **argv) {
     mt_report_human_bytes((double)mt_plan_peak(mt_trainer_get_plan(t)), peak, sizeof peak);
     const mt_model *model = mt_trainer_model(t);
     const int lead = mt_trainer_world_rank(t) == 0; /* under mpirun rank 0 prints the banner */
+    /* the global batch: per_device_batch_size x accumulation on each data x fsdp rank
+     * (tensor ranks share their sequences, context ranks split them) */
+    const int64_t ici[MT_MESH_AXES] = {cfg.ici_data_parallelism, cfg.ici_fsdp_parallelism,
+                                       cfg.ici_context_parallelism, cfg.ici_tensor_parallelism};
+    int dims[MT_MESH_AXES];
+    const int64_t reps = mt_mesh_resolve(ici, mt_comm_world_size(), dims) == MT_OK
+                                 ? (int64_t)dims[MT_AXIS_DATA] * dims[MT_AXIS_FSDP] : 1;
     if (lead) printf("meshtrain: model %s (%s, %.3fM params), batch %" PRId64 " x %" PRId64 " x %" PRId64
-           " accumulation, %" PRId64 " steps, memory plan %s\n",
+           " accumulation per device (%" PRId64 " sequences a step over %" PRId64 " data x fsdp rank%s), %" PRId64
+           " steps, memory plan %s\n",
            cfg.model.model_name, mt_decoder_block_name(cfg.model.decoder_block),
            (double)mt_model_numel(model) / 1e6, cfg.per_device_batch_size, cfg.max_target_length,
-           cfg.gradient_accumulation_steps, cfg.steps, peak);
+           cfg.gradient_accumulation_steps, cfg.per_device_batch_size * cfg.gradient_accumulation_steps * reps, reps,
+           reps == 1 ? "" : "s", cfg.steps, peak);
     if (lead) printf("meshtrain: outputs in %s/%s\n", cfg.base_output_directory, cfg.run_name);
     if (lead && mt_trainer_step_count(t) > 0)
         printf("meshtrain: resuming at step %" PRId64 " from %s\n", mt_trainer_step_count(t), cfg.load_checkpoint);
