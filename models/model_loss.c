@@ -155,7 +155,6 @@ static mt_status unembedding_grad_end(void *ctx, int64_t a, int64_t b, float *dW
     if (!mtm_vocab_grad_windows(m)) return MT_OK;
     MT_TRY(mtm_comm_status(m));
     /* tied: the loss's share of the embedding's rows, the first of two (embedding_backward) */
-    m->sink.loss_shares = 1;
     return m->sink.fn(m->sink.ctx, m->par.info[unembedding_index(m)].offset + a * m->D, (b - a) * m->D, dW, 0);
 }
 
@@ -172,7 +171,6 @@ static mt_status unembedding_zero_shares(mt_model *m) {
         MT_TRY(unembedding_grad_begin(m, a, b, &dW));
         MT_TRY(unembedding_grad_end(m, a, b, dW));
     }
-    m->sink.loss_shares = 0; /* these were no loss's */
     if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, m->sink.ptr[MT_GWIN_VOCAB_HEAD]));
     return MT_OK;
 }
@@ -308,9 +306,9 @@ static mt_status forward_loss(mt_model *m, const int32_t *tokens, const int32_t 
         MT_TRY(mt_vocab_chunked_loss(be, NULL, &va, &src, m->plan.gptr[GB_FINAL_HIDDEN], m->dt,
                                      m->plan.gptr[GB_LABELS], m->plan.gptr[GB_LOSS_TILE], m->plan.gptr[GB_LOSS_DTILE],
                                      m->plan.gptr[GB_LOSS_VOCAB_STATS], m->plan.gptr[GB_LOSS_DH_ACC], dh, stats));
+        m->sink.loss_shares = backward && mtm_vocab_grad_windows(m); /* this loss handed its chunks over */
         /* the chunk window lives in the loss phase alone: an asynchronous sink finishes it here */
-        if (backward && mtm_vocab_grad_windows(m) && m->sink.wait)
-            MT_TRY(m->sink.wait(m->sink.ctx, m->sink.ptr[MT_GWIN_VOCAB_HEAD]));
+        if (m->sink.loss_shares && m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, m->sink.ptr[MT_GWIN_VOCAB_HEAD]));
     } else if (m->tp.size > 1) { /* vocab-parallel: this rank's rows [v0, v0 + Vl) of the unembedding */
         const mt_vocab_loss_args va = {.N = N, .D = D, .v0 = m->tp.v0, .Vl = m->tp.Vl, .num_tiles = m->tiles,
                                        .softcap = la.softcap, .ignore_index = la.ignore_index, .dscale = dscale};

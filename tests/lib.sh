@@ -147,6 +147,22 @@ mt_mpi_env() {
 
 mpi() { local np=$1; shift; timeout 300 mpirun --oversubscribe -np "$np" "$@"; }
 
+# mt_rank_wrapper PATH: write PATH, a wrapper `PATH RCDIR CMD...` that runs CMD and
+# writes its exit status into RCDIR/<world rank> (mpirun's own status is only the
+# first failing rank's); mpirun's SIGTERM to the other ranks is left to CMD.
+mt_rank_wrapper() {
+    cat > "$1" <<'SH'
+#!/bin/sh
+d=$1; shift
+trap : TERM
+"$@"
+rc=$?
+echo "$rc" > "$d/${OMPI_COMM_WORLD_RANK:-${PMIX_RANK:-x}}"
+exit $rc
+SH
+    chmod +x "$1"
+}
+
 mt_tiny_model() {
     local file=$1 kind=$2 layers=${3:-2}
     mkdir -p "$(dirname "$file")"

@@ -31,17 +31,7 @@ log_period: 1
 backend: cpu
 ici_data_parallelism: 2
 YML
-# rank RCDIR CMD...: CMD, then its exit status into RCDIR/<world rank>
-cat > "$tmp/rank.sh" <<'SH'
-#!/bin/sh
-d=$1; shift
-trap : TERM
-"$@"
-rc=$?
-echo "$rc" > "$d/${OMPI_COMM_WORLD_RANK:-${PMIX_RANK:-x}}"
-exit $rc
-SH
-chmod +x "$tmp/rank.sh"
+mt_rank_wrapper "$tmp/rank.sh" # rank.sh RCDIR CMD...: each rank's exit status (tests/lib.sh)
 
 # run2 NAME MPIRUN-ARGS...: mpirun with the wrapper around each rank's command;
 # $tmp/NAME.err holds stderr, $tmp/NAME.rc/<rank> each rank's status

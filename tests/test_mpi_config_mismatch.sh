@@ -35,17 +35,7 @@ collective_timeout_s: 10
 YML
 # the same run with learning_rate set in the file (run.yml's default is base.yml's)
 { cat "$cfg"; echo "learning_rate: 0.002"; } > "$tmp/cfg/lr.yml"
-# rank RCDIR CMD...: CMD, then its exit status into RCDIR/<world rank>
-cat > "$tmp/rank.sh" <<'SH'
-#!/bin/sh
-d=$1; shift
-trap : TERM
-"$@"
-rc=$?
-echo "$rc" > "$d/${OMPI_COMM_WORLD_RANK:-${PMIX_RANK:-x}}"
-exit $rc
-SH
-chmod +x "$tmp/rank.sh"
+mt_rank_wrapper "$tmp/rank.sh" # rank.sh RCDIR CMD...: each rank's exit status (tests/lib.sh)
 
 # mpmd NAME NP0 ARGS0 NP1 ARGS1: NP0 ranks train $cfg with ARGS0 (one word list), NP1
 # ranks with ARGS1; each rank's status in $tmp/NAME.rc/<rank>, stderr in $tmp/NAME.err

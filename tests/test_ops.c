@@ -499,23 +499,6 @@ typedef struct glu_ctx {
     const double *dh;
 } glu_ctx;
 
-static double act_ref(double g, mt_activation act) {
-    if (act == MT_ACT_SILU) return g / (1.0 + exp(-g));
-    return 0.5 * g * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (g + 0.044715 * g * g * g)));
-}
-
-/* d act / d g in fp64: silu' = s (1 + g (1 - s)), s = 1 / (1 + exp(-g)); gelu_tanh' =
- * (1 + t) / 2 + g / 2 (1 - t^2) k (1 + 3 c g^2), t = tanh(k (g + c g^3)), k = sqrt(2 / pi),
- * c = 0.044715 (kernels/cpu/glu.c's formulas, from the definitions in act_ref). */
-static double act_ref_grad(double g, mt_activation act) {
-    if (act == MT_ACT_SILU) {
-        const double sg = 1.0 / (1.0 + exp(-g));
-        return sg * (1.0 + g * (1.0 - sg));
-    }
-    const double k = sqrt(2.0 / 3.14159265358979323846), t = tanh(k * (g + 0.044715 * g * g * g));
-    return 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * g * g);
-}
-
 static void glu_case(mt_activation act) {
     tu_rng r = {100 + (uint64_t)act};
     const int64_t n = 3000;
@@ -532,9 +515,9 @@ static void glu_case(mt_activation act) {
     glu_ctx c = {n, act, tu_to_double(g, n), tu_to_double(u, n), tu_to_double(dh, n)};
     double *want = tu_dalloc(n), *wg = tu_dalloc(n), *wu = tu_dalloc(n);
     for (int64_t i = 0; i < n; i++) {
-        want[i] = act_ref(c.g[i], act) * c.u[i];
-        wg[i] = c.dh[i] * c.u[i] * act_ref_grad(c.g[i], act); /* d (dh . h) / d gate */
-        wu[i] = c.dh[i] * act_ref(c.g[i], act);               /* d (dh . h) / d up */
+        want[i] = tu_act_ref(c.g[i], act) * c.u[i];
+        wg[i] = c.dh[i] * c.u[i] * tu_act_grad_ref(c.g[i], act); /* d (dh . h) / d gate */
+        wu[i] = c.dh[i] * tu_act_ref(c.g[i], act);               /* d (dh . h) / d up */
     }
     TU_OK(be()->ops->glu_fwd(be(), h, g, u, n, act, MT_F32));
     const char *name = act == MT_ACT_SILU ? "silu" : "gelu_tanh";
@@ -551,7 +534,7 @@ static void glu_case(mt_activation act) {
      * absolute; gelu's 0.5 (1 + t) + 0.5 g (1 - t^2) k (1 + 3 c g^2) carries 12u from the
      * first term and 29u 0.5 k |g| (1 + 3 c g^2) from the second, <= 14u (1 + |g|)(1 + g^2);
      * two more products: gamma_20 (1 + |g|)(1 + g^2) |dh up| for both. The fp64
-     * references (act_ref, act_ref_grad: the same formulas, glibc's exp within 1 ulp and
+     * references (tu_act_ref, tu_act_grad_ref: the same formulas, glibc's exp within 1 ulp and
      * tanh within 2 ulp, inside the 5u and 8u counted) within the same with gamma64:
      * gamma64_9 and gamma64_20 of the same. */
     double *bh = tu_dalloc(n), *bg = tu_dalloc(n), *bu = tu_dalloc(n);

@@ -350,20 +350,6 @@ Test(ops_bf16_rope, forward_and_vjp) {
 
 /* ------------------------------------------------------------------ glu */
 
-static double act_ref(double g, mt_activation act) {
-    if (act == MT_ACT_SILU) return g / (1.0 + exp(-g));
-    return 0.5 * g * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (g + 0.044715 * g * g * g)));
-}
-
-static double act_grad_ref(double g, mt_activation act) {
-    if (act == MT_ACT_SILU) {
-        const double s = 1.0 / (1.0 + exp(-g));
-        return s * (1.0 + g * (1.0 - s));
-    }
-    const double k = sqrt(2.0 / 3.14159265358979323846), t = tanh(k * (g + 0.044715 * g * g * g));
-    return 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * g * g);
-}
-
 static void glu_case(mt_activation act) {
     tu_rng r = {200 + (uint64_t)act};
     const int64_t n = 20000; /* threads; several 4096 blocks and 512-element widenings */
@@ -381,11 +367,11 @@ static void glu_case(mt_activation act) {
     double *wu = tu_dalloc(n), *eu = tu_dalloc(n);
     for (int64_t i = 0; i < n; i++) {
         const double a = 1.0 + fabs((double)g[i]);
-        wh[i] = act_ref(g[i], act) * u[i];
+        wh[i] = tu_act_ref(g[i], act) * u[i];
         eh[i] = GAMMA(9) * a * fabs((double)u[i]);
-        wg[i] = (double)dh[i] * u[i] * act_grad_ref(g[i], act);
+        wg[i] = (double)dh[i] * u[i] * tu_act_grad_ref(g[i], act);
         eg[i] = GAMMA(20) * a * (1.0 + (double)g[i] * g[i]) * fabs((double)dh[i] * u[i]);
-        wu[i] = (double)dh[i] * act_ref(g[i], act);
+        wu[i] = (double)dh[i] * tu_act_ref(g[i], act);
         eu[i] = GAMMA(9) * a * fabs((double)dh[i]);
     }
     const char *name = act == MT_ACT_SILU ? "silu" : "gelu_tanh";
@@ -399,7 +385,7 @@ static void glu_case(mt_activation act) {
     /* rounding twice, act(g) to bf16 and then the product, must break the bound */
     float *h2 = tu_falloc(n);
     for (int64_t i = 0; i < n; i++)
-        h2[i] = mt_bf16_to_f32(mt_f32_to_bf16(mt_bf16_to_f32(mt_f32_to_bf16((float)act_ref(g[i], act))) * u[i]));
+        h2[i] = mt_bf16_to_f32(mt_f32_to_bf16(mt_bf16_to_f32(mt_f32_to_bf16((float)tu_act_ref(g[i], act))) * u[i]));
     const double r2 = bf16_ratio(h2, wh, eh, n);
     cr_expect(r2 > 1.0, "glu_fwd %s: an extra rounding of act(g) passes the bound (%.3f)", name, r2);
     TU_OK(be()->ops->glu_fwd(be(), h32, g, u, n, act, MT_F32));

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "runtime/dtype.h"
+#include "kernels/ops.h"
 
 /* splitmix64: tiny, good enough for test data, same stream on every platform. */
 typedef struct tu_rng {
@@ -41,6 +42,25 @@ static inline double tu_normal(tu_rng *r) {
 
 /* Integer in [0, n). */
 static inline int64_t tu_below(tu_rng *r, int64_t n) { return (int64_t)(tu_next(r) % (uint64_t)n); }
+
+/* fp64 references of the GLU activations (kernels/ops.h glu_fwd / glu_bwd): silu(g) =
+ * g / (1 + exp(-g)); gelu_tanh(g) = g (1 + tanh(k (g + c g^3))) / 2, k = sqrt(2 / pi),
+ * c = 0.044715 (Hendrycks & Gimpel 2016, the tanh approximation). */
+static inline double tu_act_ref(double g, mt_activation act) {
+    if (act == MT_ACT_SILU) return g / (1.0 + exp(-g));
+    return 0.5 * g * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (g + 0.044715 * g * g * g)));
+}
+/* d act / d g in fp64: silu' = s (1 + g (1 - s)), s = 1 / (1 + exp(-g)); gelu_tanh' =
+ * (1 + t) / 2 + g / 2 (1 - t^2) k (1 + 3 c g^2), t = tanh(k (g + c g^3)) (the
+ * derivatives of tu_act_ref, kernels/cpu/glu.c's formulas). */
+static inline double tu_act_grad_ref(double g, mt_activation act) {
+    if (act == MT_ACT_SILU) {
+        const double s = 1.0 / (1.0 + exp(-g));
+        return s * (1.0 + g * (1.0 - s));
+    }
+    const double k = sqrt(2.0 / 3.14159265358979323846), t = tanh(k * (g + 0.044715 * g * g * g));
+    return 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * g * g);
+}
 
 static inline float *tu_falloc(int64_t n) { return calloc((size_t)(n > 0 ? n : 1), sizeof(float)); }
 static inline double *tu_dalloc(int64_t n) { return calloc((size_t)(n > 0 ? n : 1), sizeof(double)); }
