@@ -275,7 +275,10 @@ def step_model(m, case, bw, rate, peak):
         get = {(r["kind"], r["group"]): r[field] for r in rows}
         # split each collective into the part the schedule can hide and the part it cannot
         gw = get.get(("grad reduce-scatter", "grad"), 0) + get.get(("grad all-reduce", "tensor"), 0)
-        last_two = (layer + emb) / numel              # layer 0's and the embedding's windows come last
+        # the windows the backward waits for at once: layer 0's last two parameters
+        # (v_proj, then input_layernorm: a layer's gradient goes over one parameter at a
+        # time, two windows alternating) and the embedding's
+        last_two = (m["Hkv"] * m["Dh"] * m["D"] + m["D"] + emb) / numel
         g_ov, g_exposed = gw * (1 - last_two), gw * last_two
         fs = get.get(("param all-gather", "fsdp"), 0)
         per_win = fs / (emb + tail + L * layer + (L - 2) * layer)
@@ -286,12 +289,12 @@ def step_model(m, case, bw, rate, peak):
         # as scheduled (parallel/comm.h: a blocking NCCL call makes the compute stream wait
         # for it at once): the fsdp layer prefetch hides behind the previous layer, and
         # (overlap_grad_reduce=true; every case here reduce-scatters per window) the layer
-        # windows' reduce-scatters of layers L-1 .. 1 behind the next layer's backward
-        # (parallel/zero1.c mt_grad_sync_window_wait); the tail's, layer 0's and the
+        # parameters' reduce-scatters behind the next parameter's backward (parallel/zero1.c
+        # mt_grad_sync_window_wait); the tail's, layer 0's last two parameters' and the
         # embedding's are waited for at once, and the tensor all-reduce in the window
         # sink is blocking
         rs = get.get(("grad reduce-scatter", "grad"), 0)
-        rs_hidden = rs * (L - 1) * layer / numel
+        rs_hidden = rs * (L * layer - m["Hkv"] * m["Dh"] * m["D"] - m["D"]) / numel
         today = (comp + (tot - fs_fwd - fs_bwd - rs_hidden) + max(0, fs_fwd - c_fwd)
                  + max(0, fs_bwd + rs_hidden - c_bwd))
         # full overlap: gradient windows behind the later layers' backward, fsdp gathers

@@ -153,8 +153,12 @@ static void build_param_layer(mt_model *m) {
     for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++)
         for (int i = m->par.layer[l].in_norm; i <= m->par.layer[l].down; i++) m->par.layer_of[i] = (int)l;
     m->par.layer_numel = 0; /* the largest layer's (gemma4's differ: mtm_layer_numel) */
-    for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++)
+    m->par.weight_numel = 0;
+    for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++) {
         m->par.layer_numel = max64(m->par.layer_numel, mtm_layer_numel(m, l));
+        for (int i = m->par.layer[l].in_norm; i <= m->par.layer[l].down; i++)
+            m->par.weight_numel = max64(m->par.weight_numel, m->par.info[i].numel);
+    }
     m->par.tail_off = m->par.info[m->par.final_norm].offset;
 }
 
@@ -389,6 +393,8 @@ mt_status mt_model_set_grad_sink(mt_model *m, mt_grad_sink_fn fn, void *ctx) {
     m->sink.fn = fn;
     m->sink.ctx = ctx;
     m->sink.shares = 1;
+    m->sink.layer = -1;
+    m->sink.open = -1;
     if (!fn) m->sink.wait = NULL;
     return MT_OK;
 }

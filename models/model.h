@@ -208,20 +208,22 @@ mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan);
  * the model is planned: the gradient sink counts). Given (> 0) values are kept (tiles
  * at most the N rows); 0 = auto:
  *   chunks: with parameter windows (fsdp, parameter offload) or a gradient sink, and no
- *     tensor axis, the fewest chunks no larger than one decoder layer's parameters,
- *     ceil(V D / layer parameters), so that the embedding's and lm_head's windows and
- *     gradient windows cost no more than a layer's; else 1 (the unembedding whole);
+ *     tensor axis, the fewest chunks no larger than the largest decoder-layer weight
+ *     (the layer gradient window: mt_model_set_grad_sink), ceil(V D / weight), so that
+ *     the embedding's and lm_head's windows and gradient windows cost no more than the
+ *     layers'; else 1 (the unembedding whole);
  *   tiles: the fewest row tiles whose loss tile (rows x the vocabulary chunk, or the
  *     tensor rank's slice, x (4 + the activation dtype's bytes if not float32)) is no
- *     larger than one decoder layer's parameters in the activation dtype (the size of
- *     a layer window), at least 1 row per tile.
+ *     larger than, in the activation dtype, that weight when the vocabulary is in
+ *     chunks, else one decoder layer's parameters (the size of a layer window), at
+ *     least 1 row per tile.
  * Either pointer may be NULL. */
 void mt_model_vocab_tiling(const mt_model *m, int64_t *tiles, int64_t *chunks);
 
 /* gemma4: the vocabulary chunks its per-layer embedding table [V, L x P] is looked up and
  * differentiated in (models/model_gemma4.c), as resolved with the loss's (final once the
  * model is planned): 1 whenever the vocabulary is not chunked, else the fewest chunks
- * no larger than one decoder layer's parameters, ceil(V L P / layer parameters), and at
+ * no larger than the largest decoder-layer weight, ceil(V L P / weight), and at
  * least the vocabulary's; with fsdp or parameter offload each chunk's rows pass through
  * "params.window.vocab.per_layer_embedding", with a gradient sink each chunk's gradient
  * through "grads.window.vocab.per_layer_embedding" to the sink. 0 for a model without
@@ -249,13 +251,12 @@ mt_status mt_model_set_remat(mt_model *m, const mt_remat_policy *p);
  * backward and is returned by it. */
 typedef mt_status (*mt_grad_sink_fn)(void *ctx, int64_t offset, int64_t numel, float *grad, int add);
 
-/* Per-layer gradient windows, before planning (fn NULL turns them off again). The plan
+/* Gradient windows, before planning (fn NULL turns them off again). The plan
  * then holds no full "grads" buffer (mt_model_grads returns NULL) but fp32 windows,
  * each live only while its gradients are written:
- *   "grads.window.layer"      one layer's parameters (input_layernorm .. mlp.down_proj,
- *                             contiguous in the flat layout; gemma4's layers differ in
- *                             size: the largest), the layers' backward phases
- *                             L + 2 .. 2L + 1;
+ *   "grads.window.layer"      one decoder-layer parameter (the largest of any layer:
+ *                             a layer's gradient goes over one parameter at a time),
+ *                             the layers' backward phases L + 2 .. 2L + 1;
  *   "grads.window.tail"       model.norm (+ lm_head), flat [model.norm offset, numel),
  *                             the loss phase L + 1 (the loss writes lm_head, then the
  *                             final norm's backward);
@@ -274,8 +275,10 @@ typedef mt_status (*mt_grad_sink_fn)(void *ctx, int64_t offset, int64_t numel, f
  * Each backward (mt_model_forward_backward, mt_model_backward_hidden) zeroes a window
  * before its first write and calls fn once its gradient is complete (tensor-axis
  * collectives included): fn(ctx, model.norm offset, numel - that, tail) after the final
- * norm's backward, fn(ctx, offset of layer l's input_layernorm, layer numel, layer
- * window) after layer l's backward (l = L-1 .. 0), (gemma4) fn(ctx, embedding numel,
+ * norm's backward, fn(ctx, offset of parameter i, its numel, its window) for every
+ * parameter of layer l as its gradient is complete in layer l's backward (l = L-1 .. 0;
+ * in the order the backward writes them, then as zeros those it does not write, e.g.
+ * gemma4's KV-sharing layers' k_proj and its layer_scalar), (gemma4) fn(ctx, embedding numel,
  * their numel, per-layer-input window) when those are complete, fn(ctx, 0, embedding
  * numel, embedding window) after the embedding backward; in chunks, each unembedding
  * chunk as the loss finishes it (before the tail) and each embedding chunk after the
@@ -311,11 +314,12 @@ typedef mt_status (*mt_grad_sink_wait_fn)(void *ctx, const float *window);
 
 /* Asynchronous gradient sink, after mt_model_set_grad_sink and before planning (wait
  * NULL turns it off again): fn may return while its work on the window is still in
- * flight (a reduce-scatter overlapping the next layer's backward). The plan then holds
- * a second layer window, "grads.window.layer.overlap" (same size and phases as
- * "grads.window.layer"; layer l writes window l % 2), so that the sink's work on layer
- * l overlaps layer l - 1's backward. Each backward calls wait(ctx, window) before it
- * zeroes a layer window it handed over earlier, wait(ctx, tail) right after handing
+ * flight (a reduce-scatter overlapping the next parameter's backward). The plan then
+ * holds a second layer window, "grads.window.layer.overlap" (same size and phases as
+ * "grads.window.layer"; the layer parameters alternate between the two in the order
+ * they are handed over), so that the sink's work on one parameter overlaps the backward
+ * of the next. Each backward calls wait(ctx, window) before it zeroes a layer window it
+ * handed over earlier, wait(ctx, tail) right after handing
  * over the tail (its window is planned for the loss phase only), wait(ctx, NULL) after
  * the last layer (before the embedding's backward: the layer windows end there) and
  * again after handing over the embedding's window; when a backward returns the sink

@@ -158,7 +158,7 @@ static mt_status ple_table_rows(mt_model *m, int64_t r0, int64_t r1, const void 
  * in the window G4_GWIN_PLE (these parameters are replicated on the tensor group, so
  * there is no slice offset). Not for the per-layer embedding table when its gradient
  * comes in chunks (ple_table_backward). */
-static float *ple_gw(const mt_model *m, int i) {
+static float *ple_gw(mt_model *m, int i) {
     if (!m->sink.fn) return mtm_gw(m, i);
     int64_t a, n;
     mtm_g4_ple_window(m, 1, &a, &n);

@@ -66,8 +66,12 @@ enum { MT_PWIN_LAYER0 = 0, MT_PWIN_LAYER1, MT_PWIN_GLOBAL, MT_PWIN_VOCAB_EMBED, 
  * (mtm_vocab_grad_windows) the tail is model.norm only and the embedding's and
  * lm_head's gradients go to the sink one chunk at a time from the two vocabulary
  * windows ---- */
-/* Gradient windows; MT_GWIN_LAYER1 only with an asynchronous sink (layer l writes
- * MT_GWIN_LAYER + (l % 2) * (MT_GWIN_LAYER1 - MT_GWIN_LAYER): mtm_gwin_layer). */
+/* Gradient windows. A decoder layer's gradient goes to the sink one parameter at a
+ * time: MT_GWIN_LAYER holds one layer parameter's gradient (the largest such tensor:
+ * par.weight_numel floats), opened by the first mtm_gw of that parameter in the
+ * layer's backward and handed over when the next one opens or the layer ends
+ * (mtm_grad_layer_end); with an asynchronous sink the parameters alternate between it
+ * and MT_GWIN_LAYER1, so that one's reduce-scatter overlaps the next one's backward. */
 enum {
     MT_GWIN_LAYER = 0, MT_GWIN_EMBEDDING, MT_GWIN_TAIL, MT_GWIN_LAYER1, MT_GWIN_VOCAB_EMBED, MT_GWIN_VOCAB_HEAD,
     MT_GWIN_COUNT
@@ -124,6 +128,7 @@ typedef struct mtm_param_table {
     layer_params *layer;   /* [L] */
     int *layer_of;         /* [count]: the parameter's layer, -1 for embed / final norm / head */
     int64_t layer_numel;   /* floats of the largest layer (input_layernorm .. mlp.down_proj, contiguous) */
+    int64_t weight_numel;  /* floats of the largest single layer parameter (the layer gradient windows) */
     int64_t tail_off;      /* flat offset of model.norm: [tail_off, numel) is the tail */
 } mtm_param_table;
 
@@ -177,6 +182,13 @@ typedef struct mtm_grad_sink {
     float *ptr[MT_GWIN_COUNT];
     int shares;      /* the sink adds a second share exactly (mt_model_set_grad_sink_shares) */
     int loss_shares; /* the loss of this backward handed the unembedding's chunks over (vocabulary chunks) */
+    /* the layer parameter windows (mtm_gw, mtm_grad_layer_end) */
+    int64_t layer;     /* the layer whose backward writes them, -1 none */
+    int open;          /* the parameter whose window is open, -1 none */
+    float *open_win;   /* its window */
+    uint64_t done;     /* bit i - in_norm: parameter i of the layer handed over this backward */
+    int64_t handed;    /* layer parameters handed over this backward (the slot of the next: handed % 2) */
+    mt_status status;  /* the first failure of an mtm_gw that opened a window, returned by mtm_grad_layer_end */
 } mtm_grad_sink;
 
 /* Vocabulary chunks (num_vocab_chunks; model_loss.c, model_windows.c): the embedding
@@ -453,11 +465,21 @@ mt_status mtm_plan_add(mt_model *m, mt_plan *plan, int g, const char *name, mt_m
 
 /* Parameter i (its tensor-parallel slice) as the layers compute with it. */
 const void *mtm_pw(const mt_model *m, int i);
-/* The gradient of parameter i (its tensor-parallel slice), fp32. */
-float *mtm_gw(const mt_model *m, int i);
-/* Gradient sink: the window layer l's gradient goes to (slot l % 2 with an asynchronous
- * sink, else the one layer window). */
-float *mtm_gwin_layer(const mt_model *m, int64_t l);
+/* The gradient of parameter i (its tensor-parallel slice), fp32: in the full buffer, or
+ * with a gradient sink in its window. For a layer parameter with a sink this opens its
+ * window (zeroed) inside the layer backward begun by mtm_grad_layer_begin, handing the
+ * previously open parameter over first; so the layer backwards take each parameter's
+ * gradient in one stretch of writes, and never hold two parameters' gradient pointers
+ * at once. A failure there (the sink's, or a parameter written again after its
+ * hand-over) still returns a valid window and is returned by mtm_grad_layer_end. */
+float *mtm_gw(mt_model *m, int i);
+/* Gradient sink, around the backward of layer l: begin (nothing open) and end, given
+ * the backward's status: when it is MT_OK, hand the open parameter over, then every
+ * parameter of the layer the backward did not write, as zeros (the sink sees each
+ * element once); else hand nothing more over and return it. Errors: the backward's, the
+ * sink's, and those recorded by mtm_gw. Without a sink: returns `backward`. */
+void mtm_grad_layer_begin(mt_model *m, int64_t l);
+mt_status MT_MUST_CHECK mtm_grad_layer_end(mt_model *m, mt_status backward);
 /* dtype != float32: round the compute copy (GB_COMPUTE_W) from the fp32 master
  * (GB_PARAMS), this rank's fsdp shard of it under fsdp (mt_model_set_compute_rounding). */
 mt_status MT_MUST_CHECK mtm_refresh_compute(mt_model *m);

@@ -250,16 +250,10 @@ static mt_status backward_from_final_hidden(mt_model *m) {
     for (int64_t l = m->cfg.num_decoder_layers - 1; l >= 0; l--) {
         MT_TRY(mtm_fetch_layer(m, l));
         mtm_prefetch_layer(m, l - 1); /* fsdp: layer l - 1's all-gather overlaps layer l */
-        float *win = m->sink.fn ? mtm_gwin_layer(m, l) : NULL;
-        if (win) { /* an asynchronous sink may still be reducing layer l + 2 from this window */
-            if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, win));
-            MT_TRY(be->ops->zero(be, win, (size_t)mtm_layer_numel(m, l) * sizeof(float)));
-        }
-        MT_TRY(mtm_layer_backward(m, l));
-        if (win) { /* layer l's gradient is complete: hand its window over */
-            MT_TRY(mtm_comm_status(m));
-            MT_TRY(m->sink.fn(m->sink.ctx, m->par.info[m->par.layer[l].in_norm].offset, mtm_layer_numel(m, l), win, 0));
-        }
+        /* with a sink each parameter's window is opened by its first mtm_gw and handed
+         * over when the next opens; the last, and those not written, at the layer's end */
+        mtm_grad_layer_begin(m, l);
+        MT_TRY(mtm_grad_layer_end(m, mtm_layer_backward(m, l)));
     }
     MT_TRY(mtm_comm_status(m));
     /* the layer windows end with phase 2L + 1: an asynchronous sink finishes them here */

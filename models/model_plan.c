@@ -215,29 +215,33 @@ static mt_status cp_add_to_plan(mt_model *m, mt_plan *plan, int first, int last)
 
 void mtm_vocab_resolve(mt_model *m) {
     const int64_t V = m->V, D = m->D, N = m->N, layer = m->par.layer_numel > 0 ? m->par.layer_numel : 1;
+    /* the unit of the auto chunks: the largest decoder-layer weight, the size of the layer
+     * gradient window (the layers hand their gradients over one parameter at a time), so
+     * that no vocabulary window or gradient window is larger than the layers' */
+    const int64_t weight = m->par.weight_numel > 0 ? m->par.weight_numel : 1;
     int64_t C = m->vc.req_chunks;
-    if (C == 0) /* auto: chunks no larger than a decoder layer where windows hold the vocabulary */
-        C = !m->dec.on && m->tp.size == 1 && (params_windowed(m) || m->sink.fn) ? (V * D + layer - 1) / layer : 1;
+    if (C == 0) /* auto: chunks no larger than a layer weight where windows hold the vocabulary */
+        C = !m->dec.on && m->tp.size == 1 && (params_windowed(m) || m->sink.fn) ? (V * D + weight - 1) / weight : 1;
     m->vc.C = C < 1 ? 1 : C > V ? V : C;
     /* gemma4's per-layer embedding table [V, L P] in chunks of its own whenever the
      * vocabulary comes in chunks: the table is L P / D times as wide as the embedding
-     * (gemma4-e2b: 35 x 256 / 1536 = 5.8), so one vocabulary chunk of it would hold 5.8
-     * decoder layers (1.6 GB of fp32 gradient window at E2B); instead the fewest chunks
-     * no larger than one decoder layer's parameters, ceil(V L P / layer) (E2B: 34 chunks
-     * of 7711 rows, 69.1M elements against the largest layer's 70.0M), and never fewer
-     * than the vocabulary's C, so that a given num_vocab_chunks cuts it at least as
-     * finely. */
+     * (gemma4-e2b: 35 x 256 / 1536 = 5.8), so one vocabulary chunk of it would be 5.8
+     * times the embedding's chunk (and 1.6 GB of fp32 gradient window whole at E2B);
+     * instead the fewest chunks no larger than the largest layer weight, ceil(V L P /
+     * weight), and never fewer than the vocabulary's C, so that a given num_vocab_chunks
+     * cuts it at least as finely. */
     m->vc.ple_C = 1;
     if (m->vc.C > 1 && m->g4.on && m->g4.P > 0) {
         const int64_t wide = V * m->cfg.num_decoder_layers * m->g4.P;
-        const int64_t Cp = max64(m->vc.C, (wide + layer - 1) / layer);
+        const int64_t Cp = max64(m->vc.C, (wide + weight - 1) / weight);
         m->vc.ple_C = Cp > V ? V : Cp;
     }
     int64_t T = m->vc.req_tiles;
-    if (T == 0) { /* auto: a loss tile no larger than a layer's parameters in the activation dtype */
+    if (T == 0) { /* auto: a loss tile no larger than a layer's parameters in the activation dtype, or with
+                   * the vocabulary in chunks than the largest layer weight */
         const int64_t cols = m->vc.C > 1 ? mtm_vocab_chunk_rows(m) : m->tp.Vl;
         const int64_t row = cols * (int64_t)(sizeof(float) + (m->dt != MT_F32 ? m->es : 0));
-        const int64_t R = max64(1, layer * (int64_t)m->es / row);
+        const int64_t R = max64(1, (m->vc.C > 1 ? weight : layer) * (int64_t)m->es / row);
         m->tiles = (N + R - 1) / R;
         /* the tile buffer holds R rows (or N), a bound on every tile's ceil(N / T) rows that
          * grows with N, so the plan's peak never falls as the batch grows (the estimator's
@@ -313,11 +317,11 @@ static mt_status add_weights(mt_model *m, mt_plan *plan) {
         MT_TRY(mtm_plan_add(m, plan, GB_GRADS, "grads", MT_MEM_GRADS, (size_t)m->par.numel * f4, 0, last));
     } else { /* gradient sink: windows live while their gradients are written (mt_model_set_grad_sink) */
         m->plan.gid[GB_GRADS] = -1;
-        MT_TRY(mt_plan_add(plan, "grads.window.layer", MT_MEM_GRADS, (size_t)m->par.layer_numel * f4, bwd0, bwd1,
+        MT_TRY(mt_plan_add(plan, "grads.window.layer", MT_MEM_GRADS, (size_t)m->par.weight_numel * f4, bwd0, bwd1,
                            &m->sink.id[MT_GWIN_LAYER]));
         m->sink.id[MT_GWIN_LAYER1] = -1;
         if (m->sink.wait) /* asynchronous sink: the odd layers' window (mt_model_set_grad_sink_wait) */
-            MT_TRY(mt_plan_add(plan, "grads.window.layer.overlap", MT_MEM_GRADS, (size_t)m->par.layer_numel * f4, bwd0,
+            MT_TRY(mt_plan_add(plan, "grads.window.layer.overlap", MT_MEM_GRADS, (size_t)m->par.weight_numel * f4, bwd0,
                                bwd1, &m->sink.id[MT_GWIN_LAYER1]));
         if (mtm_vocab_grad_windows(m)) { /* the embedding's and lm_head's gradients a chunk at a time */
             const size_t chunk = (size_t)(mtm_vocab_chunk_rows(m) * m->D) * f4;

@@ -11,14 +11,16 @@
  * layer ahead. A layer's window is fetched before its forward and again before its
  * backward only when layer l + 2 reused the slot.
  *
- * Gradient windows (mt_model_set_grad_sink): one layer's gradient, the embedding's
- * and the tail's (model.norm, lm_head) instead of the full buffer, or with the
- * vocabulary in chunks one chunk of the unembedding's rows in the loss and one of the
- * embedding's in its backward (a tied table's rows are handed over twice, the second
- * share added: mt_grad_sink_fn); each is zeroed
- * before its first write and handed to the sink when complete (model_loss.c). With an
+ * Gradient windows (mt_model_set_grad_sink): one layer parameter's gradient at a time
+ * (opened by the layer backward's first mtm_gw of it, handed over when the next one
+ * opens, so that the window is the largest weight, not the layer), the embedding's and
+ * the tail's (model.norm, lm_head) instead of the full buffer, or with the vocabulary
+ * in chunks one chunk of the unembedding's rows in the loss and one of the embedding's
+ * in its backward (a tied table's rows are handed over twice, the second share added:
+ * mt_grad_sink_fn); each is zeroed before its first write and handed to the sink when
+ * complete (model_loss.c). With an
  * asynchronous sink (mt_model_set_grad_sink_wait) two layer windows alternate, so that
- * the sink's reduce-scatter of layer l overlaps layer l - 1's backward. */
+ * the sink's reduce-scatter of one parameter overlaps the backward of the next. */
 #include "models/model_internal.h"
 
 /* Parameter i (its tensor-parallel slice: model_shard.c) as the layers compute with
@@ -130,20 +132,73 @@ mt_status mtm_table_chunk_backward(mt_model *m, float *win, int64_t off, const v
     return m->sink.fn(m->sink.ctx, off + a * width, (b - a) * width, win, add);
 }
 
+/* Layer parameter i's gradient window: hand the open one over (its gradient is
+ * complete: the layer backwards write each parameter in one stretch), then take the
+ * next slot (alternating with an asynchronous sink, after waiting for the reduce-scatter
+ * that last read it) and zero it. */
+static mt_status grad_hand_over(mt_model *m) {
+    const int i = m->sink.open;
+    if (i < 0) return MT_OK;
+    m->sink.open = -1;
+    m->sink.done |= 1ull << (i - m->par.layer[m->sink.layer].in_norm);
+    m->sink.handed++;
+    MT_TRY(mtm_comm_status(m));
+    return m->sink.fn(m->sink.ctx, m->par.info[i].offset, m->par.info[i].numel, m->sink.open_win, 0);
+}
+
+static mt_status grad_open(mt_model *m, int i) {
+    MT_TRY(grad_hand_over(m));
+    const int64_t l = m->sink.layer;
+    if (l < 0 || m->par.layer_of[i] != l)
+        return mt_set_error(MT_ERR_INVALID, "model: the gradient of %s written outside its layer's backward",
+                            m->par.info[i].name);
+    if (m->sink.done >> (i - m->par.layer[l].in_norm) & 1)
+        return mt_set_error(MT_ERR_INVALID, "model: the gradient of %s written again after its hand-over to the "
+                            "gradient sink", m->par.info[i].name);
+    float *win = m->sink.ptr[m->sink.wait && m->sink.handed % 2 ? MT_GWIN_LAYER1 : MT_GWIN_LAYER];
+    m->sink.open = i;
+    m->sink.open_win = win;
+    if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, win)); /* its previous parameter's reduce-scatter */
+    return m->be->ops->zero(m->be, win, (size_t)m->par.info[i].numel * sizeof(float));
+}
+
 /* The gradient of parameter i (its tensor-parallel slice): in the full buffer, or with
- * a gradient sink in the layer window (layer parameters), the embedding window or the
- * tail window (model.norm, lm_head). */
-float *mtm_gw(const mt_model *m, int i) {
+ * a gradient sink in its own window (layer parameters: opened here), the embedding
+ * window or the tail window (model.norm, lm_head). */
+float *mtm_gw(mt_model *m, int i) {
     const int64_t tp = m->tp.off ? m->tp.off[i] : 0, off = m->par.info[i].offset;
     if (!m->sink.fn) return (float *)m->plan.gptr[GB_GRADS] + off + tp;
-    const int l = m->par.layer_of[i];
-    if (l >= 0) return mtm_gwin_layer(m, l) + (off - m->par.info[m->par.layer[l].in_norm].offset) + tp;
+    if (m->par.layer_of[i] >= 0) {
+        if (m->sink.status == MT_OK && m->sink.open != i) m->sink.status = grad_open(m, i);
+        /* after a failure nothing more is handed over: the first window is scratch until
+         * mtm_grad_layer_end returns the error */
+        return (m->sink.status == MT_OK ? m->sink.open_win : m->sink.ptr[MT_GWIN_LAYER]) + tp;
+    }
     if (i == m->par.embed) return m->sink.ptr[MT_GWIN_EMBEDDING] + tp;
     return m->sink.ptr[MT_GWIN_TAIL] + (off - m->par.tail_off) + tp;
 }
 
-float *mtm_gwin_layer(const mt_model *m, int64_t l) {
-    return m->sink.ptr[m->sink.wait && l % 2 ? MT_GWIN_LAYER1 : MT_GWIN_LAYER];
+void mtm_grad_layer_begin(mt_model *m, int64_t l) {
+    m->sink.layer = l;
+    m->sink.open = -1;
+    m->sink.done = 0;
+}
+
+mt_status mtm_grad_layer_end(mt_model *m, mt_status backward) {
+    if (!m->sink.fn || m->sink.layer < 0) return backward;
+    mt_status st = backward != MT_OK ? backward : m->sink.status;
+    m->sink.status = MT_OK;
+    if (st == MT_OK) st = grad_hand_over(m);
+    else m->sink.open = -1;
+    const layer_params *lp = &m->par.layer[m->sink.layer];
+    for (int i = lp->in_norm; st == MT_OK && i <= lp->down; i++) /* not written by this backward: zeros */
+        if (!(m->sink.done >> (i - lp->in_norm) & 1)) {
+            st = grad_open(m, i);
+            if (st == MT_OK) st = grad_hand_over(m);
+        }
+    m->sink.layer = -1;
+    m->sink.open = -1;
+    return st;
 }
 
 /* Gradient sink, before a backward: zero the tail window and (tied: the loss adds to

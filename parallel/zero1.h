@@ -16,15 +16,16 @@
  *   every  ZeRO-1 only: after each micro-batch's backward the fp32 gradient is
  *          reduce-scattered and added into a shard-sized grad_dtype accumulator
  *          (1/n of the memory), window by window (MT_GRAD_WINDOW_RS below: each
- *          layer's reduce-scatter overlaps the next layer's backward).
+ *          parameter's reduce-scatter overlaps the next one's backward).
  * Every add into a bfloat16 accumulator is done in fp32 and rounded once to nearest
  * even (never bf16 + bf16). Sums are exact to fp32 rounding in a different order than
  * one process summing the whole batch, hence the 1e-5 relative test tolerance.
  *
  * Gradient paths (mt_grad_sync_set_path; K micro-batches): the model can hand its
- * gradient over in per-layer fp32 windows instead of one full buffer (models/model.h
- * mt_model_set_grad_sink: a layer window, the tail = model.norm + lm_head, the
- * embedding; each handed over once its gradient is complete). The path is chosen by
+ * gradient over in fp32 windows instead of one full buffer (models/model.h
+ * mt_model_set_grad_sink: each layer parameter, the tail = model.norm + lm_head, the
+ * embedding, or vocabulary chunks of the embedding and lm_head; each handed over once
+ * its gradient is complete). The path is chosen by
  * the layout, the one with the smaller plan in each case:
  *   MT_GRAD_FULL        fp32 once (with or without ZeRO-1, K > 1) and K = 1 without
  *                       ZeRO-1: the model's full fp32 buffer, accumulated in place
@@ -56,7 +57,7 @@
  *                       shard planned for the optimizer phase only (the same adds and
  *                       roundings as through the shard: bitwise the same). With more than one rank the
  *                       reduce-scatter is asynchronous: it runs while the model
- *                       computes the next layer's backward into its second layer
+ *                       computes the next parameter's gradient into its second layer
  *                       window, and completes before that window is written again
  *                       (mt_grad_sync_window_wait; the tensor-group sum before it stays
  *                       blocking). No full-size gradient buffer
@@ -114,12 +115,12 @@ typedef enum mt_ga_reduce {
 /* Where the micro-batch gradients go (mt_grad_sync_set_path; header comment). */
 typedef enum mt_grad_path {
     MT_GRAD_FULL = 0,       /* the model's full fp32 gradient buffer (the default) */
-    MT_GRAD_WINDOW_ACC = 1, /* per-layer windows folded into the numel x grad_dtype accumulator */
-    MT_GRAD_WINDOW_RS = 2   /* per-layer windows reduce-scattered into the shard (accumulator) */
+    MT_GRAD_WINDOW_ACC = 1, /* gradient windows folded into the numel x grad_dtype accumulator */
+    MT_GRAD_WINDOW_RS = 2   /* gradient windows reduce-scattered into the shard (accumulator) */
 } mt_grad_path;
 
 /* Windows a rank may have in flight at once: the model keeps at most its two layer
- * windows in flight (models/model.h mt_model_set_grad_sink_wait); two slots to spare. */
+ * parameter windows in flight (models/model.h mt_model_set_grad_sink_wait); two slots to spare. */
 #define MT_GRAD_SYNC_PENDING 4
 
 typedef struct mt_grad_sync {
@@ -163,7 +164,7 @@ typedef struct mt_grad_sync {
     int rep, rep_rank;    /* its size n / fsdp and this rank's place in it, rank % rep */
     int64_t *rcounts;     /* [rep] the sub-shard sizes inside this rank's fsdp shard */
     /* overlap (mt_grad_sync_set_overlap): the reduce-scatter of a window runs while the
-     * model computes the next layer; at most MT_GRAD_SYNC_PENDING windows in flight,
+     * model computes the next gradient; at most MT_GRAD_SYNC_PENDING windows in flight,
      * each completed by mt_grad_sync_window_wait */
     int overlap;
     struct mt_grad_sync_pending {
@@ -262,8 +263,8 @@ int mt_grad_sync_overlaps(const mt_grad_sync *g);
  * mt_grad_sync_window then only starts a window's reduce-scatter and
  * mt_grad_sync_window_wait completes it. The caller installs mt_grad_sync_window_wait
  * as the model's sink wait (models/model.h mt_model_set_grad_sink_wait), which gives
- * the model a second layer window so that layer l - 1's backward overlaps layer l's
- * reduce-scatter (Megatron-LM's overlap_grad_reduce; PyTorch FSDP's reduce-scatter
+ * the model a second layer window so that the next parameter's backward overlaps one
+ * parameter's reduce-scatter (Megatron-LM's overlap_grad_reduce; PyTorch FSDP's reduce-scatter
  * stream). Errors: MT_ERR_INVALID (on without an overlapping path). */
 mt_status mt_grad_sync_set_overlap(mt_grad_sync *g, int on);
 

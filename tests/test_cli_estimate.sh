@@ -46,12 +46,13 @@ PY
 # (any phase). docs/memory.md's model (Llama block, d 512, 8 heads x 64, mlp 2048, 4
 # layers, vocab 32000, seq 512), one device, grad_dtype bfloat16, 2 micro-batches: the
 # gradient is the bf16 accumulator (2 bytes x numel, live all step) plus fp32 windows
-# never live together: one layer, model.norm, one vocabulary chunk of lm_head (the loss
-# phase) and one of the embedding (its backward), and the reduce chunk of the largest
+# never live together: the largest layer parameter (a layer's gradient goes over one
+# parameter at a time), model.norm, one vocabulary chunk of lm_head (the loss phase)
+# and one of the embedding (its backward), and the reduce chunk of the largest
 # parameter (the embedding). The gradient windows make num_vocab_chunks=auto cut the
-# vocabulary into C = ceil(V D / layer parameters) chunks (models/model.h), here 4 of
-# 8000 rows. The peak is the loss phase (docs/memory.md), where the accumulator,
-# model.norm's window and the lm_head chunk's window are live. ---
+# vocabulary into C = ceil(V D / weight) chunks, weight the largest layer parameter
+# (models/model.h), here 16 of 2000 rows. The peak is the last layer's backward, where
+# the accumulator and the layer parameter window are live. ---
 small="model_name=llama2-7b base_emb_dim=512 base_num_query_heads=8 base_num_kv_heads=8 head_dim=64
  base_mlp_dim=2048 base_num_decoder_layers=4 vocab_size=32000 max_target_length=512 per_device_batch_size=1
  gradient_accumulation_steps=2 grad_dtype=bfloat16"
@@ -61,14 +62,16 @@ $py - <<'PY' || fail "plan columns: $(cat cols.out)"
 import json
 D, QD, KVD, F, L, V = 512, 512, 512, 2048, 4, 32000
 layer = D * QD + 2 * D * KVD + QD * D + 3 * D * F + 2 * D
+weight = max(D * QD, D * KVD, D * F)
 numel = L * layer + 2 * V * D + D
-C = -(-V * D // layer)
+C = -(-V * D // weight)
 Vc = -(-V // C)
-assert (C, Vc) == (4, 8000), (C, Vc)
+assert (C, Vc) == (16, 2000), (C, Vc)
 acc, tail, vocab, chunk = 2 * numel, 4 * D, 4 * Vc * D, 4 * max(V * D, D * F, D * QD)
-total, live = acc + 4 * layer + tail + 2 * vocab + chunk, acc + tail + vocab
+total, live = acc + 4 * weight + tail + 2 * vocab + chunk, acc + 4 * weight
 p = json.load(open("cols.json"))
 assert p["num_params"] == numel, (p["num_params"], numel)
+assert p["peak_phase"] == L + 2, p["peak_phase"]  # phase L + 2: layer L - 1's backward
 assert p["num_vocab_chunks"] == C and p["num_vocab_tiling"] >= 1, (p["num_vocab_chunks"], p["num_vocab_tiling"])
 pl, pt = p["per_device_live_at_peak"], p["per_device"]
 assert pt["gradients_and_accumulators"] == total, (pt, total)

@@ -5,7 +5,7 @@
  *
  * The budget of one optimizer step (train/step.c mt_trainer_step), whatever the number of
  * micro-batches (gradient_accumulation_steps), of loss tiles (num_vocab_tiling) and the
- * gradient path (full buffer or per-layer windows):
+ * gradient path (full buffer or gradient windows):
  *  - device -> host copies: MT_STEP_D2H = 2
  *      1. the loss sum and labelled-token count (models/model.h mt_model_step_stats[0..1]:
  *         every micro-batch's xent_tile adds to them on the device; one 16-byte read after

@@ -1,11 +1,14 @@
-/* tests/test_grad_sink.c: the model's per-layer gradient windows
- * (models/model.h mt_model_set_grad_sink) on the CPU backend.
+/* tests/test_grad_sink.c: the model's gradient windows, a decoder layer's gradient
+ * handed over one parameter at a time (models/model.h mt_model_set_grad_sink) on the
+ * CPU backend.
  *
  * Two models of the same config and parameters, one with the full "grads" buffer and
  * one with a sink that copies every window it is handed into a host array: after one
  * backward (mt_model_forward_backward, or mt_model_hidden + mt_model_backward_hidden)
  * the sink has seen every element exactly once, in the documented ranges and order
- * (tail, layers L-1 .. 0, embedding), and its values are bitwise the full buffer's
+ * (tail, layers L-1 .. 0 one parameter per call, embedding; with num_vocab_chunks auto
+ * the chunks no larger than the largest layer parameter), and its values are bitwise
+ * the full buffer's
  * (the same ops on the same values write them: tolerance 0). The sink model's arena is
  * poisoned with NaN first and a second backward on another batch must again equal a
  * full-buffer backward from zero, so every window is zeroed before it is written.
@@ -24,7 +27,7 @@
  * copies it when the model waits for it, so a window the model zeroed or wrote before
  * waiting would show in the copy; the results must again be bitwise the full buffer's,
  * nothing may be left unwaited when a backward returns, the layer windows must
- * alternate (two layers in flight at once: the overlap) and the plan must hold the
+ * alternate (two parameters in flight at once: the overlap) and the plan must hold the
  * second layer window. A window that shares memory with one in flight (the planner
  * reusing a dead entry's bytes) shows as a window handed over twice unwaited. */
 #include <criterion/criterion.h>
@@ -43,13 +46,15 @@
 #include "runtime/plan.h"
 #include "runtime/rng.h"
 
+#define MAX_CALLS 1024
+
 typedef struct collector {
     float *got;      /* [numel] host copy of what the sink received (add = 0) */
     float *got2;     /* [numel] the second shares (add = 1: a tied embedding in chunks) */
     int *seen;       /* [numel] times each element was handed over */
-    int64_t off[64]; /* offsets of the calls, in order */
-    int64_t num[64];
-    int add[64];
+    int64_t off[MAX_CALLS]; /* offsets of the calls, in order */
+    int64_t num[MAX_CALLS];
+    int add[MAX_CALLS];
     int calls;
     mt_status fail;  /* returned by the sink when not MT_OK */
     /* asynchronous: windows handed over and not yet waited for */
@@ -72,7 +77,7 @@ static void copy_in(collector *c, int64_t offset, int64_t numel, const float *gr
 static mt_status sink(void *ctx, int64_t offset, int64_t numel, float *grad, int add) {
     collector *c = ctx;
     if (c->fail != MT_OK) return mt_set_error(c->fail, "test sink refuses");
-    cr_assert_lt(c->calls, 64);
+    cr_assert_lt(c->calls, MAX_CALLS);
     c->off[c->calls] = offset;
     c->add[c->calls] = add;
     c->num[c->calls++] = numel;
@@ -84,7 +89,7 @@ static mt_status sink(void *ctx, int64_t offset, int64_t numel, float *grad, int
 static mt_status async_sink(void *ctx, int64_t offset, int64_t numel, float *grad, int add) {
     collector *c = ctx;
     if (c->fail != MT_OK) return mt_set_error(c->fail, "test sink refuses");
-    cr_assert_lt(c->calls, 64);
+    cr_assert_lt(c->calls, MAX_CALLS);
     cr_assert_lt(c->pending, 8);
     for (int i = 0; i < c->pending; i++) cr_assert_neq(c->pend_w[i], grad, "window handed over twice unwaited");
     c->off[c->calls] = offset;
@@ -202,13 +207,21 @@ static int64_t vocab_chunks(const mt_model *m) {
     return chunks;
 }
 
+/* Parameters of layer l: [layer_off(l), the next layer's or model.norm's offset). */
+static int64_t layer_end(const mt_model *m, int64_t l) {
+    return l + 1 < mt_model_get_config(m)->num_decoder_layers
+               ? layer_off(m, l + 1)
+               : mt_model_param(m, mt_model_param_find(m, "model.norm.weight"))->offset;
+}
+
 /* Every element once (a tied embedding in C > 1 vocabulary chunks after a loss: twice,
  * the loss's share first, add = 0, the lookup's second, add = 1); calls: (C > 1) the
  * unembedding's C chunks (without a loss, loss = 0: an untied lm_head's zero gradient,
- * none for a tied one), then the tail, layers L-1 .. 0, (gemma4) the per-layer-input
- * globals (with their table in Cp > 1 chunks: each chunk of the table, then the rest),
- * the embedding (C > 1: its C chunks), with the layout's ranges. Chunk k of C is rows
- * [k V / C, (k + 1) V / C) (parallel/vocab_loss.h). */
+ * none for a tied one), then the tail, layers L-1 .. 0 one call per parameter (each of
+ * the layer's parameters once, whole, in the order the backward completes them), (gemma4)
+ * the per-layer-input globals (with their table in Cp > 1 chunks: each chunk of the
+ * table, then the rest), the embedding (C > 1: its C chunks), with the layout's ranges.
+ * Chunk k of C is rows [k V / C, (k + 1) V / C) (parallel/vocab_loss.h). */
 static void check_calls(const collector *col, const mt_model *m, const char *what, int loss) {
     const mt_model_config *c = mt_model_get_config(m);
     const int64_t L = c->num_decoder_layers, numel = mt_model_numel(m), pn = ple_numel(m), D = c->emb_dim;
@@ -218,10 +231,15 @@ static void check_calls(const collector *col, const mt_model *m, const char *wha
     const int64_t uc = vg && (loss || !tied) ? C : 0, ec = vg ? C : 1; /* unembedding's, embedding's calls */
     const int fn = mt_model_param_find(m, "model.norm.weight"), emb = mt_model_param_find(m, "model.embed_tokens.weight");
     const int64_t e = mt_model_param(m, emb)->numel; /* the globals follow the embedding at 0 */
+    int64_t lp = 0; /* the layers' parameters: one call each */
+    for (int i = 0; i < mt_model_param_count(m); i++) {
+        const int64_t o = mt_model_param(m, i)->offset;
+        lp += o >= layer_off(m, 0) && o < layer_end(m, L - 1);
+    }
     for (int64_t i = 0; i < numel; i++)
         cr_assert_eq(col->seen[i], 1 + (twice && i < e), "%s: element %lld handed %d times", what, (long long)i,
                      col->seen[i]);
-    cr_assert_eq(col->calls, uc + 1 + L + tc + (pn > 0) + ec, "%s: %d sink calls", what, col->calls);
+    cr_assert_eq(col->calls, uc + 1 + lp + tc + (pn > 0) + ec, "%s: %d sink calls", what, col->calls);
     const int64_t u0 = tied ? 0 : mt_model_param(m, mt_model_param_find(m, "lm_head.weight"))->offset;
     for (int64_t k = 0; k < uc; k++) {
         const int64_t a = k * V / C, b = (k + 1) * V / C;
@@ -230,12 +248,26 @@ static void check_calls(const collector *col, const mt_model *m, const char *wha
     }
     cr_assert_eq(col->off[uc], mt_model_param(m, fn)->offset, "%s: call %lld is not the tail", what, (long long)uc);
     cr_assert_eq(col->num[uc], (vg && !tied ? u0 : numel) - col->off[uc], "%s: the tail's size", what);
-    for (int64_t l = L - 1; l >= 0; l--) {
-        const int64_t k = uc + 1 + (L - 1 - l);
-        cr_assert_eq(col->off[k], layer_off(m, l), "%s: call %lld is not layer %lld", what, (long long)k,
-                     (long long)l);
+    int64_t k = uc + 1;
+    for (int64_t l = L - 1; l >= 0; l--) { /* the calls of layer l: its parameters, each once and whole */
+        const int64_t lo = layer_off(m, l), hi = layer_end(m, l);
+        int64_t nl = 0;
+        for (int i = 0; i < mt_model_param_count(m); i++)
+            nl += mt_model_param(m, i)->offset >= lo && mt_model_param(m, i)->offset < hi;
+        for (int i = 0; i < mt_model_param_count(m); i++) {
+            const mt_param_info *pi = mt_model_param(m, i);
+            if (pi->offset < lo || pi->offset >= hi) continue;
+            int64_t hits = 0;
+            for (int64_t j = k; j < k + nl; j++)
+                hits += col->off[j] == pi->offset && col->num[j] == pi->numel && col->add[j] == 0;
+            cr_assert_eq(hits, 1, "%s: %s handed over %lld times whole", what, pi->name, (long long)hits);
+        }
+        for (int64_t j = k; j < k + nl; j++)
+            cr_assert(col->off[j] >= lo && col->off[j] + col->num[j] <= hi, "%s: call %lld is not in layer %lld", what,
+                      (long long)j, (long long)l);
+        k += nl;
     }
-    const int64_t t0 = uc + 1 + L;
+    const int64_t t0 = k;
     for (int64_t k = 0; k < tc; k++) { /* table chunk k: rows [k V / Cp, (k + 1) V / Cp) */
         const int64_t a = k * V / Cp, b = (k + 1) * V / Cp;
         cr_assert_eq(col->off[t0 + k], e + a * LP, "%s: call %lld is not table chunk %lld", what,
@@ -260,8 +292,23 @@ static void check_calls(const collector *col, const mt_model *m, const char *wha
 static void check_model(const mt_model_config *c, int remat_full, int async, int64_t chunks, const char *what) {
     fixture a, b;
     collector col = {0};
-    fx_init(&a, c, remat_full, NULL, 0, chunks);
     fx_init(&b, c, remat_full, &col, async, chunks);
+    /* auto (chunks 0): with a sink, the fewest chunks no larger than the largest layer
+     * parameter (the layer gradient window), ceil(V D / weight) (models/model.h); the
+     * full-buffer model (no windows: auto is 1 there) is taken in the same chunks */
+    int64_t weight = 0;
+    for (int i = 0; i < mt_model_param_count(b.m); i++) {
+        const mt_param_info *pi = mt_model_param(b.m, i);
+        if (pi->offset >= layer_off(b.m, 0) && pi->offset < layer_end(b.m, c->num_decoder_layers - 1) &&
+            pi->numel > weight)
+            weight = pi->numel;
+    }
+    if (chunks == 0) {
+        const int64_t want = ((int64_t)c->vocab_size * c->emb_dim + weight - 1) / weight;
+        cr_assert_eq(vocab_chunks(b.m), want < c->vocab_size ? want : c->vocab_size, "%s: auto gave %lld chunks", what,
+                     (long long)vocab_chunks(b.m));
+    }
+    fx_init(&a, c, remat_full, NULL, 0, vocab_chunks(b.m));
     const int64_t numel = mt_model_numel(a.m), L = c->num_decoder_layers, N = 12, D = c->emb_dim;
     col.got = malloc((size_t)numel * sizeof(float));
     col.got2 = malloc((size_t)numel * sizeof(float));
@@ -280,7 +327,7 @@ static void check_model(const mt_model_config *c, int remat_full, int async, int
     if (twin) {
         mt_model_config ct = *c;
         ct.logits_via_embedding = 0;
-        fx_init(&t, &ct, remat_full, &colt, async, chunks);
+        fx_init(&t, &ct, remat_full, &colt, async, vocab_chunks(b.m));
         cr_assert_eq(mt_model_numel(t.m), numel + E);
         cr_assert_eq(vocab_chunks(t.m), C);
         float *wt = mt_model_params(t.m);
@@ -294,11 +341,6 @@ static void check_model(const mt_model_config *c, int remat_full, int async, int
     /* plan: no "grads"; the windows with their sizes and lifetimes (models/model.h) */
     const mt_param_info *e0 = mt_model_param(a.m, mt_model_param_find(a.m, "model.embed_tokens.weight"));
     const mt_param_info *fnp = mt_model_param(a.m, mt_model_param_find(a.m, "model.norm.weight"));
-    int64_t layer = 0; /* the largest layer (gemma4's differ) */
-    for (int64_t l = 0; l < L; l++) {
-        const int64_t n = (l + 1 < L ? layer_off(a.m, l + 1) : fnp->offset) - layer_off(a.m, l);
-        if (n > layer) layer = n;
-    }
     const int64_t pn = ple_numel(a.m), Cp = pn > 0 ? mt_model_per_layer_input_chunks(b.m) : 1;
     const int64_t LP = L * c->per_layer_input_dim, table = Cp > 1 ? c->vocab_size * LP : 0;
     int found = 0;
@@ -306,7 +348,7 @@ static void check_model(const mt_model_config *c, int remat_full, int async, int
         const mt_plan_entry *e = mt_plan_entry_get(b.plan, i);
         cr_assert_str_neq(e->name, "grads", "%s: the full buffer is still planned", what);
         if (strcmp(e->name, "grads.window.layer") == 0 || strcmp(e->name, "grads.window.layer.overlap") == 0) {
-            cr_expect_eq(e->bytes, (size_t)layer * 4);
+            cr_expect_eq(e->bytes, (size_t)weight * 4, "%s: a layer gradient window of %zu bytes", what, e->bytes);
             cr_expect(e->first == L + 2 && e->last == 2 * L + 1, "%s: layer window [%d, %d]", what, e->first, e->last);
             found++;
         } else if (strcmp(e->name, "grads.window.tail") == 0) { /* model.norm (+ lm_head unless chunked) */

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# tests/test_mpi_grad_windows.sh BUILD_DIR: per-layer gradient windows
-# (models/model.h mt_model_set_grad_sink, parallel/zero1.h gradient paths).
+# tests/test_mpi_grad_windows.sh BUILD_DIR: gradient windows, a layer's gradient handed
+# over one parameter at a time (models/model.h mt_model_set_grad_sink, parallel/zero1.h
+# gradient paths).
 #
 # 1. Plans (no mpirun; tests/tools/mpi_layout plan prints the gradient bytes G, the
 #    sum of the MT_MEM_GRADS entries, and M, the largest of them), each checked to the
 #    byte against the formula of parallel/zero1.h, with numel = L x layer + embedding
-#    + final norm + head floats, windows W = 4 (layer + embedding + final norm + head),
-#    and with more than one rank on a reduce-scattering path Wo = W + 4 layer (the second
-#    layer window: the reduce-scatter of layer l overlaps layer l - 1's backward):
+#    + final norm + head floats, windows W = 4 (weight + embedding + final norm + head),
+#    weight the largest layer parameter (the layer gradient window: 64 x 32, gate / up /
+#    down), and with more than one rank on a reduce-scattering path Wo = W + 4 weight
+#    (the second window: one parameter's reduce-scatter overlaps the next one's
+#    backward):
 #    - float32, once, K = 4, one process: the model's full buffer, G = 4 numel;
 #    - bfloat16, once, K = 4: no numel x fp32 buffer (M < 4 numel), G = 2 numel + W +
 #      the fp32 reduce chunk (4 x the largest parameter); with 32 layers (layers
@@ -18,21 +21,21 @@
 #      into the fp32 shard, a communication buffer);
 #    - vocabulary chunks (num_vocab_chunks = C, models/model.h): the embedding's and
 #      lm_head's gradients go to the sink one chunk of Vc = ceil(V / C) rows at a time,
-#      so W = 4 (layer + final norm + 2 Vc D); with a vocabulary larger than a layer
+#      so W = 4 (weight + final norm + 2 Vc D); with a vocabulary larger than a layer
 #      (vocab_size 1024: V D = 32768 > layer 9280) num_vocab_chunks=auto picks
-#      C = ceil(V D / layer) = 4 under fsdp (1 for one process) and the largest window
+#      C = ceil(V D / weight) = 16 under fsdp (1 for one process) and the largest window
 #      is a layer's: no [V, D] parameter or gradient buffer.
 #    - gemma4's per-layer embedding table [V, L P] (models/model_gemma4.c; tiny gemma4
 #      V 64, L 5, P 4, tied embedding): with C = 3 its own count is max(C, ceil(V L P /
-#      layer)) = 3 (the tiny table is smaller than a layer) of Vp = 22 rows, so against
+#      weight)) = 3 (the tiny table is smaller than a layer weight) of Vp = 22 rows, so against
 #      C = 1 its windows and the tied embedding's change: ZeRO-1 K = 1 gradient bytes
 #      fall by 4 (V - Vp) L P (its gradient a chunk at a time) + 4 (V D - 2 Vc D) (D 32:
 #      the whole tied embedding gradient window, live from the loss, gives way to one
 #      chunk window in the loss and one in the lookup's backward), fsdp 2 parameter bytes by 4 (V D - 2 Vc D +
 #      (V - Vp) L P) (the embedding's lookup and loss chunks, Vc = 22, and the table's).
 #      At gemma4-e2b (configs/models, fsdp 8, bf16, batch 1 x 4096) the table, 262144 x
-#      8960, comes in ceil(V L P / layer) = 34 chunks of 7711 rows: its largest window
-#      is 4 x 7711 x 8960 bytes, no larger than a layer's gradient window, and the
+#      8960, comes in ceil(V L P / weight) chunks, weight = the layer gradient window's
+#      floats: its largest window no larger than the layer gradient window, and the
 #      largest window is no longer the table's (it was its 9.45 GB fp32 gradient window).
 # 2. Runs (mpirun, else skipped): windows against the full-buffer path
 #    (mpi_layout run-full-grads: the behaviour before windows) on the same layout.
@@ -54,7 +57,7 @@
 #    mpi_layout compare ... derived, with the reference's perturbed run ref_b8_kappa;
 #    measured 0.019 of the bound; was 1e-5). Every run's bytes
 #    per step equal the formula (parallel/zero1.h). The window runs overlap each
-#    layer's reduce-scatter with the next layer's backward (overlap_grad_reduce, on in
+#    parameter's reduce-scatter with the next one's backward (overlap_grad_reduce, on in
 #    the layout config of tests/lib.sh); fsdp K = 1 also runs blocking (false), and both give
 #    the same gradient file bitwise (the same collectives on the same windows).
 set -u
@@ -75,8 +78,9 @@ src="$(cd "$(dirname "$0")/.." && pwd)"
 # ---- 1. plans ----
 layer=$((2 * 32 + 32 * 32 + 2 * 16 * 32 + 32 * 32 + 3 * 64 * 32)) # norms, q, k, v, o, gate/up/down
 emb=$((64 * 32)) tail=$((32 + 64 * 32)) maxp=$((64 * 32))          # untied: final norm + head
-win=$((4 * (layer + emb + tail)))
-wino=$((win + 4 * layer))
+weight=$((64 * 32))                                                 # the largest layer parameter
+win=$((4 * (weight + emb + tail)))
+wino=$((win + 4 * weight))
 field() { awk -v k="$1" '{for (i = 1; i < NF; i++) if ($i == k) print $(i + 1)}' <<< "$2"; }
 plan() { "$tool" plan "$cfg" per_device_batch_size=2 "$@" 2>&1; }
 check() { # check NAME GOT WANT
@@ -111,16 +115,16 @@ for L in 2 32; do
     check "L$L fsdp2 K1" "$(field grads "$p")" $wino
     p="$(plan base_num_decoder_layers=$L num_devices=2 ici_fsdp_parallelism=2 overlap_grad_reduce=false)"
     check "L$L fsdp2 K1 no overlap" "$(field grads "$p")" $win
-    winc=$((4 * (layer + 32 + 2 * 22 * 32))) # C = 3 of V = 64: Vc = 22
+    winc=$((4 * (weight + 32 + 2 * 22 * 32))) # C = 3 of V = 64: Vc = 22
     p="$(plan base_num_decoder_layers=$L num_devices=2 ici_fsdp_parallelism=2 num_vocab_chunks=3)"
-    check "L$L fsdp2 K1 chunks 3" "$(field grads "$p")" $((winc + 4 * layer))
+    check "L$L fsdp2 K1 chunks 3" "$(field grads "$p")" $((winc + 4 * weight))
     p="$(plan base_num_decoder_layers=$L num_devices=2 ici_data_parallelism=2 shard_optimizer_over_data=true \
         num_vocab_chunks=3 overlap_grad_reduce=false)"
     check "L$L dp2 zero1 K1 chunks 3 no overlap" "$(field grads "$p")" $winc
 done
 p="$(plan num_devices=2 ici_fsdp_parallelism=2 vocab_size=1024)"
 printf 'plan fsdp2 vocab 1024: %s\n' "$p"
-[ "$(field chunks "$p")" = 4 ] || fail "fsdp2 vocab 1024: num_vocab_chunks=auto gave $(field chunks "$p") chunks, not 4"
+[ "$(field chunks "$p")" = 16 ] || fail "fsdp2 vocab 1024: num_vocab_chunks=auto gave $(field chunks "$p") chunks, not 16"
 case "$(field maxwin "$p")" in
 params.window.layer* | grads.window.layer*) ;;
 *) fail "fsdp2 vocab 1024: the largest window is $(field maxwin "$p"), not a layer's" ;;
@@ -143,8 +147,8 @@ printf 'plan %-34s parameter bytes %9s (formula %9s)\n' "gemma4 fsdp2 chunks 1 -
 p="$("$tool" plan "$src/configs/base.yml" model_name=gemma4-e2b dataset_path=/none num_devices=8 \
     ici_fsdp_parallelism=8 dtype=bfloat16 max_target_length=4096 per_device_batch_size=1 2>&1)"
 printf 'plan gemma4-e2b fsdp8: %s\n' "$p"
-layer=$(($(field gwlayer "$p") / 4)) wide=$((262144 * 35 * 256))
-want=$(((wide + layer - 1) / layer))
+weight=$(($(field gwlayer "$p") / 4)) wide=$((262144 * 35 * 256))
+want=$(((wide + weight - 1) / weight))
 [ "$(field ple_chunks "$p")" = $want ] || fail "gemma4-e2b: the table in $(field ple_chunks "$p") chunks, not $want"
 rows=$(((262144 + want - 1) / want))
 check "gemma4-e2b fsdp8 table window" "$(field maxple "$p")" $((4 * rows * 35 * 256))

@@ -141,8 +141,9 @@ Test(plan_remat, full_remat_keeps_only_layer_inputs) {
 /* The two columns of `meshtrain plan` (mt_memory_report total / live). One device,
  * grad_dtype bfloat16, 2 micro-batches: the gradient is held as the bf16 accumulator
  * (2 bytes x numel, live over the whole step) plus four fp32 windows that are never
- * live together (models/model.h mt_model_set_grad_sink, parallel/zero1.h): one layer's
- * parameters (the layers' backward), model.norm + lm_head (the loss phase), the
+ * live together (models/model.h mt_model_set_grad_sink, parallel/zero1.h): the largest
+ * layer parameter (the layers' backward: a layer's gradient goes over one parameter at
+ * a time), model.norm + lm_head (the loss phase), the
  * embedding (its backward; llama's is untied) and the reduce chunk of the largest
  * parameter (the optimizer phase). `total` holds all four, sizes from the shapes
  * here; `live` the accumulator and at most the largest window. The live rows add up
@@ -161,13 +162,14 @@ Test(plan_remat, live_rows_count_only_the_peak_phase) {
     const size_t D = (size_t)m->emb_dim, QD = (size_t)(m->num_query_heads * m->head_dim), F = (size_t)m->mlp_dim;
     const size_t numel = (size_t)r.num_params, lp = (size_t)layer_params(m);
     const size_t emb = (size_t)m->vocab_size * D, tail = emb + D;
-    size_t biggest = D * QD > D * F ? D * QD : D * F; /* q/o projections or an MLP matrix */
-    if (emb > biggest) biggest = emb;
-    size_t win = lp > tail ? lp : tail;
+    const size_t weight = D * QD > D * F ? D * QD : D * F; /* the largest layer parameter: q/o or an MLP matrix */
+    size_t biggest = weight > emb ? weight : emb;        /* of all parameters: the reduce chunk */
+    size_t win = weight > tail ? weight : tail;
     if (biggest > win) win = biggest;
     const size_t acc = 2 * numel;
-    cr_expect_eq(r.total.grads, acc + 4 * (lp + tail + emb + biggest),
-                 "total grads %zu: accumulator %zu + windows of %zu, %zu, %zu, %zu floats", r.total.grads, acc, lp,
+    cr_expect_lt(weight, lp, "the layer window is not smaller than the layer");
+    cr_expect_eq(r.total.grads, acc + 4 * (weight + tail + emb + biggest),
+                 "total grads %zu: accumulator %zu + windows of %zu, %zu, %zu, %zu floats", r.total.grads, acc, weight,
                  tail, emb, biggest);
     cr_expect_geq(r.live.grads, acc, "the accumulator is live at the peak");
     cr_expect_leq(r.live.grads, acc + 4 * win, "live grads %zu: more than the accumulator %zu and one window %zu",

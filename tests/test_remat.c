@@ -80,7 +80,10 @@ static void run(const mt_model_config *c, const mt_remat_policy *pol, run_out *o
     memset(o, 0, sizeof *o);
     mt_backend *be = mt_cpu_backend();
     mt_model *m;
-    const mt_model_layout lay = {.param_offload = g_param_offload};
+    /* the vocabulary whole (num_vocab_chunks = 1) as in the reference: with parameter
+     * windows auto would cut it into chunks (models/model.h), whose loss sums in another
+     * order; tests/test_mpi_layouts.sh checks parameter offload in chunks */
+    const mt_model_layout lay = {.param_offload = g_param_offload, .vocab_chunks = 1};
     cr_assert_eq(mt_model_create(&m, c, be, B, T, 2, &lay), MT_OK, "%s", mt_last_error());
     cr_assert_eq(mt_model_set_remat(m, pol), MT_OK, "%s", mt_last_error());
     mt_plan *p, *h;

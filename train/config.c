@@ -105,12 +105,13 @@ static const mt_config_key mt_keys[] = {
     RKEY_DBL(gradient_clipping_threshold, "1", 1, 0, 0, 0, "clip the global gradient norm; 0 = off"),
     RKEY_INT(gradient_accumulation_steps, "1", 1, "micro-batches per optimizer step"),
     RKEY_INT(num_vocab_tiling, "0", 0, "row tiles of the vocab-tiled loss (1..batch*seq); 0 = auto: the fewest "
-             "tiles whose loss tile is no larger than one decoder layer's parameters (plan prints the count)"),
+             "tiles whose loss tile is no larger than one decoder layer's parameters, or with the vocabulary in chunks "
+             "than the largest layer weight (plan prints the count)"),
     RKEY_INT(num_vocab_chunks, "0", 0, "vocabulary chunks the embedding, lm_head and loss are taken in "
              "(1..vocab_size); 0 = auto: with fsdp, parameter offload or gradient windows and no tensor axis, the "
-             "fewest chunks no larger than one decoder layer, else 1; with more than 1, gemma4's per-layer "
-             "embedding table comes in chunks too, at least as many and none larger than a layer (plan prints "
-             "both)"),
+             "fewest chunks no larger than the largest decoder-layer weight (the layer gradient window), else 1; "
+             "with more than 1, gemma4's per-layer embedding table comes in chunks too, at least as many and none "
+             "larger than that weight (plan prints both)"),
     RKEY_ENUM(dtype, dtype_names, dtype_values, "float32", "compute and activation dtype"),
     RKEY_ENUM(weight_dtype, dtype_names, dtype_values, "float32",
               "master weight dtype: float32 only for now (bfloat16 masters are refused; dtype=bfloat16 computes in "
@@ -151,10 +152,11 @@ static const mt_config_key mt_keys[] = {
               "once = reduce after the last micro-batch (full accumulator); every = reduce-scatter each "
               "micro-batch into the ZeRO-1 shard accumulator"),
     {"overlap_grad_reduce", MT_KEY_BOOL, OFF(overlap_grad_reduce), 0, NULL, NULL, 0, "false", 0, 0, 0, 0,
-     "true: where layer gradients are reduce-scattered one layer at a time (ZeRO-1, fsdp) over more than one "
-     "rank, layer l's reduce-scatter runs while layer l-1's backward computes, for one more layer-sized fp32 "
-     "gradient window (\"grads.window.layer.overlap\"; 12.75 GB per device for llama3.1-405b); false: "
-     "blocking, one window (Megatron-LM's overlap_grad_reduce, off by default there too)"},
+     "true: where layer gradients are reduce-scattered one parameter at a time (ZeRO-1, fsdp) over more than "
+     "one rank, each parameter's reduce-scatter runs while the next one's gradient is computed, for one more "
+     "fp32 gradient window of the largest layer parameter (\"grads.window.layer.overlap\"; 3.49 GB per device "
+     "for llama3.1-405b); false: blocking, one window (Megatron-LM's overlap_grad_reduce, off by default there "
+     "too)"},
     RKEY_ENUM(context_parallel_strategy, cp_strategy_names, cp_strategy_values, "all_gather",
               "context parallelism: all_gather keys/values, or pass them around a ring"),
     {"tensor_sequence_parallelism", MT_KEY_BOOL, OFF(tensor_sequence_parallelism), 0, NULL, NULL, 0, "false", 0,

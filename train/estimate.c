@@ -596,13 +596,19 @@ static mt_status add_cheaper_variants(search *s, const searched *q, const mt_ste
     return st;
 }
 
-/* Confirm each row with the exact full-depth plan (stepping the batch down by the
- * layout's unit in the unlikely case extrapolation was optimistic) and model its step
- * time (collective bytes: the trainer's formula from that plan) and tokens/s. */
+/* Confirm each row with the exact full-depth plan and model its step time (collective
+ * bytes: the trainer's formula from that plan) and tokens/s. The extrapolation from 2
+ * and 3 layers is exact for the bytes live at each phase, but the arena's packing can
+ * leave a gap at full depth that the shallow plans did not have (the peak is the
+ * packed arena's size): a row over the budget at full depth steps its batch down by the
+ * layout's unit, and one that does not fit at its smallest (or, mode 2, its fixed)
+ * batch is dropped. */
 static mt_status confirm_and_model(search *s, int mode, const mt_step_model *sm, row_list *out) {
     mt_status st = MT_OK;
+    int kept = 0;
     for (int i = 0; st == MT_OK && i < out->n; i++) {
-        mt_estimate_row *row = &out->rows[i];
+        mt_estimate_row *row = &out->rows[kept];
+        if (kept != i) *row = out->rows[i];
         size_t peak = 0, host = 0;
         uint64_t bytes = 0;
         for (;;) {
@@ -611,6 +617,8 @@ static mt_status confirm_and_model(search *s, int mode, const mt_step_model *sm,
             row->batch -= s->unit;
         }
         if (st != MT_OK) break;
+        if (peak > s->budget) continue; /* does not fit at full depth: dropped */
+        kept++;
         memcpy(row->dims, s->dims, sizeof row->dims);
         row->peak = peak;
         row->host = host;
@@ -622,6 +630,7 @@ static mt_status confirm_and_model(search *s, int mode, const mt_step_model *sm,
         const double tokens = device_tokens(s->base, s->dims, row->batch);
         row->tokens_per_s = row->step_s > 0 ? tokens / row->step_s : 0;
     }
+    if (st == MT_OK) out->n = kept;
     return st;
 }
 
@@ -1026,7 +1035,13 @@ mt_status mt_estimate_mesh(const mt_train_config *cfg, const int axis_fixed[4], 
     out->searched = nl;
     if (st == MT_OK) {
         qsort(lr, (size_t)nl, sizeof *lr, cmp_layout_rows);
-        out->nlayouts = nl < top ? nl : top;
+        int filled = 0; /* layouts left with a row at full depth (confirm_and_model): sorted first */
+        while (filled < nl && lr[filled].rl.n > 0) filled++;
+        if (filled == 0) st = no_fit_error(cfg, out->mode, batch_fixed, &q, budget, c, nc,
+                                                out->candidates - out->refused, all_fixed);
+        out->nlayouts = filled < top ? filled : top;
+    }
+    if (st == MT_OK) {
         int n = 0;
         for (int k = 0; k < out->nlayouts; k++) n += lr[k].rl.n;
         out->rows = calloc((size_t)(n > 0 ? n : 1), sizeof *out->rows);

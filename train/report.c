@@ -172,12 +172,13 @@ static void plan_table(const mt_train_config *cfg, const mt_memory_report *r, co
            r->vocab_tiling[0], cfg->num_vocab_tiling == 0 ? " (auto)" : "", r->vocab_tiling[1],
            cfg->num_vocab_chunks == 0 ? " (auto)" : "", mt_remat_policy_name((mt_remat_policy_kind)cfg->remat_policy));
     if (cfg->num_vocab_tiling == 0 || cfg->num_vocab_chunks == 0)
-        printf("auto (num_vocab_tiling / num_vocab_chunks = 0): vocabulary chunks no larger than one decoder layer "
-               "where fsdp, parameter offload or gradient windows hold the vocabulary (else 1); row tiles so that "
-               "the loss tile is no larger than one decoder layer's parameters\n");
+        printf("auto (num_vocab_tiling / num_vocab_chunks = 0): vocabulary chunks no larger than the largest "
+               "decoder-layer weight where fsdp, parameter offload or gradient windows hold the vocabulary (else 1); "
+               "row tiles so that the loss tile is no larger than that weight (vocabulary in chunks) or one decoder "
+               "layer's parameters (whole)\n");
     if (r->vocab_tiling[2] > 0)
         printf("per-layer embedding table [vocab, layers x per_layer_input_dim] in %" PRId64 " chunk(s): 1 when the "
-               "vocabulary is whole, else the fewest no larger than one decoder layer and at least the vocabulary "
+               "vocabulary is whole, else the fewest no larger than the largest decoder-layer weight and at least the vocabulary "
                "chunks\n", r->vocab_tiling[2]);
     printf("mesh: %" PRId64 " device(s) = data %d x fsdp %d x context %d x tensor %d (rank 0: exactly what "
            "`train` allocates)\n", cfg->num_devices, r->dims[0], r->dims[1], r->dims[2], r->dims[3]);

@@ -131,7 +131,7 @@ typedef struct mt_trainer mt_trainer;
 mt_status mt_trainer_create(mt_trainer **out, const mt_train_config *cfg);
 
 /* mt_trainer_create with full_grads = 1: the model keeps its full fp32 gradient
- * buffer (mt_model_grads) instead of the per-layer gradient windows the gradient sync
+ * buffer (mt_model_grads) instead of the gradient windows the gradient sync
  * chooses when they save memory (parallel/zero1.h); the library API's sessions use it
  * because they read and write named gradients there. The plan then differs from
  * mt_trainer_plan's where windows apply. full_grads = 0 is mt_trainer_create. */

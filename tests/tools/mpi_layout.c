@@ -51,8 +51,8 @@
  *                                     gemma4's per-layer embedding table chunks, 0 for
  *                                     other models) "maxple B gwlayer W" (B the largest
  *                                     window of gemma4's per-layer-input globals or of a
- *                                     chunk of their table, W the gradient window of a
- *                                     layer, 0 when there is none)
+ *                                     chunk of their table, W the layer gradient window:
+ *                                     the largest layer parameter, 0 when there is none)
  *   mpi_layout bounds REF K [ACC_DTYPE]
  *                                     the derived bounds of REF's first K steps (with
  *                                     REF_kappa): "step loss grad_norm" relative;
