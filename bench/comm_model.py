@@ -110,6 +110,13 @@ def coords(dims, r):
     return dict(tensor=r % T, context=(r // T) % C, fsdp=(r // (T * C)) % F, data=r // (T * C * F))
 
 
+def vocab_chunked(m, T):
+    """Whether num_vocab_chunks auto cuts the vocabulary (models/model.h, under fsdp): no
+    tensor axis and V D above the largest layer weight."""
+    D, QD, KVD, F = m["D"], m["H"] * m["Dh"], m["Hkv"] * m["Dh"], m["F"]
+    return T == 1 and m["V"] * D > max(QD * D, KVD * D, F * D)
+
+
 def rank_bytes(m, case, r):
     """Bytes world rank r sends in one step, by (collective, group), exactly as
     mt_trainer_step_bytes' formula (which tests/test_mpi_layouts.sh holds equal to the
@@ -171,6 +178,13 @@ def rank_bytes(m, case, r):
             return max(hi - lo, 0)
         tail_off = emb + L * layer
         fl = (emb - own(0, emb)) + (numel - tail_off - own(tail_off, numel))
+        # with the vocabulary in chunks (num_vocab_chunks auto: fsdp without a tensor axis,
+        # ceil(V D / the largest layer weight) > 1, models/model.h) the chunked loss
+        # gathers each unembedding chunk in each of its three passes: twice more
+        if vocab_chunked(m, T):
+            D = m["D"]
+            u0 = 0 if m["tied"] else numel - m["V"] * D
+            fl += 2 * (m["V"] * D - own(u0, u0 + m["V"] * D))
         for l in range(L):
             a = emb + l * layer
             w = layer - own(a, a + layer)
@@ -281,8 +295,11 @@ def step_model(m, case, bw, rate, peak):
         last_two = (m["Hkv"] * m["Dh"] * m["D"] + m["D"] + emb) / numel
         g_ov, g_exposed = gw * (1 - last_two), gw * last_two
         fs = get.get(("param all-gather", "fsdp"), 0)
-        per_win = fs / (emb + tail + L * layer + (L - 2) * layer)
-        fs_first = per_win * (emb + tail + layer)     # global window + layer 0: nothing to hide behind
+        un2 = 2 * m["V"] * m["D"] if F > 1 and vocab_chunked(m, T) else 0  # the chunked loss's 2 more
+        per_win = fs / (emb + tail + un2 + L * layer + (L - 2) * layer)
+        # global window + layer 0 (+ the chunked loss's further lm_head gathers): nothing
+        # to hide behind
+        fs_first = per_win * (emb + tail + un2 + layer)
         fs_fwd = per_win * (L - 1) * layer
         fs_bwd = per_win * (L - 2) * layer
         serial = comp + tot

@@ -42,10 +42,12 @@
  * width; a sharing layer's dK / dV come back to this rank's rows before they reach the
  * accumulator. Packing: the segment ids and per-document positions reach the attention
  * and RoPE as for the other families. Gradient windows (ZeRO-1): the layer windows are
- * the largest layer's and each layer hands over its own size (model_loss.c); the
+ * the largest layer weight's and each layer hands its parameters over one at a time,
+ * those it does not write (a KV-sharing layer's k / v / k_norm, layer_scalar) as zeros
+ * (model_windows.c); the
  * per-layer-input globals have their own window (G4_GWIN_PLE, ple_gw), fp32, for the
  * embedding's backward phase. Parameter windows (fsdp, parameter offload): the layer
- * windows likewise, and the per-layer-input globals, which the global window does not
+ * windows are the largest layer's, and the per-layer-input globals, which the global window does not
  * hold, have their own (G4_PWIN_PLE, ple_pw), all-gathered or copied once per forward
  * and kept until their backward. Whole, both would hold the per-layer embedding table
  * V x L x P (E2B: 2.35G elements, 4.7 GB in bf16, 9.4 GB as the fp32 gradient). When

@@ -39,7 +39,7 @@ overlap_grad_reduce: true
 YML
 
 # a collective as the messages name it: "all_gather", or an asynchronous one with its MPI
-# call, "reduce_scatter (MPI_Ireduce_scatter)" (the per-layer gradient reduce-scatters
+# call, "reduce_scatter (MPI_Ireduce_scatter)" (the per-parameter gradient reduce-scatters
 # overlap the backward: overlap_grad_reduce)
 coll="[a-z_]+( \\([A-Za-z_]+\\))?"
 

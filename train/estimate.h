@@ -45,7 +45,7 @@ typedef struct mt_memory_rows {
 } mt_memory_rows;
 
 /* One rank's memory, in bytes. `total` sums every plan entry of each row, whatever
- * its lifetime (e.g. every per-layer gradient window, although they are never live
+ * its lifetime (e.g. every gradient window, although they are never live
  * together); `live` sums the entries live at peak_phase only (the phase with the most
  * requested bytes live, runtime/plan.h mt_plan_live_by_category), its rows adding up
  * to live_at_peak. peak is the arena size (>= live_at_peak: alignment, packing). */
