@@ -277,8 +277,8 @@ typedef mt_status (*mt_grad_sink_fn)(void *ctx, int64_t offset, int64_t numel, f
  * collectives included): fn(ctx, model.norm offset, numel - that, tail) after the final
  * norm's backward, fn(ctx, offset of parameter i, its numel, its window) for every
  * parameter of layer l as its gradient is complete in layer l's backward (l = L-1 .. 0;
- * in the order the backward writes them, then as zeros those it does not write, e.g.
- * gemma4's KV-sharing layers' k_proj and its layer_scalar), (gemma4) fn(ctx, embedding numel,
+ * in the order the backward writes them, then as zeros those it does not write:
+ * gemma4's layer_scalar), (gemma4) fn(ctx, embedding numel,
  * their numel, per-layer-input window) when those are complete, fn(ctx, 0, embedding
  * numel, embedding window) after the embedding backward; in chunks, each unembedding
  * chunk as the loss finishes it (before the tail) and each embedding chunk after the

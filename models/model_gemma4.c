@@ -43,8 +43,7 @@
  * accumulator. Packing: the segment ids and per-document positions reach the attention
  * and RoPE as for the other families. Gradient windows (ZeRO-1): the layer windows are
  * the largest layer weight's and each layer hands its parameters over one at a time,
- * those it does not write (a KV-sharing layer's k / v / k_norm, layer_scalar) as zeros
- * (model_windows.c); the
+ * layer_scalar (no gradient) as zeros (model_windows.c); the
  * per-layer-input globals have their own window (G4_GWIN_PLE, ple_gw), fp32, for the
  * embedding's backward phase. Parameter windows (fsdp, parameter offload): the layer
  * windows are the largest layer's, and the per-layer-input globals, which the global window does not
@@ -426,12 +425,15 @@ static mt_status g4_ple_bwd(mt_model *m, int64_t l, void *a[MT_LT_COUNT], void *
     MT_TRY(be->ops->rmsnorm_fwd(be, d2, G4B(m, G4_RSTD), o, mtm_pw(m, lp->ple_norm), N, D, m->eps, m->w_off, m->dt));
     /* backward */
     MT_TRY(be->ops->zero(be, d1, (size_t)(N * D) * m->es));
+    MT_TRY(mtm_grad_open(m, lp->ple_norm));
     MT_TRY(be->ops->rmsnorm_bwd(be, d1, mtm_gw(m, lp->ple_norm), G, o, mtm_pw(m, lp->ple_norm), G4B(m, G4_RSTD), N, D,
                                 m->w_off, m->dt));
+    MT_TRY(mtm_grad_open(m, lp->ple_proj));
     MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->ple_proj), d1, pc, N, P, D));
     MT_TRY(linear_bwd_x(m, pc, d1, mtm_pw(m, lp->ple_proj), N, P, D, 0.0f));
     MT_TRY(be->ops->glu_bwd(be, pd, pe, pc, pa, pb, N * P, m->cfg.mlp_activation, m->dt));
     MT_TRY(ple_unslice_add(m, G4B(m, G4_PLE_DALL), pe, l));
+    MT_TRY(mtm_grad_open(m, lp->ple_gate));
     MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->ple_gate), pd, ymid, N, D, P));
     return linear_bwd_x(m, G, pd, mtm_pw(m, lp->ple_gate), N, D, P, 1.0f);
 }
@@ -478,6 +480,7 @@ mt_status mtm_g4_layer_backward(mt_model *m, int64_t l) {
     /* ---- MLP: y1 = h + post_ffw(down(act(g) u)) ---- */
     /* d(down_proj output) [N, D]: under sequence parallelism this rank's rows, all-gathered */
     MT_TRY(be->ops->zero(be, AT(m, d1, s0 * D), ND));
+    MT_TRY(mtm_grad_open(m, lp->post_ffw_norm));
     MT_TRY(be->ops->rmsnorm_bwd(be, AT(m, d1, s0 * D), mtm_gw(m, lp->post_ffw_norm), G, a[MT_LT_MLPWO],
                                 mtm_pw(m, lp->post_ffw_norm), a[MT_LT_POST_FFW_NORM_RSTD], Ns, D, off, m->dt));
     mtm_sp_gather(m, d1);
@@ -485,16 +488,20 @@ mt_status mtm_g4_layer_backward(mt_model *m, int64_t l) {
     MT_TRY(mtm_row_bwd_w(m, lp->down, d1, w0, F, g4_fg(m, l)));
     MT_TRY(mtm_row_bwd_x(m, w0, d1, lp->down, F, g4_fg(m, l), 0.0f));
     MT_TRY(be->ops->glu_bwd(be, w1, w2, w0, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
+    MT_TRY(mtm_grad_open(m, lp->gate));
     MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->gate), w1, nrm, N, D, F));
+    MT_TRY(mtm_grad_open(m, lp->up));
     MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->up), w2, nrm, N, D, F));
     MT_TRY(linear_bwd_x(m, d2, w1, mtm_pw(m, lp->gate), N, D, F, 0.0f));
     MT_TRY(linear_bwd_x(m, d2, w2, mtm_pw(m, lp->up), N, D, F, 1.0f));
     const void *dn2 = mtm_tp_sum_input_grad(m, d2, d1); /* column-parallel gate/up: partial sums */
+    MT_TRY(mtm_grad_open(m, lp->pre_mlp_norm));
     MT_TRY(be->ops->rmsnorm_bwd(be, G, mtm_gw(m, lp->pre_mlp_norm), dn2, res, mtm_pw(m, lp->pre_mlp_norm),
                                 a[MT_LT_PRE_MLP_NORM_RSTD], Ns, D, off, m->dt));
 
     /* ---- attention: h = x + post_attn(o_proj(attn(q, k, v))) ---- */
     MT_TRY(be->ops->zero(be, AT(m, d1, s0 * D), ND));
+    MT_TRY(mtm_grad_open(m, lp->post_attn_norm));
     MT_TRY(be->ops->rmsnorm_bwd(be, AT(m, d1, s0 * D), mtm_gw(m, lp->post_attn_norm), G, a[MT_LT_OUT_PROJ],
                                 mtm_pw(m, lp->post_attn_norm), a[MT_LT_POST_ATTN_NORM_RSTD], Ns, D, off, m->dt));
     mtm_sp_gather(m, d1);
@@ -515,8 +522,10 @@ mt_status mtm_g4_layer_backward(mt_model *m, int64_t l) {
     /* q: through q_norm to q_proj */
     MT_TRY(linear_fwd(m, w0, nrm, mtm_pw(m, lp->q), N, D, QD, 0.0f));
     MT_TRY(be->ops->zero(be, w4, (size_t)(N * QD) * m->es));
+    MT_TRY(mtm_grad_open(m, lp->q_norm));
     MT_TRY(be->ops->rmsnorm_bwd(be, w4, mtm_gw(m, lp->q_norm), w1, w0, mtm_pw(m, lp->q_norm), a[MT_LT_QUERY_NORM_RSTD],
                                 N * H, Dh, off, m->dt));
+    MT_TRY(mtm_grad_open(m, lp->q));
     MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->q), w4, nrm, N, D, QD));
     MT_TRY(linear_bwd_x(m, d2, w4, mtm_pw(m, lp->q), N, D, QD, 0.0f));
     if (donor < 0) {
@@ -524,6 +533,7 @@ mt_status mtm_g4_layer_backward(mt_model *m, int64_t l) {
         MT_TRY(be->ops->rope_bwd(be, w2, pos, inv_freq, N, Hkv, Dh, m->dt));
         MT_TRY(linear_fwd(m, w0, nrm, mtm_pw(m, lp->k), N, D, KVD, 0.0f));
         MT_TRY(be->ops->zero(be, w1, (size_t)(N * KVD) * m->es));
+        MT_TRY(mtm_grad_open(m, lp->k_norm));
         MT_TRY(be->ops->rmsnorm_bwd(be, w1, mtm_gw(m, lp->k_norm), w2, w0, mtm_pw(m, lp->k_norm),
                                     a[MT_LT_KEY_NORM_RSTD], N * Hkv, Dh, off, m->dt));
         /* v: v_norm (statistics recomputed; its weightless scale's gradient discarded), v_proj */
@@ -533,12 +543,15 @@ mt_status mtm_g4_layer_backward(mt_model *m, int64_t l) {
         MT_TRY(be->ops->zero(be, G4B(m, G4_VDW), (size_t)m->Dh * sizeof(float)));
         MT_TRY(be->ops->rmsnorm_bwd(be, w2, G4B(m, G4_VDW), w3, w0, G4B(m, G4_VZERO), G4B(m, G4_VRSTD), N * Hkv, Dh,
                                     1.0f, m->dt));
+        MT_TRY(mtm_grad_open(m, lp->k));
         MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->k), w1, nrm, N, D, KVD));
+        MT_TRY(mtm_grad_open(m, lp->v));
         MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->v), w2, nrm, N, D, KVD));
         MT_TRY(linear_bwd_x(m, d2, w1, mtm_pw(m, lp->k), N, D, KVD, 1.0f));
         MT_TRY(linear_bwd_x(m, d2, w2, mtm_pw(m, lp->v), N, D, KVD, 1.0f));
     }
     const void *dn1 = mtm_tp_sum_input_grad(m, d2, d1); /* column-parallel q/k/v: partial sums */
+    MT_TRY(mtm_grad_open(m, lp->in_norm));
     return be->ops->rmsnorm_bwd(be, G, mtm_gw(m, lp->in_norm), dn1, x, mtm_pw(m, lp->in_norm), a[MT_LT_INPUT_NORM_RSTD],
                                 Ns, D, off, m->dt);
 }

@@ -186,9 +186,8 @@ typedef struct mtm_grad_sink {
     int64_t layer;     /* the layer whose backward writes them, -1 none */
     int open;          /* the parameter whose window is open, -1 none */
     float *open_win;   /* its window */
-    uint64_t done;     /* bit i - in_norm: parameter i of the layer handed over this backward */
+    uint64_t done;     /* bit i - in_norm: parameter i of the layer handed over (a layer has < 64: layer_params) */
     int64_t handed;    /* layer parameters handed over this backward (the slot of the next: handed % 2) */
-    mt_status status;  /* the first failure of an mtm_gw that opened a window, returned by mtm_grad_layer_end */
 } mtm_grad_sink;
 
 /* Vocabulary chunks (num_vocab_chunks; model_loss.c, model_windows.c): the embedding
@@ -466,18 +465,23 @@ mt_status mtm_plan_add(mt_model *m, mt_plan *plan, int g, const char *name, mt_m
 /* Parameter i (its tensor-parallel slice) as the layers compute with it. */
 const void *mtm_pw(const mt_model *m, int i);
 /* The gradient of parameter i (its tensor-parallel slice), fp32: in the full buffer, or
- * with a gradient sink in its window. For a layer parameter with a sink this opens its
- * window (zeroed) inside the layer backward begun by mtm_grad_layer_begin, handing the
- * previously open parameter over first; so the layer backwards take each parameter's
- * gradient in one stretch of writes, and never hold two parameters' gradient pointers
- * at once. A failure there (the sink's, or a parameter written again after its
- * hand-over) still returns a valid window and is returned by mtm_grad_layer_end. */
-float *mtm_gw(mt_model *m, int i);
+ * with a gradient sink in its window; for a layer parameter with a sink, the window
+ * mtm_grad_open opened for it (NULL, and an assertion, when it is not the open one). */
+float *mtm_gw(const mt_model *m, int i);
+/* With a gradient sink, before the first write of layer parameter i's gradient in the
+ * layer backward begun by mtm_grad_layer_begin: hand the open parameter over (its
+ * gradient is complete) and open i's window, zeroed (with an asynchronous sink the two
+ * layer windows alternate; the one taken is waited for first). So a layer backward
+ * writes each parameter's gradient in one stretch and holds one gradient pointer at a
+ * time. A no-op for the open parameter, without a sink and for other parameters.
+ * Errors: the sink's (fn, wait), MT_ERR_INVALID for a parameter of another layer or
+ * one written again after its hand-over. */
+mt_status MT_MUST_CHECK mtm_grad_open(mt_model *m, int i);
 /* Gradient sink, around the backward of layer l: begin (nothing open) and end, given
  * the backward's status: when it is MT_OK, hand the open parameter over, then every
  * parameter of the layer the backward did not write, as zeros (the sink sees each
- * element once); else hand nothing more over and return it. Errors: the backward's, the
- * sink's, and those recorded by mtm_gw. Without a sink: returns `backward`. */
+ * element once: gemma4's layer_scalar); else hand nothing more over and return it.
+ * Errors: the backward's, the sink's. Without a sink: returns `backward`. */
 void mtm_grad_layer_begin(mt_model *m, int64_t l);
 mt_status MT_MUST_CHECK mtm_grad_layer_end(mt_model *m, mt_status backward);
 /* dtype != float32: round the compute copy (GB_COMPUTE_W) from the fp32 master

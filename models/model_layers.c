@@ -236,6 +236,7 @@ mt_status mtm_layer_backward(mt_model *m, int64_t l) {
     const void *dmlp = G;
     if (m->cfg.use_post_ffw_norm) {
         MT_TRY(be->ops->zero(be, AT(m, d1, s0 * D), ND));
+        MT_TRY(mtm_grad_open(m, lp->post_ffw_norm));
         MT_TRY(be->ops->rmsnorm_bwd(be, AT(m, d1, s0 * D), mtm_gw(m, lp->post_ffw_norm), G, a[MT_LT_MLPWO],
                                     mtm_pw(m, lp->post_ffw_norm), a[MT_LT_POST_FFW_NORM_RSTD], Ns, D, off, m->dt));
         dmlp = d1;
@@ -248,12 +249,15 @@ mt_status mtm_layer_backward(mt_model *m, int64_t l) {
     MT_TRY(mtm_row_bwd_w(m, lp->down, dmlp, w0, F, m->tp.Fg));
     MT_TRY(mtm_row_bwd_x(m, w0, dmlp, lp->down, F, m->tp.Fg, 0.0f)); /* d(act(g) u) */
     MT_TRY(be->ops->glu_bwd(be, w1, w2, w0, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
+    MT_TRY(mtm_grad_open(m, lp->gate));
     MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->gate), w1, nrm, N, D, F));
+    MT_TRY(mtm_grad_open(m, lp->up));
     MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->up), w2, nrm, N, D, F));
     MT_TRY(linear_bwd_x(m, d2, w1, mtm_pw(m, lp->gate), N, D, F, 0.0f));
     MT_TRY(linear_bwd_x(m, d2, w2, mtm_pw(m, lp->up), N, D, F, 1.0f));
     /* column-parallel gate/up: partial input gradient (d1 is free again) */
     const void *dn2 = mtm_tp_sum_input_grad(m, d2, d1);
+    MT_TRY(mtm_grad_open(m, lp->pre_mlp_norm));
     MT_TRY(be->ops->rmsnorm_bwd(be, G, mtm_gw(m, lp->pre_mlp_norm), dn2, res, mtm_pw(m, lp->pre_mlp_norm),
                                 a[MT_LT_PRE_MLP_NORM_RSTD], Ns, D, off, m->dt));
 
@@ -261,6 +265,7 @@ mt_status mtm_layer_backward(mt_model *m, int64_t l) {
     const void *dattn = G;
     if (m->cfg.use_post_attn_norm) {
         MT_TRY(be->ops->zero(be, AT(m, d1, s0 * D), ND));
+        MT_TRY(mtm_grad_open(m, lp->post_attn_norm));
         MT_TRY(be->ops->rmsnorm_bwd(be, AT(m, d1, s0 * D), mtm_gw(m, lp->post_attn_norm), G, a[MT_LT_OUT_PROJ],
                                     mtm_pw(m, lp->post_attn_norm), a[MT_LT_POST_ATTN_NORM_RSTD], Ns, D, off, m->dt));
         dattn = d1;
@@ -280,22 +285,28 @@ mt_status mtm_layer_backward(mt_model *m, int64_t l) {
     if (m->cfg.use_qk_norm) {
         MT_TRY(linear_fwd(m, w0, nrm, mtm_pw(m, lp->q), N, D, QD, 0.0f)); /* q before q_norm */
         MT_TRY(be->ops->zero(be, w4, (size_t)(N * QD) * m->es));
+        MT_TRY(mtm_grad_open(m, lp->q_norm));
         MT_TRY(be->ops->rmsnorm_bwd(be, w4, mtm_gw(m, lp->q_norm), w1, w0, mtm_pw(m, lp->q_norm),
                                     a[MT_LT_QUERY_NORM_RSTD], N * H, Dh, off, m->dt));
         MT_TRY(linear_fwd(m, w0, nrm, mtm_pw(m, lp->k), N, D, KVD, 0.0f)); /* k before k_norm */
         MT_TRY(be->ops->zero(be, w1, (size_t)(N * KVD) * m->es));
+        MT_TRY(mtm_grad_open(m, lp->k_norm));
         MT_TRY(be->ops->rmsnorm_bwd(be, w1, mtm_gw(m, lp->k_norm), w2, w0, mtm_pw(m, lp->k_norm),
                                     a[MT_LT_KEY_NORM_RSTD], N * Hkv, Dh, off, m->dt));
         dq = w4;
         dk = w1;
     }
+    MT_TRY(mtm_grad_open(m, lp->q));
     MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->q), dq, nrm, N, D, QD));
+    MT_TRY(mtm_grad_open(m, lp->k));
     MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->k), dk, nrm, N, D, KVD));
+    MT_TRY(mtm_grad_open(m, lp->v));
     MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->v), dv, nrm, N, D, KVD));
     MT_TRY(linear_bwd_x(m, d2, dq, mtm_pw(m, lp->q), N, D, QD, 0.0f));
     MT_TRY(linear_bwd_x(m, d2, dk, mtm_pw(m, lp->k), N, D, KVD, 1.0f));
     MT_TRY(linear_bwd_x(m, d2, dv, mtm_pw(m, lp->v), N, D, KVD, 1.0f));
     const void *dn1 = mtm_tp_sum_input_grad(m, d2, d1); /* column-parallel q/k/v: partial input gradient */
+    MT_TRY(mtm_grad_open(m, lp->in_norm));
     MT_TRY(be->ops->rmsnorm_bwd(be, G, mtm_gw(m, lp->in_norm), dn1, x, mtm_pw(m, lp->in_norm), a[MT_LT_INPUT_NORM_RSTD],
                                 Ns, D, off, m->dt));
     return MT_OK;

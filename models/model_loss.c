@@ -250,8 +250,9 @@ static mt_status backward_from_final_hidden(mt_model *m) {
     for (int64_t l = m->cfg.num_decoder_layers - 1; l >= 0; l--) {
         MT_TRY(mtm_fetch_layer(m, l));
         mtm_prefetch_layer(m, l - 1); /* fsdp: layer l - 1's all-gather overlaps layer l */
-        /* with a sink each parameter's window is opened by its first mtm_gw and handed
-         * over when the next opens; the last, and those not written, at the layer's end */
+        /* with a sink each parameter's window is opened before its first write
+         * (mtm_grad_open) and handed over when the next opens; the last, and those not
+         * written, at the layer's end */
         mtm_grad_layer_begin(m, l);
         MT_TRY(mtm_grad_layer_end(m, mtm_layer_backward(m, l)));
     }

@@ -145,9 +145,11 @@ mt_status mtm_row_fwd(mt_model *m, void *y, const void *x, int pi, int64_t in_l,
     if (beta != 0.0f) MT_TRY(be->ops->axpy(be, y, part, 1.0f, seq_rows(m) * D, m->dt));
     return MT_OK;
 }
-/* dW_slice[D, in_l] (fp32, row stride ldw) += dy[N, D]^T x[N, in_l] */
+/* dW_slice[D, in_l] (fp32, row stride ldw) += dy[N, D]^T x[N, in_l]; with a gradient
+ * sink, into the window mtm_grad_open opens for pi here */
 mt_status mtm_row_bwd_w(mt_model *m, int pi, const void *dy, const void *x, int64_t in_l,
                                          int64_t ldw) {
+    MT_TRY(mtm_grad_open(m, pi));
     return m->be->ops->gemm(m->be, 1, 0, m->D, in_l, m->N, 1.0f, dy, m->D, x, in_l, m->dt, 1.0f, mtm_gw(m, pi), ldw,
                             MT_F32);
 }

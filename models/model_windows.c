@@ -12,16 +12,18 @@
  * backward only when layer l + 2 reused the slot.
  *
  * Gradient windows (mt_model_set_grad_sink): one layer parameter's gradient at a time
- * (opened by the layer backward's first mtm_gw of it, handed over when the next one
- * opens, so that the window is the largest weight, not the layer), the embedding's and
- * the tail's (model.norm, lm_head) instead of the full buffer, or with the vocabulary
- * in chunks one chunk of the unembedding's rows in the loss and one of the embedding's
- * in its backward (a tied table's rows are handed over twice, the second share added:
- * mt_grad_sink_fn); each is zeroed before its first write and handed to the sink when
- * complete (model_loss.c). With an
- * asynchronous sink (mt_model_set_grad_sink_wait) two layer windows alternate, so that
- * the sink's reduce-scatter of one parameter overlaps the backward of the next. */
+ * (opened by the layer backward before its first write, mtm_grad_open, handed over when
+ * the next one opens, so that the window is the largest weight, not the layer), the
+ * embedding's and the tail's (model.norm, lm_head) instead of the full buffer, or with
+ * the vocabulary in chunks one chunk of the unembedding's rows in the loss and one of
+ * the embedding's in its backward (a tied table's rows are handed over twice, the second
+ * share added: mt_grad_sink_fn); each is zeroed before its first write and handed to
+ * the sink when complete (model_loss.c). With an asynchronous sink
+ * (mt_model_set_grad_sink_wait) two layer windows alternate, so that the sink's
+ * reduce-scatter of one parameter overlaps the backward of the next. */
 #include "models/model_internal.h"
+
+#include <assert.h>
 
 /* Parameter i (its tensor-parallel slice: model_shard.c) as the layers compute with
  * it, of m->dt: the fp32 master, or with dtype bfloat16 the bf16 compute copy
@@ -132,10 +134,11 @@ mt_status mtm_table_chunk_backward(mt_model *m, float *win, int64_t off, const v
     return m->sink.fn(m->sink.ctx, off + a * width, (b - a) * width, win, add);
 }
 
-/* Layer parameter i's gradient window: hand the open one over (its gradient is
- * complete: the layer backwards write each parameter in one stretch), then take the
- * next slot (alternating with an asynchronous sink, after waiting for the reduce-scatter
- * that last read it) and zero it. */
+/* Hand the open layer parameter's window over to the sink: its gradient is complete
+ * (the layer backwards write each parameter in one stretch, opened by mtm_grad_open). */
+/* sink.done has a bit per parameter of a layer */
+_Static_assert(sizeof(layer_params) / sizeof(int) < 64, "a layer has fewer than 64 parameters");
+
 static mt_status grad_hand_over(mt_model *m) {
     const int i = m->sink.open;
     if (i < 0) return MT_OK;
@@ -146,7 +149,8 @@ static mt_status grad_hand_over(mt_model *m) {
     return m->sink.fn(m->sink.ctx, m->par.info[i].offset, m->par.info[i].numel, m->sink.open_win, 0);
 }
 
-static mt_status grad_open(mt_model *m, int i) {
+mt_status mtm_grad_open(mt_model *m, int i) {
+    if (!m->sink.fn || m->par.layer_of[i] < 0 || m->sink.open == i) return MT_OK;
     MT_TRY(grad_hand_over(m));
     const int64_t l = m->sink.layer;
     if (l < 0 || m->par.layer_of[i] != l)
@@ -155,24 +159,25 @@ static mt_status grad_open(mt_model *m, int i) {
     if (m->sink.done >> (i - m->par.layer[l].in_norm) & 1)
         return mt_set_error(MT_ERR_INVALID, "model: the gradient of %s written again after its hand-over to the "
                             "gradient sink", m->par.info[i].name);
+    /* the next slot (alternating with an asynchronous sink, once the reduce-scatter that
+     * last read it is complete), zeroed */
     float *win = m->sink.ptr[m->sink.wait && m->sink.handed % 2 ? MT_GWIN_LAYER1 : MT_GWIN_LAYER];
+    if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, win));
+    MT_TRY(m->be->ops->zero(m->be, win, (size_t)m->par.info[i].numel * sizeof(float)));
     m->sink.open = i;
     m->sink.open_win = win;
-    if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, win)); /* its previous parameter's reduce-scatter */
-    return m->be->ops->zero(m->be, win, (size_t)m->par.info[i].numel * sizeof(float));
+    return MT_OK;
 }
 
 /* The gradient of parameter i (its tensor-parallel slice): in the full buffer, or with
- * a gradient sink in its own window (layer parameters: opened here), the embedding
- * window or the tail window (model.norm, lm_head). */
-float *mtm_gw(mt_model *m, int i) {
+ * a gradient sink in its own window (layer parameters: opened by mtm_grad_open), the
+ * embedding window or the tail window (model.norm, lm_head). */
+float *mtm_gw(const mt_model *m, int i) {
     const int64_t tp = m->tp.off ? m->tp.off[i] : 0, off = m->par.info[i].offset;
     if (!m->sink.fn) return (float *)m->plan.gptr[GB_GRADS] + off + tp;
     if (m->par.layer_of[i] >= 0) {
-        if (m->sink.status == MT_OK && m->sink.open != i) m->sink.status = grad_open(m, i);
-        /* after a failure nothing more is handed over: the first window is scratch until
-         * mtm_grad_layer_end returns the error */
-        return (m->sink.status == MT_OK ? m->sink.open_win : m->sink.ptr[MT_GWIN_LAYER]) + tp;
+        assert(m->sink.open == i); /* mtm_grad_open(m, i) first */
+        return m->sink.open == i ? m->sink.open_win + tp : NULL;
     }
     if (i == m->par.embed) return m->sink.ptr[MT_GWIN_EMBEDDING] + tp;
     return m->sink.ptr[MT_GWIN_TAIL] + (off - m->par.tail_off) + tp;
@@ -186,14 +191,12 @@ void mtm_grad_layer_begin(mt_model *m, int64_t l) {
 
 mt_status mtm_grad_layer_end(mt_model *m, mt_status backward) {
     if (!m->sink.fn || m->sink.layer < 0) return backward;
-    mt_status st = backward != MT_OK ? backward : m->sink.status;
-    m->sink.status = MT_OK;
+    mt_status st = backward;
     if (st == MT_OK) st = grad_hand_over(m);
-    else m->sink.open = -1;
     const layer_params *lp = &m->par.layer[m->sink.layer];
     for (int i = lp->in_norm; st == MT_OK && i <= lp->down; i++) /* not written by this backward: zeros */
         if (!(m->sink.done >> (i - lp->in_norm) & 1)) {
-            st = grad_open(m, i);
+            st = mtm_grad_open(m, i);
             if (st == MT_OK) st = grad_hand_over(m);
         }
     m->sink.layer = -1;
@@ -206,6 +209,7 @@ mt_status mtm_grad_layer_end(mt_model *m, mt_status backward) {
 mt_status mtm_grad_windows_begin(mt_model *m) {
     if (!m->sink.fn) return MT_OK;
     m->sink.loss_shares = 0;
+    m->sink.handed = 0;
     MT_TRY(m->be->ops->zero(m->be, m->sink.ptr[MT_GWIN_TAIL], (size_t)mtm_tail_grad_numel(m) * sizeof(float)));
     if (m->cfg.logits_via_embedding && !mtm_vocab_grad_windows(m)) /* else the chunk windows */
         MT_TRY(m->be->ops->zero(m->be, m->sink.ptr[MT_GWIN_EMBEDDING],

@@ -244,6 +244,31 @@ nl=$(grep -cE "^(mpirun -np [0-9]+ )?$bin train " remat_commands_from_estimator.
 [ "$(grep -c "per_device_batch_size=2 " remat_commands_from_estimator.txt)" -eq "$nl" ] || fail "mode 2 keeps the batch"
 [ "$(awk '$1 ~ /^[0-9]+$/ && NF > 12 {print $2}' est2.out | sort -u | wc -l)" -eq "$nl" ] \
     || fail "mode 2: not one row per layout: $(cat est2.out)"
+# mode 2 at full depth: the 405b on one fsdp 1024 mesh at batch 1, budgets 80 to 95 GiB.
+# Each run lists a row whose own plan (`meshtrain plan` of its command) fits the budget,
+# or exits 2 "does not fit" only when full remat's plan does not. The step back from
+# all-device stops at the first policy whose exact full-depth plan fits: the 2-3 layer
+# extrapolation is a lower bound of the packed arena, and at hbm_gib=85 a policy that
+# fit by it was over at full depth (the row was then dropped and "does not fit" said).
+one405="model_name=llama3.1-405b num_devices=1024 max_target_length=2048 per_device_batch_size=1
+ ici_fsdp_parallelism=1024 ici_data_parallelism=1 ici_context_parallelism=1 ici_tensor_parallelism=1"
+full=$("$bin" plan "$base" $nodata $one405 remat_policy=full --json | $py -c "import json, sys; print(json.load(sys.stdin)['peak_bytes'])")
+for hbm in 80 85 90 95; do
+    rm -f remat_commands_from_estimator.txt
+    "$bin" estimate "$base" $nodata $one405 hbm_gib=$hbm > est4.out 2> err
+    rc=$?
+    if [ $rc -eq 2 ]; then
+        grep -q "does not fit" err && [ "$full" -gt $((hbm * gib)) ] \
+            || fail "mode 2 405b hbm_gib=$hbm: exit 2 with full remat at $full bytes: $(cat err)"
+        continue
+    fi
+    [ $rc -eq 0 ] || fail "mode 2 405b hbm_gib=$hbm exited $rc: $(cat err)"
+    cmd=$(grep -m1 " train " remat_commands_from_estimator.txt | sed 's/.* train //')
+    # shellcheck disable=SC2086
+    p=$("$bin" plan $cmd --json | $py -c "import json, sys; print(json.load(sys.stdin)['peak_bytes'])")
+    echo "mode 2 405b hbm_gib=$hbm: row plan $p bytes, budget $((hbm * gib))"
+    [ "$p" -le $((hbm * gib)) ] || fail "mode 2 405b hbm_gib=$hbm: the row's plan $p is over the budget"
+done
 
 # --- mode 3: a fixed tensor is left alone ---
 "$bin" estimate "$base" $nodata model_name=gemma2-9b num_devices=8 hbm_gib=141 max_target_length=8192 \

@@ -557,20 +557,32 @@ static mt_status walk_batch_and_policy(search *s, const searched *q, int64_t b, 
     return st;
 }
 
+/* fits, and then (fast_peak is a lower bound of the arena) the exact full-depth plan's
+ * peak within the budget too. */
+static mt_status fits_exact(search *s, int64_t batch, const mt_remat_policy *p, int *ok) {
+    MT_TRY(fits(s, batch, p, ok));
+    if (!*ok) return MT_OK;
+    mt_memory_report r;
+    MT_TRY(exact_peak(s, batch, p, &r));
+    *ok = r.peak <= s->budget;
+    return MT_OK;
+}
+
 /* Mode 2 (the lightest policy fits batch, checked by the caller): from all-device step
- * back (device -> offload, largest first, then offload -> remat) until it fits; that
- * policy is the one row. */
+ * back (device -> offload, largest first, then offload -> remat) until it fits at full
+ * depth (fits_exact: the arena's packing can put a policy that fits by extrapolation
+ * over the budget); that policy is the one row. */
 static mt_status walk_fixed_batch(search *s, const searched *q, int64_t batch, row_list *out) {
     int ok = 0;
     mt_status st = MT_OK;
     mt_remat_policy p = q->heaviest;
     /* device -> offload largest first, then offload -> remat largest first */
     for (int phase = 0; st == MT_OK && phase < 2; phase++) {
-        st = fits(s, batch, &p, &ok);
+        st = fits_exact(s, batch, &p, &ok);
         if (st != MT_OK || ok) break;
         for (int i = 0; st == MT_OK && i < q->n; i++) {
             p.action[q->order[i]] = phase == 0 ? MT_RA_OFFLOAD : MT_RA_REMAT;
-            st = fits(s, batch, &p, &ok);
+            st = fits_exact(s, batch, &p, &ok);
             if (ok) break;
         }
         if (ok) break;
@@ -1028,18 +1040,20 @@ mt_status mt_estimate_mesh(const mt_train_config *cfg, const int axis_fixed[4], 
         l->order = i;
         st = search_layout(cfg, out->mode, &q, sm, budget, &c[i], &l->rl, &out->plans);
         if (st != MT_OK) break;
-        l->best = l->rl.n > 0 ? l->rl.rows[0].tokens_per_s : -INFINITY;
+        if (l->rl.n == 0) { /* every row over the budget at full depth (confirm_and_model) */
+            out->no_fit++;
+            continue;
+        }
+        l->best = l->rl.rows[0].tokens_per_s;
         top_insert(best, top, l->best);
         nl++;
     }
     out->searched = nl;
+    if (st == MT_OK && nl == 0)
+        st = no_fit_error(cfg, out->mode, batch_fixed, &q, budget, c, nc, out->candidates - out->refused, all_fixed);
     if (st == MT_OK) {
         qsort(lr, (size_t)nl, sizeof *lr, cmp_layout_rows);
-        int filled = 0; /* layouts left with a row at full depth (confirm_and_model): sorted first */
-        while (filled < nl && lr[filled].rl.n > 0) filled++;
-        if (filled == 0) st = no_fit_error(cfg, out->mode, batch_fixed, &q, budget, c, nc,
-                                                out->candidates - out->refused, all_fixed);
-        out->nlayouts = filled < top ? filled : top;
+        out->nlayouts = nl < top ? nl : top;
     }
     if (st == MT_OK) {
         int n = 0;

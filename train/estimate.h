@@ -141,7 +141,8 @@ typedef struct mt_estimate_result {
     int fixed_axes[4];          /* 1: the axis was held at its ici_* value, not searched */
     int candidates;             /* factorisations of num_devices with the fixed axes held */
     int refused;                /* of them, refused by the trainer's layout check */
-    int no_fit;                 /* passed it, but the lightest policy at the smallest batch does not fit */
+    int no_fit;                 /* passed it, but the lightest policy at the smallest batch does not fit
+                                 * (by the extrapolated peak, or at full depth once searched) */
     int bounded;                /* fit, but their bound could not reach the listed layouts: not searched */
     int searched;               /* searched in full */
 } mt_estimate_result;
@@ -164,7 +165,7 @@ typedef struct mt_estimate_result {
  * the device plan growing with the kept set (tests/test_cli_estimate.sh checks both
  * with `meshtrain plan`). batch_fixed > 0: error if the lightest policy does not fit, else
  * from all-device step back (device -> offload, largest first, then offload ->
- * remat) until it fits. Budget: cfg->hbm_gib GiB, in (0, MT_HBM_GIB_MAX].
+ * remat) until it fits, by the exact full-depth plan. Budget: cfg->hbm_gib GiB, in (0, MT_HBM_GIB_MAX].
  * Errors: MT_ERR_INVALID (hbm_gib <= 0 or > MT_HBM_GIB_MAX, naming the range; config),
  * MT_ERR_OOM; MT_ERR_INVALID with
  * "does not fit" and the smallest plan's bytes against the budget when nothing fits. */

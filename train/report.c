@@ -178,8 +178,8 @@ static void plan_table(const mt_train_config *cfg, const mt_memory_report *r, co
                "layer's parameters (whole)\n");
     if (r->vocab_tiling[2] > 0)
         printf("per-layer embedding table [vocab, layers x per_layer_input_dim] in %" PRId64 " chunk(s): 1 when the "
-               "vocabulary is whole, else the fewest no larger than the largest decoder-layer weight and at least the vocabulary "
-               "chunks\n", r->vocab_tiling[2]);
+               "vocabulary is whole, else the fewest no larger than the largest decoder-layer weight and at least "
+               "the vocabulary chunks\n", r->vocab_tiling[2]);
     printf("mesh: %" PRId64 " device(s) = data %d x fsdp %d x context %d x tensor %d (rank 0: exactly what "
            "`train` allocates)\n", cfg->num_devices, r->dims[0], r->dims[1], r->dims[2], r->dims[3]);
     char col[48];

@@ -259,7 +259,7 @@ static mt_status build_plan(const mt_train_config *cfg, mt_backend *be, mt_model
     if (st == MT_OK && !full_grads) st = mt_grad_sync_set_path(gs, fsdp_n > 1, max_param_numel(*model));
     if (st == MT_OK && gs->path != MT_GRAD_FULL) st = mt_model_set_grad_sink(*model, mt_grad_sync_window, gs);
     if (st == MT_OK && gs->path != MT_GRAD_FULL) st = mt_model_set_grad_sink_shares(*model, mt_grad_sync_exact_shares(gs));
-    if (st == MT_OK && cfg->overlap_grad_reduce && mt_grad_sync_overlaps(gs)) { /* overlap the next layer's backward */
+    if (st == MT_OK && cfg->overlap_grad_reduce && mt_grad_sync_overlaps(gs)) { /* overlap the next gradient's backward */
         st = mt_grad_sync_set_overlap(gs, 1);
         if (st == MT_OK) st = mt_model_set_grad_sink_wait(*model, mt_grad_sync_window_wait);
     }
