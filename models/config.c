@@ -172,6 +172,9 @@ mt_status mt_model_config_validate(const mt_model_config *c) {
         if (dims[i].v < 1)
             return mt_set_error(MT_ERR_INVALID, "%s=%lld must be positive", dims[i].key,
                                 (long long)dims[i].v);
+    if (c->num_decoder_layers > MT_MODEL_MAX_LAYERS)
+        return mt_set_error(MT_ERR_INVALID, "base_num_decoder_layers=%lld: at most %d (the memory plan holds entries "
+                            "per layer)", (long long)c->num_decoder_layers, MT_MODEL_MAX_LAYERS);
     if (c->vocab_size > INT32_MAX)
         return mt_set_error(MT_ERR_INVALID, "vocab_size=%lld exceeds the int32 token range",
                             (long long)c->vocab_size);

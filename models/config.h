@@ -86,8 +86,14 @@ typedef struct mt_model_config {
  * dimensions are left zero for the config file to set. */
 void mt_model_config_defaults(mt_model_config *c, mt_decoder_block block);
 
+/* The most decoder layers a config may have: the memory plan holds about 25 entries per
+ * layer (runtime/plan.h; 16000 layers plan in under a second, bench/plan_depth.sh), and
+ * the largest released models have under 200 layers. */
+#define MT_MODEL_MAX_LAYERS 65536
+
 /* Check a filled config: positive dimensions, num_query_heads % num_kv_heads == 0,
- * even head_dim <= 256 (global_head_dim <= 512), known enums; gemma4: every KV-sharing
+ * even head_dim <= 256 (global_head_dim <= 512), num_decoder_layers <=
+ * MT_MODEL_MAX_LAYERS, known enums; gemma4: every KV-sharing
  * layer has a donor, sliding_window_pattern >= 1, rope_type default or proportional,
  * the three norms on; the gemma4 keys are zero on other blocks. Returns MT_ERR_INVALID
  * naming the key and value. */

@@ -92,6 +92,7 @@ expect_bad "decimal beyond double" "learning_rate" "1e400" "out of range" -- tra
 expect_bad "remat tensor key without custom" "query_proj" "remat_policy=custom" -- train "$run" query_proj=device
 expect_bad "enum value" "dtype" "float32|bfloat16" -- train "$run" dtype=fp8
 expect_bad "range" "per_device_batch_size" -- train "$run" per_device_batch_size=0
+expect_bad "layers beyond the plan's reach (it grew to 24 GB before)" "base_num_decoder_layers" "10000000" "65536" -- plan "$run" base_num_decoder_layers=10000000
 expect_bad "bfloat16 master weights" "weight_dtype=bfloat16" "float32" -- train "$run" backend=cpu weight_dtype=bfloat16
 expect_bad "missing model file" "nope.yml" -- train "$run" model_name=nope
 expect_bad "missing config" "absent.yml" -- train "$tmp/cfg/absent.yml"

@@ -34,6 +34,8 @@ for name, elems in want.items():
     if name != "decoder_layer_input":
         assert f["saved"][name] == 0, name
 assert f["remat"]["query_proj"] == "remat" and o["remat"]["query_proj"] == "offload"
+# llama has no post-MLP norm: mlpwo is never saved, as estimate's rows say (it said "device")
+assert all(x["remat"]["mlpwo"] == "never_saved" for x in (f, k, o)), [x["remat"]["mlpwo"] for x in (f, k, o)]
 assert k["per_device"]["recompute_scratch"] == 0 and f["per_device"]["recompute_scratch"] > 0
 assert k["host"]["total"] == 0
 # minimal_offloaded: everything but context on the host

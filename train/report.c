@@ -121,10 +121,12 @@ static mt_status plan_json(const mt_train_config *cfg, const mt_memory_report *r
     bad |= json_rows(doc, "per_device_live_at_peak", &r->live, NULL);
     bad |= json_saved(doc, "saved", &r->total);
     bad |= json_saved(doc, "saved_live_at_peak", &r->live);
-    cJSON *remat = mt_json_add_object(doc, "remat");
+    cJSON *remat = mt_json_add_object(doc, "remat"); /* mlpwo without a post-MLP norm: as estimate's rows */
     for (int t = 0; t < MT_RT_COUNT; t++)
         bad |= mt_json_add_string(remat, mt_remat_tensor_name((mt_remat_tensor)t),
-                                  mt_remat_action_name(pol->action[t]));
+                                  t == MT_RT_MLPWO && !cfg->model.use_post_ffw_norm
+                                      ? "never_saved"
+                                      : mt_remat_action_name(pol->action[t]));
     cJSON *h = mt_json_add_object(doc, "host");
     bad |= mt_json_add_size(h, "activations", r->host_activations);
     bad |= mt_json_add_size(h, "parameters", r->host_params);
