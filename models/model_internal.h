@@ -68,8 +68,8 @@ enum { MT_PWIN_LAYER0 = 0, MT_PWIN_LAYER1, MT_PWIN_GLOBAL, MT_PWIN_VOCAB_EMBED, 
  * windows ---- */
 /* Gradient windows. A decoder layer's gradient goes to the sink one parameter at a
  * time: MT_GWIN_LAYER holds one layer parameter's gradient (the largest such tensor:
- * par.weight_numel floats), opened by the first mtm_gw of that parameter in the
- * layer's backward and handed over when the next one opens or the layer ends
+ * par.weight_numel floats), opened before its first write in the layer's backward
+ * (mtm_grad_open) and handed over when the next one opens or the layer ends
  * (mtm_grad_layer_end); with an asynchronous sink the parameters alternate between it
  * and MT_GWIN_LAYER1, so that one's reduce-scatter overlaps the next one's backward. */
 enum {
@@ -182,7 +182,7 @@ typedef struct mtm_grad_sink {
     float *ptr[MT_GWIN_COUNT];
     int shares;      /* the sink adds a second share exactly (mt_model_set_grad_sink_shares) */
     int loss_shares; /* the loss of this backward handed the unembedding's chunks over (vocabulary chunks) */
-    /* the layer parameter windows (mtm_gw, mtm_grad_layer_end) */
+    /* the layer parameter windows (mtm_grad_open, mtm_grad_layer_end) */
     int64_t layer;     /* the layer whose backward writes them, -1 none */
     int open;          /* the parameter whose window is open, -1 none */
     float *open_win;   /* its window */

@@ -320,7 +320,7 @@ static mt_status add_weights(mt_model *m, mt_plan *plan) {
         MT_TRY(mt_plan_add(plan, "grads.window.layer", MT_MEM_GRADS, (size_t)m->par.weight_numel * f4, bwd0, bwd1,
                            &m->sink.id[MT_GWIN_LAYER]));
         m->sink.id[MT_GWIN_LAYER1] = -1;
-        if (m->sink.wait) /* asynchronous sink: the odd layers' window (mt_model_set_grad_sink_wait) */
+        if (m->sink.wait) /* asynchronous sink: the second, alternating window (mt_model_set_grad_sink_wait) */
             MT_TRY(mt_plan_add(plan, "grads.window.layer.overlap", MT_MEM_GRADS, (size_t)m->par.weight_numel * f4, bwd0,
                                bwd1, &m->sink.id[MT_GWIN_LAYER1]));
         if (mtm_vocab_grad_windows(m)) { /* the embedding's and lm_head's gradients a chunk at a time */

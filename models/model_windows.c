@@ -134,11 +134,11 @@ mt_status mtm_table_chunk_backward(mt_model *m, float *win, int64_t off, const v
     return m->sink.fn(m->sink.ctx, off + a * width, (b - a) * width, win, add);
 }
 
-/* Hand the open layer parameter's window over to the sink: its gradient is complete
- * (the layer backwards write each parameter in one stretch, opened by mtm_grad_open). */
 /* sink.done has a bit per parameter of a layer */
 _Static_assert(sizeof(layer_params) / sizeof(int) < 64, "a layer has fewer than 64 parameters");
 
+/* Hand the open layer parameter's window over to the sink: its gradient is complete
+ * (the layer backwards write each parameter in one stretch, opened by mtm_grad_open). */
 static mt_status grad_hand_over(mt_model *m) {
     const int i = m->sink.open;
     if (i < 0) return MT_OK;

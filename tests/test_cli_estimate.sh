@@ -210,8 +210,8 @@ PY
 # time is noise.
 gib=$((1024 * 1024 * 1024))
 big="model_name=llama3.1-405b num_devices=1024 max_target_length=2048"
-pk() { "$bin" plan "$base" $nodata $big remat_policy=full per_device_batch_size=$1 --json |
-       $py -c "import json, sys; print(json.load(sys.stdin)['peak_bytes'])"; }
+peak_of() { "$bin" plan "$@" --json | $py -c "import json, sys; print(json.load(sys.stdin)['peak_bytes'])"; }
+pk() { peak_of "$base" $nodata $big remat_policy=full per_device_batch_size=$1; }
 p1=$(pk 1); p2=$(pk 2)
 roomy=$(( (p1 + 4 * (p2 - p1) + gib - 1) / gib ))
 for hbm in 95 $roomy; do
@@ -254,7 +254,7 @@ nl=$(grep -cE "^(mpirun -np [0-9]+ )?$bin train " remat_commands_from_estimator.
 # fit by it was over at full depth (the row was then dropped and "does not fit" said).
 one405="model_name=llama3.1-405b num_devices=1024 max_target_length=2048 per_device_batch_size=1
  ici_fsdp_parallelism=1024 ici_data_parallelism=1 ici_context_parallelism=1 ici_tensor_parallelism=1"
-full=$("$bin" plan "$base" $nodata $one405 remat_policy=full --json | $py -c "import json, sys; print(json.load(sys.stdin)['peak_bytes'])")
+full=$(peak_of "$base" $nodata $one405 remat_policy=full)
 for hbm in 80 85 90 95; do
     rm -f remat_commands_from_estimator.txt
     "$bin" estimate "$base" $nodata $one405 hbm_gib=$hbm > est4.out 2> err
@@ -267,7 +267,7 @@ for hbm in 80 85 90 95; do
     [ $rc -eq 0 ] || fail "mode 2 405b hbm_gib=$hbm exited $rc: $(cat err)"
     cmd=$(grep -m1 " train " remat_commands_from_estimator.txt | sed 's/.* train //')
     # shellcheck disable=SC2086
-    p=$("$bin" plan $cmd --json | $py -c "import json, sys; print(json.load(sys.stdin)['peak_bytes'])")
+    p=$(peak_of $cmd)
     echo "mode 2 405b hbm_gib=$hbm: row plan $p bytes, budget $((hbm * gib))"
     [ "$p" -le $((hbm * gib)) ] || fail "mode 2 405b hbm_gib=$hbm: the row's plan $p is over the budget"
 done

@@ -407,33 +407,21 @@ typedef struct rope_ctx {
     const double *dy;
 } rope_ctx;
 
-/* HF computes the angle in fp32 (inv_freq @ position_ids); the reference does the same
- * rounding and everything after it in fp64. */
-static void rope_ref(const rope_ctx *c, double *y) {
+/* The rotation of src by sign x theta, in fp64: o_i = s_i cos - s_(i+half) sin(sign th),
+ * o_(i+half) = s_(i+half) cos + s_i sin(sign th). sign 1 is the forward (y of x); -1, the
+ * transposed rotation, is the gradient of sum(dy * y) (dx of dy). HF computes the angle
+ * in fp32 (inv_freq @ position_ids); the reference does the same rounding and everything
+ * after it in fp64. */
+static void rope_ref(const rope_ctx *c, const double *src, double sign, double *out) {
     const int64_t half = c->Dh / 2;
     for (int64_t n = 0; n < c->N; n++)
         for (int64_t h = 0; h < c->H; h++)
             for (int64_t i = 0; i < half; i++) {
-                const double th = (double)((float)c->pos[n] * c->inv_freq[i]);
-                const double *x = c->x + (n * c->H + h) * c->Dh;
-                double *o = y + (n * c->H + h) * c->Dh;
-                o[i] = x[i] * cos(th) - x[i + half] * sin(th);
-                o[i + half] = x[i + half] * cos(th) + x[i] * sin(th);
-            }
-}
-
-/* The gradient of sum(dy * y) through rope_ref, in fp64: the transposed rotation
- * (by -theta): dx_i = dy_i cos + dy_(i+half) sin, dx_(i+half) = dy_(i+half) cos - dy_i sin. */
-static void rope_ref_bwd(const rope_ctx *c, double *dx) {
-    const int64_t half = c->Dh / 2;
-    for (int64_t n = 0; n < c->N; n++)
-        for (int64_t h = 0; h < c->H; h++)
-            for (int64_t i = 0; i < half; i++) {
-                const double th = (double)((float)c->pos[n] * c->inv_freq[i]);
-                const double *dy = c->dy + (n * c->H + h) * c->Dh;
-                double *o = dx + (n * c->H + h) * c->Dh;
-                o[i] = dy[i] * cos(th) + dy[i + half] * sin(th);
-                o[i + half] = dy[i + half] * cos(th) - dy[i] * sin(th);
+                const double th = (double)((float)c->pos[n] * c->inv_freq[i]), s = sign * sin(th);
+                const double *x = src + (n * c->H + h) * c->Dh;
+                double *o = out + (n * c->H + h) * c->Dh;
+                o[i] = x[i] * cos(th) - x[i + half] * s;
+                o[i + half] = x[i + half] * cos(th) + x[i] * s;
             }
 }
 
@@ -448,8 +436,8 @@ static void rope_case(int64_t N, int64_t H, int64_t Dh) {
     tu_fill_normal(&r, dy, n, 1.0);
     rope_ctx c = {N, H, Dh, pos, inv, tu_to_double(x, n), tu_to_double(dy, n)};
     double *want = tu_dalloc(n), *wantb = tu_dalloc(n);
-    rope_ref(&c, want);
-    rope_ref_bwd(&c, wantb);
+    rope_ref(&c, c.x, 1.0, want);
+    rope_ref(&c, c.dy, -1.0, wantb);
     TU_OK(be()->ops->rope_fwd(be(), x, pos, inv, N, H, Dh, MT_F32));
     char what[64];
     /* The angle theta = float(pos) * inv_freq is one fp32 product, in the kernel and in
@@ -458,7 +446,7 @@ static void rope_case(int64_t N, int64_t H, int64_t Dh) {
      * cosf/sinf: glibc documents < 1 ulp on x86-64; allowing 2 ulp (other libms) is 4u
      * relative. Each output a c - b s: 4u on c and s, two products, the difference
      * (fused or not): gamma_6 (|a| + |b|) per entry of the pair. rope_bwd (rotation by
-     * -theta) likewise against the exact VJP (rope_ref_bwd). The fp64 references: glibc's
+     * -theta) likewise against the exact VJP (rope_ref with sign -1). The fp64 references: glibc's
      * cos and sin within 1 ulp (2u), two products and the sum: gamma64_4 (|a| + |b|). */
     double *bnd = tu_dalloc(n), *bndb = tu_dalloc(n);
     for (int64_t row = 0; row < N * H; row++)

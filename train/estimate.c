@@ -558,13 +558,14 @@ static mt_status walk_batch_and_policy(search *s, const searched *q, int64_t b, 
 }
 
 /* fits, and then (fast_peak is a lower bound of the arena) the exact full-depth plan's
- * peak within the budget too. */
+ * peak within the budget too (confirm: the plan confirm_and_model then finds cached). */
 static mt_status fits_exact(search *s, int64_t batch, const mt_remat_policy *p, int *ok) {
     MT_TRY(fits(s, batch, p, ok));
     if (!*ok) return MT_OK;
-    mt_memory_report r;
-    MT_TRY(exact_peak(s, batch, p, &r));
-    *ok = r.peak <= s->budget;
+    size_t peak = 0, host = 0;
+    uint64_t bytes = 0;
+    MT_TRY(confirm(s, batch, p, &peak, &host, &bytes));
+    *ok = peak <= s->budget;
     return MT_OK;
 }
 
@@ -1054,8 +1055,6 @@ mt_status mt_estimate_mesh(const mt_train_config *cfg, const int axis_fixed[4], 
     if (st == MT_OK) {
         qsort(lr, (size_t)nl, sizeof *lr, cmp_layout_rows);
         out->nlayouts = nl < top ? nl : top;
-    }
-    if (st == MT_OK) {
         int n = 0;
         for (int k = 0; k < out->nlayouts; k++) n += lr[k].rl.n;
         out->rows = calloc((size_t)(n > 0 ? n : 1), sizeof *out->rows);

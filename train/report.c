@@ -36,6 +36,12 @@ static int json_mesh(cJSON *doc, const int dims[4]) {
     return bad;
 }
 
+/* Named tensor t is never saved, whatever the policy: mlpwo without a post-MLP norm
+ * (models/model.h mt_model_remat_tensor_bytes: 0). plan and estimate print it alike. */
+static int never_saved(const mt_train_config *cfg, int t) {
+    return t == MT_RT_MLPWO && !cfg->model.use_post_ffw_norm;
+}
+
 /* ------------------------------------------------------------------ plan ---- */
 
 /* One row of `plan`'s table: the bytes live at the peak phase and the sum of all the
@@ -121,12 +127,10 @@ static mt_status plan_json(const mt_train_config *cfg, const mt_memory_report *r
     bad |= json_rows(doc, "per_device_live_at_peak", &r->live, NULL);
     bad |= json_saved(doc, "saved", &r->total);
     bad |= json_saved(doc, "saved_live_at_peak", &r->live);
-    cJSON *remat = mt_json_add_object(doc, "remat"); /* mlpwo without a post-MLP norm: as estimate's rows */
+    cJSON *remat = mt_json_add_object(doc, "remat");
     for (int t = 0; t < MT_RT_COUNT; t++)
         bad |= mt_json_add_string(remat, mt_remat_tensor_name((mt_remat_tensor)t),
-                                  t == MT_RT_MLPWO && !cfg->model.use_post_ffw_norm
-                                      ? "never_saved"
-                                      : mt_remat_action_name(pol->action[t]));
+                                  never_saved(cfg, t) ? "never_saved" : mt_remat_action_name(pol->action[t]));
     cJSON *h = mt_json_add_object(doc, "host");
     bad |= mt_json_add_size(h, "activations", r->host_activations);
     bad |= mt_json_add_size(h, "parameters", r->host_params);
@@ -158,7 +162,7 @@ static void plan_table_saved(const mt_train_config *cfg, const mt_memory_report 
         if (pol->action[t] != MT_RA_DEVICE && rt->saved[t] > 0) /* gemma4's KV donors (models/model_plan.c) */
             snprintf(note, sizeof note, "%s; the KV donors' kept for the sharing layers",
                      mt_remat_action_name(pol->action[t]));
-        if (t == MT_RT_MLPWO && !cfg->model.use_post_ffw_norm)
+        if (never_saved(cfg, t))
             snprintf(note, sizeof note, "never saved: no post-MLP norm needs it");
         print_bytes_row(label, &rl->saved[t], &rt->saved[t], note);
     }
@@ -223,7 +227,7 @@ mt_status mt_report_plan(const mt_train_config *cfg, const mt_memory_report *r, 
 /* The action of tensor t in an estimate row as printed: mlpwo without a post-MLP norm
  * is never saved whatever the policy says (`plan` prints the same). */
 static const char *estimate_action(const mt_train_config *cfg, const mt_estimate_row *row, int t) {
-    if (t == MT_RT_MLPWO && !cfg->model.use_post_ffw_norm) return "-";
+    if (never_saved(cfg, t)) return "-";
     return mt_remat_action_name(row->policy.action[t]);
 }
 
@@ -416,7 +420,7 @@ static int command_line(char *buf, size_t n, const char *prog, const char *path,
     }
     CMD_ADD(" per_device_batch_size=%" PRId64 " remat_policy=custom", row->batch);
     for (int t = 0; t < MT_RT_COUNT; t++) {
-        if (t == MT_RT_MLPWO && !cfg->model.use_post_ffw_norm) continue; /* never saved: nothing to choose */
+        if (never_saved(cfg, t)) continue; /* nothing to choose */
         CMD_ADD(" %s=%s", mt_remat_tensor_name((mt_remat_tensor)t), mt_remat_action_name(row->policy.action[t]));
     }
     if (cfg->num_devices > 1) CMD_ADD(" num_devices=%" PRId64, cfg->num_devices); /* = the world: train accepts it */
