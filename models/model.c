@@ -211,7 +211,13 @@ static mt_status apply_layout(mt_model *m, const mt_model_layout *lay) {
     m->pack.on = lay->packing != 0;
     m->pack.sep = lay->packing_separator;
     m->pwin.offload = lay->param_offload != 0;
-    return MT_OK;
+    /* param_window_unit=weight: only where there are parameter windows */
+    m->pwin.weights = lay->weight_windows != 0 && params_windowed(m);
+    m->sink.chunks = lay->grad_window_chunks > 1 ? lay->grad_window_chunks : 1;
+    if (m->pwin.weights && m->g4.on)
+        return mt_set_error(MT_ERR_UNSUPPORTED, "param_window_unit=weight: gemma4's layers open their parameters "
+                            "a layer at a time (use param_window_unit=layer)");
+    return mtm_weight_segments(m);
 }
 
 /* ------------------------------------------------------------------------------ */
@@ -262,7 +268,8 @@ static void init_fields(mt_model *m, const mt_model_config *cfg, mt_backend *be,
     m->remat.policy = mt_remat_policy_keep_all();
     m->host.params_id = m->host.compute_id = -1;
     for (int w = 0; w < MT_PWIN_COUNT; w++) m->pwin.id[w] = -1;
-    for (int s = 0; s < MT_PWIN_LAYER_SLOTS; s++) m->pwin.layer[s] = -1;
+    for (int s = 0; s < MT_PWIN_LAYER_SLOTS; s++) m->pwin.layer[s] = m->pwin.slots.held[s] = -1;
+    m->pwin.slots.cur = m->pwin.pending = m->pwin.open = -1;
     for (int w = 0; w < MT_GWIN_COUNT; w++) m->sink.id[w] = -1;
     for (int i = 0; i < CP_COUNT; i++) m->cp.id[i] = -1;
     for (int i = 0; i < DEC_COUNT; i++) m->dec.id[i] = -1;
@@ -316,6 +323,12 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, mt_backend
     if (layout->vocab_chunks < 0 || layout->vocab_chunks > cfg->vocab_size)
         return mt_set_error(MT_ERR_INVALID, "num_vocab_chunks=%lld must be 0 (auto) or in [1, vocab_size = %lld]",
                             (long long)layout->vocab_chunks, (long long)cfg->vocab_size);
+    if (layout->grad_window_chunks < 0)
+        return mt_set_error(MT_ERR_INVALID, "grad_window_chunks=%lld must be >= 0", (long long)layout->grad_window_chunks);
+    if (layout->grad_window_chunks > 1 && mtm_axis_size(layout->tensor_size) > 1)
+        return mt_set_error(MT_ERR_UNSUPPORTED, "grad_window_chunks=%lld with ici_tensor_parallelism=%d: a tensor "
+                            "rank writes a slice of each weight's rows or columns, not row blocks (use "
+                            "grad_window_chunks=1)", (long long)layout->grad_window_chunks, layout->tensor_size);
     if (layout->vocab_chunks > 1 && mtm_axis_size(layout->tensor_size) > 1)
         return mt_set_error(MT_ERR_UNSUPPORTED, "num_vocab_chunks=%lld with ici_tensor_parallelism=%d: the tensor "
                             "axis computes the loss vocabulary-parallel over whole slices (use num_vocab_chunks=0 "
@@ -351,6 +364,10 @@ void mt_model_free(mt_model *m) {
     }
     free(m->par.info);
     free(m->par.layer_of);
+    free(m->pwin.seg_a);
+    free(m->pwin.seg_n);
+    free(m->pwin.order[0]);
+    free(m->pwin.order[1]);
     free(m->par.layer);
     free(m->plan.lid);
     free(m->plan.lptr);

@@ -103,6 +103,15 @@ typedef struct mt_model mt_model;
  * reduce-scatters (ZeRO-1), unless a gradient sink reduce-scatters it window by window
  * (mt_model_set_grad_sink; the trainer does). mt_model_init_params writes the shard of
  * the same values. With param_offload the shard lives in the host pool.
+ * With weight_windows (param_window_unit=weight) the two layer windows hold a segment of
+ * a layer each instead (consecutive parameters packed up to the largest one's numel:
+ * about one weight, "params.window.weight0/1"), gathered in the order the layer code
+ * reads them, the next one prefetched; with remat the backward gathers the segments it
+ * reads again after they left the two slots (models/model_windows.c; the Llama family
+ * only: gemma4 is refused with MT_ERR_UNSUPPORTED). With grad_window_chunks = k > 1 and
+ * a gradient sink, each 2-D layer weight's gradient is handed over in k row blocks
+ * (models/model_windows.c mtm_weight_grad), so the layer gradient windows are 1/k of
+ * the largest weight (refused with a tensor axis: MT_ERR_UNSUPPORTED).
  *
  * Document masking (packing, packing_separator: config keys packing,
  * packing_separator_id). With packing != 0 every sequence of the caller's tokens is
@@ -165,6 +174,9 @@ typedef struct mt_model_layout {
     int32_t packing_separator;      /* >= 0, checked even when packing is off */
     mt_dtype dtype;                 /* MT_F32 (0) or MT_BF16 */
     int param_offload;
+    int weight_windows;             /* param_window_unit=weight: parameter windows of a weight, not a layer */
+    int64_t grad_window_chunks;     /* grad_window_chunks: with a gradient sink, a layer weight's gradient in
+                                     * this many row blocks (0 or 1: whole; not with a tensor axis) */
     int64_t vocab_chunks;           /* num_vocab_chunks: 0 = auto (mt_model_vocab_tiling), else 1..vocab_size */
 } mt_model_layout;
 

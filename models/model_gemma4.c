@@ -428,13 +428,11 @@ static mt_status g4_ple_bwd(mt_model *m, int64_t l, void *a[MT_LT_COUNT], void *
     MT_TRY(mtm_grad_open(m, lp->ple_norm));
     MT_TRY(be->ops->rmsnorm_bwd(be, d1, mtm_gw(m, lp->ple_norm), G, o, mtm_pw(m, lp->ple_norm), G4B(m, G4_RSTD), N, D,
                                 m->w_off, m->dt));
-    MT_TRY(mtm_grad_open(m, lp->ple_proj));
-    MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->ple_proj), d1, pc, N, P, D));
+    MT_TRY(mtm_linear_grad(m, lp->ple_proj, d1, pc, P, D));
     MT_TRY(linear_bwd_x(m, pc, d1, mtm_pw(m, lp->ple_proj), N, P, D, 0.0f));
     MT_TRY(be->ops->glu_bwd(be, pd, pe, pc, pa, pb, N * P, m->cfg.mlp_activation, m->dt));
     MT_TRY(ple_unslice_add(m, G4B(m, G4_PLE_DALL), pe, l));
-    MT_TRY(mtm_grad_open(m, lp->ple_gate));
-    MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->ple_gate), pd, ymid, N, D, P));
+    MT_TRY(mtm_linear_grad(m, lp->ple_gate, pd, ymid, D, P));
     return linear_bwd_x(m, G, pd, mtm_pw(m, lp->ple_gate), N, D, P, 1.0f);
 }
 
@@ -488,10 +486,8 @@ mt_status mtm_g4_layer_backward(mt_model *m, int64_t l) {
     MT_TRY(mtm_row_bwd_w(m, lp->down, d1, w0, F, g4_fg(m, l)));
     MT_TRY(mtm_row_bwd_x(m, w0, d1, lp->down, F, g4_fg(m, l), 0.0f));
     MT_TRY(be->ops->glu_bwd(be, w1, w2, w0, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
-    MT_TRY(mtm_grad_open(m, lp->gate));
-    MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->gate), w1, nrm, N, D, F));
-    MT_TRY(mtm_grad_open(m, lp->up));
-    MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->up), w2, nrm, N, D, F));
+    MT_TRY(mtm_linear_grad(m, lp->gate, w1, nrm, D, F));
+    MT_TRY(mtm_linear_grad(m, lp->up, w2, nrm, D, F));
     MT_TRY(linear_bwd_x(m, d2, w1, mtm_pw(m, lp->gate), N, D, F, 0.0f));
     MT_TRY(linear_bwd_x(m, d2, w2, mtm_pw(m, lp->up), N, D, F, 1.0f));
     const void *dn2 = mtm_tp_sum_input_grad(m, d2, d1); /* column-parallel gate/up: partial sums */
@@ -525,8 +521,7 @@ mt_status mtm_g4_layer_backward(mt_model *m, int64_t l) {
     MT_TRY(mtm_grad_open(m, lp->q_norm));
     MT_TRY(be->ops->rmsnorm_bwd(be, w4, mtm_gw(m, lp->q_norm), w1, w0, mtm_pw(m, lp->q_norm), a[MT_LT_QUERY_NORM_RSTD],
                                 N * H, Dh, off, m->dt));
-    MT_TRY(mtm_grad_open(m, lp->q));
-    MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->q), w4, nrm, N, D, QD));
+    MT_TRY(mtm_linear_grad(m, lp->q, w4, nrm, D, QD));
     MT_TRY(linear_bwd_x(m, d2, w4, mtm_pw(m, lp->q), N, D, QD, 0.0f));
     if (donor < 0) {
         /* k: RoPE, k_norm, k_proj */
@@ -543,10 +538,8 @@ mt_status mtm_g4_layer_backward(mt_model *m, int64_t l) {
         MT_TRY(be->ops->zero(be, G4B(m, G4_VDW), (size_t)m->Dh * sizeof(float)));
         MT_TRY(be->ops->rmsnorm_bwd(be, w2, G4B(m, G4_VDW), w3, w0, G4B(m, G4_VZERO), G4B(m, G4_VRSTD), N * Hkv, Dh,
                                     1.0f, m->dt));
-        MT_TRY(mtm_grad_open(m, lp->k));
-        MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->k), w1, nrm, N, D, KVD));
-        MT_TRY(mtm_grad_open(m, lp->v));
-        MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->v), w2, nrm, N, D, KVD));
+        MT_TRY(mtm_linear_grad(m, lp->k, w1, nrm, D, KVD));
+        MT_TRY(mtm_linear_grad(m, lp->v, w2, nrm, D, KVD));
         MT_TRY(linear_bwd_x(m, d2, w1, mtm_pw(m, lp->k), N, D, KVD, 1.0f));
         MT_TRY(linear_bwd_x(m, d2, w2, mtm_pw(m, lp->v), N, D, KVD, 1.0f));
     }
@@ -554,4 +547,13 @@ mt_status mtm_g4_layer_backward(mt_model *m, int64_t l) {
     MT_TRY(mtm_grad_open(m, lp->in_norm));
     return be->ops->rmsnorm_bwd(be, G, mtm_gw(m, lp->in_norm), dn1, x, mtm_pw(m, lp->in_norm), a[MT_LT_INPUT_NORM_RSTD],
                                 Ns, D, off, m->dt);
+}
+
+void mtm_g4_layer_recomputes(const mt_model *m, int64_t l, int *norm_gathers, int *row_fwds, int *context) {
+    /* g4_recompute_attn and the MLP's recompute in mtm_g4_layer_backward */
+    const int own = mt_model_layer_kv_donor(&m->cfg, l) < 0;
+    *norm_gathers = g4_recompute(m, l, MT_LT_QUERY_PROJ) || (own && g4_recompute(m, l, MT_LT_KEY_PROJ)) ||
+                    (own && g4_recompute(m, l, MT_LT_VALUE_PROJ));
+    *row_fwds = g4_recompute(m, l, MT_LT_OUT_PROJ) + g4_recompute(m, l, MT_LT_MLPWO);
+    *context = g4_recompute(m, l, MT_LT_CONTEXT);
 }

@@ -163,6 +163,13 @@ typedef struct mtm_host_pool {
                                             * "params.compute.shard" (GB_COMPUTE_W), -1 none */
 } mtm_host_pool;
 
+/* The two layer slots of param_window_unit=weight: the segment (its flat start) each
+ * holds, -1 none, and the slot opened last (model_windows.c mtm_wslots_take). */
+typedef struct mtm_wslots {
+    int64_t held[MT_PWIN_LAYER_SLOTS];
+    int cur;
+} mtm_wslots;
+
 /* Parameter windows (model_windows.c): with parameter host offload or fsdp the device
  * holds these instead of the flat parameters. */
 typedef struct mtm_param_windows {
@@ -170,6 +177,18 @@ typedef struct mtm_param_windows {
     int id[MT_PWIN_COUNT];
     void *ptr[MT_PWIN_COUNT];              /* of m->dt */
     int64_t layer[MT_PWIN_LAYER_SLOTS];    /* layer held by each layer slot, -1 none */
+    /* param_window_unit=weight (mtm_param_open): the two slots hold a segment of a
+     * layer each (consecutive parameters of at most seg_max elements) instead of a layer */
+    int weights;
+    int64_t *seg_a, *seg_n;                /* [par.count]: the flat range of layer parameter i's segment */
+    int64_t seg_max;                       /* elements of a slot: the largest segment */
+    mtm_wslots slots;                      /* which segment each slot holds */
+    int pending;                           /* the slot an fsdp prefetch is filling, -1 none */
+    int *order[2];                         /* the forward's / backward's opens (mtm_layer_param_order), */
+    int64_t order_n[2];                    /* over the layers in the pass's order (planned) */
+    int pass;                              /* 0 forward, 1 backward: the pass running */
+    int64_t cursor;                        /* its next entry */
+    int open;                              /* the parameter opened last, -1 none */
 } mtm_param_windows;
 
 /* Gradient sink (mt_model_set_grad_sink): instead of the full "grads" buffer, the
@@ -185,7 +204,10 @@ typedef struct mtm_grad_sink {
     /* the layer parameter windows (mtm_grad_open, mtm_grad_layer_end) */
     int64_t layer;     /* the layer whose backward writes them, -1 none */
     int open;          /* the parameter whose window is open, -1 none */
+    int64_t open_r0, open_r1; /* the rows of it the window holds (all but with grad_window_chunks) */
     float *open_win;   /* its window */
+    int64_t chunks;    /* grad_window_chunks: a 2-D layer weight's gradient in this many row blocks */
+    int64_t win_numel; /* elements of a layer gradient window (the largest block) */
     uint64_t done;     /* bit i - in_norm: parameter i of the layer handed over (a layer has < 64: layer_params) */
     int64_t handed;    /* layer parameters handed over this backward (the slot of the next: handed % 2) */
 } mtm_grad_sink;
@@ -477,6 +499,22 @@ float *mtm_gw(const mt_model *m, int i);
  * Errors: the sink's (fn, wait), MT_ERR_INVALID for a parameter of another layer or
  * one written again after its hand-over. */
 mt_status MT_MUST_CHECK mtm_grad_open(mt_model *m, int i);
+/* Rows of layer weight i whose gradient one window holds (grad_window_chunks): the
+ * number of its rows, or with a gradient sink and chunks k > 1 ceil(rows / k). */
+int64_t mtm_grad_block_rows(const mt_model *m, int i);
+/* dW_i[rows, cols] (fp32, row stride ldw) += dy[N, rows]^T x[N, cols] (lda: dy's row
+ * stride), the weight gradient of a linear layer, through the gradient windows: with
+ * a sink and grad_window_chunks k > 1 in blocks of mtm_grad_block_rows rows, each
+ * handed over when the next opens (dy's columns r0 .. r1 - 1 make rows r0 .. r1 - 1
+ * of dW); else into mtm_grad_open(m, i)'s window (or the full buffer) at its
+ * tensor-parallel offset. Errors: as mtm_grad_open, the backend's gemm. */
+mt_status MT_MUST_CHECK mtm_weight_grad(mt_model *m, int i, const void *dy, int64_t lda, const void *x, int64_t rows,
+                                        int64_t cols, int64_t ldw);
+/* linear_bwd_w into layer weight i's gradient windows: dW[out, in] += dy[N, out]^T x[N, in] */
+static inline mt_status MT_MUST_CHECK mtm_linear_grad(mt_model *m, int i, const void *dy, const void *x, int64_t in,
+                                                      int64_t out) {
+    return mtm_weight_grad(m, i, dy, out, x, out, in, in);
+}
 /* Gradient sink, around the backward of layer l: begin (nothing open) and end, given
  * the backward's status: when it is MT_OK, hand the open parameter over, then every
  * parameter of the layer the backward did not write, as zeros (the sink sees each
@@ -489,6 +527,33 @@ mt_status MT_MUST_CHECK mtm_grad_layer_end(mt_model *m, mt_status backward);
 mt_status MT_MUST_CHECK mtm_refresh_compute(mt_model *m);
 mt_status MT_MUST_CHECK mtm_fetch_layer(mt_model *m, int64_t l);
 void mtm_prefetch_layer(mt_model *m, int64_t l);
+/* param_window_unit=weight (parameter windows of a segment at a time): before a layer
+ * parameter i is read (mtm_pw), make its segment resident in one of the two slots,
+ * filled synchronously unless it is there or being prefetched, and start the
+ * prefetch of the next segment the pass opens (fsdp) into the other slot; the slot
+ * opened last is never overwritten. Each open must be the pass's next entry of
+ * mtm_layer_param_order (repeats of the parameter opened last excepted): the gather
+ * count of mt_model_fsdp_gather_floats follows that order. A no-op in layer units,
+ * without parameter windows and for the embedding, final norm and head.
+ * Errors: the fill's (copy, fsdp gather), MT_ERR_RUNTIME for an open out of order. */
+mt_status MT_MUST_CHECK mtm_param_open(mt_model *m, int i);
+/* param_window_unit=weight: the forward (backward = 0; the slots were emptied by
+ * mtm_fetch_global) or the backward (1) of the layers begins: reset the pass's order
+ * and prefetch its first segment. A no-op in layer units. Errors: the gather's. */
+mt_status MT_MUST_CHECK mtm_param_pass_begin(mt_model *m, int backward);
+/* param_window_unit=weight: the segments of the layer parameters (consecutive
+ * parameters of a layer packed up to the largest parameter's numel) and, once the
+ * remat policy is known (planning), the passes' orders. Errors: MT_ERR_OOM. */
+mt_status MT_MUST_CHECK mtm_weight_segments(mt_model *m);
+mt_status MT_MUST_CHECK mtm_weight_orders(mt_model *m);
+/* The slot segment a (flat start) is opened in: the one holding it, else the slot not
+ * opened last, then holding a (*fill = 1: it must be filled). Shared by the windows
+ * and the gather count, so that both make the same choices. */
+int mtm_wslots_take(mtm_wslots *w, int64_t a, int *fill);
+/* Floats this rank gathers for the layer segments in one forward and backward
+ * (param_window_unit=weight), per mtm_layer_param_order with the windows' choices;
+ * own(m, r, a, b) the elements of [a, b) in rank r's shard. */
+int64_t mtm_weight_gather_floats(const mt_model *m, int64_t (*own)(const mt_model *, int, int64_t, int64_t));
 mt_status MT_MUST_CHECK mtm_fetch_global(mt_model *m);
 mt_status MT_MUST_CHECK mtm_grad_windows_begin(mt_model *m);
 /* Rows [a, b) of parameter i (the embedding or lm_head: [V, D]) as [b - a, D] of m->dt:
@@ -552,6 +617,21 @@ mt_status MT_MUST_CHECK mtm_layer_restore(mt_model *m, int64_t l, void *a[MT_LT_
 int mtm_la_is_remat(const mt_model *m, int j);
 mt_status MT_MUST_CHECK mtm_layer_forward(mt_model *m, int64_t l);
 mt_status MT_MUST_CHECK mtm_layer_backward(mt_model *m, int64_t l);
+/* The layer parameters that layer l's forward (backward = 0) or backward (1) opens
+ * (mtm_param_open) before reading them, in that order, a parameter opened twice in a
+ * row listed once; the backward's depend on the remat policy (what it recomputes).
+ * Writes at most MTM_LAYER_OPENS_MAX entries to out and returns their count. The Llama
+ * family's layers (param_window_unit=weight is refused for gemma4: model.c). */
+#define MTM_LAYER_OPENS_MAX 48
+/* What layer l's backward recomputes that communicates (model_shard.c counts the
+ * bytes): *norm_gathers, the input norm gathered again for q/k/v (sequence
+ * parallelism: an all-gather of N x D); *row_fwds, the row-parallel out_proj / mlpwo
+ * recomputed (an all-reduce, or with sequence parallelism a reduce-scatter, of N x D);
+ * *context, 1 when the attention is recomputed (context parallelism: its K/V
+ * gathered, or ringed, again). */
+void mtm_layer_recomputes(const mt_model *m, int64_t l, int *norm_gathers, int *row_fwds, int *context);
+void mtm_g4_layer_recomputes(const mt_model *m, int64_t l, int *norm_gathers, int *row_fwds, int *context);
+int mtm_layer_param_order(const mt_model *m, int64_t l, int backward, int *out);
 
 /* ---- model_loss.c ---- */
 

@@ -96,24 +96,32 @@ mt_status mtm_layer_forward(mt_model *m, int64_t l) {
     /* attention block */
     MT_TRY(mtm_norm_gather(m, nrm, a[MT_LT_INPUT_NORM_RSTD], x, lp->in_norm));
     if (m->cfg.use_qk_norm) {
+        MT_TRY(mtm_param_open(m, lp->q));
         MT_TRY(linear_fwd(m, tmp, nrm, mtm_pw(m, lp->q), N, D, QD, 0.0f));
+        MT_TRY(mtm_param_open(m, lp->q_norm));
         MT_TRY(be->ops->rmsnorm_fwd(be, a[MT_LT_QUERY_PROJ], a[MT_LT_QUERY_NORM_RSTD], tmp, mtm_pw(m, lp->q_norm),
                                     N * H, Dh, m->eps, m->w_off, m->dt));
+        MT_TRY(mtm_param_open(m, lp->k));
         MT_TRY(linear_fwd(m, tmp, nrm, mtm_pw(m, lp->k), N, D, KVD, 0.0f));
+        MT_TRY(mtm_param_open(m, lp->k_norm));
         MT_TRY(be->ops->rmsnorm_fwd(be, a[MT_LT_KEY_PROJ], a[MT_LT_KEY_NORM_RSTD], tmp, mtm_pw(m, lp->k_norm), N * Hkv,
                                     Dh, m->eps, m->w_off, m->dt));
     } else {
+        MT_TRY(mtm_param_open(m, lp->q));
         MT_TRY(linear_fwd(m, a[MT_LT_QUERY_PROJ], nrm, mtm_pw(m, lp->q), N, D, QD, 0.0f));
+        MT_TRY(mtm_param_open(m, lp->k));
         MT_TRY(linear_fwd(m, a[MT_LT_KEY_PROJ], nrm, mtm_pw(m, lp->k), N, D, KVD, 0.0f));
     }
     MT_TRY(be->ops->rope_fwd(be, a[MT_LT_QUERY_PROJ], pos, inv_freq, N, H, Dh, m->dt));
     MT_TRY(be->ops->rope_fwd(be, a[MT_LT_KEY_PROJ], pos, inv_freq, N, Hkv, Dh, m->dt));
+    MT_TRY(mtm_param_open(m, lp->v));
     MT_TRY(linear_fwd(m, a[MT_LT_VALUE_PROJ], nrm, mtm_pw(m, lp->v), N, D, KVD, 0.0f));
     MT_TRY(mtm_cp_attention_fwd(m, l, a[MT_LT_CONTEXT], a[MT_LT_CONTEXT_LSE], a[MT_LT_QUERY_PROJ], a[MT_LT_KEY_PROJ],
                                 a[MT_LT_VALUE_PROJ]));
     MT_TRY(mtm_row_fwd(m, a[MT_LT_OUT_PROJ], a[MT_LT_CONTEXT], lp->o, QD, m->tp.QDg, 0.0f, tmp, NULL));
     const void *attn_out = a[MT_LT_OUT_PROJ];
     if (m->cfg.use_post_attn_norm) {
+        MT_TRY(mtm_param_open(m, lp->post_attn_norm));
         MT_TRY(be->ops->rmsnorm_fwd(be, tmp, a[MT_LT_POST_ATTN_NORM_RSTD], a[MT_LT_OUT_PROJ],
                                     mtm_pw(m, lp->post_attn_norm), Ns, D, m->eps, m->w_off, m->dt));
         attn_out = tmp;
@@ -121,12 +129,15 @@ mt_status mtm_layer_forward(mt_model *m, int64_t l) {
 
     /* MLP block: h = x + attention output, fused with the pre-MLP norm */
     MT_TRY(mtm_add_norm_gather(m, res, nrm, a[MT_LT_PRE_MLP_NORM_RSTD], x, attn_out, lp->pre_mlp_norm));
+    MT_TRY(mtm_param_open(m, lp->gate));
     MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_0], nrm, mtm_pw(m, lp->gate), N, D, F, 0.0f));
+    MT_TRY(mtm_param_open(m, lp->up));
     MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_1], nrm, mtm_pw(m, lp->up), N, D, F, 0.0f));
     MT_TRY(be->ops->glu_fwd(be, glu, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
     MT_TRY(be->ops->copy(be, y, res, ND));
     if (m->cfg.use_post_ffw_norm) {
         MT_TRY(mtm_row_fwd(m, a[MT_LT_MLPWO], glu, lp->down, F, m->tp.Fg, 0.0f, nrm, NULL));
+        MT_TRY(mtm_param_open(m, lp->post_ffw_norm));
         MT_TRY(be->ops->rmsnorm_fwd(be, tmp, a[MT_LT_POST_FFW_NORM_RSTD], a[MT_LT_MLPWO], mtm_pw(m, lp->post_ffw_norm),
                                     Ns, D, m->eps, m->w_off, m->dt));
         MT_TRY(be->ops->axpy(be, y, tmp, 1.0f, Ns * D, m->dt));
@@ -152,8 +163,10 @@ static mt_status MT_MUST_CHECK layer_recompute_attn(mt_model *m, int64_t l, void
     if (rq || rk || rv)
         MT_TRY(mtm_norm_gather(m, nrm, a[MT_LT_INPUT_NORM_RSTD], a[MT_LT_DECODER_LAYER_INPUT], lp->in_norm));
     if (rq) {
+        MT_TRY(mtm_param_open(m, lp->q));
         if (m->cfg.use_qk_norm) {
             MT_TRY(linear_fwd(m, tmp, nrm, mtm_pw(m, lp->q), N, D, QD, 0.0f));
+            MT_TRY(mtm_param_open(m, lp->q_norm));
             MT_TRY(be->ops->rmsnorm_fwd(be, a[MT_LT_QUERY_PROJ], a[MT_LT_QUERY_NORM_RSTD], tmp, mtm_pw(m, lp->q_norm),
                                         N * H, Dh, m->eps, m->w_off, m->dt));
         } else {
@@ -162,8 +175,10 @@ static mt_status MT_MUST_CHECK layer_recompute_attn(mt_model *m, int64_t l, void
         MT_TRY(be->ops->rope_fwd(be, a[MT_LT_QUERY_PROJ], pos, inv_freq, N, H, Dh, m->dt));
     }
     if (rk) {
+        MT_TRY(mtm_param_open(m, lp->k));
         if (m->cfg.use_qk_norm) {
             MT_TRY(linear_fwd(m, tmp, nrm, mtm_pw(m, lp->k), N, D, KVD, 0.0f));
+            MT_TRY(mtm_param_open(m, lp->k_norm));
             MT_TRY(be->ops->rmsnorm_fwd(be, a[MT_LT_KEY_PROJ], a[MT_LT_KEY_NORM_RSTD], tmp, mtm_pw(m, lp->k_norm),
                                         N * Hkv, Dh, m->eps, m->w_off, m->dt));
         } else {
@@ -171,7 +186,10 @@ static mt_status MT_MUST_CHECK layer_recompute_attn(mt_model *m, int64_t l, void
         }
         MT_TRY(be->ops->rope_fwd(be, a[MT_LT_KEY_PROJ], pos, inv_freq, N, Hkv, Dh, m->dt));
     }
-    if (rv) MT_TRY(linear_fwd(m, a[MT_LT_VALUE_PROJ], nrm, mtm_pw(m, lp->v), N, D, KVD, 0.0f));
+    if (rv) {
+        MT_TRY(mtm_param_open(m, lp->v));
+        MT_TRY(linear_fwd(m, a[MT_LT_VALUE_PROJ], nrm, mtm_pw(m, lp->v), N, D, KVD, 0.0f));
+    }
     if (mtm_la_is_remat(m, MT_LT_CONTEXT)) {
         MT_TRY(mtm_cp_attention_fwd(m, l, a[MT_LT_CONTEXT], a[MT_LT_CONTEXT_LSE], a[MT_LT_QUERY_PROJ],
                                     a[MT_LT_KEY_PROJ], a[MT_LT_VALUE_PROJ]));
@@ -188,8 +206,14 @@ static mt_status MT_MUST_CHECK layer_recompute_mlp(mt_model *m, int64_t l, void 
     mt_backend *be = m->be;
     const layer_params *lp = &m->par.layer[l];
     const int64_t N = m->N, D = m->D, F = m->F;
-    if (mtm_la_is_remat(m, MT_LT_MLPWI_0)) MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_0], nrm, mtm_pw(m, lp->gate), N, D, F, 0.0f));
-    if (mtm_la_is_remat(m, MT_LT_MLPWI_1)) MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_1], nrm, mtm_pw(m, lp->up), N, D, F, 0.0f));
+    if (mtm_la_is_remat(m, MT_LT_MLPWI_0)) {
+        MT_TRY(mtm_param_open(m, lp->gate));
+        MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_0], nrm, mtm_pw(m, lp->gate), N, D, F, 0.0f));
+    }
+    if (mtm_la_is_remat(m, MT_LT_MLPWI_1)) {
+        MT_TRY(mtm_param_open(m, lp->up));
+        MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_1], nrm, mtm_pw(m, lp->up), N, D, F, 0.0f));
+    }
     if (mtm_la_is_remat(m, MT_LT_MLPWO)) {
         MT_TRY(be->ops->glu_fwd(be, glu, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
         MT_TRY(mtm_row_fwd(m, a[MT_LT_MLPWO], glu, lp->down, F, m->tp.Fg, 0.0f, full, NULL));
@@ -225,6 +249,7 @@ mt_status mtm_layer_backward(mt_model *m, int64_t l) {
     /* recompute h = x + [post_attn](o) and n2 = norm(h), then the MLP tensors not kept */
     const void *attn_out = a[MT_LT_OUT_PROJ];
     if (m->cfg.use_post_attn_norm) {
+        MT_TRY(mtm_param_open(m, lp->post_attn_norm));
         MT_TRY(be->ops->rmsnorm_fwd(be, d2, a[MT_LT_POST_ATTN_NORM_RSTD], a[MT_LT_OUT_PROJ],
                                     mtm_pw(m, lp->post_attn_norm), Ns, D, eps, off, m->dt));
         attn_out = d2;
@@ -237,6 +262,7 @@ mt_status mtm_layer_backward(mt_model *m, int64_t l) {
     if (m->cfg.use_post_ffw_norm) {
         MT_TRY(be->ops->zero(be, AT(m, d1, s0 * D), ND));
         MT_TRY(mtm_grad_open(m, lp->post_ffw_norm));
+        MT_TRY(mtm_param_open(m, lp->post_ffw_norm));
         MT_TRY(be->ops->rmsnorm_bwd(be, AT(m, d1, s0 * D), mtm_gw(m, lp->post_ffw_norm), G, a[MT_LT_MLPWO],
                                     mtm_pw(m, lp->post_ffw_norm), a[MT_LT_POST_FFW_NORM_RSTD], Ns, D, off, m->dt));
         dmlp = d1;
@@ -249,15 +275,17 @@ mt_status mtm_layer_backward(mt_model *m, int64_t l) {
     MT_TRY(mtm_row_bwd_w(m, lp->down, dmlp, w0, F, m->tp.Fg));
     MT_TRY(mtm_row_bwd_x(m, w0, dmlp, lp->down, F, m->tp.Fg, 0.0f)); /* d(act(g) u) */
     MT_TRY(be->ops->glu_bwd(be, w1, w2, w0, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
-    MT_TRY(mtm_grad_open(m, lp->gate));
-    MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->gate), w1, nrm, N, D, F));
-    MT_TRY(mtm_grad_open(m, lp->up));
-    MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->up), w2, nrm, N, D, F));
-    MT_TRY(linear_bwd_x(m, d2, w1, mtm_pw(m, lp->gate), N, D, F, 0.0f));
-    MT_TRY(linear_bwd_x(m, d2, w2, mtm_pw(m, lp->up), N, D, F, 1.0f));
+    MT_TRY(mtm_linear_grad(m, lp->gate, w1, nrm, D, F));
+    MT_TRY(mtm_linear_grad(m, lp->up, w2, nrm, D, F));
+    /* up before gate: after down_proj's window the recomputed up_proj's is still there */
+    MT_TRY(mtm_param_open(m, lp->up));
+    MT_TRY(linear_bwd_x(m, d2, w2, mtm_pw(m, lp->up), N, D, F, 0.0f));
+    MT_TRY(mtm_param_open(m, lp->gate));
+    MT_TRY(linear_bwd_x(m, d2, w1, mtm_pw(m, lp->gate), N, D, F, 1.0f));
     /* column-parallel gate/up: partial input gradient (d1 is free again) */
     const void *dn2 = mtm_tp_sum_input_grad(m, d2, d1);
     MT_TRY(mtm_grad_open(m, lp->pre_mlp_norm));
+    MT_TRY(mtm_param_open(m, lp->pre_mlp_norm));
     MT_TRY(be->ops->rmsnorm_bwd(be, G, mtm_gw(m, lp->pre_mlp_norm), dn2, res, mtm_pw(m, lp->pre_mlp_norm),
                                 a[MT_LT_PRE_MLP_NORM_RSTD], Ns, D, off, m->dt));
 
@@ -266,6 +294,7 @@ mt_status mtm_layer_backward(mt_model *m, int64_t l) {
     if (m->cfg.use_post_attn_norm) {
         MT_TRY(be->ops->zero(be, AT(m, d1, s0 * D), ND));
         MT_TRY(mtm_grad_open(m, lp->post_attn_norm));
+        MT_TRY(mtm_param_open(m, lp->post_attn_norm));
         MT_TRY(be->ops->rmsnorm_bwd(be, AT(m, d1, s0 * D), mtm_gw(m, lp->post_attn_norm), G, a[MT_LT_OUT_PROJ],
                                     mtm_pw(m, lp->post_attn_norm), a[MT_LT_POST_ATTN_NORM_RSTD], Ns, D, off, m->dt));
         dattn = d1;
@@ -283,31 +312,119 @@ mt_status mtm_layer_backward(mt_model *m, int64_t l) {
     MT_TRY(mtm_norm_gather(m, nrm, a[MT_LT_INPUT_NORM_RSTD], x, lp->in_norm)); /* recompute n1 */
     const void *dq = w1, *dk = w2, *dv = w3;
     if (m->cfg.use_qk_norm) {
+        MT_TRY(mtm_param_open(m, lp->q));
         MT_TRY(linear_fwd(m, w0, nrm, mtm_pw(m, lp->q), N, D, QD, 0.0f)); /* q before q_norm */
         MT_TRY(be->ops->zero(be, w4, (size_t)(N * QD) * m->es));
         MT_TRY(mtm_grad_open(m, lp->q_norm));
+        MT_TRY(mtm_param_open(m, lp->q_norm));
         MT_TRY(be->ops->rmsnorm_bwd(be, w4, mtm_gw(m, lp->q_norm), w1, w0, mtm_pw(m, lp->q_norm),
                                     a[MT_LT_QUERY_NORM_RSTD], N * H, Dh, off, m->dt));
+        MT_TRY(mtm_param_open(m, lp->k));
         MT_TRY(linear_fwd(m, w0, nrm, mtm_pw(m, lp->k), N, D, KVD, 0.0f)); /* k before k_norm */
         MT_TRY(be->ops->zero(be, w1, (size_t)(N * KVD) * m->es));
         MT_TRY(mtm_grad_open(m, lp->k_norm));
+        MT_TRY(mtm_param_open(m, lp->k_norm));
         MT_TRY(be->ops->rmsnorm_bwd(be, w1, mtm_gw(m, lp->k_norm), w2, w0, mtm_pw(m, lp->k_norm),
                                     a[MT_LT_KEY_NORM_RSTD], N * Hkv, Dh, off, m->dt));
         dq = w4;
         dk = w1;
     }
-    MT_TRY(mtm_grad_open(m, lp->q));
-    MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->q), dq, nrm, N, D, QD));
-    MT_TRY(mtm_grad_open(m, lp->k));
-    MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->k), dk, nrm, N, D, KVD));
-    MT_TRY(mtm_grad_open(m, lp->v));
-    MT_TRY(linear_bwd_w(m, mtm_gw(m, lp->v), dv, nrm, N, D, KVD));
+    MT_TRY(mtm_linear_grad(m, lp->q, dq, nrm, D, QD));
+    MT_TRY(mtm_linear_grad(m, lp->k, dk, nrm, D, KVD));
+    MT_TRY(mtm_linear_grad(m, lp->v, dv, nrm, D, KVD));
+    MT_TRY(mtm_param_open(m, lp->q));
     MT_TRY(linear_bwd_x(m, d2, dq, mtm_pw(m, lp->q), N, D, QD, 0.0f));
+    MT_TRY(mtm_param_open(m, lp->k));
     MT_TRY(linear_bwd_x(m, d2, dk, mtm_pw(m, lp->k), N, D, KVD, 1.0f));
+    MT_TRY(mtm_param_open(m, lp->v));
     MT_TRY(linear_bwd_x(m, d2, dv, mtm_pw(m, lp->v), N, D, KVD, 1.0f));
     const void *dn1 = mtm_tp_sum_input_grad(m, d2, d1); /* column-parallel q/k/v: partial input gradient */
     MT_TRY(mtm_grad_open(m, lp->in_norm));
+    MT_TRY(mtm_param_open(m, lp->in_norm));
     MT_TRY(be->ops->rmsnorm_bwd(be, G, mtm_gw(m, lp->in_norm), dn1, x, mtm_pw(m, lp->in_norm), a[MT_LT_INPUT_NORM_RSTD],
                                 Ns, D, off, m->dt));
     return MT_OK;
+}
+
+/* Mirrors mtm_layer_forward and mtm_layer_backward above (with their recompute
+ * helpers): each mtm_param_open they make, in order. model_windows.c checks every open
+ * against this list, so a change to the layer code that opens differently fails at
+ * its first run with param_window_unit=weight (tests/test_mpi_layouts.sh). */
+int mtm_layer_param_order(const mt_model *m, int64_t l, int backward, int *out) {
+    const layer_params *lp = &m->par.layer[l];
+    const mt_model_config *c = &m->cfg;
+    int n = 0;
+#define OPEN(i) \
+    do { \
+        if (n == 0 || out[n - 1] != (i)) out[n++] = (i); \
+    } while (0)
+    if (!backward) {
+        OPEN(lp->in_norm);
+        OPEN(lp->q);
+        if (c->use_qk_norm) OPEN(lp->q_norm);
+        OPEN(lp->k);
+        if (c->use_qk_norm) OPEN(lp->k_norm);
+        OPEN(lp->v);
+        OPEN(lp->o);
+        if (c->use_post_attn_norm) OPEN(lp->post_attn_norm);
+        OPEN(lp->pre_mlp_norm);
+        OPEN(lp->gate);
+        OPEN(lp->up);
+        OPEN(lp->down);
+        if (c->use_post_ffw_norm) OPEN(lp->post_ffw_norm);
+        return n;
+    }
+    /* layer_recompute_attn */
+    const int rq = mtm_la_is_remat(m, MT_LT_QUERY_PROJ), rk = mtm_la_is_remat(m, MT_LT_KEY_PROJ),
+              rv = mtm_la_is_remat(m, MT_LT_VALUE_PROJ);
+    if (rq || rk || rv) OPEN(lp->in_norm);
+    if (rq) {
+        OPEN(lp->q);
+        if (c->use_qk_norm) OPEN(lp->q_norm);
+    }
+    if (rk) {
+        OPEN(lp->k);
+        if (c->use_qk_norm) OPEN(lp->k_norm);
+    }
+    if (rv) OPEN(lp->v);
+    if (mtm_la_is_remat(m, MT_LT_OUT_PROJ)) OPEN(lp->o);
+    /* the MLP block: h, n2 and layer_recompute_mlp */
+    if (c->use_post_attn_norm) OPEN(lp->post_attn_norm);
+    OPEN(lp->pre_mlp_norm);
+    if (mtm_la_is_remat(m, MT_LT_MLPWI_0)) OPEN(lp->gate);
+    if (mtm_la_is_remat(m, MT_LT_MLPWI_1)) OPEN(lp->up);
+    if (mtm_la_is_remat(m, MT_LT_MLPWO)) OPEN(lp->down);
+    if (c->use_post_ffw_norm) OPEN(lp->post_ffw_norm);
+    OPEN(lp->down);
+    OPEN(lp->up);
+    OPEN(lp->gate);
+    OPEN(lp->pre_mlp_norm);
+    /* the attention block */
+    if (c->use_post_attn_norm) OPEN(lp->post_attn_norm);
+    OPEN(lp->o);
+    OPEN(lp->in_norm);
+    if (c->use_qk_norm) {
+        OPEN(lp->q);
+        OPEN(lp->q_norm);
+        OPEN(lp->k);
+        OPEN(lp->k_norm);
+    }
+    OPEN(lp->q);
+    OPEN(lp->k);
+    OPEN(lp->v);
+    OPEN(lp->in_norm);
+#undef OPEN
+    return n;
+}
+
+void mtm_layer_recomputes(const mt_model *m, int64_t l, int *norm_gathers, int *row_fwds, int *context) {
+    if (m->g4.on) {
+        mtm_g4_layer_recomputes(m, l, norm_gathers, row_fwds, context);
+        return;
+    }
+    /* layer_recompute_attn, layer_recompute_mlp */
+    *norm_gathers = mtm_la_is_remat(m, MT_LT_QUERY_PROJ) || mtm_la_is_remat(m, MT_LT_KEY_PROJ) ||
+                    mtm_la_is_remat(m, MT_LT_VALUE_PROJ);
+    *row_fwds = mtm_la_is_remat(m, MT_LT_OUT_PROJ) + mtm_la_is_remat(m, MT_LT_MLPWO);
+    *context = mtm_la_is_remat(m, MT_LT_CONTEXT);
 }

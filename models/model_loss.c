@@ -90,6 +90,7 @@ static mt_status MT_MUST_CHECK model_forward(mt_model *m, const int32_t *tokens)
      * windows are filled from it */
     MT_TRY(mtm_refresh_compute(m));
     MT_TRY(mtm_fetch_global(m));
+    MT_TRY(mtm_param_pass_begin(m, 0)); /* param_window_unit=weight: layer 0's first segment, prefetched */
     const int64_t Ns = seq_rows(m), s0 = seq_row0(m); /* sequence parallelism: this rank's rows */
     void *x0 = m->plan.lptr[0][MT_LT_DECODER_LAYER_INPUT];
     const int32_t *tok = (const int32_t *)m->plan.gptr[GB_TOKENS] + s0;
@@ -247,6 +248,7 @@ static mt_status backward_from_final_hidden(mt_model *m) {
          * reuse its memory): an asynchronous sink finishes it here */
         if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, tail));
     }
+    MT_TRY(mtm_param_pass_begin(m, 1)); /* param_window_unit=weight */
     for (int64_t l = m->cfg.num_decoder_layers - 1; l >= 0; l--) {
         MT_TRY(mtm_fetch_layer(m, l));
         mtm_prefetch_layer(m, l - 1); /* fsdp: layer l - 1's all-gather overlaps layer l */

@@ -299,10 +299,17 @@ static mt_status add_weights(mt_model *m, mt_plan *plan) {
         if (m->fsdp.size > 1 && !m->pwin.offload) /* with offload the shard is in the host pool */
             MT_TRY(mtm_plan_add(m, plan, GB_PARAMS, "params.shard", MT_MEM_PARAMS,
                                 (size_t)(m->fsdp.hi - m->fsdp.lo) * f4, 0, last));
-        MT_TRY(mt_plan_add(plan, "params.window.layer0", MT_MEM_PARAMS, (size_t)m->par.layer_numel * es, 0, last,
-                           &m->pwin.id[MT_PWIN_LAYER0]));
-        MT_TRY(mt_plan_add(plan, "params.window.layer1", MT_MEM_PARAMS, (size_t)m->par.layer_numel * es, 0, last,
-                           &m->pwin.id[MT_PWIN_LAYER1]));
+        if (m->pwin.weights) { /* param_window_unit=weight: a segment of a layer each (model_windows.c) */
+            MT_TRY(mt_plan_add(plan, "params.window.weight0", MT_MEM_PARAMS, (size_t)m->pwin.seg_max * es, 0, last,
+                               &m->pwin.id[MT_PWIN_LAYER0]));
+            MT_TRY(mt_plan_add(plan, "params.window.weight1", MT_MEM_PARAMS, (size_t)m->pwin.seg_max * es, 0, last,
+                               &m->pwin.id[MT_PWIN_LAYER1]));
+        } else {
+            MT_TRY(mt_plan_add(plan, "params.window.layer0", MT_MEM_PARAMS, (size_t)m->par.layer_numel * es, 0,
+                               last, &m->pwin.id[MT_PWIN_LAYER0]));
+            MT_TRY(mt_plan_add(plan, "params.window.layer1", MT_MEM_PARAMS, (size_t)m->par.layer_numel * es, 0,
+                               last, &m->pwin.id[MT_PWIN_LAYER1]));
+        }
         MT_TRY(mt_plan_add(plan, "params.window.global", MT_MEM_PARAMS, (size_t)mtm_global_window_numel(m) * es, 0,
                            last, &m->pwin.id[MT_PWIN_GLOBAL]));
         if (mtm_vocab_windows(m)) { /* a chunk of embedding rows for the lookup, one of the unembedding for the loss */
@@ -317,11 +324,17 @@ static mt_status add_weights(mt_model *m, mt_plan *plan) {
         MT_TRY(mtm_plan_add(m, plan, GB_GRADS, "grads", MT_MEM_GRADS, (size_t)m->par.numel * f4, 0, last));
     } else { /* gradient sink: windows live while their gradients are written (mt_model_set_grad_sink) */
         m->plan.gid[GB_GRADS] = -1;
-        MT_TRY(mt_plan_add(plan, "grads.window.layer", MT_MEM_GRADS, (size_t)m->par.weight_numel * f4, bwd0, bwd1,
+        m->sink.win_numel = 1; /* the largest block a layer parameter's gradient comes in (grad_window_chunks) */
+        for (int i = 0; i < m->par.count; i++)
+            if (m->par.layer_of[i] >= 0)
+                m->sink.win_numel = max64(m->sink.win_numel, mtm_grad_block_rows(m, i) *
+                                                                 (m->par.info[i].ndim == 2 ? m->par.info[i].shape[1]
+                                                                                           : m->par.info[i].numel));
+        MT_TRY(mt_plan_add(plan, "grads.window.layer", MT_MEM_GRADS, (size_t)m->sink.win_numel * f4, bwd0, bwd1,
                            &m->sink.id[MT_GWIN_LAYER]));
         m->sink.id[MT_GWIN_LAYER1] = -1;
         if (m->sink.wait) /* asynchronous sink: the second, alternating window (mt_model_set_grad_sink_wait) */
-            MT_TRY(mt_plan_add(plan, "grads.window.layer.overlap", MT_MEM_GRADS, (size_t)m->par.weight_numel * f4, bwd0,
+            MT_TRY(mt_plan_add(plan, "grads.window.layer.overlap", MT_MEM_GRADS, (size_t)m->sink.win_numel * f4, bwd0,
                                bwd1, &m->sink.id[MT_GWIN_LAYER1]));
         if (mtm_vocab_grad_windows(m)) { /* the embedding's and lm_head's gradients a chunk at a time */
             const size_t chunk = (size_t)(mtm_vocab_chunk_rows(m) * m->D) * f4;
@@ -545,6 +558,7 @@ mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan) {
     if (!m || !plan) return mt_set_error(MT_ERR_INVALID, "mt_model_add_to_plan: NULL argument");
     mtm_vocab_resolve(m); /* the gradient sink (and decoding) is known now */
     if (m->dec.on) return mtm_decode_add_to_plan(m, plan);
+    MT_TRY(mtm_weight_orders(m)); /* the remat policy is known now */
     MT_TRY(add_weights(m, plan));
     MT_TRY(add_inputs(m, plan));
     MT_TRY(add_saved(m, plan));

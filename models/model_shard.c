@@ -21,8 +21,10 @@
  *     gradients), plus one per recomputed out_proj / mlpwo (remat); the loss's
  *     vocab-parallel max and sums (parallel/vocab_loss.h).
  *   sequence parallelism: the same all-reduces become 4 all-gathers / reduce-scatters
- *     of N x D in the forward and 6 in the backward per layer (all tensors kept), and
- *     one all-gather of the final hidden states.
+ *     of N x D in the forward and 6 in the backward per layer (all tensors kept), plus
+ *     one all-gather of the input norm when q / k / v are recomputed and one
+ *     reduce-scatter per recomputed out_proj / mlpwo (mtm_layer_recomputes), and one
+ *     all-gather of the final hidden states.
  *   context, all-gather (C ranks): per layer 2 all-gathers of B x seq x KVD (K, V) in
  *     the forward, 2 more in the backward (plus 2 when context is recomputed) and 2
  *     reduce-scatters of the same size (dK, dV).
@@ -94,6 +96,7 @@ void mtm_sp_gather(mt_model *m, void *full) {
 /* full[N, D] = RMSNorm(x) where x holds this rank's residual rows (all rows without
  * sequence parallelism); rstd gets this rank's rows' statistics. */
 mt_status mtm_norm_gather(mt_model *m, void *full, float *rstd, const void *x, int wi) {
+    MT_TRY(mtm_param_open(m, wi));
     MT_TRY(m->be->ops->rmsnorm_fwd(m->be, AT(m, full, seq_row0(m) * m->D), rstd, x, mtm_pw(m, wi), seq_rows(m), m->D,
                                    m->eps, m->w_off, m->dt));
     mtm_sp_gather(m, full);
@@ -105,6 +108,7 @@ mt_status mtm_norm_gather(mt_model *m, void *full, float *rstd, const void *x, i
  * add_rmsnorm_fwd), bitwise the copy + axpy + mtm_norm_gather it replaces. */
 mt_status mtm_add_norm_gather(mt_model *m, void *h, void *full, float *rstd, const void *x,
                                                const void *r, int wi) {
+    MT_TRY(mtm_param_open(m, wi));
     MT_TRY(m->be->ops->add_rmsnorm_fwd(m->be, h, AT(m, full, seq_row0(m) * m->D), rstd, x, r, mtm_pw(m, wi),
                                        seq_rows(m), m->D, m->eps, m->w_off, m->dt));
     mtm_sp_gather(m, full);
@@ -131,6 +135,7 @@ mt_status mtm_row_fwd(mt_model *m, void *y, const void *x, int pi, int64_t in_l,
                                        float beta, void *full, void *part) {
     mt_backend *be = m->be;
     const int64_t N = m->N, D = m->D;
+    MT_TRY(mtm_param_open(m, pi));
     if (m->tp.size == 1)
         return be->ops->gemm(be, 0, 1, N, D, in_l, 1.0f, x, in_l, mtm_pw(m, pi), ldw, m->dt, beta, y, D, m->dt);
     void *dst = beta == 0.0f ? y : part;
@@ -149,13 +154,12 @@ mt_status mtm_row_fwd(mt_model *m, void *y, const void *x, int pi, int64_t in_l,
  * sink, into the window mtm_grad_open opens for pi here */
 mt_status mtm_row_bwd_w(mt_model *m, int pi, const void *dy, const void *x, int64_t in_l,
                                          int64_t ldw) {
-    MT_TRY(mtm_grad_open(m, pi));
-    return m->be->ops->gemm(m->be, 1, 0, m->D, in_l, m->N, 1.0f, dy, m->D, x, in_l, m->dt, 1.0f, mtm_gw(m, pi), ldw,
-                            MT_F32);
+    return mtm_weight_grad(m, pi, dy, m->D, x, m->D, in_l, ldw);
 }
 /* dx[N, in_l] = dy[N, D] W_slice + beta dx */
 mt_status mtm_row_bwd_x(mt_model *m, void *dx, const void *dy, int pi, int64_t in_l, int64_t ldw,
                                          float beta) {
+    MT_TRY(mtm_param_open(m, pi));
     return m->be->ops->gemm(m->be, 0, 0, m->N, in_l, m->D, 1.0f, dy, m->D, mtm_pw(m, pi), ldw, m->dt, beta, dx, in_l,
                             m->dt);
 }
@@ -465,7 +469,9 @@ int64_t mt_model_fsdp_gather_floats(const mt_model *m) {
         f = (emb - fsdp_own(m, r, 0, emb)) +
             (m->par.numel - m->par.tail_off - fsdp_own(m, r, m->par.tail_off, m->par.numel));
     }
-    for (int64_t l = 0; l < L; l++) { /* each layer's own size (gemma4's differ) */
+    if (m->pwin.weights) /* a segment at a time, in the layer code's order (model_windows.c) */
+        f += mtm_weight_gather_floats(m, fsdp_own);
+    for (int64_t l = 0; l < L && !m->pwin.weights; l++) { /* each layer's own size (gemma4's differ) */
         const int64_t a = m->par.info[m->par.layer[l].in_norm].offset, ln = mtm_layer_numel(m, l),
                       n = ln - fsdp_own(m, r, a, a + ln);
         f += n;                 /* forward */
@@ -488,6 +494,11 @@ uint64_t mt_model_shard_bytes(const mt_model *m) {
         const uint64_t ND = es * (uint64_t)(N * m->D);
         b += m->tp.sp ? 10 * L * ((T - 1) * ND / T) + (T - 1) * ND / T : 4 * L * ar_bytes(ND, T);
         b += ar_bytes(ND, T);
+        for (int64_t l = 0; l < (int64_t)L; l++) { /* what the backward recomputes (remat) */
+            int ng, nr, nc;
+            mtm_layer_recomputes(m, l, &ng, &nr, &nc);
+            b += m->tp.sp ? (uint64_t)(ng + nr) * ((T - 1) * ND / T) : (uint64_t)nr * ar_bytes(ND, T);
+        }
         const int64_t K = m->tiles < N ? m->tiles : N;
         for (int64_t k = 0; k < K; k++) {
             const uint64_t R = (uint64_t)((k + 1) * N / K - k * N / K);
@@ -497,7 +508,9 @@ uint64_t mt_model_shard_bytes(const mt_model *m) {
     if (C > 1) /* blocks of this rank's rows x the layer's local kv width (gemma4's vary) */
         for (int64_t l = 0; l < (int64_t)L; l++) {
             const uint64_t blk = es * (uint64_t)(N * mtm_layer_kvd(m, l));
-            b += m->cp.ring ? (C - 1) * 6 * blk + 2 * blk : 6 * (C - 1) * blk;
+            int ng, nr, nc; /* the forward's K/V traffic again when the backward recomputes the attention */
+            mtm_layer_recomputes(m, l, &ng, &nr, &nc);
+            b += (m->cp.ring ? (C - 1) * 6 * blk + 2 * blk : 6 * (C - 1) * blk) + (uint64_t)nc * 2 * (C - 1) * blk;
         }
     return b;
 }

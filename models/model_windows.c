@@ -9,7 +9,8 @@
  * its place in the window (the bits of the compute copy, mtm_refresh_compute), the
  * layer gathers prefetched one
  * layer ahead. A layer's window is fetched before its forward and again before its
- * backward only when layer l + 2 reused the slot.
+ * backward only when layer l + 2 reused the slot. With param_window_unit=weight the two
+ * slots hold a segment of a layer each (about one weight; below, mtm_param_open).
  *
  * Gradient windows (mt_model_set_grad_sink): one layer parameter's gradient at a time
  * (opened by the layer backward before its first write, mtm_grad_open, handed over when
@@ -20,10 +21,13 @@
  * share added: mt_grad_sink_fn); each is zeroed before its first write and handed to
  * the sink when complete (model_loss.c). With an asynchronous sink
  * (mt_model_set_grad_sink_wait) two layer windows alternate, so that the sink's
- * reduce-scatter of one parameter overlaps the backward of the next. */
+ * reduce-scatter of one parameter overlaps the backward of the next. With
+ * grad_window_chunks = k a 2-D layer weight's gradient comes in k row blocks, each
+ * its own window and hand-over (mtm_weight_grad), so a window is 1/k of the weight. */
 #include "models/model_internal.h"
 
 #include <assert.h>
+#include <stdlib.h>
 
 /* Parameter i (its tensor-parallel slice: model_shard.c) as the layers compute with
  * it, of m->dt: the fp32 master, or with dtype bfloat16 the bf16 compute copy
@@ -38,6 +42,12 @@ const void *mtm_pw(const mt_model *m, int i) {
     if (l < 0) { /* with vocabulary windows the embedding and lm_head come from mtm_vocab_rows */
         const int64_t emb = mtm_vocab_windows(m) ? 0 : m->par.info[m->par.embed].numel;
         return AT(m, m->pwin.ptr[MT_PWIN_GLOBAL], (off < emb ? off : emb + off - m->par.tail_off) + tp);
+    }
+    if (m->pwin.weights) { /* the slot holding its segment (mtm_param_open) */
+        const int64_t a = m->pwin.seg_a[i];
+        const int s = m->pwin.slots.held[0] == a ? 0 : m->pwin.slots.held[1] == a ? 1 : -1;
+        assert(s >= 0); /* mtm_param_open(m, i) first */
+        return s >= 0 ? AT(m, m->pwin.ptr[MT_PWIN_LAYER0 + s], (off - a) + tp) : NULL;
     }
     const int s = m->pwin.layer[0] == l ? 0 : 1; /* the slot holding layer l */
     return AT(m, m->pwin.ptr[MT_PWIN_LAYER0 + s], (off - m->par.info[m->par.layer[l].in_norm].offset) + tp);
@@ -69,7 +79,7 @@ static const void *window_source(const mt_model *m) {
  * global window at the start of every forward (the optimizer may have changed them).
  * fsdp: first complete the prefetch in flight (mtm_prefetch_layer), which may be layer l. */
 mt_status mtm_fetch_layer(mt_model *m, int64_t l) {
-    if (!params_windowed(m)) return MT_OK;
+    if (!params_windowed(m) || m->pwin.weights) return MT_OK; /* weight units: mtm_param_open */
     mtm_fsdp_wait(m);
     const int s = (int)(l % 2);
     if (m->pwin.layer[s] == l) return MT_OK;
@@ -86,7 +96,7 @@ mt_status mtm_fetch_layer(mt_model *m, int64_t l) {
  * prefetch is in flight, so it gathers exactly the layers mtm_fetch_layer would have
  * (mt_model_fsdp_gather_floats holds) and needs no window beyond the two layer slots. */
 void mtm_prefetch_layer(mt_model *m, int64_t l) {
-    if (m->fsdp.size == 1 || l < 0 || l >= m->cfg.num_decoder_layers || m->fsdp.req) return;
+    if (m->fsdp.size == 1 || m->pwin.weights || l < 0 || l >= m->cfg.num_decoder_layers || m->fsdp.req) return;
     const int s = (int)(l % 2);
     if (m->pwin.layer[s] == l) return;
     const int64_t a = m->par.info[m->par.layer[l].in_norm].offset;
@@ -103,7 +113,159 @@ mt_status mtm_fetch_global(mt_model *m) {
     if (emb > 0) MT_TRY(mtm_window_fill(m, m->pwin.ptr[MT_PWIN_GLOBAL], 0, emb));
     MT_TRY(mtm_window_fill(m, AT(m, m->pwin.ptr[MT_PWIN_GLOBAL], emb), m->par.tail_off, m->par.tail_off + n - emb));
     m->pwin.layer[0] = m->pwin.layer[1] = -1;
+    m->pwin.slots.held[0] = m->pwin.slots.held[1] = -1;
+    m->pwin.slots.cur = -1;
     return MT_OK;
+}
+
+/* ---- param_window_unit=weight: the layer slots hold a segment each ----
+ * A layer's parameters (consecutive in the flat buffer) are packed in order into
+ * segments of at most the largest one's numel, so each slot is the size of the largest
+ * weight (mlp.down_proj's, say) instead of a layer. The layer code opens each parameter
+ * before reading it (mtm_param_open), in the order mtm_layer_param_order lists; the
+ * segment goes to the slot not opened last unless it is resident, and the next segment
+ * of that order is prefetched (fsdp) into the other slot while this one computes. With
+ * remat the backward reads a layer's weights twice (recompute, then the input
+ * gradients), so segments that left the slots between are gathered again: the price of
+ * the smaller windows, counted by mtm_weight_gather_floats from the same order and the
+ * same slot choices (mtm_wslots_take). */
+
+int mtm_wslots_take(mtm_wslots *w, int64_t a, int *fill) {
+    *fill = 0;
+    for (int s = 0; s < MT_PWIN_LAYER_SLOTS; s++)
+        if (w->held[s] == a) return s;
+    *fill = 1;
+    const int s = w->cur < 0 ? 0 : 1 - w->cur;
+    w->held[s] = a;
+    return s;
+}
+
+mt_status mtm_weight_segments(mt_model *m) {
+    if (!m->pwin.weights) return MT_OK;
+    m->pwin.seg_a = malloc(sizeof(int64_t) * (size_t)m->par.count);
+    m->pwin.seg_n = malloc(sizeof(int64_t) * (size_t)m->par.count);
+    if (!m->pwin.seg_a || !m->pwin.seg_n) return mt_set_error(MT_ERR_OOM, "model: out of memory (segments)");
+    const int64_t cap = m->par.weight_numel;
+    m->pwin.seg_max = 0;
+    for (int i = 0; i < m->par.count; i++) m->pwin.seg_a[i] = m->pwin.seg_n[i] = -1;
+    for (int64_t l = 0; l < m->cfg.num_decoder_layers; l++) {
+        const layer_params *lp = &m->par.layer[l];
+        int first = lp->in_norm; /* the segment being packed: parameters first .. i - 1 */
+        for (int i = lp->in_norm; i <= lp->down + 1; i++) {
+            const int64_t a = m->par.info[first].offset;
+            const int end = i > lp->down;
+            if (!end && m->par.info[i].offset + m->par.info[i].numel - a <= cap) continue;
+            const int64_t n = m->par.info[i - 1].offset + m->par.info[i - 1].numel - a;
+            for (int j = first; j < i; j++) {
+                m->pwin.seg_a[j] = a;
+                m->pwin.seg_n[j] = n;
+            }
+            m->pwin.seg_max = max64(m->pwin.seg_max, n);
+            first = i;
+        }
+    }
+    return MT_OK;
+}
+
+mt_status mtm_weight_orders(mt_model *m) {
+    if (!m->pwin.weights) return MT_OK;
+    const int64_t L = m->cfg.num_decoder_layers;
+    for (int p = 0; p < 2; p++) {
+        free(m->pwin.order[p]);
+        m->pwin.order[p] = malloc(sizeof(int) * (size_t)(L * MTM_LAYER_OPENS_MAX));
+        if (!m->pwin.order[p]) return mt_set_error(MT_ERR_OOM, "model: out of memory (window order)");
+        int64_t n = 0;
+        for (int64_t k = 0; k < L; k++) /* forward: layers 0 .. L - 1, backward: L - 1 .. 0 */
+            n += mtm_layer_param_order(m, p ? L - 1 - k : k, p, m->pwin.order[p] + n);
+        m->pwin.order_n[p] = n;
+    }
+    return MT_OK;
+}
+
+/* The pass's next segment after entry k that is not segment a, or -1. */
+static int64_t next_segment(const mt_model *m, int pass, int64_t k, int64_t a) {
+    for (; k < m->pwin.order_n[pass]; k++) {
+        const int64_t b = m->pwin.seg_a[m->pwin.order[pass][k]];
+        if (b != a) return m->pwin.order[pass][k];
+    }
+    return -1;
+}
+
+/* Start filling parameter i's segment into the slot not opened last unless it is
+ * resident (fsdp: asynchronously, completed by mtm_fsdp_wait; with parameter offload
+ * nothing: the open copies). */
+static void weight_prefetch(mt_model *m, int i) {
+    if (i < 0 || m->fsdp.size == 1) return;
+    int fill;
+    const int s = mtm_wslots_take(&m->pwin.slots, m->pwin.seg_a[i], &fill);
+    if (!fill) return;
+    mtm_fsdp_wait(m); /* one gather in flight at a time */
+    mtm_fsdp_gather(m, m->pwin.ptr[MT_PWIN_LAYER0 + s], m->pwin.seg_a[i], m->pwin.seg_a[i] + m->pwin.seg_n[i], 1);
+    m->pwin.pending = s;
+}
+
+mt_status mtm_param_pass_begin(mt_model *m, int backward) {
+    if (!m->pwin.weights) return MT_OK;
+    m->pwin.pass = backward != 0;
+    m->pwin.cursor = 0;
+    m->pwin.open = -1;
+    if (m->pwin.order_n[m->pwin.pass] > 0) weight_prefetch(m, m->pwin.order[m->pwin.pass][0]);
+    return mtm_comm_status(m);
+}
+
+mt_status mtm_param_open(mt_model *m, int i) {
+    if (!m->pwin.weights || m->par.layer_of[i] < 0 || m->pwin.open == i) return MT_OK;
+    const int p = m->pwin.pass;
+    if (m->pwin.cursor >= m->pwin.order_n[p] || m->pwin.order[p][m->pwin.cursor] != i)
+        return mt_set_error(MT_ERR_RUNTIME, "model: %s opened out of its planned order in the %s pass (entry %lld: "
+                            "%s expected; mtm_layer_param_order and the layer code disagree)", m->par.info[i].name,
+                            p ? "backward" : "forward", (long long)m->pwin.cursor,
+                            m->pwin.cursor < m->pwin.order_n[p] ? m->par.info[m->pwin.order[p][m->pwin.cursor]].name
+                                                                : "nothing");
+    m->pwin.cursor++;
+    m->pwin.open = i;
+    const int64_t a = m->pwin.seg_a[i], n = m->pwin.seg_n[i];
+    int fill;
+    const int s = mtm_wslots_take(&m->pwin.slots, a, &fill);
+    if (fill) {
+        m->pwin.slots.held[s] = -1; /* until filled */
+        MT_TRY(mtm_window_fill(m, m->pwin.ptr[MT_PWIN_LAYER0 + s], a, a + n)); /* waits for a prefetch first */
+        m->pwin.slots.held[s] = a;
+    } else if (m->pwin.pending == s) {
+        mtm_fsdp_wait(m);
+    }
+    if (m->fsdp.req == NULL) m->pwin.pending = -1;
+    m->pwin.slots.cur = s;
+    weight_prefetch(m, (int)next_segment(m, p, m->pwin.cursor, a));
+    return mtm_comm_status(m);
+}
+
+int64_t mtm_weight_gather_floats(const mt_model *m, int64_t (*own)(const mt_model *, int, int64_t, int64_t)) {
+    if (!m->pwin.weights) return 0;
+    mtm_wslots w = {{-1, -1}, -1}; /* emptied by the forward's mtm_fetch_global */
+    int64_t f = 0;
+    int fill;
+#define TAKE(i) \
+    do { \
+        const int64_t a_ = m->pwin.seg_a[i], n_ = m->pwin.seg_n[i]; \
+        (void)mtm_wslots_take(&w, a_, &fill); \
+        if (fill) f += n_ - own(m, m->fsdp.rank, a_, a_ + n_); \
+    } while (0)
+    for (int p = 0; p < 2; p++) {
+        const int *o = m->pwin.order[p];
+        if (m->pwin.order_n[p] > 0) TAKE(o[0]); /* mtm_param_pass_begin's prefetch */
+        for (int64_t k = 0; k < m->pwin.order_n[p]; k++) {
+            int s_fill;
+            const int s = mtm_wslots_take(&w, m->pwin.seg_a[o[k]], &s_fill);
+            if (s_fill) f += m->pwin.seg_n[o[k]] - own(m, m->fsdp.rank, m->pwin.seg_a[o[k]],
+                                                       m->pwin.seg_a[o[k]] + m->pwin.seg_n[o[k]]);
+            w.cur = s;
+            const int64_t nx = next_segment(m, p, k + 1, m->pwin.seg_a[o[k]]);
+            if (nx >= 0) TAKE((int)nx);
+        }
+    }
+#undef TAKE
+    return f;
 }
 
 mt_status mtm_window_fill(mt_model *m, void *win, int64_t a, int64_t b) {
@@ -143,29 +305,69 @@ static mt_status grad_hand_over(mt_model *m) {
     const int i = m->sink.open;
     if (i < 0) return MT_OK;
     m->sink.open = -1;
-    m->sink.done |= 1ull << (i - m->par.layer[m->sink.layer].in_norm);
+    const int64_t rows = m->par.info[i].ndim == 2 ? m->par.info[i].shape[0] : 1,
+                  cols = m->par.info[i].numel / rows;
+    if (m->sink.open_r1 == rows) m->sink.done |= 1ull << (i - m->par.layer[m->sink.layer].in_norm);
     m->sink.handed++;
     MT_TRY(mtm_comm_status(m));
-    return m->sink.fn(m->sink.ctx, m->par.info[i].offset, m->par.info[i].numel, m->sink.open_win, 0);
+    return m->sink.fn(m->sink.ctx, m->par.info[i].offset + m->sink.open_r0 * cols,
+                      (m->sink.open_r1 - m->sink.open_r0) * cols, m->sink.open_win, 0);
 }
 
-mt_status mtm_grad_open(mt_model *m, int i) {
-    if (!m->sink.fn || m->par.layer_of[i] < 0 || m->sink.open == i) return MT_OK;
+int64_t mtm_grad_block_rows(const mt_model *m, int i) {
+    const mt_param_info *p = &m->par.info[i];
+    if (p->ndim != 2) return 1;
+    if (!m->sink.fn || m->sink.chunks <= 1) return p->shape[0];
+    return (p->shape[0] + m->sink.chunks - 1) / m->sink.chunks;
+}
+
+/* Open the window of rows [r0, r1) of layer parameter i (1-D: its one row): hand the
+ * open block over and take the next slot, zeroed. Rows of a parameter come in order, in
+ * one stretch. */
+static mt_status grad_open_rows(mt_model *m, int i, int64_t r0, int64_t r1) {
+    if (m->sink.open == i && m->sink.open_r0 == r0) return MT_OK;
+    const int again = m->sink.open == i && r0 == m->sink.open_r1; /* the next block of the open one */
     MT_TRY(grad_hand_over(m));
     const int64_t l = m->sink.layer;
     if (l < 0 || m->par.layer_of[i] != l)
         return mt_set_error(MT_ERR_INVALID, "model: the gradient of %s written outside its layer's backward",
                             m->par.info[i].name);
-    if (m->sink.done >> (i - m->par.layer[l].in_norm) & 1)
+    if (m->sink.done >> (i - m->par.layer[l].in_norm) & 1 || (r0 > 0 && !again))
         return mt_set_error(MT_ERR_INVALID, "model: the gradient of %s written again after its hand-over to the "
                             "gradient sink", m->par.info[i].name);
     /* the next slot (alternating with an asynchronous sink, once the reduce-scatter that
      * last read it is complete), zeroed */
     float *win = m->sink.ptr[m->sink.wait && m->sink.handed % 2 ? MT_GWIN_LAYER1 : MT_GWIN_LAYER];
     if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, win));
-    MT_TRY(m->be->ops->zero(m->be, win, (size_t)m->par.info[i].numel * sizeof(float)));
+    const int64_t cols = m->par.info[i].ndim == 2 ? m->par.info[i].shape[1] : m->par.info[i].numel;
+    MT_TRY(m->be->ops->zero(m->be, win, (size_t)((r1 - r0) * cols) * sizeof(float)));
     m->sink.open = i;
+    m->sink.open_r0 = r0;
+    m->sink.open_r1 = r1;
     m->sink.open_win = win;
+    return MT_OK;
+}
+
+mt_status mtm_grad_open(mt_model *m, int i) {
+    if (!m->sink.fn || m->par.layer_of[i] < 0 || (m->sink.open == i && m->sink.open_r0 == 0)) return MT_OK;
+    assert(mtm_grad_block_rows(m, i) == (m->par.info[i].ndim == 2 ? m->par.info[i].shape[0] : 1));
+    return grad_open_rows(m, i, 0, m->par.info[i].ndim == 2 ? m->par.info[i].shape[0] : 1);
+}
+
+mt_status mtm_weight_grad(mt_model *m, int i, const void *dy, int64_t lda, const void *x, int64_t rows,
+                          int64_t cols, int64_t ldw) {
+    const int64_t R = mtm_grad_block_rows(m, i);
+    if (R >= rows || !m->sink.fn || m->par.layer_of[i] < 0) { /* whole */
+        MT_TRY(mtm_grad_open(m, i));
+        return m->be->ops->gemm(m->be, 1, 0, rows, cols, m->N, 1.0f, dy, lda, x, cols, m->dt, 1.0f, mtm_gw(m, i),
+                                ldw, MT_F32);
+    }
+    for (int64_t r0 = 0; r0 < rows; r0 += R) { /* tensor parallelism is refused with blocks: no slice offset */
+        const int64_t r1 = r0 + R < rows ? r0 + R : rows;
+        MT_TRY(grad_open_rows(m, i, r0, r1));
+        MT_TRY(m->be->ops->gemm(m->be, 1, 0, r1 - r0, cols, m->N, 1.0f, AT(m, dy, r0), lda, x, cols, m->dt, 1.0f,
+                                m->sink.open_win, ldw, MT_F32));
+    }
     return MT_OK;
 }
 
@@ -196,8 +398,11 @@ mt_status mtm_grad_layer_end(mt_model *m, mt_status backward) {
     const layer_params *lp = &m->par.layer[m->sink.layer];
     for (int i = lp->in_norm; st == MT_OK && i <= lp->down; i++) /* not written by this backward: zeros */
         if (!(m->sink.done >> (i - lp->in_norm) & 1)) {
-            st = mtm_grad_open(m, i);
-            if (st == MT_OK) st = grad_hand_over(m);
+            const int64_t rows = m->par.info[i].ndim == 2 ? m->par.info[i].shape[0] : 1, R = mtm_grad_block_rows(m, i);
+            for (int64_t r0 = 0; st == MT_OK && r0 < rows; r0 += R) {
+                st = grad_open_rows(m, i, r0, r0 + R < rows ? r0 + R : rows);
+                if (st == MT_OK) st = grad_hand_over(m);
+            }
         }
     m->sink.layer = -1;
     m->sink.open = -1;

@@ -122,6 +122,11 @@ for L in 2 32; do
         num_vocab_chunks=3 overlap_grad_reduce=false)"
     check "L$L dp2 zero1 K1 chunks 3 no overlap" "$(field grads "$p")" $winc
 done
+# grad_window_chunks=3 (models/model_windows.c mtm_weight_grad): a layer weight's gradient
+# in row blocks of ceil(rows / 3): gate / up [64, 32] 22 x 32, down [32, 64] 11 x 64, both
+# 704 floats, so each layer gradient window holds 704 floats instead of the weight's 2048
+p="$(plan num_devices=2 ici_fsdp_parallelism=2 grad_window_chunks=3)"
+check "fsdp2 K1 grad_window_chunks=3 window" "$(field gwlayer "$p")" $((4 * 704))
 p="$(plan num_devices=2 ici_fsdp_parallelism=2 vocab_size=1024)"
 printf 'plan fsdp2 vocab 1024: %s\n' "$p"
 [ "$(field chunks "$p")" = 16 ] || fail "fsdp2 vocab 1024: num_vocab_chunks=auto gave $(field chunks "$p") chunks, not 16"

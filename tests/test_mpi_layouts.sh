@@ -135,6 +135,14 @@ layout dp2_zero1_ga4_every ref_b8 2 per_device_batch_size=1 gradient_accumulatio
 layout dp2_zero1_tied_tiles4 ref_b4_tied 2 model_name=tinyg per_device_batch_size=2 num_vocab_tiling=4 \
     ici_data_parallelism=2 shard_optimizer_over_data=true
 layout dp2_untied_tiles4 ref_b4_untied 2 per_device_batch_size=2 num_vocab_tiling=4 ici_data_parallelism=2
+# grad_window_chunks (models/model_windows.c mtm_weight_grad): each layer weight's
+# gradient goes to the sink in row blocks, each reduce-scattered on its own, from a
+# window of one block. The same dot products computed block by block: a GEMM may order a
+# dot product's terms by its shape, so within the derived fp32 bound of a reordering
+# (bitwise where the GEMM does not). ZeRO-1 every in 4 blocks with gemma's tied head;
+# fsdp 2 in 3 and gemma4 in 2 below, and with weight windows at bf16.
+layout dp2_zero1_gwc4_tied ref_b4_tied 2 model_name=tinyg per_device_batch_size=2 num_vocab_tiling=4 \
+    ici_data_parallelism=2 shard_optimizer_over_data=true grad_window_chunks=4
 
 # gemma4 (issue 18, models/model_gemma4.c; packing: tests/test_mpi_packing.sh): KV
 # sharing (layers 2-4 read the K/V of 0 and 1, their gradients flow back there),
@@ -183,6 +191,8 @@ for s in once every; do
         num_vocab_tiling=4 ici_data_parallelism=2 shard_optimizer_over_data=true gradient_accumulation_reduce=$s
 done
 layout fsdp2_gemma4 ref_b4_g4 2 model_name=tinyg4 per_device_batch_size=2 num_vocab_tiling=4 ici_fsdp_parallelism=2
+layout fsdp2_gwc2_gemma4 ref_b4_g4 2 model_name=tinyg4 per_device_batch_size=2 num_vocab_tiling=4 \
+    ici_fsdp_parallelism=2 grad_window_chunks=2 remat_policy=full
 layout fsdp4_gemma4 ref_b4_g4 4 model_name=tinyg4 per_device_batch_size=1 num_vocab_tiling=4 ici_fsdp_parallelism=4
 layout fsdp2_chunks4_gemma4 ref_b4_g4 2 model_name=tinyg4 per_device_batch_size=2 num_vocab_tiling=4 \
     ici_fsdp_parallelism=2 num_vocab_chunks=4
@@ -250,6 +260,18 @@ layout tp2_sp_gemma2 ref_b2_g2 2 model_name=tinyg2 per_device_batch_size=2 num_v
     ici_tensor_parallelism=2 tensor_sequence_parallelism=true
 layout tp2xcp2_sp ref_b4 4 per_device_batch_size=4 ici_tensor_parallelism=2 ici_context_parallelism=2 \
     tensor_sequence_parallelism=true
+# remat full under tensor and context parallelism: the backward's recompute communicates
+# too (the out_proj / mlpwo partial sums, the input norm's gather under sequence
+# parallelism, the attention's K/V again): each rank's bytes against the formula
+# (models/model_shard.c mtm_layer_recomputes; it left them out before)
+if [ "$backend" = cpu ]; then
+    layout tp2_full ref_b4 2 per_device_batch_size=4 ici_tensor_parallelism=2 remat_policy=full
+    layout tp2_sp_full ref_b4 2 per_device_batch_size=4 ici_tensor_parallelism=2 tensor_sequence_parallelism=true \
+        remat_policy=full
+    layout cp2_full ref_b4 2 per_device_batch_size=4 ici_context_parallelism=2 remat_policy=full
+    layout cp2_ring_full ref_b4 2 per_device_batch_size=4 ici_context_parallelism=2 context_parallel_strategy=ring \
+        remat_policy=full
+fi
 
 # fsdp: parameters sharded (the ZeRO-1 split), each layer all-gathered into its window
 # before its forward and, when its window was reused (4 layers: layers 0 and 1), again
@@ -259,6 +281,7 @@ ref ref_b4_l4 per_device_batch_size=4 base_num_decoder_layers=4
 layout fsdp2 ref_b4 2 per_device_batch_size=2 ici_fsdp_parallelism=2
 layout fsdp2_l4 ref_b4_l4 2 per_device_batch_size=2 ici_fsdp_parallelism=2 base_num_decoder_layers=4
 layout fsdp2_gemma2 ref_b2_g2 2 model_name=tinyg2 per_device_batch_size=1 num_vocab_tiling=4 ici_fsdp_parallelism=2
+layout fsdp2_gwc3 ref_b4 2 per_device_batch_size=2 ici_fsdp_parallelism=2 grad_window_chunks=3
 layout fsdp2_ga2_every ref_b8 2 per_device_batch_size=2 gradient_accumulation_steps=2 ici_fsdp_parallelism=2 \
     shard_optimizer_over_data=true \
     gradient_accumulation_reduce=every
@@ -272,6 +295,34 @@ layout fsdp2xtp2_sp ref_b4_l4 4 per_device_batch_size=2 ici_fsdp_parallelism=2 i
 ref ref_b4_l5_full per_device_batch_size=4 base_num_decoder_layers=5 remat_policy=full
 layout fsdp4_l5_full ref_b4_l5_full 4 per_device_batch_size=1 ici_fsdp_parallelism=4 base_num_decoder_layers=5 \
     remat_policy=full
+# param_window_unit=weight (models/model_windows.c mtm_param_open): the two windows hold
+# a segment of a layer each (here [in_norm q k], [v o norm], gate, up, down) in the
+# order the layer code opens them, the next one prefetched; with remat the backward
+# gathers some twice. The same gathered values as layer windows: bitwise those runs
+# (tolerance 0), and each rank's bytes against the formula, which counts the gathers
+# from mtm_layer_param_order (an open out of that order fails the run). Full remat on 4
+# uneven shards; gemma2's post-norms with the default policy; qk-norms (gemma3's) with
+# policies that recompute q/k and the MLP or only parts; tensor x sequence parallel;
+# with parameter offload, alone (copies, no fsdp) and with fsdp.
+layout fsdp4_l5_full_weight ref_b4_l5_full 4 per_device_batch_size=1 ici_fsdp_parallelism=4 \
+    base_num_decoder_layers=5 remat_policy=full param_window_unit=weight
+"$tool" compare "$tmp/fsdp4_l5_full" "$tmp/fsdp4_l5_full_weight" 0 > "$tmp/weight_full.cmp" 2>&1 ||
+    { fail "fsdp4 full remat with weight windows is not bitwise layer windows"; cat "$tmp/weight_full.cmp"; }
+layout fsdp2_gemma2_weight ref_b2_g2 2 model_name=tinyg2 per_device_batch_size=1 num_vocab_tiling=4 \
+    ici_fsdp_parallelism=2 param_window_unit=weight
+"$tool" compare "$tmp/fsdp2_gemma2" "$tmp/fsdp2_gemma2_weight" 0 > "$tmp/weight_g2.cmp" 2>&1 ||
+    { fail "gemma2 fsdp2 with weight windows is not bitwise layer windows"; cat "$tmp/weight_g2.cmp"; }
+if [ "$backend" = cpu ]; then
+    ref ref_b2_qk_full model_name=tinyg2 use_qk_norm=true per_device_batch_size=2 num_vocab_tiling=4 remat_policy=full
+    for pol in full save_dot_except_mlp minimal; do
+        layout fsdp2_qk_${pol}_weight ref_b2_qk_full 2 model_name=tinyg2 use_qk_norm=true per_device_batch_size=1 \
+            num_vocab_tiling=4 ici_fsdp_parallelism=2 remat_policy=$pol param_window_unit=weight
+    done
+    layout fsdp2xtp2_sp_weight ref_b4_l4 4 per_device_batch_size=2 ici_fsdp_parallelism=2 ici_tensor_parallelism=2 \
+        tensor_sequence_parallelism=true base_num_decoder_layers=4 remat_policy=full param_window_unit=weight
+    layout param_offload_weight ref_b4 1 per_device_batch_size=4 parameter_memory_host_offload=true \
+        remat_policy=full param_window_unit=weight
+fi
 
 # fsdp shrinks the parameter memory of the trainer's own plan (rank 0, 8 layers):
 # shard ceil(numel / F) + two layer windows + the embedding / final norm / head window.
@@ -310,6 +361,10 @@ layout dp2xfsdp2xcp2 ref_b4 8 per_device_batch_size=1 ici_data_parallelism=2 ici
 layout fsdp2_param_offload ref_b4 2 per_device_batch_size=2 ici_fsdp_parallelism=2 parameter_memory_host_offload=true
 "$tool" compare "$tmp/fsdp2" "$tmp/fsdp2_param_offload" 0 > "$tmp/fsdp_off.cmp" 2>&1 \
     || { fail "fsdp2 with parameter offload is not bitwise fsdp2"; cat "$tmp/fsdp_off.cmp"; }
+layout fsdp2_param_offload_weight ref_b4 2 per_device_batch_size=2 ici_fsdp_parallelism=2 \
+    parameter_memory_host_offload=true param_window_unit=weight
+"$tool" compare "$tmp/fsdp2" "$tmp/fsdp2_param_offload_weight" 0 > "$tmp/fsdp_off_w.cmp" 2>&1 \
+    || { fail "fsdp2 with parameter offload in weight windows is not bitwise fsdp2"; cat "$tmp/fsdp_off_w.cmp"; }
 layout dp2xfsdp2_offload_l4 ref_b4_l4 4 per_device_batch_size=1 ici_data_parallelism=2 ici_fsdp_parallelism=2 \
     base_num_decoder_layers=4 parameter_memory_host_offload=true optimizer_memory_host_offload=true
 
@@ -391,6 +446,15 @@ if [ "$backend" = cpu ]; then # the emulated suite keeps to the three above (its
     ref ref_b4_l4_bf16 per_device_batch_size=4 base_num_decoder_layers=4 dtype=bfloat16
     TOL=derived=$(kb ref_b4_l5_full) layout fsdp4_l5_full_bf16 ref_b4_l5_full_bf16 4 per_device_batch_size=1 ici_fsdp_parallelism=4 \
         base_num_decoder_layers=5 remat_policy=full dtype=bfloat16
+    # weight windows at bf16: each rank rounds its part of a segment into the window as it
+    # does for a layer's, so bitwise the layer windows' run
+    TOL=derived=$(kb ref_b4_l5_full) layout fsdp4_l5_full_bf16_weight ref_b4_l5_full_bf16 4 per_device_batch_size=1 \
+        ici_fsdp_parallelism=4 base_num_decoder_layers=5 remat_policy=full dtype=bfloat16 param_window_unit=weight
+    "$tool" compare "$tmp/fsdp4_l5_full_bf16" "$tmp/fsdp4_l5_full_bf16_weight" 0 > "$tmp/weight_bf16.cmp" 2>&1 ||
+        { fail "bf16 fsdp4 with weight windows is not bitwise layer windows"; cat "$tmp/weight_bf16.cmp"; }
+    TOL=derived=$(kb ref_b4_l5_full) layout fsdp4_l5_full_bf16_weight_gwc4 ref_b4_l5_full_bf16 4 \
+        per_device_batch_size=1 ici_fsdp_parallelism=4 base_num_decoder_layers=5 remat_policy=full dtype=bfloat16 \
+        param_window_unit=weight grad_window_chunks=4
     TOL=derived=$(kb ref_b2_g2) layout fsdp2_gemma2_bf16 ref_b2_g2_bf16 2 model_name=tinyg2 per_device_batch_size=1 num_vocab_tiling=4 \
         ici_fsdp_parallelism=2 dtype=bfloat16
     # fsdp in vocabulary chunks at bf16: as fsdp, plus dh's rounding (the header: M = 2)

@@ -34,6 +34,8 @@ static const char *const ga_reduce_names[] = {"once", "every", NULL};
 static const int ga_reduce_values[] = {0, 1};
 static const char *const cp_strategy_names[] = {"all_gather", "ring", NULL};
 static const int cp_strategy_values[] = {0, 1};
+static const char *const param_window_names[] = {"layer", "weight", NULL};
+static const int param_window_values[] = {0, 1};
 static const int backend_values[] = {MT_BACKEND_AUTO, MT_BACKEND_CPU, MT_BACKEND_CUDA};
 
 #define POLICY_NAME_(id, name, ...) name,
@@ -171,6 +173,17 @@ static const mt_config_key mt_keys[] = {
     MT_LAYER_TENSORS(REMAT_SKIP_, REMAT_KEY_)
     {"parameter_memory_host_offload", MT_KEY_BOOL, OFF(parameter_memory_host_offload), 0, NULL, NULL, 0, "false",
      0, 0, 0, 0, "parameters live in a host pool (page-locked on cuda), moved to the device a layer at a time"},
+    RKEY_ENUM(param_window_unit, param_window_names, param_window_values, "layer",
+              "with fsdp or parameter_memory_host_offload, what the device's two parameter windows hold: "
+              "layer = a decoder layer each (gathered once per forward and once per backward); weight = a "
+              "weight each (the largest parameter's size, ~1/4 of a Llama layer's: for llama3.1-405b in bf16 "
+              "3.49 GB instead of 12.7 GB per device), gathered in the order the layer reads them, so with "
+              "remat the backward gathers some again (+25% fsdp gather bytes with remat_policy=full); "
+              "Llama-family decoders (not gemma4)"),
+    RKEY_INT(grad_window_chunks, "1", 0,
+             "where layer gradients go to a gradient sink (fsdp, ZeRO-1) one parameter at a time, each weight's "
+             "fp32 gradient in this many row blocks, each reduce-scattered on its own, so the gradient window is "
+             "1/k of the largest weight (0 or 1: whole weights; not with ici_tensor_parallelism > 1)"),
     {"optimizer_memory_host_offload", MT_KEY_BOOL, OFF(optimizer_memory_host_offload), 0, NULL, NULL, 0, "false",
      0, 0, 0, 0, "AdamW moments live in a host pool apart from the device arena (page-locked on cuda: AdamW "
      "reads and writes them in place)"},

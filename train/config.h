@@ -88,6 +88,8 @@ typedef struct mt_train_config {
     int remat_policy;                               /* mt_remat_policy_kind */
     int remat_custom[MT_RT_COUNT];                  /* mt_remat_action per name (remat_policy=custom) */
     int parameter_memory_host_offload;              /* parameters in host memory */
+    int param_window_unit;                          /* 0 layer, 1 weight (models/model.h weight_windows) */
+    int64_t grad_window_chunks;                     /* row blocks of a layer weight's gradient window */
     int optimizer_memory_host_offload;              /* optimizer state in host memory */
     double hbm_gib;                                 /* `estimate`: device memory budget (GiB), 0 = unset */
     int64_t num_devices;                            /* `plan`/`estimate`: devices of the job */

@@ -18,6 +18,8 @@ void mt_memory_model_layout(const mt_train_config *cfg, mt_model_layout *out) {
     out->packing_separator = (int32_t)cfg->packing_separator_id;
     out->dtype = cfg->dtype;
     out->param_offload = cfg->parameter_memory_host_offload;
+    out->weight_windows = cfg->param_window_unit;
+    out->grad_window_chunks = cfg->grad_window_chunks;
     out->vocab_chunks = cfg->num_vocab_chunks;
 }
 
