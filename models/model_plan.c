@@ -463,16 +463,19 @@ static mt_status add_scratch(mt_model *m, mt_plan *plan) {
     MT_TRY(mtm_plan_add(m, plan, GB_BWD_RESID, "bwd.residual", MT_MEM_SCRATCH, (size_t)(Ns * D) * es, bwd0, bwd1));
     /* d1 [N, D]: a post-attention / post-MLP norm's input gradient, sequence
      * parallelism's gathered rows and reduce-scatter output (mtm_sp_gather,
-     * mtm_tp_sum_input_grad), gemma4's layer-scalar and per-layer-input gradients. Other
-     * layers never touch it (plain tensor parallelism sums in place): no entry. */
+     * mtm_tp_sum_input_grad), gemma4's layer-scalar and per-layer-input gradients.
+     * Without these the backward never touches it (plain tensor parallelism sums in
+     * place): no entry, and the pointer is NULL. */
     if (m->g4.on || m->cfg.use_post_attn_norm || m->cfg.use_post_ffw_norm || m->tp.sp)
         MT_TRY(mtm_plan_add(m, plan, GB_BWD_D1, "bwd.d_model_a", MT_MEM_SCRATCH, (size_t)(N * D) * es, bwd0,
                             bwd1));
     MT_TRY(mtm_plan_add(m, plan, GB_BWD_D2, "bwd.d_model_b", MT_MEM_SCRATCH, (size_t)(N * D) * es, bwd0, bwd1));
-    /* One work buffer: the MLP's temporaries ([N, F] act(g) u, then its gradient; dg
-     * and du go in place of g and u) and then the attention's (dcontext, dq, dk, dv and
-     * qk_norm's dq, live together: model_layers.c mtm_bwd_attn_parts) follow one another
-     * in a layer's backward, so they share it. */
+    /* One work buffer for a layer backward's temporaries, which come in two sets that
+     * are never live together: the MLP's [N, F] act(g) u, overwritten by its gradient
+     * (dg and du go in place of g and u), and after it the attention's, live at once:
+     * dcontext, dq, dk, dv as attention_bwd reads and writes them, and with qk_norm at
+     * q_norm's backward q, dq before and after the norm, dk and dv (3 QD + 2 KVD; the
+     * layout is model_layers.c mtm_bwd_attn_parts). */
     const size_t mlp = (size_t)(N * F) * es, attn = mtm_bwd_attn_parts(m, QD, KVD, NULL);
     MT_TRY(mtm_plan_add(m, plan, GB_BWD_WORK, "bwd.work", MT_MEM_SCRATCH, mlp > attn ? mlp : attn, bwd0, bwd1));
     m->plan.ws_bytes = workspace_bytes(m);
