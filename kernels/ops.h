@@ -275,7 +275,10 @@ typedef struct mt_ops {
      * gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). All of dt. */
     mt_status (*glu_fwd)(mt_backend *be, void *h, const void *gate, const void *up, int64_t count,
                          mt_activation act, mt_dtype dt) MT_MUST_CHECK;
-    /* dgate = dh * up * act'(gate), dup = dh * act(gate) (overwritten). All of dt. */
+    /* dgate = dh * up * act'(gate), dup = dh * act(gate) (overwritten). All of dt.
+     * In place: dgate may be gate and dup may be up (elementwise: each element's inputs
+     * are read before its outputs are written), giving bitwise the out-of-place results;
+     * no other overlap is allowed (dh aliases nothing written, dgate and dup are apart). */
     mt_status (*glu_bwd)(mt_backend *be, void *dgate, void *dup, const void *dh, const void *gate,
                          const void *up, int64_t count, mt_activation act, mt_dtype dt) MT_MUST_CHECK;
 

@@ -452,8 +452,9 @@ mt_status mtm_g4_layer_backward(mt_model *m, int64_t l) {
     void *G = m->plan.gptr[GB_RESID_GRAD];
     void *nrm = m->plan.gptr[GB_BWD_NORM], *res = m->plan.gptr[GB_BWD_RESID];
     void *d1 = m->plan.gptr[GB_BWD_D1], *d2 = m->plan.gptr[GB_BWD_D2];
-    void *w0 = m->plan.gptr[GB_BWD_W0], *w1 = m->plan.gptr[GB_BWD_W1], *w2 = m->plan.gptr[GB_BWD_W2];
-    void *w3 = m->plan.gptr[GB_BWD_W3], *w4 = m->plan.gptr[GB_BWD_W4];
+    void *w[MTM_BWD_ATTN_PARTS]; /* w0: all of bwd.work in the MLP half, its first part after */
+    (void)mtm_bwd_attn_parts(m, QD, KVD, w);
+    void *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3], *w4 = w[4];
     const int32_t *pos = mtm_rope_positions(m);
     const float *inv_freq = mtm_layer_inv_freq(m, l);
     const void *x = a[MT_LT_DECODER_LAYER_INPUT];
@@ -485,11 +486,13 @@ mt_status mtm_g4_layer_backward(mt_model *m, int64_t l) {
     MT_TRY(be->ops->glu_fwd(be, w0, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
     MT_TRY(mtm_row_bwd_w(m, lp->down, d1, w0, F, g4_fg(m, l)));
     MT_TRY(mtm_row_bwd_x(m, w0, d1, lp->down, F, g4_fg(m, l), 0.0f));
-    MT_TRY(be->ops->glu_bwd(be, w1, w2, w0, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
-    MT_TRY(mtm_linear_grad(m, lp->gate, w1, nrm, D, F));
-    MT_TRY(mtm_linear_grad(m, lp->up, w2, nrm, D, F));
-    MT_TRY(linear_bwd_x(m, d2, w1, mtm_pw(m, lp->gate), N, D, F, 0.0f));
-    MT_TRY(linear_bwd_x(m, d2, w2, mtm_pw(m, lp->up), N, D, F, 1.0f));
+    /* dg, du in place of g, u: this is their last use (ops.h glu_bwd allows it) */
+    void *dg = a[MT_LT_MLPWI_0], *du = a[MT_LT_MLPWI_1];
+    MT_TRY(be->ops->glu_bwd(be, dg, du, w0, dg, du, N * F, m->cfg.mlp_activation, m->dt));
+    MT_TRY(mtm_linear_grad(m, lp->gate, dg, nrm, D, F));
+    MT_TRY(mtm_linear_grad(m, lp->up, du, nrm, D, F));
+    MT_TRY(linear_bwd_x(m, d2, dg, mtm_pw(m, lp->gate), N, D, F, 0.0f));
+    MT_TRY(linear_bwd_x(m, d2, du, mtm_pw(m, lp->up), N, D, F, 1.0f));
     const void *dn2 = mtm_tp_sum_input_grad(m, d2, d1); /* column-parallel gate/up: partial sums */
     MT_TRY(mtm_grad_open(m, lp->pre_mlp_norm));
     MT_TRY(be->ops->rmsnorm_bwd(be, G, mtm_gw(m, lp->pre_mlp_norm), dn2, res, mtm_pw(m, lp->pre_mlp_norm),

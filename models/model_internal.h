@@ -38,8 +38,7 @@ enum {
     GB_FINAL_INPUT, GB_FINAL_RSTD, GB_FINAL_HIDDEN, GB_FINAL_HIDDEN_GRAD, GB_LOSS_TILE,
     GB_RESID_GRAD,
     GB_FWD_NORM, GB_FWD_RESID, GB_FWD_TMP, GB_FWD_GLU,
-    GB_BWD_NORM, GB_BWD_RESID, GB_BWD_D1, GB_BWD_D2, GB_BWD_W0, GB_BWD_W1, GB_BWD_W2,
-    GB_BWD_W3, GB_BWD_W4,
+    GB_BWD_NORM, GB_BWD_RESID, GB_BWD_D1, GB_BWD_D2, GB_BWD_WORK,
     GB_SEGMENTS, GB_DOC_POS, /* packing only: [N] int32 segment ids, per-document RoPE positions */
     GB_STEP_STATS,           /* double[MT_MODEL_STATS] (mt_model_step_stats) */
     GB_COMPUTE_W,            /* dtype != float32: the compute copy of the parameters, [numel] of dt (fsdp:
@@ -615,6 +614,10 @@ void mtm_layer_ptrs(const mt_model *m, int64_t l, int fwd, void *a[MT_LT_COUNT])
 mt_status MT_MUST_CHECK mtm_layer_offload(mt_model *m, int64_t l, void *a[MT_LT_COUNT]);
 mt_status MT_MUST_CHECK mtm_layer_restore(mt_model *m, int64_t l, void *a[MT_LT_COUNT]);
 int mtm_la_is_remat(const mt_model *m, int j);
+/* The attention backward's parts of bwd.work for a layer of widths QD, KVD (w NULL: only
+ * the bytes, for the plan); model_layers.c says which tensor each part holds. */
+#define MTM_BWD_ATTN_PARTS 5
+size_t mtm_bwd_attn_parts(const mt_model *m, int64_t QD, int64_t KVD, void *w[MTM_BWD_ATTN_PARTS]);
 mt_status MT_MUST_CHECK mtm_layer_forward(mt_model *m, int64_t l);
 mt_status MT_MUST_CHECK mtm_layer_backward(mt_model *m, int64_t l);
 /* The layer parameters that layer l's forward (backward = 0) or backward (1) opens

@@ -74,6 +74,30 @@ int mtm_la_is_remat(const mt_model *m, int j) {
     return mtm_act_elems(m, j) > 0 && mtm_act_action(m, j) == MT_RA_REMAT;
 }
 
+/* bwd.work (model_plan.c add_scratch) holds a layer backward's temporaries: first the
+ * MLP's [N, F] act(g) u and its gradient, using it whole, then the attention's, which
+ * are live together and so take disjoint parts of it, each MT_PLAN_ALIGN-aligned (as a
+ * plan entry of its own would be):
+ *   w[0] [N, max(QD, KVD)]  dcontext; with qk_norm then q, k (gemma4: v) before their norm
+ *   w[1] [N, max(QD, KVD)]  dq; with qk_norm then dk through k_norm
+ *   w[2] [N, KVD]           dk (gemma4: then v_norm's output, then dv through v_norm)
+ *   w[3] [N, KVD]           dv
+ *   w[4] [N, QD]            qk_norm only (else NULL): dq through q_norm
+ * QD, KVD are the layer's (gemma4's vary by layer; the plan asks with the largest).
+ * Fills w from m->plan.gptr[GB_BWD_WORK] unless w is NULL; returns the bytes the parts
+ * span. */
+size_t mtm_bwd_attn_parts(const mt_model *m, int64_t QD, int64_t KVD, void *w[MTM_BWD_ATTN_PARTS]) {
+    const int64_t width[MTM_BWD_ATTN_PARTS] = {max64(QD, KVD), max64(QD, KVD), KVD, KVD,
+                                               m->cfg.use_qk_norm ? QD : 0};
+    size_t off = 0;
+    for (int i = 0; i < MTM_BWD_ATTN_PARTS; i++) {
+        if (w) w[i] = width[i] > 0 ? (char *)m->plan.gptr[GB_BWD_WORK] + off : NULL;
+        const size_t bytes = (size_t)(m->N * width[i]) * m->es;
+        off += (bytes + MT_PLAN_ALIGN - 1) / MT_PLAN_ALIGN * MT_PLAN_ALIGN;
+    }
+    return off;
+}
+
 /* Forward of layer l (phase 1 + l): layer input -> next layer input. */
 mt_status mtm_layer_forward(mt_model *m, int64_t l) {
     if (m->g4.on) return mtm_g4_layer_forward(m, l);
@@ -159,7 +183,7 @@ static mt_status MT_MUST_CHECK layer_recompute_attn(mt_model *m, int64_t l, void
               rv = mtm_la_is_remat(m, MT_LT_VALUE_PROJ);
     const int32_t *pos = mtm_rope_positions(m);
     const float *inv_freq = mtm_layer_inv_freq(m, l);
-    void *nrm = m->plan.gptr[GB_BWD_NORM], *tmp = m->plan.gptr[GB_BWD_W0];
+    void *nrm = m->plan.gptr[GB_BWD_NORM], *tmp = m->plan.gptr[GB_BWD_WORK];
     if (rq || rk || rv)
         MT_TRY(mtm_norm_gather(m, nrm, a[MT_LT_INPUT_NORM_RSTD], a[MT_LT_DECODER_LAYER_INPUT], lp->in_norm));
     if (rq) {
@@ -238,9 +262,10 @@ mt_status mtm_layer_backward(mt_model *m, int64_t l) {
     const float eps = m->eps, off = m->w_off;
     void *G = m->plan.gptr[GB_RESID_GRAD];
     void *nrm = m->plan.gptr[GB_BWD_NORM], *res = m->plan.gptr[GB_BWD_RESID];
-    void *d1 = m->plan.gptr[GB_BWD_D1], *d2 = m->plan.gptr[GB_BWD_D2];
-    void *w0 = m->plan.gptr[GB_BWD_W0], *w1 = m->plan.gptr[GB_BWD_W1], *w2 = m->plan.gptr[GB_BWD_W2];
-    void *w3 = m->plan.gptr[GB_BWD_W3], *w4 = m->plan.gptr[GB_BWD_W4];
+    void *d1 = m->plan.gptr[GB_BWD_D1], *d2 = m->plan.gptr[GB_BWD_D2]; /* d1: NULL unless post norms or SP */
+    void *w[MTM_BWD_ATTN_PARTS]; /* w0: all of bwd.work in the MLP half, its first part after */
+    (void)mtm_bwd_attn_parts(m, QD, KVD, w);
+    void *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3], *w4 = w[4];
     const int32_t *pos = mtm_rope_positions(m);
     const float *inv_freq = mtm_layer_inv_freq(m, l);
     const void *x = a[MT_LT_DECODER_LAYER_INPUT];
@@ -274,14 +299,16 @@ mt_status mtm_layer_backward(mt_model *m, int64_t l) {
     MT_TRY(be->ops->glu_fwd(be, w0, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
     MT_TRY(mtm_row_bwd_w(m, lp->down, dmlp, w0, F, m->tp.Fg));
     MT_TRY(mtm_row_bwd_x(m, w0, dmlp, lp->down, F, m->tp.Fg, 0.0f)); /* d(act(g) u) */
-    MT_TRY(be->ops->glu_bwd(be, w1, w2, w0, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
-    MT_TRY(mtm_linear_grad(m, lp->gate, w1, nrm, D, F));
-    MT_TRY(mtm_linear_grad(m, lp->up, w2, nrm, D, F));
+    /* dg, du in place of g, u: this is their last use (ops.h glu_bwd allows it) */
+    void *dg = a[MT_LT_MLPWI_0], *du = a[MT_LT_MLPWI_1];
+    MT_TRY(be->ops->glu_bwd(be, dg, du, w0, dg, du, N * F, m->cfg.mlp_activation, m->dt));
+    MT_TRY(mtm_linear_grad(m, lp->gate, dg, nrm, D, F));
+    MT_TRY(mtm_linear_grad(m, lp->up, du, nrm, D, F));
     /* up before gate: after down_proj's window the recomputed up_proj's is still there */
     MT_TRY(mtm_param_open(m, lp->up));
-    MT_TRY(linear_bwd_x(m, d2, w2, mtm_pw(m, lp->up), N, D, F, 0.0f));
+    MT_TRY(linear_bwd_x(m, d2, du, mtm_pw(m, lp->up), N, D, F, 0.0f));
     MT_TRY(mtm_param_open(m, lp->gate));
-    MT_TRY(linear_bwd_x(m, d2, w1, mtm_pw(m, lp->gate), N, D, F, 1.0f));
+    MT_TRY(linear_bwd_x(m, d2, dg, mtm_pw(m, lp->gate), N, D, F, 1.0f));
     /* column-parallel gate/up: partial input gradient (d1 is free again) */
     const void *dn2 = mtm_tp_sum_input_grad(m, d2, d1);
     MT_TRY(mtm_grad_open(m, lp->pre_mlp_norm));

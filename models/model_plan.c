@@ -474,17 +474,23 @@ static mt_status add_scratch(mt_model *m, mt_plan *plan) {
     /* Backward scratch, shared by the layers' backward phases. */
     MT_TRY(mtm_plan_add(m, plan, GB_BWD_NORM, "bwd.normed", MT_MEM_SCRATCH, (size_t)(N * D) * es, bwd0, bwd1));
     MT_TRY(mtm_plan_add(m, plan, GB_BWD_RESID, "bwd.residual", MT_MEM_SCRATCH, (size_t)(Ns * D) * es, bwd0, bwd1));
-    MT_TRY(mtm_plan_add(m, plan, GB_BWD_D1, "bwd.d_model_a", MT_MEM_SCRATCH, (size_t)(N * D) * es, bwd0, bwd1));
+    /* d1 [N, D]: a post-attention / post-MLP norm's input gradient, sequence
+     * parallelism's gathered rows and reduce-scatter output (mtm_sp_gather,
+     * mtm_tp_sum_input_grad), gemma4's layer-scalar and per-layer-input gradients.
+     * Without these the backward never touches it (plain tensor parallelism sums in
+     * place): no entry, and the pointer is NULL. */
+    if (m->g4.on || m->cfg.use_post_attn_norm || m->cfg.use_post_ffw_norm || m->tp.sp)
+        MT_TRY(mtm_plan_add(m, plan, GB_BWD_D1, "bwd.d_model_a", MT_MEM_SCRATCH, (size_t)(N * D) * es, bwd0,
+                            bwd1));
     MT_TRY(mtm_plan_add(m, plan, GB_BWD_D2, "bwd.d_model_b", MT_MEM_SCRATCH, (size_t)(N * D) * es, bwd0, bwd1));
-    MT_TRY(mtm_plan_add(m, plan, GB_BWD_W0, "bwd.work0", MT_MEM_SCRATCH, (size_t)(N * max64(F, QD)) * es, bwd0,
-                    bwd1));
-    MT_TRY(mtm_plan_add(m, plan, GB_BWD_W1, "bwd.work1", MT_MEM_SCRATCH, (size_t)(N * max64(F, QD)) * es, bwd0,
-                    bwd1));
-    MT_TRY(mtm_plan_add(m, plan, GB_BWD_W2, "bwd.work2", MT_MEM_SCRATCH, (size_t)(N * max64(F, KVD)) * es, bwd0,
-                    bwd1));
-    MT_TRY(mtm_plan_add(m, plan, GB_BWD_W3, "bwd.work3", MT_MEM_SCRATCH, (size_t)(N * KVD) * es, bwd0, bwd1));
-    if (m->cfg.use_qk_norm)
-        MT_TRY(mtm_plan_add(m, plan, GB_BWD_W4, "bwd.work4", MT_MEM_SCRATCH, (size_t)(N * QD) * es, bwd0, bwd1));
+    /* One work buffer for a layer backward's temporaries, which come in two sets that
+     * are never live together: the MLP's [N, F] act(g) u, overwritten by its gradient
+     * (dg and du go in place of g and u), and after it the attention's, live at once:
+     * dcontext, dq, dk, dv as attention_bwd reads and writes them, and with qk_norm at
+     * q_norm's backward q, dq before and after the norm, dk and dv (3 QD + 2 KVD; the
+     * layout is model_layers.c mtm_bwd_attn_parts). */
+    const size_t mlp = (size_t)(N * F) * es, attn = mtm_bwd_attn_parts(m, QD, KVD, NULL);
+    MT_TRY(mtm_plan_add(m, plan, GB_BWD_WORK, "bwd.work", MT_MEM_SCRATCH, mlp > attn ? mlp : attn, bwd0, bwd1));
     m->plan.ws_bytes = workspace_bytes(m);
     if (m->plan.ws_bytes > 0) /* cuBLASLt's and the ops' scratch, the whole step */
         MT_TRY(mtm_plan_add(m, plan, GB_WORKSPACE, "workspace", MT_MEM_WORKSPACE, m->plan.ws_bytes, 0, last));

@@ -550,6 +550,16 @@ Test(gpu_ops, glu, .init = setup) {
             check_out(act ? "geglu h" : "swiglu h", dt, hg, hc, hr, th, n);
             check_out(act ? "geglu dgate" : "swiglu dgate", dt, dgg, dgc, dgr, tdg, n);
             check_out(act ? "geglu dup" : "swiglu dup", dt, dug, duc, dur, tdu, n);
+            /* in place (ops.h: dgate into gate, dup into up): bitwise the call above */
+            void *ig = up_as(g, n, dt), *iu = up_as(u, n, dt);
+            TU_OK(G->ops->glu_bwd(G, ig, iu, ddh, ig, iu, n, (mt_activation)act, dt));
+            float *igh = down_as(ig, n, dt), *iuh = down_as(iu, n, dt);
+            cr_expect(memcmp(igh, dgg, (size_t)n * sizeof(float)) == 0, "%s dgate in place: not bitwise",
+                      act ? "geglu" : "swiglu");
+            cr_expect(memcmp(iuh, dug, (size_t)n * sizeof(float)) == 0, "%s dup in place: not bitwise",
+                      act ? "geglu" : "swiglu");
+            G->ops->release(G, ig), G->ops->release(G, iu);
+            free(igh), free(iuh);
             G->ops->release(G, dg_), G->ops->release(G, du_), G->ops->release(G, ddh), G->ops->release(G, dh_o),
                 G->ops->release(G, ddg), G->ops->release(G, ddu);
             if (hc != hr) free(hc), free(dgc), free(duc);

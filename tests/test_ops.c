@@ -559,6 +559,27 @@ static void glu_case(mt_activation act) {
 Test(ops_glu, swiglu) { glu_case(MT_ACT_SILU); }
 Test(ops_glu, geglu) { glu_case(MT_ACT_GELU_TANH); }
 
+/* glu_bwd in place (ops.h: dgate may be gate and dup may be up, as the layers' backward
+ * calls it) gives bitwise the out-of-place results; n spans several blocks and threads.
+ * A kernel that read gate or up after writing an output would differ here. */
+static void glu_in_place_case(mt_activation act) {
+    tu_rng r = {110 + (uint64_t)act};
+    const int64_t n = 20000;
+    float *g = tu_falloc(n), *u = tu_falloc(n), *dh = tu_falloc(n), *dg = tu_falloc(n), *du = tu_falloc(n);
+    tu_fill_normal(&r, g, n, 3.0);
+    tu_fill_normal(&r, u, n, 1.0);
+    tu_fill_normal(&r, dh, n, 1.0);
+    TU_OK(be()->ops->glu_bwd(be(), dg, du, dh, g, u, n, act, MT_F32));
+    TU_OK(be()->ops->glu_bwd(be(), g, u, dh, g, u, n, act, MT_F32)); /* g <- dgate, u <- dup */
+    const char *name = act == MT_ACT_SILU ? "silu" : "gelu_tanh";
+    cr_expect(memcmp(g, dg, (size_t)n * sizeof(float)) == 0, "glu_bwd %s: in-place dgate bitwise", name);
+    cr_expect(memcmp(u, du, (size_t)n * sizeof(float)) == 0, "glu_bwd %s: in-place dup bitwise", name);
+    free(g), free(u), free(dh), free(dg), free(du);
+}
+
+Test(ops_glu, swiglu_in_place) { glu_in_place_case(MT_ACT_SILU); }
+Test(ops_glu, geglu_in_place) { glu_in_place_case(MT_ACT_GELU_TANH); }
+
 /* ------------------------------------------------------------------ xent_tile */
 
 typedef struct xent_ctx {

@@ -400,6 +400,25 @@ static void glu_case(mt_activation act) {
 Test(ops_bf16_glu, swiglu) { glu_case(MT_ACT_SILU); }
 Test(ops_bf16_glu, geglu) { glu_case(MT_ACT_GELU_TANH); }
 
+/* glu_bwd in place (dgate into gate, dup into up) is bitwise the out-of-place call, over
+ * several blocks, threads and 512-element widenings. */
+static void glu_in_place_case(mt_activation act) {
+    tu_rng r = {210 + (uint64_t)act};
+    const int64_t n = 20000;
+    float *g = bf16_normal(&r, n, 3.0), *u = bf16_normal(&r, n, 1.0), *dh = bf16_normal(&r, n, 1.0);
+    mt_bf16 *gh = tu_bf16_copy(g, n), *uh = tu_bf16_copy(u, n), *dhh = tu_bf16_copy(dh, n);
+    mt_bf16 *dg = calloc((size_t)n, 2), *du = calloc((size_t)n, 2);
+    TU_OK(be()->ops->glu_bwd(be(), dg, du, dhh, gh, uh, n, act, MT_BF16));
+    TU_OK(be()->ops->glu_bwd(be(), gh, uh, dhh, gh, uh, n, act, MT_BF16)); /* gh <- dgate, uh <- dup */
+    const char *name = act == MT_ACT_SILU ? "silu" : "gelu_tanh";
+    cr_expect(memcmp(gh, dg, (size_t)n * 2) == 0, "glu_bwd %s: in-place dgate bitwise", name);
+    cr_expect(memcmp(uh, du, (size_t)n * 2) == 0, "glu_bwd %s: in-place dup bitwise", name);
+    free(g), free(u), free(dh), free(gh), free(uh), free(dhh), free(dg), free(du);
+}
+
+Test(ops_bf16_glu, swiglu_in_place) { glu_in_place_case(MT_ACT_SILU); }
+Test(ops_bf16_glu, geglu_in_place) { glu_in_place_case(MT_ACT_GELU_TANH); }
+
 /* ------------------------------------------------------------------ xent_tile */
 
 /* fp32 logits, dlogits of ddt. The fp32 gradient is the fp32 path's (within

@@ -8,7 +8,8 @@
  * vmath.h so the loop vectorises, 8-wide in the AVX2 clone (MT_CPU_SIMD_CLONES).
  * bf16 (cpu_dtype.h): a block is done in pieces of MT_GLU_WIDE elements, each input
  * widened into fp32 on the stack, computed by the same block function and each output
- * rounded once. */
+ * rounded once (a piece's inputs are all loaded before its outputs are stored, so the
+ * backward may run in place). */
 #include "kernels/cpu/cpu_dtype.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/vmath.h"
@@ -40,11 +41,12 @@ static void glu_fwd_block(float *restrict h, const float *restrict gate, const f
     }
 }
 
-/* Elements [0, n) of the backward. */
+/* Elements [0, n) of the backward. In place allowed (ops.h glu_bwd): dgate may be gate
+ * and dup may be up, so neither pair is restrict; each element's inputs are read before
+ * its outputs are written, and omp simd (no loop-carried dependence) still vectorises. */
 MT_CPU_SIMD_CLONES
-static void glu_bwd_block(float *restrict dgate, float *restrict dup, const float *restrict dh,
-                          const float *restrict gate, const float *restrict up, int64_t n,
-                          mt_activation act) {
+static void glu_bwd_block(float *dgate, float *dup, const float *restrict dh, const float *gate,
+                          const float *up, int64_t n, mt_activation act) {
     if (act == MT_ACT_SILU) {
 #pragma omp simd
         for (int64_t i = 0; i < n; i++) {

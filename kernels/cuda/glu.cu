@@ -32,6 +32,8 @@ __global__ void glu_fwd_kernel(T *h, const T *gate, const T *up, int64_t n, int 
     }
 }
 
+/* In place allowed (ops.h glu_bwd): dgate may be gate and dup may be up. Each element
+ * belongs to one thread, which loads gate, dh and up before it stores either output. */
 template <typename T>
 __global__ void glu_bwd_kernel(T *dgate, T *dup, const T *dh, const T *gate, const T *up, int64_t n, int act) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
