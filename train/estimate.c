@@ -259,11 +259,14 @@ double mt_step_model_seconds(const mt_train_config *cfg, const mt_step_model *sm
 /* Exact confirmation, cached: the device plan depends only on which tensors are kept
  * (remat and offload both use the layer scratch), so one plan per (batch, kept set),
  * made with every other tensor offloaded, gives the device peak of all its remat /
- * offload mixes, the host bytes of each offloaded name and the step's collective bytes
- * (the trainer's formula counts no remat-dependent collective). */
+ * offload mixes and the host bytes of each offloaded name. The step's collective bytes
+ * depend on what is recomputed where a tensor or context axis communicates in the
+ * recompute (models/model.h mt_model_shard_bytes): there the recomputed set is part of
+ * the key and those tensors stay recomputed in the plan. */
 typedef struct confirm_entry {
     int64_t batch;
     unsigned kept;                  /* bit t: tensor t on the device */
+    unsigned remat;                 /* bit t: tensor t recomputed (only with a tensor or context axis) */
     size_t peak, host_fixed;        /* device peak; host bytes that are not activations */
     size_t host_name[MT_RT_COUNT];  /* host bytes of each offloaded name */
     uint64_t step_bytes;            /* collective bytes of rank 0 per step */
@@ -375,16 +378,19 @@ static mt_status max_batch(search *s, const mt_remat_policy *p, int64_t hi, int6
 static mt_status confirm(search *s, int64_t batch, const mt_remat_policy *p, size_t *peak, size_t *host,
                          uint64_t *step_bytes) {
     confirm_cache *c = &s->cache;
-    unsigned kept = 0;
-    for (int t = 0; t < MT_RT_COUNT; t++)
+    unsigned kept = 0, remat = 0;
+    const int recompute_talks = s->dims[2] > 1 || s->dims[3] > 1; /* context, tensor */
+    for (int t = 0; t < MT_RT_COUNT; t++) {
         if (p->action[t] == MT_RA_DEVICE) kept |= 1u << t;
+        if (p->action[t] == MT_RA_REMAT && recompute_talks) remat |= 1u << t;
+    }
     confirm_entry *e = NULL;
     for (int i = 0; i < c->n; i++)
-        if (c->e[i].batch == batch && c->e[i].kept == kept) e = &c->e[i];
+        if (c->e[i].batch == batch && c->e[i].kept == kept && c->e[i].remat == remat) e = &c->e[i];
     if (!e) {
         mt_remat_policy q = *p;
         for (int t = 1; t < MT_RT_COUNT; t++)
-            if (q.action[t] != MT_RA_DEVICE) q.action[t] = MT_RA_OFFLOAD;
+            if (q.action[t] != MT_RA_DEVICE && !(remat >> t & 1)) q.action[t] = MT_RA_OFFLOAD;
         s->cfg = *s->base;
         s->cfg.per_device_batch_size = batch;
         set_policy(&s->cfg, &q);
@@ -396,6 +402,7 @@ static mt_status confirm(search *s, int64_t batch, const mt_remat_policy *p, siz
         memset(e, 0, sizeof *e);
         e->batch = batch;
         e->kept = kept;
+        e->remat = remat;
         e->peak = r.peak;
         e->host_fixed = r.host_total - r.host_activations;
         e->step_bytes = r.step_bytes;
