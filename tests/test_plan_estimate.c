@@ -228,8 +228,9 @@ Test(plan_estimate, step_model_takes_the_trainers_flops_and_bytes) {
             c.hbm_gib = 80;
             cr_assert_eq(mt_estimate(&c, 0, NULL, &sm, &res), MT_OK, "%s", mt_last_error());
             for (int i = 0; i < res.nrows; i++) {
-                mt_train_config rc = c;
+                mt_train_config rc = c; /* the row's batch and policy: its recompute communicates too */
                 rc.per_device_batch_size = res.rows[i].batch;
+                for (int t = 0; t < MT_RT_COUNT; t++) rc.remat_custom[t] = (int)res.rows[i].policy.action[t];
                 cr_assert_eq(mt_memory_plan_rank(&rc, &r, NULL, NULL), MT_OK, "%s", mt_last_error());
                 cr_expect_eq(res.rows[i].comm_bytes, r.step_bytes, "row %d (batch %lld)", i,
                              (long long)res.rows[i].batch);
@@ -424,4 +425,35 @@ Test(plan_estimate, mesh_search_bf16_lists_only_layouts_the_trainer_runs) {
     mt_estimate_result_free(&r16);
     const int fsdp8[4] = {1, 8, 1, 1};
     cr_expect_eq(mt_trainer_check_layout(&c, fsdp8), MT_OK, "%s", mt_last_error());
+}
+
+/* param_window_unit=weight: under fsdp the recompute gathers weights again, so each
+ * row's collective bytes depend on its own remat policy (train/estimate.c confirm keys
+ * its cache by the recomputed set there); every row's bytes are the trainer's formula for
+ * that row (check_mesh_rows: the row's own policy, batch and layout planned again), and
+ * a layout's full-remat row counts more bytes than its all-kept row would. */
+Test(plan_estimate, mesh_search_with_weight_windows_counts_the_rows_own_gathers) {
+    const mt_step_model sm = mt_step_model_default();
+    const int none[4] = {0, 0, 0, 0};
+    mt_train_config c;
+    base_cfg(&c, MT_DECODER_LLAMA2, 8);
+    roomy_budget(&c);
+    c.param_window_unit = 1;
+    mt_estimate_result res;
+    cr_assert_eq(mt_estimate_mesh(&c, none, 5, 0, NULL, &sm, &res), MT_OK, "%s", mt_last_error());
+    check_mesh_rows(&c, &res, NULL);
+    mt_estimate_result_free(&res);
+    const int fsdp8[4] = {1, 8, 1, 1};
+    uint64_t bytes[2];
+    for (int k = 0; k < 2; k++) { /* all kept, then all recomputed, on fsdp 8 */
+        mt_train_config l = on_layout(&c, fsdp8);
+        l.per_device_batch_size = 1;
+        l.remat_policy = MT_REMAT_CUSTOM;
+        for (int t = 0; t < MT_RT_COUNT; t++) l.remat_custom[t] = k && t > 0 ? MT_RA_REMAT : MT_RA_DEVICE;
+        mt_memory_report r;
+        cr_assert_eq(mt_memory_plan_rank(&l, &r, NULL, NULL), MT_OK, "%s", mt_last_error());
+        bytes[k] = r.step_bytes;
+    }
+    cr_expect_gt(bytes[1], bytes[0], "fsdp 8, weight windows: recompute %llu bytes, all kept %llu",
+                 (unsigned long long)bytes[1], (unsigned long long)bytes[0]);
 }

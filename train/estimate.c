@@ -260,9 +260,10 @@ double mt_step_model_seconds(const mt_train_config *cfg, const mt_step_model *sm
  * (remat and offload both use the layer scratch), so one plan per (batch, kept set),
  * made with every other tensor offloaded, gives the device peak of all its remat /
  * offload mixes and the host bytes of each offloaded name. The step's collective bytes
- * depend on what is recomputed where a tensor or context axis communicates in the
- * recompute (models/model.h mt_model_shard_bytes): there the recomputed set is part of
- * the key and those tensors stay recomputed in the plan. */
+ * depend on what is recomputed where the recompute communicates (a tensor or context
+ * axis: models/model.h mt_model_shard_bytes; fsdp with param_window_unit=weight, whose
+ * recompute gathers weights again: mt_model_fsdp_gather_floats): there the recomputed
+ * set is part of the key and those tensors stay recomputed in the plan. */
 typedef struct confirm_entry {
     int64_t batch;
     unsigned kept;                  /* bit t: tensor t on the device */
@@ -379,7 +380,8 @@ static mt_status confirm(search *s, int64_t batch, const mt_remat_policy *p, siz
                          uint64_t *step_bytes) {
     confirm_cache *c = &s->cache;
     unsigned kept = 0, remat = 0;
-    const int recompute_talks = s->dims[2] > 1 || s->dims[3] > 1; /* context, tensor */
+    /* context, tensor; fsdp with weight windows (the recompute reads, and gathers, weights again) */
+    const int recompute_talks = s->dims[2] > 1 || s->dims[3] > 1 || (s->dims[1] > 1 && s->base->param_window_unit);
     for (int t = 0; t < MT_RT_COUNT; t++) {
         if (p->action[t] == MT_RA_DEVICE) kept |= 1u << t;
         if (p->action[t] == MT_RA_REMAT && recompute_talks) remat |= 1u << t;
