@@ -27,6 +27,11 @@ one rank sends under the ring are exactly busbw x time, so time = bytes / busbw.
                                             layout families and compare every rank's
                                             measured bytes with this script's per-rank
                                             bytes (CPU backend; ~1 min on 2 cores)
+The script's cases keep every tensor the tensor axis would communicate to recompute
+(out_proj; no sequence or context axis) and use layer windows, so the trainer's
+remat-dependent terms (models/model_shard.c mtm_layer_recomputes) and weight windows
+(param_window_unit=weight) are not modelled here; --estimate and --check would show a
+case that needed them.
 Standard library only.
 """
 import argparse
