@@ -194,6 +194,31 @@ static mt_status check_layout(const mt_model_config *cfg, int64_t batch, int64_t
     return MT_OK;
 }
 
+mt_status mt_model_check_memory_layout(const mt_model_config *cfg, const mt_model_layout *lay) {
+    const int tp = mtm_axis_size(lay->tensor_size);
+    if (lay->vocab_chunks > 1 && tp > 1)
+        return mt_set_error(MT_ERR_UNSUPPORTED, "num_vocab_chunks=%lld with ici_tensor_parallelism=%d: the tensor "
+                            "axis computes the loss vocabulary-parallel over whole slices (use num_vocab_chunks=0 "
+                            "or 1)", (long long)lay->vocab_chunks, tp);
+    if (lay->grad_window_chunks < 0)
+        return mt_set_error(MT_ERR_INVALID, "grad_window_chunks=%lld must be >= 0", (long long)lay->grad_window_chunks);
+    if (lay->grad_window_chunks > 1 && tp > 1)
+        return mt_set_error(MT_ERR_UNSUPPORTED, "grad_window_chunks=%lld with ici_tensor_parallelism=%d: a tensor "
+                            "rank writes a slice of each weight's rows or columns, not row blocks (use "
+                            "grad_window_chunks=1)", (long long)lay->grad_window_chunks, tp);
+    int64_t rows = cfg->emb_dim; /* o_proj and down_proj's rows; q_proj's and the MLP's per layer */
+    for (int64_t l = 0; l < cfg->num_decoder_layers; l++)
+        rows = max64(rows, max64(cfg->num_query_heads * mt_model_layer_head_dim(cfg, l), mt_model_layer_mlp_dim(cfg, l)));
+    if (lay->grad_window_chunks > rows)
+        return mt_set_error(MT_ERR_INVALID, "grad_window_chunks=%lld: more row blocks than the largest layer weight "
+                            "has rows (%lld; a block is at least a row)", (long long)lay->grad_window_chunks,
+                            (long long)rows);
+    if (lay->weight_windows && cfg->decoder_block == MT_DECODER_GEMMA4)
+        return mt_set_error(MT_ERR_UNSUPPORTED, "param_window_unit=weight: gemma4's layers read their parameters "
+                            "from a layer's window (use param_window_unit=layer)");
+    return MT_OK;
+}
+
 mt_status mt_model_check_dtype_layout(const mt_model_layout *lay) {
     /* float32 and bfloat16 run on every layout (bf16 payloads on the tensor, context and
      * fsdp collectives, the compute copy in the host pool with parameter offload) */
@@ -214,9 +239,6 @@ static mt_status apply_layout(mt_model *m, const mt_model_layout *lay) {
     /* param_window_unit=weight: only where there are parameter windows */
     m->pwin.weights = lay->weight_windows != 0 && params_windowed(m);
     m->sink.chunks = lay->grad_window_chunks > 1 ? lay->grad_window_chunks : 1;
-    if (m->pwin.weights && m->g4.on)
-        return mt_set_error(MT_ERR_UNSUPPORTED, "param_window_unit=weight: gemma4's layers open their parameters "
-                            "a layer at a time (use param_window_unit=layer)");
     return mtm_weight_segments(m);
 }
 
@@ -323,16 +345,7 @@ mt_status mt_model_create(mt_model **out, const mt_model_config *cfg, mt_backend
     if (layout->vocab_chunks < 0 || layout->vocab_chunks > cfg->vocab_size)
         return mt_set_error(MT_ERR_INVALID, "num_vocab_chunks=%lld must be 0 (auto) or in [1, vocab_size = %lld]",
                             (long long)layout->vocab_chunks, (long long)cfg->vocab_size);
-    if (layout->grad_window_chunks < 0)
-        return mt_set_error(MT_ERR_INVALID, "grad_window_chunks=%lld must be >= 0", (long long)layout->grad_window_chunks);
-    if (layout->grad_window_chunks > 1 && mtm_axis_size(layout->tensor_size) > 1)
-        return mt_set_error(MT_ERR_UNSUPPORTED, "grad_window_chunks=%lld with ici_tensor_parallelism=%d: a tensor "
-                            "rank writes a slice of each weight's rows or columns, not row blocks (use "
-                            "grad_window_chunks=1)", (long long)layout->grad_window_chunks, layout->tensor_size);
-    if (layout->vocab_chunks > 1 && mtm_axis_size(layout->tensor_size) > 1)
-        return mt_set_error(MT_ERR_UNSUPPORTED, "num_vocab_chunks=%lld with ici_tensor_parallelism=%d: the tensor "
-                            "axis computes the loss vocabulary-parallel over whole slices (use num_vocab_chunks=0 "
-                            "or 1)", (long long)layout->vocab_chunks, layout->tensor_size);
+    MT_TRY(mt_model_check_memory_layout(cfg, layout));
 
     mt_model *m = calloc(1, sizeof(*m));
     if (!m) return mt_set_error(MT_ERR_OOM, "mt_model_create: out of memory");

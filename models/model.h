@@ -105,9 +105,10 @@ typedef struct mt_model mt_model;
  * the same values. With param_offload the shard lives in the host pool.
  * With weight_windows (param_window_unit=weight) the two layer windows hold a segment of
  * a layer each instead (consecutive parameters packed up to the largest one's numel:
- * about one weight, "params.window.weight0/1"), gathered in the order the layer code
- * reads them, the next one prefetched; with remat the backward gathers the segments it
- * reads again after they left the two slots (models/model_windows.c; the Llama family
+ * about one weight, "params.window.weight0/1"), filled in the order the layer code
+ * reads them (under fsdp the next one prefetched; with offload alone each is a copy
+ * when it is needed); with remat the backward fills again the segments it reads after
+ * they left the two slots (models/model_windows.c; the Llama family
  * only: gemma4 is refused with MT_ERR_UNSUPPORTED). With grad_window_chunks = k > 1 and
  * a gradient sink, each 2-D layer weight's gradient is handed over in k row blocks
  * (models/model_windows.c mtm_weight_grad), so the layer gradient windows are 1/k of
@@ -188,6 +189,17 @@ typedef struct mt_model_layout {
  * read. Errors: MT_ERR_INVALID naming a dtype that is neither. */
 mt_status mt_model_check_dtype_layout(const mt_model_layout *lay);
 
+/* The memory keys of a layout against the model (and its tensor axis, lay's
+ * tensor_size), with the messages users of the trainer see: vocab_chunks > 1 with a
+ * tensor axis (the loss is vocabulary-parallel there), grad_window_chunks < 0, or > 1
+ * with a tensor axis (a tensor rank writes a slice of each weight's rows or columns,
+ * not row blocks), or above the rows of the largest layer weight (a block is at least
+ * a row), and weight_windows on gemma4 (its layer code reads a layer's window). Checked
+ * by mt_model_create and, before any plan, by the trainer's layout check (so the
+ * estimator's mesh search counts such layouts as refused). Errors: MT_ERR_INVALID
+ * (negative or too many chunks), MT_ERR_UNSUPPORTED (the combinations). */
+mt_status mt_model_check_memory_layout(const mt_model_config *cfg, const mt_model_layout *lay);
+
 /* Create a model for micro-batches of `batch` sequences of `seq` tokens, with the
  * loss cut into `num_vocab_tiling` row tiles (0 = auto: mt_model_vocab_tiling), cut
  * and computed as `layout` says (NULL:
@@ -221,7 +233,8 @@ mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan);
  * at most the N rows); 0 = auto:
  *   chunks: with parameter windows (fsdp, parameter offload) or a gradient sink, and no
  *     tensor axis, the fewest chunks no larger than the largest decoder-layer weight
- *     (the layer gradient window: mt_model_set_grad_sink), ceil(V D / weight), so that
+ *     (the layer gradient window: mt_model_set_grad_sink; with a sink and
+ *     grad_window_chunks, its largest row block), ceil(V D / weight), so that
  *     the embedding's and lm_head's windows and gradient windows cost no more than the
  *     layers'; else 1 (the unembedding whole);
  *   tiles: the fewest row tiles whose loss tile (rows x the vocabulary chunk, or the
@@ -372,13 +385,16 @@ void mt_model_fsdp_range(const mt_model *m, int64_t *lo, int64_t *hi);
  * mt_model_forward_backward (parallel/comm.h accounting: each gather of a range of S
  * elements costs S minus this rank's part of it); 0 without fsdp. The gathers move the
  * compute dtype: 4 bytes per element with float32 (the master), 2 with bfloat16 (the
- * compute copy), mt_dtype_size(mt_model_dtype(m)). */
+ * compute copy), mt_dtype_size(mt_model_dtype(m)). With weight windows the count
+ * depends on the remat policy (what the backward recomputes reads weights again) and
+ * is only known once the model is planned (mt_model_add_to_plan). */
 int64_t mt_model_fsdp_gather_floats(const mt_model *m);
 
 /* Bytes this rank sends on the tensor and context groups in one
- * mt_model_forward_backward with every activation kept (the formulas at the top of
- * models/model_shard.c; a remat policy that recomputes out_proj, mlpwo, q/k/v or
- * context adds collectives this does not count); 0 with neither axis. */
+ * mt_model_forward_backward under the remat policy set (the formulas at the top of
+ * models/model_shard.c, what the backward recomputes included: the out_proj / mlpwo
+ * partial sums, the input norm's gather under sequence parallelism, the attention's
+ * K/V again); 0 with neither axis. */
 uint64_t mt_model_shard_bytes(const mt_model *m);
 
 /* 1 when parameter i's gradient is identical on every rank of the tensor group (the

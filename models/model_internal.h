@@ -498,15 +498,21 @@ float *mtm_gw(const mt_model *m, int i);
  * Errors: the sink's (fn, wait), MT_ERR_INVALID for a parameter of another layer or
  * one written again after its hand-over. */
 mt_status MT_MUST_CHECK mtm_grad_open(mt_model *m, int i);
-/* Rows of layer weight i whose gradient one window holds (grad_window_chunks): the
- * number of its rows, or with a gradient sink and chunks k > 1 ceil(rows / k). */
+/* Rows of layer parameter i whose gradient one window holds (grad_window_chunks): 1
+ * for a 1-D parameter (its one row), the number of its rows, or with a gradient sink and
+ * chunks k > 1 ceil(rows / k). */
 int64_t mtm_grad_block_rows(const mt_model *m, int i);
-/* dW_i[rows, cols] (fp32, row stride ldw) += dy[N, rows]^T x[N, cols] (lda: dy's row
- * stride), the weight gradient of a linear layer, through the gradient windows: with
- * a sink and grad_window_chunks k > 1 in blocks of mtm_grad_block_rows rows, each
- * handed over when the next opens (dy's columns r0 .. r1 - 1 make rows r0 .. r1 - 1
- * of dW); else into mtm_grad_open(m, i)'s window (or the full buffer) at its
- * tensor-parallel offset. Errors: as mtm_grad_open, the backend's gemm. */
+/* Elements of a layer gradient window: the largest block a layer parameter's gradient
+ * comes in (the largest layer weight, or with a sink and grad_window_chunks its largest
+ * row block); >= 1. */
+int64_t mtm_grad_window_numel(const mt_model *m);
+/* dW_i[rows, cols] (fp32, row stride ldw) += dy[N, rows]^T x[N, cols] (dy, x of m->dt;
+ * lda: dy's row stride), the weight gradient of a linear layer, through the gradient
+ * windows: with a sink and grad_window_chunks k > 1 in blocks of mtm_grad_block_rows
+ * rows (ldw == cols: no tensor axis there), each handed over when the next opens (dy's
+ * columns r0 .. r1 - 1 make rows r0 .. r1 - 1 of dW); else into mtm_grad_open(m, i)'s
+ * window (or the full buffer) at its tensor-parallel offset. Errors: as mtm_grad_open,
+ * the backend's gemm. */
 mt_status MT_MUST_CHECK mtm_weight_grad(mt_model *m, int i, const void *dy, int64_t lda, const void *x, int64_t rows,
                                         int64_t cols, int64_t ldw);
 /* linear_bwd_w into layer weight i's gradient windows: dW[out, in] += dy[N, out]^T x[N, in] */
@@ -623,18 +629,21 @@ mt_status MT_MUST_CHECK mtm_layer_backward(mt_model *m, int64_t l);
 /* The layer parameters that layer l's forward (backward = 0) or backward (1) opens
  * (mtm_param_open) before reading them, in that order, a parameter opened twice in a
  * row listed once; the backward's depend on the remat policy (what it recomputes).
- * Writes at most MTM_LAYER_OPENS_MAX entries to out and returns their count. The Llama
- * family's layers (param_window_unit=weight is refused for gemma4: model.c). */
+ * Writes at most MTM_LAYER_OPENS_MAX entries to out (asserted) and returns their
+ * count. The Llama family's layers (param_window_unit=weight is refused for gemma4:
+ * model.c). */
 #define MTM_LAYER_OPENS_MAX 48
+int mtm_layer_param_order(const mt_model *m, int64_t l, int backward, int *out);
 /* What layer l's backward recomputes that communicates (model_shard.c counts the
  * bytes): *norm_gathers, the input norm gathered again for q/k/v (sequence
  * parallelism: an all-gather of N x D); *row_fwds, the row-parallel out_proj / mlpwo
  * recomputed (an all-reduce, or with sequence parallelism a reduce-scatter, of N x D);
  * *context, 1 when the attention is recomputed (context parallelism: its K/V
- * gathered, or ringed, again). */
+ * gathered, or ringed, again). Dispatches to mtm_g4_layer_recomputes for gemma4. */
 void mtm_layer_recomputes(const mt_model *m, int64_t l, int *norm_gathers, int *row_fwds, int *context);
+/* gemma4's (model_gemma4.c): the same counts from its own recompute (g4_recompute: a
+ * KV-sharing layer recomputes no K/V of its own; a donor's released K/V are). */
 void mtm_g4_layer_recomputes(const mt_model *m, int64_t l, int *norm_gathers, int *row_fwds, int *context);
-int mtm_layer_param_order(const mt_model *m, int64_t l, int backward, int *out);
 
 /* ---- model_loss.c ---- */
 

@@ -16,6 +16,7 @@
  * are model_shard.c's (mtm_row_*, mtm_norm_gather, mtm_cp_attention_*). */
 #include "models/model_internal.h"
 
+#include <assert.h>
 #include <string.h>
 
 mt_attn_args mtm_attn_args(const mt_model *m, int64_t l) {
@@ -383,6 +384,7 @@ int mtm_layer_param_order(const mt_model *m, int64_t l, int backward, int *out) 
     int n = 0;
 #define OPEN(i) \
     do { \
+        assert(n < MTM_LAYER_OPENS_MAX); \
         if (n == 0 || out[n - 1] != (i)) out[n++] = (i); \
     } while (0)
     if (!backward) {

@@ -215,10 +215,11 @@ static mt_status cp_add_to_plan(mt_model *m, mt_plan *plan, int first, int last)
 
 void mtm_vocab_resolve(mt_model *m) {
     const int64_t V = m->V, D = m->D, N = m->N, layer = m->par.layer_numel > 0 ? m->par.layer_numel : 1;
-    /* the unit of the auto chunks: the largest decoder-layer weight, the size of the layer
-     * gradient window (the layers hand their gradients over one parameter at a time), so
-     * that no vocabulary window or gradient window is larger than the layers' */
-    const int64_t weight = m->par.weight_numel > 0 ? m->par.weight_numel : 1;
+    /* the unit of the auto chunks: the layer gradient window (the layers hand their
+     * gradients over one parameter at a time: the largest decoder-layer weight, or with
+     * grad_window_chunks its largest row block), so that no vocabulary window or gradient
+     * window is larger than the layers' */
+    const int64_t weight = mtm_grad_window_numel(m);
     int64_t C = m->vc.req_chunks;
     if (C == 0) /* auto: chunks no larger than a layer weight where windows hold the vocabulary */
         C = !m->dec.on && m->tp.size == 1 && (params_windowed(m) || m->sink.fn) ? (V * D + weight - 1) / weight : 1;
@@ -324,12 +325,7 @@ static mt_status add_weights(mt_model *m, mt_plan *plan) {
         MT_TRY(mtm_plan_add(m, plan, GB_GRADS, "grads", MT_MEM_GRADS, (size_t)m->par.numel * f4, 0, last));
     } else { /* gradient sink: windows live while their gradients are written (mt_model_set_grad_sink) */
         m->plan.gid[GB_GRADS] = -1;
-        m->sink.win_numel = 1; /* the largest block a layer parameter's gradient comes in (grad_window_chunks) */
-        for (int i = 0; i < m->par.count; i++)
-            if (m->par.layer_of[i] >= 0)
-                m->sink.win_numel = max64(m->sink.win_numel, mtm_grad_block_rows(m, i) *
-                                                                 (m->par.info[i].ndim == 2 ? m->par.info[i].shape[1]
-                                                                                           : m->par.info[i].numel));
+        m->sink.win_numel = mtm_grad_window_numel(m);
         MT_TRY(mt_plan_add(plan, "grads.window.layer", MT_MEM_GRADS, (size_t)m->sink.win_numel * f4, bwd0, bwd1,
                            &m->sink.id[MT_GWIN_LAYER]));
         m->sink.id[MT_GWIN_LAYER1] = -1;

@@ -114,7 +114,7 @@ mt_status mtm_fetch_global(mt_model *m) {
     MT_TRY(mtm_window_fill(m, AT(m, m->pwin.ptr[MT_PWIN_GLOBAL], emb), m->par.tail_off, m->par.tail_off + n - emb));
     m->pwin.layer[0] = m->pwin.layer[1] = -1;
     m->pwin.slots.held[0] = m->pwin.slots.held[1] = -1;
-    m->pwin.slots.cur = -1;
+    m->pwin.slots.cur = m->pwin.pending = -1; /* the wait above completed any prefetch */
     return MT_OK;
 }
 
@@ -191,15 +191,37 @@ static int64_t next_segment(const mt_model *m, int pass, int64_t k, int64_t a) {
     return -1;
 }
 
-/* Start filling parameter i's segment into the slot not opened last unless it is
- * resident (fsdp: asynchronously, completed by mtm_fsdp_wait; with parameter offload
- * nothing: the open copies). */
-static void weight_prefetch(mt_model *m, int i) {
-    if (i < 0 || m->fsdp.size == 1) return;
+/* One step of pass p's opens, the one decision the windows (mtm_param_pass_begin,
+ * mtm_param_open) and the gather count (mtm_weight_gather_floats) both take, so that
+ * they agree: entry k of the order is opened (k = -1: the pass begins, nothing opened),
+ * its segment taken into a slot (*open_slot, -1 for k = -1; *open_fill 1 when it must be
+ * filled), then with fsdp the next segment of the order prefetched into the other slot
+ * unless it is there (*pre the parameter whose segment is, -1 none; *pre_slot). */
+static void wslots_step(const mt_model *m, mtm_wslots *w, int p, int64_t k, int *open_slot, int *open_fill,
+                        int *pre, int *pre_slot) {
+    const int *o = m->pwin.order[p];
+    *open_slot = *pre = *pre_slot = -1;
+    *open_fill = 0;
+    int64_t a = -1;
+    if (k >= 0) {
+        a = m->pwin.seg_a[o[k]];
+        *open_slot = mtm_wslots_take(w, a, open_fill);
+        w->cur = *open_slot;
+    }
+    const int next = k < 0 ? (m->pwin.order_n[p] > 0 ? o[0] : -1) : (int)next_segment(m, p, k + 1, a);
+    if (next < 0 || m->fsdp.size == 1) return; /* parameter offload alone: each open copies */
     int fill;
-    const int s = mtm_wslots_take(&m->pwin.slots, m->pwin.seg_a[i], &fill);
+    const int s = mtm_wslots_take(w, m->pwin.seg_a[next], &fill);
     if (!fill) return;
-    mtm_fsdp_wait(m); /* one gather in flight at a time */
+    *pre = next;
+    *pre_slot = s;
+}
+
+/* Start the gather of parameter i's segment into slot s (asynchronous: completed by
+ * mtm_fsdp_wait, one in flight at a time). */
+static void weight_prefetch(mt_model *m, int i, int s) {
+    if (i < 0) return;
+    mtm_fsdp_wait(m);
     mtm_fsdp_gather(m, m->pwin.ptr[MT_PWIN_LAYER0 + s], m->pwin.seg_a[i], m->pwin.seg_a[i] + m->pwin.seg_n[i], 1);
     m->pwin.pending = s;
 }
@@ -209,34 +231,39 @@ mt_status mtm_param_pass_begin(mt_model *m, int backward) {
     m->pwin.pass = backward != 0;
     m->pwin.cursor = 0;
     m->pwin.open = -1;
-    if (m->pwin.order_n[m->pwin.pass] > 0) weight_prefetch(m, m->pwin.order[m->pwin.pass][0]);
+    int s, fill, pre, ps;
+    wslots_step(m, &m->pwin.slots, m->pwin.pass, -1, &s, &fill, &pre, &ps);
+    weight_prefetch(m, pre, ps);
     return mtm_comm_status(m);
 }
 
 mt_status mtm_param_open(mt_model *m, int i) {
     if (!m->pwin.weights || m->par.layer_of[i] < 0 || m->pwin.open == i) return MT_OK;
     const int p = m->pwin.pass;
-    if (m->pwin.cursor >= m->pwin.order_n[p] || m->pwin.order[p][m->pwin.cursor] != i)
+    const int64_t k = m->pwin.cursor;
+    if (k >= m->pwin.order_n[p] || m->pwin.order[p][k] != i)
         return mt_set_error(MT_ERR_RUNTIME, "model: %s opened out of its planned order in the %s pass (entry %lld: "
                             "%s expected; mtm_layer_param_order and the layer code disagree)", m->par.info[i].name,
-                            p ? "backward" : "forward", (long long)m->pwin.cursor,
-                            m->pwin.cursor < m->pwin.order_n[p] ? m->par.info[m->pwin.order[p][m->pwin.cursor]].name
-                                                                : "nothing");
+                            p ? "backward" : "forward", (long long)k,
+                            k < m->pwin.order_n[p] ? m->par.info[m->pwin.order[p][k]].name : "nothing");
     m->pwin.cursor++;
     m->pwin.open = i;
     const int64_t a = m->pwin.seg_a[i], n = m->pwin.seg_n[i];
-    int fill;
-    const int s = mtm_wslots_take(&m->pwin.slots, a, &fill);
+    int s, fill, pre, ps;
+    wslots_step(m, &m->pwin.slots, p, k, &s, &fill, &pre, &ps);
     if (fill) {
-        m->pwin.slots.held[s] = -1; /* until filled */
-        MT_TRY(mtm_window_fill(m, m->pwin.ptr[MT_PWIN_LAYER0 + s], a, a + n)); /* waits for a prefetch first */
-        m->pwin.slots.held[s] = a;
+        const mt_status st = mtm_window_fill(m, m->pwin.ptr[MT_PWIN_LAYER0 + s], a, a + n); /* waits first */
+        if (st != MT_OK) { /* the slots hold nothing usable; the next forward starts over */
+            m->pwin.slots.held[s] = -1;
+            if (ps >= 0) m->pwin.slots.held[ps] = -1; /* its prefetch was not started */
+            m->pwin.open = -1;
+            return st;
+        }
     } else if (m->pwin.pending == s) {
         mtm_fsdp_wait(m);
     }
     if (m->fsdp.req == NULL) m->pwin.pending = -1;
-    m->pwin.slots.cur = s;
-    weight_prefetch(m, (int)next_segment(m, p, m->pwin.cursor, a));
+    weight_prefetch(m, pre, ps);
     return mtm_comm_status(m);
 }
 
@@ -244,27 +271,17 @@ int64_t mtm_weight_gather_floats(const mt_model *m, int64_t (*own)(const mt_mode
     if (!m->pwin.weights) return 0;
     mtm_wslots w = {{-1, -1}, -1}; /* emptied by the forward's mtm_fetch_global */
     int64_t f = 0;
-    int fill;
-#define TAKE(i) \
-    do { \
-        const int64_t a_ = m->pwin.seg_a[i], n_ = m->pwin.seg_n[i]; \
-        (void)mtm_wslots_take(&w, a_, &fill); \
-        if (fill) f += n_ - own(m, m->fsdp.rank, a_, a_ + n_); \
-    } while (0)
-    for (int p = 0; p < 2; p++) {
-        const int *o = m->pwin.order[p];
-        if (m->pwin.order_n[p] > 0) TAKE(o[0]); /* mtm_param_pass_begin's prefetch */
-        for (int64_t k = 0; k < m->pwin.order_n[p]; k++) {
-            int s_fill;
-            const int s = mtm_wslots_take(&w, m->pwin.seg_a[o[k]], &s_fill);
-            if (s_fill) f += m->pwin.seg_n[o[k]] - own(m, m->fsdp.rank, m->pwin.seg_a[o[k]],
-                                                       m->pwin.seg_a[o[k]] + m->pwin.seg_n[o[k]]);
-            w.cur = s;
-            const int64_t nx = next_segment(m, p, k + 1, m->pwin.seg_a[o[k]]);
-            if (nx >= 0) TAKE((int)nx);
+    for (int p = 0; p < 2; p++) /* one forward, then one backward, as the windows step through them */
+        for (int64_t k = -1; k < m->pwin.order_n[p]; k++) {
+            int s, fill, pre, ps;
+            wslots_step(m, &w, p, k, &s, &fill, &pre, &ps);
+            const int fills[2] = {fill && k >= 0 ? m->pwin.order[p][k] : -1, pre};
+            for (int j = 0; j < 2; j++)
+                if (fills[j] >= 0) {
+                    const int64_t a = m->pwin.seg_a[fills[j]], n = m->pwin.seg_n[fills[j]];
+                    f += n - own(m, m->fsdp.rank, a, a + n);
+                }
         }
-    }
-#undef TAKE
     return f;
 }
 
@@ -321,6 +338,15 @@ int64_t mtm_grad_block_rows(const mt_model *m, int i) {
     return (p->shape[0] + m->sink.chunks - 1) / m->sink.chunks;
 }
 
+int64_t mtm_grad_window_numel(const mt_model *m) {
+    int64_t n = 1;
+    for (int i = 0; i < m->par.count; i++)
+        if (m->par.layer_of[i] >= 0)
+            n = max64(n, mtm_grad_block_rows(m, i) * (m->par.info[i].ndim == 2 ? m->par.info[i].shape[1]
+                                                                               : m->par.info[i].numel));
+    return n;
+}
+
 /* Open the window of rows [r0, r1) of layer parameter i (1-D: its one row): hand the
  * open block over and take the next slot, zeroed. Rows of a parameter come in order, in
  * one stretch. */
@@ -362,7 +388,8 @@ mt_status mtm_weight_grad(mt_model *m, int i, const void *dy, int64_t lda, const
         return m->be->ops->gemm(m->be, 1, 0, rows, cols, m->N, 1.0f, dy, lda, x, cols, m->dt, 1.0f, mtm_gw(m, i),
                                 ldw, MT_F32);
     }
-    for (int64_t r0 = 0; r0 < rows; r0 += R) { /* tensor parallelism is refused with blocks: no slice offset */
+    assert(ldw == cols); /* blocks: tensor parallelism is refused (model.c), so no slice offset or stride */
+    for (int64_t r0 = 0; r0 < rows; r0 += R) {
         const int64_t r1 = r0 + R < rows ? r0 + R : rows;
         MT_TRY(grad_open_rows(m, i, r0, r1));
         MT_TRY(m->be->ops->gemm(m->be, 1, 0, r1 - r0, cols, m->N, 1.0f, AT(m, dy, r0), lda, x, cols, m->dt, 1.0f,
@@ -399,10 +426,9 @@ mt_status mtm_grad_layer_end(mt_model *m, mt_status backward) {
     for (int i = lp->in_norm; st == MT_OK && i <= lp->down; i++) /* not written by this backward: zeros */
         if (!(m->sink.done >> (i - lp->in_norm) & 1)) {
             const int64_t rows = m->par.info[i].ndim == 2 ? m->par.info[i].shape[0] : 1, R = mtm_grad_block_rows(m, i);
-            for (int64_t r0 = 0; st == MT_OK && r0 < rows; r0 += R) {
+            for (int64_t r0 = 0; st == MT_OK && r0 < rows; r0 += R) /* each block's open hands the last over */
                 st = grad_open_rows(m, i, r0, r0 + R < rows ? r0 + R : rows);
-                if (st == MT_OK) st = grad_hand_over(m);
-            }
+            if (st == MT_OK) st = grad_hand_over(m);
         }
     m->sink.layer = -1;
     m->sink.open = -1;

@@ -111,6 +111,10 @@ expect_bad "gemma4 key on llama" "global_head_dim=64" "gemma4 key" -- train "$ru
 # parameter windows of a weight: an unknown unit; gemma4 (its layers read a layer's window)
 expect_bad "param_window_unit unknown" "param_window_unit" "weights" "layer" -- plan "$run" param_window_unit=weights
 expect_bad "grad_window_chunks negative" "grad_window_chunks" "-1" -- plan "$run" grad_window_chunks=-1
+expect_bad "grad_window_chunks above the rows" "grad_window_chunks=1000000000000" "rows" -- plan "$run" \
+    num_devices=2 ici_fsdp_parallelism=2 grad_window_chunks=1000000000000
+expect_bad "param_window_unit=weight on gemma4, one device" "param_window_unit=weight" "gemma4" -- plan "$run" \
+    model_name=gemma4-e2b param_window_unit=weight
 expect_bad "grad_window_chunks with a tensor axis" "grad_window_chunks=2" "ici_tensor_parallelism" -- plan "$run" \
     num_devices=2 ici_tensor_parallelism=2 grad_window_chunks=2
 expect_bad "param_window_unit=weight on gemma4" "param_window_unit=weight" "gemma4" -- plan "$run" \

@@ -72,6 +72,20 @@ check "llama3.1-8b bf16 on 8" "" 8 model_name=llama3.1-8b max_target_length=2048
 "$py" -c "
 import json; a = json.load(open('est32.json'))['mesh_search']; b = json.load(open('est.json'))['mesh_search']
 assert (a['candidates'], a['refused']) == (b['candidates'], b['refused']), (a, b)" || fail "bf16: refuses other layouts than float32"
+# grad_window_chunks > 1 refuses a tensor axis (models/model.h mt_model_check_memory_layout):
+# the search counts those layouts as refused and lists the others (it stopped at the first
+# tensor layout before); every row's command carries the key and plans (check)
+check "llama3.1-8b on 8, gradient blocks" "" 8 model_name=llama3.1-8b max_target_length=2048 hbm_gib=80 \
+    grad_window_chunks=4
+cp est.json estgwc.json
+check "llama3.1-8b on 8, hbm 80" "" 8 model_name=llama3.1-8b max_target_length=2048 hbm_gib=80
+"$py" -c "
+import json; a = json.load(open('estgwc.json')); b = json.load(open('est.json'))
+ra, rb = a['mesh_search']['refused'], b['mesh_search']['refused']
+assert ra > rb, ('refused with blocks', ra, 'without', rb)
+assert all('grad_window_chunks=4' in r['command'].split() for r in a['rows']), 'a command lacks the key'
+assert all(r['mesh']['tensor'] == 1 for r in a['rows']), 'a row with a tensor axis'" \
+    || fail "grad_window_chunks=4: tensor layouts not refused, or commands without the key"
 # held axes: given on the command line, even at 1; -1 fills what the searched axes leave
 check "tensor held at 2" "tensor=2" 8 model_name=llama3.1-8b max_target_length=2048 hbm_gib=80 ici_tensor_parallelism=2
 check "data and context held at 1" "data=1 context=1" 8 model_name=llama3.1-8b max_target_length=2048 hbm_gib=80 \

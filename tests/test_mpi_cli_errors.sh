@@ -58,7 +58,8 @@ once() {
 }
 
 # errors every rank finds: printed once, by rank 0
-for case in "mesh ici_tensor_parallelism=3 ici_data_parallelism=1" "key bogus_key=1" "devices num_devices=8"; do
+for case in "mesh ici_tensor_parallelism=3 ici_data_parallelism=1" "key bogus_key=1" "devices num_devices=8" \
+    "blocks ici_data_parallelism=1 ici_tensor_parallelism=2 grad_window_chunks=2"; do
     set -- $case
     name=$1; shift
     run2 "$name" -np 2 "$tmp/rank.sh" "$tmp/$name.rc" "$bin" train "$cfg" "$@"
@@ -67,6 +68,7 @@ for case in "mesh ici_tensor_parallelism=3 ici_data_parallelism=1" "key bogus_ke
         mesh) once "$name" "ici_tensor_parallelism = 1 x 1 x 1 x 3 = 3 but the world has 2 ranks" ;;
         key) once "$name" "bogus_key" ;;
         devices) once "$name" "num_devices" ;;
+        blocks) once "$name" "grad_window_chunks=2 with ici_tensor_parallelism=2" ;;
     esac
 done
 [ -e "$tmp/out/r" ] && fail "a refused run wrote $tmp/out/r"

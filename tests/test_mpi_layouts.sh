@@ -308,6 +308,10 @@ layout fsdp4_l5_full_weight ref_b4_l5_full 4 per_device_batch_size=1 ici_fsdp_pa
     base_num_decoder_layers=5 remat_policy=full param_window_unit=weight
 "$tool" compare "$tmp/fsdp4_l5_full" "$tmp/fsdp4_l5_full_weight" 0 > "$tmp/weight_full.cmp" 2>&1 ||
     { fail "fsdp4 full remat with weight windows is not bitwise layer windows"; cat "$tmp/weight_full.cmp"; }
+# ... and they were weight windows: the remat backward gathers more (rank 0, step 1)
+read -r bl _ < "$tmp/fsdp4_l5_full/bytes.0.txt"
+read -r bw _ < "$tmp/fsdp4_l5_full_weight/bytes.0.txt"
+[ "$bw" -gt "$bl" ] 2>/dev/null || fail "fsdp4 full remat: weight windows sent $bw bytes, layer windows $bl (not more)"
 layout fsdp2_gemma2_weight ref_b2_g2 2 model_name=tinyg2 per_device_batch_size=1 num_vocab_tiling=4 \
     ici_fsdp_parallelism=2 param_window_unit=weight
 "$tool" compare "$tmp/fsdp2_gemma2" "$tmp/fsdp2_gemma2_weight" 0 > "$tmp/weight_g2.cmp" 2>&1 ||
@@ -337,6 +341,15 @@ for f in 1 2 4; do
     [ "$p" = "$want" ] || fail "plan fsdp$f: params $p, formula $want ($got)"
     [ $prev -eq 0 ] || [ "$p" -lt "$prev" ] 2>/dev/null || fail "plan fsdp$f: params $p not below $prev"
     prev=$p
+done
+# param_window_unit=weight: two windows of the largest segment instead of two layers,
+# 2048 floats here (gate / up / down; [in_norm q k] and [v o norm] pack to 1568 each)
+for f in 2 4; do
+    got="$("$tool" plan "$cfg" per_device_batch_size=2 base_num_decoder_layers=8 ici_fsdp_parallelism=$f \
+        param_window_unit=weight 2>&1)"
+    p="$(awk '{print $2}' <<< "$got")" want=$((4 * ((numel + f - 1) / f + 2 * 2048 + glob)))
+    printf 'plan fsdp%d weight windows: parameter bytes %s (formula %s)\n' "$f" "$p" "$want"
+    [ "$p" = "$want" ] || fail "plan fsdp$f weight windows: params $p, formula $want ($got)"
 done
 
 # fsdp composed with data and context (HSDP-like, parallel/zero1.h mt_grad_sync_set_fsdp):

@@ -111,7 +111,8 @@ static const mt_config_key mt_keys[] = {
              "than the largest layer weight (plan prints the count)"),
     RKEY_INT(num_vocab_chunks, "0", 0, "vocabulary chunks the embedding, lm_head and loss are taken in "
              "(1..vocab_size); 0 = auto: with fsdp, parameter offload or gradient windows and no tensor axis, the "
-             "fewest chunks no larger than the largest decoder-layer weight (the layer gradient window), else 1; "
+             "fewest chunks no larger than the largest decoder-layer weight (the layer gradient window: with "
+             "grad_window_chunks its largest row block), else 1; "
              "with more than 1, gemma4's per-layer embedding table comes in chunks too, at least as many and none "
              "larger than that weight (plan prints both)"),
     RKEY_ENUM(dtype, dtype_names, dtype_values, "float32", "compute and activation dtype"),
@@ -177,13 +178,15 @@ static const mt_config_key mt_keys[] = {
               "with fsdp or parameter_memory_host_offload, what the device's two parameter windows hold: "
               "layer = a decoder layer each (gathered once per forward and once per backward); weight = a "
               "weight each (the largest parameter's size, ~1/4 of a Llama layer's: for llama3.1-405b in bf16 "
-              "3.49 GB instead of 12.7 GB per device), gathered in the order the layer reads them, so with "
-              "remat the backward gathers some again (+25% fsdp gather bytes with remat_policy=full); "
+              "the two windows are 3.49 GB instead of 12.7 GB per device), gathered in the order the layer "
+              "reads them, so with remat the backward gathers some again (llama3.1-405b on fsdp 1024 with "
+              "remat_policy=full: +11.6% of the step's collective bytes; more with few layers); "
               "Llama-family decoders (not gemma4)"),
     RKEY_INT(grad_window_chunks, "1", 0,
              "where layer gradients go to a gradient sink (fsdp, ZeRO-1) one parameter at a time, each weight's "
              "fp32 gradient in this many row blocks, each reduce-scattered on its own, so the gradient window is "
-             "1/k of the largest weight (0 or 1: whole weights; not with ici_tensor_parallelism > 1)"),
+             "1/k of the largest weight (0 or 1: whole weights; not with ici_tensor_parallelism > 1); each block "
+             "is its own GEMM, which may sum in another order: results within fp32 rounding, not bitwise"),
     {"optimizer_memory_host_offload", MT_KEY_BOOL, OFF(optimizer_memory_host_offload), 0, NULL, NULL, 0, "false",
      0, 0, 0, 0, "AdamW moments live in a host pool apart from the device arena (page-locked on cuda: AdamW "
      "reads and writes them in place)"},

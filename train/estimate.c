@@ -381,7 +381,8 @@ static mt_status confirm(search *s, int64_t batch, const mt_remat_policy *p, siz
     confirm_cache *c = &s->cache;
     unsigned kept = 0, remat = 0;
     /* context, tensor; fsdp with weight windows (the recompute reads, and gathers, weights again) */
-    const int recompute_talks = s->dims[2] > 1 || s->dims[3] > 1 || (s->dims[1] > 1 && s->base->param_window_unit);
+    const int recompute_talks = s->dims[MT_AXIS_CONTEXT] > 1 || s->dims[MT_AXIS_TENSOR] > 1 ||
+                                (s->dims[MT_AXIS_FSDP] > 1 && s->base->param_window_unit);
     for (int t = 0; t < MT_RT_COUNT; t++) {
         if (p->action[t] == MT_RA_DEVICE) kept |= 1u << t;
         if (p->action[t] == MT_RA_REMAT && recompute_talks) remat |= 1u << t;

@@ -179,7 +179,8 @@ static void plan_table(const mt_train_config *cfg, const mt_memory_report *r, co
            cfg->num_vocab_chunks == 0 ? " (auto)" : "", mt_remat_policy_name((mt_remat_policy_kind)cfg->remat_policy));
     if (cfg->num_vocab_tiling == 0 || cfg->num_vocab_chunks == 0)
         printf("auto (num_vocab_tiling / num_vocab_chunks = 0): vocabulary chunks no larger than the largest "
-               "decoder-layer weight where fsdp, parameter offload or gradient windows hold the vocabulary (else 1); "
+               "decoder-layer weight (with grad_window_chunks, its largest row block: the layer gradient window) "
+               "where fsdp, parameter offload or gradient windows hold the vocabulary (else 1); "
                "row tiles so that the loss tile is no larger than that weight (vocabulary in chunks) or one decoder "
                "layer's parameters (whole)\n");
     if (r->vocab_tiling[2] > 0)

@@ -102,11 +102,7 @@ mt_status mt_trainer_check_layout(const mt_train_config *cfg, const int dims[MT_
     lay.context_size = dims[MT_AXIS_CONTEXT];
     lay.fsdp_size = dims[MT_AXIS_FSDP];
     MT_TRY(mt_model_check_dtype_layout(&lay));
-    if (cfg->num_vocab_chunks > 1 && lay.tensor_size > 1)
-        return mt_set_error(MT_ERR_UNSUPPORTED, "num_vocab_chunks=%lld with ici_tensor_parallelism=%d: the tensor axis "
-                            "computes the loss vocabulary-parallel over whole slices (use num_vocab_chunks=0 or 1)",
-                            (long long)cfg->num_vocab_chunks, lay.tensor_size);
-    return MT_OK;
+    return mt_model_check_memory_layout(&cfg->model, &lay);
 }
 
 /* Axis sizes for planning without a process group: the world is the product of the
