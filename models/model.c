@@ -213,9 +213,6 @@ mt_status mt_model_check_memory_layout(const mt_model_config *cfg, const mt_mode
         return mt_set_error(MT_ERR_INVALID, "grad_window_chunks=%lld: more row blocks than the largest layer weight "
                             "has rows (%lld; a block is at least a row)", (long long)lay->grad_window_chunks,
                             (long long)rows);
-    if (lay->weight_windows && cfg->decoder_block == MT_DECODER_GEMMA4)
-        return mt_set_error(MT_ERR_UNSUPPORTED, "param_window_unit=weight: gemma4's layers read their parameters "
-                            "from a layer's window (use param_window_unit=layer)");
     return MT_OK;
 }
 

@@ -108,8 +108,7 @@ typedef struct mt_model mt_model;
  * about one weight, "params.window.weight0/1"), filled in the order the layer code
  * reads them (under fsdp the next one prefetched; with offload alone each is a copy
  * when it is needed); with remat the backward fills again the segments it reads after
- * they left the two slots (models/model_windows.c; the Llama family
- * only: gemma4 is refused with MT_ERR_UNSUPPORTED). With grad_window_chunks = k > 1 and
+ * they left the two slots (models/model_windows.c). With grad_window_chunks = k > 1 and
  * a gradient sink, each 2-D layer weight's gradient is handed over in k row blocks
  * (models/model_windows.c mtm_weight_grad), so the layer gradient windows are 1/k of
  * the largest weight (refused with a tensor axis: MT_ERR_UNSUPPORTED).
@@ -194,7 +193,7 @@ mt_status mt_model_check_dtype_layout(const mt_model_layout *lay);
  * tensor axis (the loss is vocabulary-parallel there), grad_window_chunks < 0, or > 1
  * with a tensor axis (a tensor rank writes a slice of each weight's rows or columns,
  * not row blocks), or above the rows of the largest layer weight (a block is at least
- * a row), and weight_windows on gemma4 (its layer code reads a layer's window). Checked
+ * a row). Checked
  * by mt_model_create and, before any plan, by the trainer's layout check (so the
  * estimator's mesh search counts such layouts as refused). Errors: MT_ERR_INVALID
  * (negative or too many chunks), MT_ERR_UNSUPPORTED (the combinations). */

@@ -58,6 +58,7 @@
  * windows above then hold the projection and its norm only (mtm_g4_ple_window). */
 #include "models/model_internal.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,6 +99,7 @@ static mt_status ple_unslice_add(mt_model *m, void *all, const void *src, int64_
 /* y[Ns*D] = x[Ns*D] * s[0] with s the layer_scalar parameter (a [1] tensor in backend
  * memory): a GEMM [Ns*D, 1] x [1, 1], one exact product per element. */
 static mt_status times_scalar(mt_model *m, void *y, const void *x, int pi) {
+    MT_TRY(mtm_param_open(m, pi));
     return m->be->ops->gemm(m->be, 0, 0, seq_rows(m) * m->D, 1, 1, 1.0f, x, 1, mtm_pw(m, pi), 1, m->dt, 0.0f, y, 1,
                             m->dt);
 }
@@ -298,7 +300,9 @@ static mt_status g4_q_fwd(mt_model *m, int64_t l, void *a[MT_LT_COUNT], const vo
     mt_backend *be = m->be;
     const layer_params *lp = &m->par.layer[l];
     const int64_t N = m->N, D = m->D, H = m->H, Dh = g4_dh(m, l), QD = H * Dh;
+    MT_TRY(mtm_param_open(m, lp->q));
     MT_TRY(linear_fwd(m, tmp, n1, mtm_pw(m, lp->q), N, D, QD, 0.0f));
+    MT_TRY(mtm_param_open(m, lp->q_norm));
     MT_TRY(be->ops->rmsnorm_fwd(be, a[MT_LT_QUERY_PROJ], a[MT_LT_QUERY_NORM_RSTD], tmp, mtm_pw(m, lp->q_norm), N * H, Dh,
                                 m->eps, m->w_off, m->dt));
     return be->ops->rope_fwd(be, a[MT_LT_QUERY_PROJ], mtm_rope_positions(m), mtm_layer_inv_freq(m, l), N, H, Dh, m->dt);
@@ -312,13 +316,16 @@ static mt_status g4_kv_fwd(mt_model *m, int64_t l, void *a[MT_LT_COUNT], const v
     const layer_params *lp = &m->par.layer[l];
     const int64_t N = m->N, D = m->D, Hkv = m->Hkv, Dh = g4_dh(m, l), KVD = Hkv * Dh;
     if (want_k) {
+        MT_TRY(mtm_param_open(m, lp->k));
         MT_TRY(linear_fwd(m, tmp, n1, mtm_pw(m, lp->k), N, D, KVD, 0.0f));
+        MT_TRY(mtm_param_open(m, lp->k_norm));
         MT_TRY(be->ops->rmsnorm_fwd(be, a[MT_LT_KEY_PROJ], a[MT_LT_KEY_NORM_RSTD], tmp, mtm_pw(m, lp->k_norm), N * Hkv,
                                     Dh, m->eps, m->w_off, m->dt));
         MT_TRY(be->ops->rope_fwd(be, a[MT_LT_KEY_PROJ], mtm_rope_positions(m), mtm_layer_inv_freq(m, l), N, Hkv, Dh,
                                  m->dt));
     }
     if (want_v) {
+        MT_TRY(mtm_param_open(m, lp->v));
         MT_TRY(linear_fwd(m, tmp, n1, mtm_pw(m, lp->v), N, D, KVD, 0.0f));
         MT_TRY(be->ops->rmsnorm_fwd(be, a[MT_LT_VALUE_PROJ], G4B(m, G4_VRSTD), tmp, G4B(m, G4_VZERO), N * Hkv, Dh,
                                     m->eps, 1.0f, m->dt));
@@ -332,11 +339,14 @@ static mt_status g4_ple_fwd(mt_model *m, int64_t l, void *y, void *out) {
     mt_backend *be = m->be;
     const layer_params *lp = &m->par.layer[l];
     const int64_t N = seq_rows(m), D = m->D, P = m->g4.P;
+    MT_TRY(mtm_param_open(m, lp->ple_gate));
     MT_TRY(linear_fwd(m, G4B(m, G4_PLE_A), y, mtm_pw(m, lp->ple_gate), N, D, P, 0.0f));
     MT_TRY(ple_slice(m, G4B(m, G4_PLE_B), G4B(m, G4_PLE_ALL), l));
     MT_TRY(be->ops->glu_fwd(be, G4B(m, G4_PLE_C), G4B(m, G4_PLE_A), G4B(m, G4_PLE_B), N * P, m->cfg.mlp_activation,
                             m->dt));
+    MT_TRY(mtm_param_open(m, lp->ple_proj));
     MT_TRY(linear_fwd(m, G4B(m, G4_O), G4B(m, G4_PLE_C), mtm_pw(m, lp->ple_proj), N, P, D, 0.0f));
+    MT_TRY(mtm_param_open(m, lp->ple_norm));
     MT_TRY(be->ops->rmsnorm_fwd(be, out, G4B(m, G4_RSTD), G4B(m, G4_O), mtm_pw(m, lp->ple_norm), N, D, m->eps,
                                 m->w_off, m->dt));
     return be->ops->axpy(be, y, out, 1.0f, N * D, m->dt);
@@ -362,14 +372,18 @@ mt_status mtm_g4_layer_forward(mt_model *m, int64_t l) {
     MT_TRY(mtm_cp_attention_fwd(m, l, a[MT_LT_CONTEXT], a[MT_LT_CONTEXT_LSE], a[MT_LT_QUERY_PROJ], a[MT_LT_KEY_PROJ],
                                 a[MT_LT_VALUE_PROJ]));
     MT_TRY(mtm_row_fwd(m, a[MT_LT_OUT_PROJ], a[MT_LT_CONTEXT], lp->o, QD, g4_qdg(m, l), 0.0f, tmp, NULL));
+    MT_TRY(mtm_param_open(m, lp->post_attn_norm));
     MT_TRY(be->ops->rmsnorm_fwd(be, tmp, a[MT_LT_POST_ATTN_NORM_RSTD], a[MT_LT_OUT_PROJ], mtm_pw(m, lp->post_attn_norm),
                                 Ns, D, m->eps, m->w_off, m->dt));
     /* MLP */
     MT_TRY(mtm_add_norm_gather(m, res, nrm, a[MT_LT_PRE_MLP_NORM_RSTD], x, tmp, lp->pre_mlp_norm));
+    MT_TRY(mtm_param_open(m, lp->gate));
     MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_0], nrm, mtm_pw(m, lp->gate), N, D, F, 0.0f));
+    MT_TRY(mtm_param_open(m, lp->up));
     MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_1], nrm, mtm_pw(m, lp->up), N, D, F, 0.0f));
     MT_TRY(be->ops->glu_fwd(be, glu, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
     MT_TRY(mtm_row_fwd(m, a[MT_LT_MLPWO], glu, lp->down, F, g4_fg(m, l), 0.0f, nrm, NULL));
+    MT_TRY(mtm_param_open(m, lp->post_ffw_norm));
     MT_TRY(be->ops->rmsnorm_fwd(be, tmp, a[MT_LT_POST_FFW_NORM_RSTD], a[MT_LT_MLPWO], mtm_pw(m, lp->post_ffw_norm), Ns,
                                 D, m->eps, m->w_off, m->dt));
     MT_TRY(be->ops->copy(be, y, res, ND));
@@ -414,25 +428,32 @@ static mt_status g4_ple_bwd(mt_model *m, int64_t l, void *a[MT_LT_COUNT], void *
     void *pa = G4B(m, G4_PLE_A), *pb = G4B(m, G4_PLE_B), *pc = G4B(m, G4_PLE_C);
     void *pd = G4B(m, G4_PLE_D), *pe = G4B(m, G4_PLE_E);
     /* recompute y1 = h + post_feedforward_layernorm(mlpwo), then the gate, input, product, projection */
+    MT_TRY(mtm_param_open(m, lp->post_ffw_norm));
     MT_TRY(be->ops->rmsnorm_fwd(be, d2, a[MT_LT_POST_FFW_NORM_RSTD], a[MT_LT_MLPWO], mtm_pw(m, lp->post_ffw_norm), N, D,
                                 m->eps, m->w_off, m->dt));
     MT_TRY(be->ops->copy(be, ymid, res, (size_t)(N * D) * m->es));
     MT_TRY(be->ops->axpy(be, ymid, d2, 1.0f, N * D, m->dt));
+    MT_TRY(mtm_param_open(m, lp->ple_gate));
     MT_TRY(linear_fwd(m, pa, ymid, mtm_pw(m, lp->ple_gate), N, D, P, 0.0f));
     MT_TRY(ple_slice(m, pb, G4B(m, G4_PLE_ALL), l));
     MT_TRY(be->ops->glu_fwd(be, pc, pa, pb, N * P, m->cfg.mlp_activation, m->dt));
+    MT_TRY(mtm_param_open(m, lp->ple_proj));
     MT_TRY(linear_fwd(m, o, pc, mtm_pw(m, lp->ple_proj), N, P, D, 0.0f));
+    MT_TRY(mtm_param_open(m, lp->ple_norm));
     MT_TRY(be->ops->rmsnorm_fwd(be, d2, G4B(m, G4_RSTD), o, mtm_pw(m, lp->ple_norm), N, D, m->eps, m->w_off, m->dt));
     /* backward */
     MT_TRY(be->ops->zero(be, d1, (size_t)(N * D) * m->es));
     MT_TRY(mtm_grad_open(m, lp->ple_norm));
+    MT_TRY(mtm_param_open(m, lp->ple_norm));
     MT_TRY(be->ops->rmsnorm_bwd(be, d1, mtm_gw(m, lp->ple_norm), G, o, mtm_pw(m, lp->ple_norm), G4B(m, G4_RSTD), N, D,
                                 m->w_off, m->dt));
     MT_TRY(mtm_linear_grad(m, lp->ple_proj, d1, pc, P, D));
+    MT_TRY(mtm_param_open(m, lp->ple_proj));
     MT_TRY(linear_bwd_x(m, pc, d1, mtm_pw(m, lp->ple_proj), N, P, D, 0.0f));
     MT_TRY(be->ops->glu_bwd(be, pd, pe, pc, pa, pb, N * P, m->cfg.mlp_activation, m->dt));
     MT_TRY(ple_unslice_add(m, G4B(m, G4_PLE_DALL), pe, l));
     MT_TRY(mtm_linear_grad(m, lp->ple_gate, pd, ymid, D, P));
+    MT_TRY(mtm_param_open(m, lp->ple_gate));
     return linear_bwd_x(m, G, pd, mtm_pw(m, lp->ple_gate), N, D, P, 1.0f);
 }
 
@@ -464,11 +485,18 @@ mt_status mtm_g4_layer_backward(mt_model *m, int64_t l) {
     MT_TRY(be->ops->copy(be, d1, G, ND));
     MT_TRY(times_scalar(m, G, d1, lp->scalar));
     /* recompute h and n2, then the MLP tensors not kept */
+    MT_TRY(mtm_param_open(m, lp->post_attn_norm));
     MT_TRY(be->ops->rmsnorm_fwd(be, d2, a[MT_LT_POST_ATTN_NORM_RSTD], a[MT_LT_OUT_PROJ], mtm_pw(m, lp->post_attn_norm),
                                 Ns, D, eps, off, m->dt));
     MT_TRY(mtm_add_norm_gather(m, res, nrm, a[MT_LT_PRE_MLP_NORM_RSTD], x, d2, lp->pre_mlp_norm));
-    if (g4_recompute(m, l, MT_LT_MLPWI_0)) MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_0], nrm, mtm_pw(m, lp->gate), N, D, F, 0.0f));
-    if (g4_recompute(m, l, MT_LT_MLPWI_1)) MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_1], nrm, mtm_pw(m, lp->up), N, D, F, 0.0f));
+    if (g4_recompute(m, l, MT_LT_MLPWI_0)) {
+        MT_TRY(mtm_param_open(m, lp->gate));
+        MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_0], nrm, mtm_pw(m, lp->gate), N, D, F, 0.0f));
+    }
+    if (g4_recompute(m, l, MT_LT_MLPWI_1)) {
+        MT_TRY(mtm_param_open(m, lp->up));
+        MT_TRY(linear_fwd(m, a[MT_LT_MLPWI_1], nrm, mtm_pw(m, lp->up), N, D, F, 0.0f));
+    }
     if (g4_recompute(m, l, MT_LT_MLPWO)) {
         MT_TRY(be->ops->glu_fwd(be, w0, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
         MT_TRY(mtm_row_fwd(m, a[MT_LT_MLPWO], w0, lp->down, F, g4_fg(m, l), 0.0f, d2, NULL));
@@ -480,6 +508,7 @@ mt_status mtm_g4_layer_backward(mt_model *m, int64_t l) {
     /* d(down_proj output) [N, D]: under sequence parallelism this rank's rows, all-gathered */
     MT_TRY(be->ops->zero(be, AT(m, d1, s0 * D), ND));
     MT_TRY(mtm_grad_open(m, lp->post_ffw_norm));
+    MT_TRY(mtm_param_open(m, lp->post_ffw_norm));
     MT_TRY(be->ops->rmsnorm_bwd(be, AT(m, d1, s0 * D), mtm_gw(m, lp->post_ffw_norm), G, a[MT_LT_MLPWO],
                                 mtm_pw(m, lp->post_ffw_norm), a[MT_LT_POST_FFW_NORM_RSTD], Ns, D, off, m->dt));
     mtm_sp_gather(m, d1);
@@ -491,16 +520,21 @@ mt_status mtm_g4_layer_backward(mt_model *m, int64_t l) {
     MT_TRY(be->ops->glu_bwd(be, dg, du, w0, dg, du, N * F, m->cfg.mlp_activation, m->dt));
     MT_TRY(mtm_linear_grad(m, lp->gate, dg, nrm, D, F));
     MT_TRY(mtm_linear_grad(m, lp->up, du, nrm, D, F));
-    MT_TRY(linear_bwd_x(m, d2, dg, mtm_pw(m, lp->gate), N, D, F, 0.0f));
-    MT_TRY(linear_bwd_x(m, d2, du, mtm_pw(m, lp->up), N, D, F, 1.0f));
+    /* up before gate: after down_proj's window the recomputed up_proj's is still there */
+    MT_TRY(mtm_param_open(m, lp->up));
+    MT_TRY(linear_bwd_x(m, d2, du, mtm_pw(m, lp->up), N, D, F, 0.0f));
+    MT_TRY(mtm_param_open(m, lp->gate));
+    MT_TRY(linear_bwd_x(m, d2, dg, mtm_pw(m, lp->gate), N, D, F, 1.0f));
     const void *dn2 = mtm_tp_sum_input_grad(m, d2, d1); /* column-parallel gate/up: partial sums */
     MT_TRY(mtm_grad_open(m, lp->pre_mlp_norm));
+    MT_TRY(mtm_param_open(m, lp->pre_mlp_norm));
     MT_TRY(be->ops->rmsnorm_bwd(be, G, mtm_gw(m, lp->pre_mlp_norm), dn2, res, mtm_pw(m, lp->pre_mlp_norm),
                                 a[MT_LT_PRE_MLP_NORM_RSTD], Ns, D, off, m->dt));
 
     /* ---- attention: h = x + post_attn(o_proj(attn(q, k, v))) ---- */
     MT_TRY(be->ops->zero(be, AT(m, d1, s0 * D), ND));
     MT_TRY(mtm_grad_open(m, lp->post_attn_norm));
+    MT_TRY(mtm_param_open(m, lp->post_attn_norm));
     MT_TRY(be->ops->rmsnorm_bwd(be, AT(m, d1, s0 * D), mtm_gw(m, lp->post_attn_norm), G, a[MT_LT_OUT_PROJ],
                                 mtm_pw(m, lp->post_attn_norm), a[MT_LT_POST_ATTN_NORM_RSTD], Ns, D, off, m->dt));
     mtm_sp_gather(m, d1);
@@ -519,22 +553,28 @@ mt_status mtm_g4_layer_backward(mt_model *m, int64_t l) {
     MT_TRY(be->ops->rope_bwd(be, w1, pos, inv_freq, N, H, Dh, m->dt));
     MT_TRY(mtm_norm_gather(m, nrm, a[MT_LT_INPUT_NORM_RSTD], x, lp->in_norm)); /* recompute n1 */
     /* q: through q_norm to q_proj */
+    MT_TRY(mtm_param_open(m, lp->q));
     MT_TRY(linear_fwd(m, w0, nrm, mtm_pw(m, lp->q), N, D, QD, 0.0f));
     MT_TRY(be->ops->zero(be, w4, (size_t)(N * QD) * m->es));
     MT_TRY(mtm_grad_open(m, lp->q_norm));
+    MT_TRY(mtm_param_open(m, lp->q_norm));
     MT_TRY(be->ops->rmsnorm_bwd(be, w4, mtm_gw(m, lp->q_norm), w1, w0, mtm_pw(m, lp->q_norm), a[MT_LT_QUERY_NORM_RSTD],
                                 N * H, Dh, off, m->dt));
     MT_TRY(mtm_linear_grad(m, lp->q, w4, nrm, D, QD));
+    MT_TRY(mtm_param_open(m, lp->q));
     MT_TRY(linear_bwd_x(m, d2, w4, mtm_pw(m, lp->q), N, D, QD, 0.0f));
     if (donor < 0) {
         /* k: RoPE, k_norm, k_proj */
         MT_TRY(be->ops->rope_bwd(be, w2, pos, inv_freq, N, Hkv, Dh, m->dt));
+        MT_TRY(mtm_param_open(m, lp->k));
         MT_TRY(linear_fwd(m, w0, nrm, mtm_pw(m, lp->k), N, D, KVD, 0.0f));
         MT_TRY(be->ops->zero(be, w1, (size_t)(N * KVD) * m->es));
         MT_TRY(mtm_grad_open(m, lp->k_norm));
+        MT_TRY(mtm_param_open(m, lp->k_norm));
         MT_TRY(be->ops->rmsnorm_bwd(be, w1, mtm_gw(m, lp->k_norm), w2, w0, mtm_pw(m, lp->k_norm),
                                     a[MT_LT_KEY_NORM_RSTD], N * Hkv, Dh, off, m->dt));
         /* v: v_norm (statistics recomputed; its weightless scale's gradient discarded), v_proj */
+        MT_TRY(mtm_param_open(m, lp->v));
         MT_TRY(linear_fwd(m, w0, nrm, mtm_pw(m, lp->v), N, D, KVD, 0.0f));
         MT_TRY(be->ops->rmsnorm_fwd(be, w2, G4B(m, G4_VRSTD), w0, G4B(m, G4_VZERO), N * Hkv, Dh, eps, 1.0f, m->dt));
         MT_TRY(be->ops->zero(be, w2, (size_t)(N * KVD) * m->es));
@@ -543,11 +583,14 @@ mt_status mtm_g4_layer_backward(mt_model *m, int64_t l) {
                                     1.0f, m->dt));
         MT_TRY(mtm_linear_grad(m, lp->k, w1, nrm, D, KVD));
         MT_TRY(mtm_linear_grad(m, lp->v, w2, nrm, D, KVD));
+        MT_TRY(mtm_param_open(m, lp->k));
         MT_TRY(linear_bwd_x(m, d2, w1, mtm_pw(m, lp->k), N, D, KVD, 1.0f));
+        MT_TRY(mtm_param_open(m, lp->v));
         MT_TRY(linear_bwd_x(m, d2, w2, mtm_pw(m, lp->v), N, D, KVD, 1.0f));
     }
     const void *dn1 = mtm_tp_sum_input_grad(m, d2, d1); /* column-parallel q/k/v: partial sums */
     MT_TRY(mtm_grad_open(m, lp->in_norm));
+    MT_TRY(mtm_param_open(m, lp->in_norm));
     return be->ops->rmsnorm_bwd(be, G, mtm_gw(m, lp->in_norm), dn1, x, mtm_pw(m, lp->in_norm), a[MT_LT_INPUT_NORM_RSTD],
                                 Ns, D, off, m->dt);
 }
@@ -559,4 +602,95 @@ void mtm_g4_layer_recomputes(const mt_model *m, int64_t l, int *norm_gathers, in
                     (own && g4_recompute(m, l, MT_LT_VALUE_PROJ));
     *row_fwds = g4_recompute(m, l, MT_LT_OUT_PROJ) + g4_recompute(m, l, MT_LT_MLPWO);
     *context = g4_recompute(m, l, MT_LT_CONTEXT);
+}
+
+/* Mirrors mtm_g4_layer_forward and mtm_g4_layer_backward above (g4_q_fwd, g4_kv_fwd,
+ * g4_ple_fwd, g4_recompute_attn, g4_ple_bwd, times_scalar): each mtm_param_open in
+ * order (as mtm_layer_param_order for the Llama family; checked against the code at
+ * every open). A KV-sharing layer has no k / v / k_norm of its own. */
+int mtm_g4_layer_param_order(const mt_model *m, int64_t l, int backward, int *out) {
+    const layer_params *lp = &m->par.layer[l];
+    const int own = mt_model_layer_kv_donor(&m->cfg, l) < 0, ple = m->g4.P > 0;
+    int n = 0;
+#define OPEN(i) \
+    do { \
+        assert(n < MTM_LAYER_OPENS_MAX); \
+        if (n == 0 || out[n - 1] != (i)) out[n++] = (i); \
+    } while (0)
+    if (!backward) {
+        OPEN(lp->in_norm);
+        OPEN(lp->q);
+        OPEN(lp->q_norm);
+        if (own) {
+            OPEN(lp->k);
+            OPEN(lp->k_norm);
+            OPEN(lp->v);
+        }
+        OPEN(lp->o);
+        OPEN(lp->post_attn_norm);
+        OPEN(lp->pre_mlp_norm);
+        OPEN(lp->gate);
+        OPEN(lp->up);
+        OPEN(lp->down);
+        OPEN(lp->post_ffw_norm);
+        if (ple) {
+            OPEN(lp->ple_gate);
+            OPEN(lp->ple_proj);
+            OPEN(lp->ple_norm);
+        }
+        OPEN(lp->scalar);
+        return n;
+    }
+    /* g4_recompute_attn */
+    const int rq = g4_recompute(m, l, MT_LT_QUERY_PROJ);
+    const int rk = own && g4_recompute(m, l, MT_LT_KEY_PROJ), rv = own && g4_recompute(m, l, MT_LT_VALUE_PROJ);
+    if (rq || rk || rv) OPEN(lp->in_norm);
+    if (rq) {
+        OPEN(lp->q);
+        OPEN(lp->q_norm);
+    }
+    if (rk) {
+        OPEN(lp->k);
+        OPEN(lp->k_norm);
+    }
+    if (rv) OPEN(lp->v);
+    if (g4_recompute(m, l, MT_LT_OUT_PROJ)) OPEN(lp->o);
+    OPEN(lp->scalar);
+    /* h, n2 and the MLP's recompute */
+    OPEN(lp->post_attn_norm);
+    OPEN(lp->pre_mlp_norm);
+    if (g4_recompute(m, l, MT_LT_MLPWI_0)) OPEN(lp->gate);
+    if (g4_recompute(m, l, MT_LT_MLPWI_1)) OPEN(lp->up);
+    if (g4_recompute(m, l, MT_LT_MLPWO)) OPEN(lp->down);
+    if (ple) { /* g4_ple_bwd */
+        OPEN(lp->post_ffw_norm);
+        OPEN(lp->ple_gate);
+        OPEN(lp->ple_proj);
+        OPEN(lp->ple_norm);
+        OPEN(lp->ple_proj);
+        OPEN(lp->ple_gate);
+    }
+    /* the MLP */
+    OPEN(lp->post_ffw_norm);
+    OPEN(lp->down);
+    OPEN(lp->up);
+    OPEN(lp->gate);
+    OPEN(lp->pre_mlp_norm);
+    /* the attention */
+    OPEN(lp->post_attn_norm);
+    OPEN(lp->o);
+    OPEN(lp->in_norm);
+    OPEN(lp->q);
+    OPEN(lp->q_norm);
+    OPEN(lp->q);
+    if (own) {
+        OPEN(lp->k);
+        OPEN(lp->k_norm);
+        OPEN(lp->v);
+        OPEN(lp->k);
+        OPEN(lp->v);
+    }
+    OPEN(lp->in_norm);
+#undef OPEN
+    return n;
 }

@@ -630,10 +630,10 @@ mt_status MT_MUST_CHECK mtm_layer_backward(mt_model *m, int64_t l);
  * (mtm_param_open) before reading them, in that order, a parameter opened twice in a
  * row listed once; the backward's depend on the remat policy (what it recomputes).
  * Writes at most MTM_LAYER_OPENS_MAX entries to out (asserted) and returns their
- * count. The Llama family's layers (param_window_unit=weight is refused for gemma4:
- * model.c). */
+ * count. Dispatches to mtm_g4_layer_param_order (model_gemma4.c) for gemma4. */
 #define MTM_LAYER_OPENS_MAX 48
 int mtm_layer_param_order(const mt_model *m, int64_t l, int backward, int *out);
+int mtm_g4_layer_param_order(const mt_model *m, int64_t l, int backward, int *out);
 /* What layer l's backward recomputes that communicates (model_shard.c counts the
  * bytes): *norm_gathers, the input norm gathered again for q/k/v (sequence
  * parallelism: an all-gather of N x D); *row_fwds, the row-parallel out_proj / mlpwo

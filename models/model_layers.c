@@ -379,6 +379,7 @@ mt_status mtm_layer_backward(mt_model *m, int64_t l) {
  * against this list, so a change to the layer code that opens differently fails at
  * its first run with param_window_unit=weight (tests/test_mpi_layouts.sh). */
 int mtm_layer_param_order(const mt_model *m, int64_t l, int backward, int *out) {
+    if (m->g4.on) return mtm_g4_layer_param_order(m, l, backward, out);
     const layer_params *lp = &m->par.layer[l];
     const mt_model_config *c = &m->cfg;
     int n = 0;

@@ -108,17 +108,13 @@ expect_bad "gemma4: every layer shares KV" "num_kv_shared_layers=35" -- train "$
 expect_bad "gemma4: a global layer without a donor" "num_kv_shared_layers=34" "no earlier global layer" -- \
     train "$run" model_name=gemma4-e2b num_kv_shared_layers=34
 expect_bad "gemma4 key on llama" "global_head_dim=64" "gemma4 key" -- train "$run" global_head_dim=64
-# parameter windows of a weight: an unknown unit; gemma4 (its layers read a layer's window)
+# parameter windows of a weight: an unknown unit
 expect_bad "param_window_unit unknown" "param_window_unit" "weights" "layer" -- plan "$run" param_window_unit=weights
 expect_bad "grad_window_chunks negative" "grad_window_chunks" "-1" -- plan "$run" grad_window_chunks=-1
 expect_bad "grad_window_chunks above the rows" "grad_window_chunks=1000000000000" "rows" -- plan "$run" \
     num_devices=2 ici_fsdp_parallelism=2 grad_window_chunks=1000000000000
-expect_bad "param_window_unit=weight on gemma4, one device" "param_window_unit=weight" "gemma4" -- plan "$run" \
-    model_name=gemma4-e2b param_window_unit=weight
 expect_bad "grad_window_chunks with a tensor axis" "grad_window_chunks=2" "ici_tensor_parallelism" -- plan "$run" \
     num_devices=2 ici_tensor_parallelism=2 grad_window_chunks=2
-expect_bad "param_window_unit=weight on gemma4" "param_window_unit=weight" "gemma4" -- plan "$run" \
-    model_name=gemma4-e2b num_devices=8 ici_fsdp_parallelism=8 param_window_unit=weight
 # gemma4 values that no Gemma 4 has: a local/global period of 0 (every layer global with
 # the window set), a RoPE scaling its config.json cannot hold (plan: an accepted one
 # would not allocate E2B's 70 GiB here)

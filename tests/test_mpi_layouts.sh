@@ -193,6 +193,16 @@ done
 layout fsdp2_gemma4 ref_b4_g4 2 model_name=tinyg4 per_device_batch_size=2 num_vocab_tiling=4 ici_fsdp_parallelism=2
 layout fsdp2_gwc2_gemma4 ref_b4_g4 2 model_name=tinyg4 per_device_batch_size=2 num_vocab_tiling=4 \
     ici_fsdp_parallelism=2 grad_window_chunks=2 remat_policy=full
+# weight windows on gemma4's layers (their own open order, models/model_gemma4.c
+# mtm_g4_layer_param_order: layers of three sizes, KV sharing, per-layer inputs): bitwise
+# the layer windows, and with full remat (a donor's released K/V recomputed) against one
+# process; each rank's bytes against the formula
+layout fsdp2_gemma4_weight ref_b4_g4 2 model_name=tinyg4 per_device_batch_size=2 num_vocab_tiling=4 \
+    ici_fsdp_parallelism=2 param_window_unit=weight
+"$tool" compare "$tmp/fsdp2_gemma4" "$tmp/fsdp2_gemma4_weight" 0 > "$tmp/weight_g4.cmp" 2>&1 ||
+    { fail "gemma4 fsdp2 with weight windows is not bitwise layer windows"; cat "$tmp/weight_g4.cmp"; }
+layout fsdp2_gemma4_weight_full ref_b4_g4 2 model_name=tinyg4 per_device_batch_size=2 num_vocab_tiling=4 \
+    ici_fsdp_parallelism=2 param_window_unit=weight remat_policy=full
 layout fsdp4_gemma4 ref_b4_g4 4 model_name=tinyg4 per_device_batch_size=1 num_vocab_tiling=4 ici_fsdp_parallelism=4
 layout fsdp2_chunks4_gemma4 ref_b4_g4 2 model_name=tinyg4 per_device_batch_size=2 num_vocab_tiling=4 \
     ici_fsdp_parallelism=2 num_vocab_chunks=4

@@ -180,8 +180,7 @@ static const mt_config_key mt_keys[] = {
               "weight each (the largest parameter's size, ~1/4 of a Llama layer's: for llama3.1-405b in bf16 "
               "the two windows are 3.49 GB instead of 12.7 GB per device), gathered in the order the layer "
               "reads them, so with remat the backward gathers some again (llama3.1-405b on fsdp 1024 with "
-              "remat_policy=full: +11.6% of the step's collective bytes; more with few layers); "
-              "Llama-family decoders (not gemma4)"),
+              "remat_policy=full: +11.6% of the step's collective bytes; more with few layers)"),
     RKEY_INT(grad_window_chunks, "1", 0,
              "where layer gradients go to a gradient sink (fsdp, ZeRO-1) one parameter at a time, each weight's "
              "fp32 gradient in this many row blocks, each reduce-scattered on its own, so the gradient window is "
