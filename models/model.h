@@ -193,9 +193,8 @@ mt_status mt_model_check_dtype_layout(const mt_model_layout *lay);
  * tensor axis (the loss is vocabulary-parallel there), grad_window_chunks < 0, or > 1
  * with a tensor axis (a tensor rank writes a slice of each weight's rows or columns,
  * not row blocks), or above the rows of the largest layer weight (a block is at least
- * a row). Checked
- * by mt_model_create and, before any plan, by the trainer's layout check (so the
- * estimator's mesh search counts such layouts as refused). Errors: MT_ERR_INVALID
+ * a row). Checked by mt_model_create and, before any plan, by the trainer's layout
+ * check (so the estimator's mesh search counts such layouts as refused). Errors: MT_ERR_INVALID
  * (negative or too many chunks), MT_ERR_UNSUPPORTED (the combinations). */
 mt_status mt_model_check_memory_layout(const mt_model_config *cfg, const mt_model_layout *lay);
 

@@ -46,8 +46,9 @@
  * layer_scalar (no gradient) as zeros (model_windows.c); the
  * per-layer-input globals have their own window (G4_GWIN_PLE, ple_gw), fp32, for the
  * embedding's backward phase. Parameter windows (fsdp, parameter offload): the layer
- * windows are the largest layer's, and the per-layer-input globals, which the global window does not
- * hold, have their own (G4_PWIN_PLE, ple_pw), all-gathered or copied once per forward
+ * windows are the largest layer's (with param_window_unit=weight a segment each, opened
+ * in the order of mtm_g4_layer_param_order), and the per-layer-input globals, which the
+ * global window does not hold, have their own (G4_PWIN_PLE, ple_pw), all-gathered or copied once per forward
  * and kept until their backward. Whole, both would hold the per-layer embedding table
  * V x L x P (E2B: 2.35G elements, 4.7 GB in bf16, 9.4 GB as the fp32 gradient). When
  * the vocabulary comes in chunks (model_loss.c) the table does too, in vc.ple_C chunks
@@ -447,12 +448,12 @@ static mt_status g4_ple_bwd(mt_model *m, int64_t l, void *a[MT_LT_COUNT], void *
     MT_TRY(mtm_param_open(m, lp->ple_norm));
     MT_TRY(be->ops->rmsnorm_bwd(be, d1, mtm_gw(m, lp->ple_norm), G, o, mtm_pw(m, lp->ple_norm), G4B(m, G4_RSTD), N, D,
                                 m->w_off, m->dt));
-    MT_TRY(mtm_linear_grad(m, lp->ple_proj, d1, pc, P, D));
+    MT_TRY(mtm_linear_grad(m, lp->ple_proj, d1, pc, N, P, D));
     MT_TRY(mtm_param_open(m, lp->ple_proj));
     MT_TRY(linear_bwd_x(m, pc, d1, mtm_pw(m, lp->ple_proj), N, P, D, 0.0f));
     MT_TRY(be->ops->glu_bwd(be, pd, pe, pc, pa, pb, N * P, m->cfg.mlp_activation, m->dt));
     MT_TRY(ple_unslice_add(m, G4B(m, G4_PLE_DALL), pe, l));
-    MT_TRY(mtm_linear_grad(m, lp->ple_gate, pd, ymid, D, P));
+    MT_TRY(mtm_linear_grad(m, lp->ple_gate, pd, ymid, N, D, P));
     MT_TRY(mtm_param_open(m, lp->ple_gate));
     return linear_bwd_x(m, G, pd, mtm_pw(m, lp->ple_gate), N, D, P, 1.0f);
 }
@@ -518,8 +519,8 @@ mt_status mtm_g4_layer_backward(mt_model *m, int64_t l) {
     /* dg, du in place of g, u: this is their last use (ops.h glu_bwd allows it) */
     void *dg = a[MT_LT_MLPWI_0], *du = a[MT_LT_MLPWI_1];
     MT_TRY(be->ops->glu_bwd(be, dg, du, w0, dg, du, N * F, m->cfg.mlp_activation, m->dt));
-    MT_TRY(mtm_linear_grad(m, lp->gate, dg, nrm, D, F));
-    MT_TRY(mtm_linear_grad(m, lp->up, du, nrm, D, F));
+    MT_TRY(mtm_linear_grad(m, lp->gate, dg, nrm, N, D, F));
+    MT_TRY(mtm_linear_grad(m, lp->up, du, nrm, N, D, F));
     /* up before gate: after down_proj's window the recomputed up_proj's is still there */
     MT_TRY(mtm_param_open(m, lp->up));
     MT_TRY(linear_bwd_x(m, d2, du, mtm_pw(m, lp->up), N, D, F, 0.0f));
@@ -560,7 +561,7 @@ mt_status mtm_g4_layer_backward(mt_model *m, int64_t l) {
     MT_TRY(mtm_param_open(m, lp->q_norm));
     MT_TRY(be->ops->rmsnorm_bwd(be, w4, mtm_gw(m, lp->q_norm), w1, w0, mtm_pw(m, lp->q_norm), a[MT_LT_QUERY_NORM_RSTD],
                                 N * H, Dh, off, m->dt));
-    MT_TRY(mtm_linear_grad(m, lp->q, w4, nrm, D, QD));
+    MT_TRY(mtm_linear_grad(m, lp->q, w4, nrm, N, D, QD));
     MT_TRY(mtm_param_open(m, lp->q));
     MT_TRY(linear_bwd_x(m, d2, w4, mtm_pw(m, lp->q), N, D, QD, 0.0f));
     if (donor < 0) {
@@ -581,8 +582,8 @@ mt_status mtm_g4_layer_backward(mt_model *m, int64_t l) {
         MT_TRY(be->ops->zero(be, G4B(m, G4_VDW), (size_t)m->Dh * sizeof(float)));
         MT_TRY(be->ops->rmsnorm_bwd(be, w2, G4B(m, G4_VDW), w3, w0, G4B(m, G4_VZERO), G4B(m, G4_VRSTD), N * Hkv, Dh,
                                     1.0f, m->dt));
-        MT_TRY(mtm_linear_grad(m, lp->k, w1, nrm, D, KVD));
-        MT_TRY(mtm_linear_grad(m, lp->v, w2, nrm, D, KVD));
+        MT_TRY(mtm_linear_grad(m, lp->k, w1, nrm, N, D, KVD));
+        MT_TRY(mtm_linear_grad(m, lp->v, w2, nrm, N, D, KVD));
         MT_TRY(mtm_param_open(m, lp->k));
         MT_TRY(linear_bwd_x(m, d2, w1, mtm_pw(m, lp->k), N, D, KVD, 1.0f));
         MT_TRY(mtm_param_open(m, lp->v));

@@ -507,18 +507,19 @@ int64_t mtm_grad_block_rows(const mt_model *m, int i);
  * row block); >= 1. */
 int64_t mtm_grad_window_numel(const mt_model *m);
 /* dW_i[rows, cols] (fp32, row stride ldw) += dy[N, rows]^T x[N, cols] (dy, x of m->dt;
- * lda: dy's row stride), the weight gradient of a linear layer, through the gradient
+ * lda: dy's row stride; N the rows of dy and x: the micro-batch's, or under sequence
+ * parallelism a residual-row slice's), the weight gradient of a linear layer, through the gradient
  * windows: with a sink and grad_window_chunks k > 1 in blocks of mtm_grad_block_rows
  * rows (ldw == cols: no tensor axis there), each handed over when the next opens (dy's
  * columns r0 .. r1 - 1 make rows r0 .. r1 - 1 of dW); else into mtm_grad_open(m, i)'s
  * window (or the full buffer) at its tensor-parallel offset. Errors: as mtm_grad_open,
  * the backend's gemm. */
-mt_status MT_MUST_CHECK mtm_weight_grad(mt_model *m, int i, const void *dy, int64_t lda, const void *x, int64_t rows,
-                                        int64_t cols, int64_t ldw);
+mt_status MT_MUST_CHECK mtm_weight_grad(mt_model *m, int i, const void *dy, int64_t lda, const void *x, int64_t N,
+                                        int64_t rows, int64_t cols, int64_t ldw);
 /* linear_bwd_w into layer weight i's gradient windows: dW[out, in] += dy[N, out]^T x[N, in] */
-static inline mt_status MT_MUST_CHECK mtm_linear_grad(mt_model *m, int i, const void *dy, const void *x, int64_t in,
-                                                      int64_t out) {
-    return mtm_weight_grad(m, i, dy, out, x, out, in, in);
+static inline mt_status MT_MUST_CHECK mtm_linear_grad(mt_model *m, int i, const void *dy, const void *x, int64_t N,
+                                                      int64_t in, int64_t out) {
+    return mtm_weight_grad(m, i, dy, out, x, N, out, in, in);
 }
 /* Gradient sink, around the backward of layer l: begin (nothing open) and end, given
  * the backward's status: when it is MT_OK, hand the open parameter over, then every

@@ -303,8 +303,8 @@ mt_status mtm_layer_backward(mt_model *m, int64_t l) {
     /* dg, du in place of g, u: this is their last use (ops.h glu_bwd allows it) */
     void *dg = a[MT_LT_MLPWI_0], *du = a[MT_LT_MLPWI_1];
     MT_TRY(be->ops->glu_bwd(be, dg, du, w0, dg, du, N * F, m->cfg.mlp_activation, m->dt));
-    MT_TRY(mtm_linear_grad(m, lp->gate, dg, nrm, D, F));
-    MT_TRY(mtm_linear_grad(m, lp->up, du, nrm, D, F));
+    MT_TRY(mtm_linear_grad(m, lp->gate, dg, nrm, N, D, F));
+    MT_TRY(mtm_linear_grad(m, lp->up, du, nrm, N, D, F));
     /* up before gate: after down_proj's window the recomputed up_proj's is still there */
     MT_TRY(mtm_param_open(m, lp->up));
     MT_TRY(linear_bwd_x(m, d2, du, mtm_pw(m, lp->up), N, D, F, 0.0f));
@@ -357,9 +357,9 @@ mt_status mtm_layer_backward(mt_model *m, int64_t l) {
         dq = w4;
         dk = w1;
     }
-    MT_TRY(mtm_linear_grad(m, lp->q, dq, nrm, D, QD));
-    MT_TRY(mtm_linear_grad(m, lp->k, dk, nrm, D, KVD));
-    MT_TRY(mtm_linear_grad(m, lp->v, dv, nrm, D, KVD));
+    MT_TRY(mtm_linear_grad(m, lp->q, dq, nrm, N, D, QD));
+    MT_TRY(mtm_linear_grad(m, lp->k, dk, nrm, N, D, KVD));
+    MT_TRY(mtm_linear_grad(m, lp->v, dv, nrm, N, D, KVD));
     MT_TRY(mtm_param_open(m, lp->q));
     MT_TRY(linear_bwd_x(m, d2, dq, mtm_pw(m, lp->q), N, D, QD, 0.0f));
     MT_TRY(mtm_param_open(m, lp->k));

@@ -560,10 +560,10 @@ mt_status mt_model_add_to_plan(mt_model *m, mt_plan *plan) {
     if (!m || !plan) return mt_set_error(MT_ERR_INVALID, "mt_model_add_to_plan: NULL argument");
     mtm_vocab_resolve(m); /* the gradient sink (and decoding) is known now */
     if (m->dec.on) return mtm_decode_add_to_plan(m, plan);
-    MT_TRY(mtm_weight_orders(m)); /* the remat policy is known now */
     MT_TRY(add_weights(m, plan));
     MT_TRY(add_inputs(m, plan));
     MT_TRY(add_saved(m, plan));
+    MT_TRY(mtm_weight_orders(m)); /* what the backward recomputes is known now (gemma4: plan.lid too) */
     MT_TRY(add_loss_buffers(m, plan));
     MT_TRY(add_scratch(m, plan));
     MT_TRY(add_remat_scratch(m, plan));

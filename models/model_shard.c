@@ -154,7 +154,7 @@ mt_status mtm_row_fwd(mt_model *m, void *y, const void *x, int pi, int64_t in_l,
  * sink, into the window mtm_grad_open opens for pi here */
 mt_status mtm_row_bwd_w(mt_model *m, int pi, const void *dy, const void *x, int64_t in_l,
                                          int64_t ldw) {
-    return mtm_weight_grad(m, pi, dy, m->D, x, m->D, in_l, ldw);
+    return mtm_weight_grad(m, pi, dy, m->D, x, m->N, m->D, in_l, ldw);
 }
 /* dx[N, in_l] = dy[N, D] W_slice + beta dx */
 mt_status mtm_row_bwd_x(mt_model *m, void *dx, const void *dy, int pi, int64_t in_l, int64_t ldw,

@@ -380,19 +380,19 @@ mt_status mtm_grad_open(mt_model *m, int i) {
     return grad_open_rows(m, i, 0, m->par.info[i].ndim == 2 ? m->par.info[i].shape[0] : 1);
 }
 
-mt_status mtm_weight_grad(mt_model *m, int i, const void *dy, int64_t lda, const void *x, int64_t rows,
+mt_status mtm_weight_grad(mt_model *m, int i, const void *dy, int64_t lda, const void *x, int64_t N, int64_t rows,
                           int64_t cols, int64_t ldw) {
     const int64_t R = mtm_grad_block_rows(m, i);
     if (R >= rows || !m->sink.fn || m->par.layer_of[i] < 0) { /* whole */
         MT_TRY(mtm_grad_open(m, i));
-        return m->be->ops->gemm(m->be, 1, 0, rows, cols, m->N, 1.0f, dy, lda, x, cols, m->dt, 1.0f, mtm_gw(m, i),
+        return m->be->ops->gemm(m->be, 1, 0, rows, cols, N, 1.0f, dy, lda, x, cols, m->dt, 1.0f, mtm_gw(m, i),
                                 ldw, MT_F32);
     }
     assert(ldw == cols); /* blocks: tensor parallelism is refused (model.c), so no slice offset or stride */
     for (int64_t r0 = 0; r0 < rows; r0 += R) {
         const int64_t r1 = r0 + R < rows ? r0 + R : rows;
         MT_TRY(grad_open_rows(m, i, r0, r1));
-        MT_TRY(m->be->ops->gemm(m->be, 1, 0, r1 - r0, cols, m->N, 1.0f, AT(m, dy, r0), lda, x, cols, m->dt, 1.0f,
+        MT_TRY(m->be->ops->gemm(m->be, 1, 0, r1 - r0, cols, N, 1.0f, AT(m, dy, r0), lda, x, cols, m->dt, 1.0f,
                                 m->sink.open_win, ldw, MT_F32));
     }
     return MT_OK;

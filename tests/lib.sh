@@ -141,6 +141,10 @@ mt_finish() {
 }
 
 mt_mpi_env() {
+    # MT_CPU_POISON: the CPU backend fills every allocation with NaN bytes (kernels/cpu/
+    # cpu_backend.c), as the CUDA emulator does device memory, so that a buffer read before
+    # it is written shows (fresh pages read as zeros: a row range past a slice's end did)
+    export MT_CPU_POISON=1
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
     export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_rmaps_base_oversubscribe=1
 }

@@ -203,6 +203,20 @@ layout fsdp2_gemma4_weight ref_b4_g4 2 model_name=tinyg4 per_device_batch_size=2
     { fail "gemma4 fsdp2 with weight windows is not bitwise layer windows"; cat "$tmp/weight_g4.cmp"; }
 layout fsdp2_gemma4_weight_full ref_b4_g4 2 model_name=tinyg4 per_device_batch_size=2 num_vocab_tiling=4 \
     ici_fsdp_parallelism=2 param_window_unit=weight remat_policy=full
+# ... and they were weight windows: more gathers than fsdp2_gwc2_gemma4's layer windows (the
+# same full remat; gradient blocks change no byte count)
+read -r bl _ < "$tmp/fsdp2_gwc2_gemma4/bytes.0.txt"
+read -r bw _ < "$tmp/fsdp2_gemma4_weight_full/bytes.0.txt"
+[ "$bw" -gt "$bl" ] 2>/dev/null || fail "gemma4 full remat: weight windows sent $bw bytes, layer windows $bl (not more)"
+if [ "$backend" = cpu ]; then # partial remat, tensor x sequence parallel, offload alone (a copy at each open)
+    layout fsdp2_gemma4_weight_sdem ref_b4_g4 2 model_name=tinyg4 per_device_batch_size=2 num_vocab_tiling=4 \
+        ici_fsdp_parallelism=2 param_window_unit=weight remat_policy=save_dot_except_mlp
+    layout fsdp2xtp2_sp_gemma4_weight ref_b4_g4 4 model_name=tinyg4 per_device_batch_size=2 num_vocab_tiling=4 \
+        ici_fsdp_parallelism=2 ici_tensor_parallelism=2 tensor_sequence_parallelism=true param_window_unit=weight \
+        remat_policy=full
+    layout param_offload_gemma4_weight ref_b4_g4 1 model_name=tinyg4 per_device_batch_size=4 num_vocab_tiling=4 \
+        parameter_memory_host_offload=true param_window_unit=weight remat_policy=full
+fi
 layout fsdp4_gemma4 ref_b4_g4 4 model_name=tinyg4 per_device_batch_size=1 num_vocab_tiling=4 ici_fsdp_parallelism=4
 layout fsdp2_chunks4_gemma4 ref_b4_g4 2 model_name=tinyg4 per_device_batch_size=2 num_vocab_tiling=4 \
     ici_fsdp_parallelism=2 num_vocab_chunks=4

@@ -194,7 +194,9 @@ static void plan_table(const mt_train_config *cfg, const mt_memory_report *r, co
     printf("  %-44s %27s %27s\n", "device buffers, bytes", col, "all entries (any phase)");
     const size_t ssl = saved_sum(rl), sst = saved_sum(rt), sl = rows_sum(rl), stt = rows_sum(rt);
     print_bytes_row("parameters", &rl->params, &rt->params,
-                    cfg->parameter_memory_host_offload ? "(layer window; rest on host)" : "");
+                    cfg->parameter_memory_host_offload
+                        ? (cfg->param_window_unit ? "(weight windows; rest on host)" : "(layer windows; rest on host)")
+                        : "");
     print_bytes_row("gradients and accumulators", &rl->grads, &rt->grads, "");
     print_bytes_row("optimizer (AdamW m, v, segments)", &rl->optimizer, &rt->optimizer, "");
     print_bytes_row("saved activations", &ssl, &sst, "");

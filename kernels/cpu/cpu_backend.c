@@ -25,6 +25,11 @@ mt_status mt_cpu_alloc(mt_backend *be, size_t bytes, void **out) {
     if (rounded == 0) rounded = MT_CPU_ALIGN;
     *out = aligned_alloc(MT_CPU_ALIGN, rounded);
     if (!*out) return mt_set_error(MT_ERR_OOM, "cpu: out of memory allocating %zu bytes", bytes);
+    /* MT_CPU_POISON=1 (the tests): every byte 0xFF, a NaN in fp32 and bf16, so that a
+     * buffer read before it is written shows in the results (the CUDA emulator's device
+     * memory is poisoned the same way); fresh pages would read as zeros otherwise */
+    const char *poison = getenv("MT_CPU_POISON");
+    if (poison && poison[0] == '1') memset(*out, 0xFF, rounded);
     return MT_OK;
 }
 
