@@ -513,19 +513,7 @@ mt_status mtm_g4_layer_backward(mt_model *m, int64_t l) {
     MT_TRY(be->ops->rmsnorm_bwd(be, AT(m, d1, s0 * D), mtm_gw(m, lp->post_ffw_norm), G, a[MT_LT_MLPWO],
                                 mtm_pw(m, lp->post_ffw_norm), a[MT_LT_POST_FFW_NORM_RSTD], Ns, D, off, m->dt));
     mtm_sp_gather(m, d1);
-    MT_TRY(be->ops->glu_fwd(be, w0, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
-    MT_TRY(mtm_row_bwd_w(m, lp->down, d1, w0, F, g4_fg(m, l)));
-    MT_TRY(mtm_row_bwd_x(m, w0, d1, lp->down, F, g4_fg(m, l), 0.0f));
-    /* dg, du in place of g, u: this is their last use (ops.h glu_bwd allows it) */
-    void *dg = a[MT_LT_MLPWI_0], *du = a[MT_LT_MLPWI_1];
-    MT_TRY(be->ops->glu_bwd(be, dg, du, w0, dg, du, N * F, m->cfg.mlp_activation, m->dt));
-    MT_TRY(mtm_linear_grad(m, lp->gate, dg, nrm, N, D, F));
-    MT_TRY(mtm_linear_grad(m, lp->up, du, nrm, N, D, F));
-    /* up before gate: after down_proj's window the recomputed up_proj's is still there */
-    MT_TRY(mtm_param_open(m, lp->up));
-    MT_TRY(linear_bwd_x(m, d2, du, mtm_pw(m, lp->up), N, D, F, 0.0f));
-    MT_TRY(mtm_param_open(m, lp->gate));
-    MT_TRY(linear_bwd_x(m, d2, dg, mtm_pw(m, lp->gate), N, D, F, 1.0f));
+    MT_TRY(mtm_mlp_backward(m, l, a, d1, nrm, w0, d2, F, g4_fg(m, l)));
     const void *dn2 = mtm_tp_sum_input_grad(m, d2, d1); /* column-parallel gate/up: partial sums */
     MT_TRY(mtm_grad_open(m, lp->pre_mlp_norm));
     MT_TRY(mtm_param_open(m, lp->pre_mlp_norm));
@@ -613,11 +601,7 @@ int mtm_g4_layer_param_order(const mt_model *m, int64_t l, int backward, int *ou
     const layer_params *lp = &m->par.layer[l];
     const int own = mt_model_layer_kv_donor(&m->cfg, l) < 0, ple = m->g4.P > 0;
     int n = 0;
-#define OPEN(i) \
-    do { \
-        assert(n < MTM_LAYER_OPENS_MAX); \
-        if (n == 0 || out[n - 1] != (i)) out[n++] = (i); \
-    } while (0)
+#define OPEN(i) mtm_order_push(out, &n, (i))
     if (!backward) {
         OPEN(lp->in_norm);
         OPEN(lp->q);

@@ -19,6 +19,7 @@
 #ifndef MT_MODELS_MODEL_INTERNAL_H
 #define MT_MODELS_MODEL_INTERNAL_H
 
+#include <assert.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -627,6 +628,15 @@ int mtm_la_is_remat(const mt_model *m, int j);
 size_t mtm_bwd_attn_parts(const mt_model *m, int64_t QD, int64_t KVD, void *w[MTM_BWD_ATTN_PARTS]);
 mt_status MT_MUST_CHECK mtm_layer_forward(mt_model *m, int64_t l);
 mt_status MT_MUST_CHECK mtm_layer_backward(mt_model *m, int64_t l);
+/* The GLU MLP's backward in layer l's backward (both families): from dmlp [N, D] =
+ * d(down_proj output), act(g) u recomputed into w0 [N, F], down_proj's gradient and
+ * d(act(g) u) into w0, then dg, du written over a[MLPWI_0], a[MLPWI_1] (their last use),
+ * gate_proj's and up_proj's gradients, and d2 [N, D] = d(normed input) from up then gate
+ * (column-parallel: a partial sum the caller reduces). nrm: the normed input [N, D]; F,
+ * Fg: this rank's and the whole MLP width (row stride of down_proj). Activation dtype
+ * m->dt. Errors: the backend's, the gradient and parameter windows'. */
+mt_status MT_MUST_CHECK mtm_mlp_backward(mt_model *m, int64_t l, void *a[MT_LT_COUNT], const void *dmlp,
+                                         const void *nrm, void *w0, void *d2, int64_t F, int64_t Fg);
 /* The layer parameters that layer l's forward (backward = 0) or backward (1) opens
  * (mtm_param_open) before reading them, in that order, a parameter opened twice in a
  * row listed once; the backward's depend on the remat policy (what it recomputes).
@@ -634,6 +644,12 @@ mt_status MT_MUST_CHECK mtm_layer_backward(mt_model *m, int64_t l);
  * count. Dispatches to mtm_g4_layer_param_order (model_gemma4.c) for gemma4. */
 #define MTM_LAYER_OPENS_MAX 48
 int mtm_layer_param_order(const mt_model *m, int64_t l, int backward, int *out);
+/* Append parameter i to an order out[*n] unless it is the last entry (asserted within
+ * MTM_LAYER_OPENS_MAX): the order functions' one step. */
+static inline void mtm_order_push(int *out, int *n, int i) {
+    assert(*n < MTM_LAYER_OPENS_MAX);
+    if (*n == 0 || out[*n - 1] != i) out[(*n)++] = i;
+}
 int mtm_g4_layer_param_order(const mt_model *m, int64_t l, int backward, int *out);
 /* What layer l's backward recomputes that communicates (model_shard.c counts the
  * bytes): *norm_gathers, the input norm gathered again for q/k/v (sequence

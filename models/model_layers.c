@@ -246,6 +246,26 @@ static mt_status MT_MUST_CHECK layer_recompute_mlp(mt_model *m, int64_t l, void 
     return MT_OK;
 }
 
+mt_status mtm_mlp_backward(mt_model *m, int64_t l, void *a[MT_LT_COUNT], const void *dmlp, const void *nrm, void *w0,
+                           void *d2, int64_t F, int64_t Fg) {
+    mt_backend *be = m->be;
+    const layer_params *lp = &m->par.layer[l];
+    const int64_t N = m->N, D = m->D;
+    MT_TRY(be->ops->glu_fwd(be, w0, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
+    MT_TRY(mtm_row_bwd_w(m, lp->down, dmlp, w0, F, Fg));
+    MT_TRY(mtm_row_bwd_x(m, w0, dmlp, lp->down, F, Fg, 0.0f)); /* d(act(g) u) */
+    /* dg, du in place of g, u: this is their last use (ops.h glu_bwd allows it) */
+    void *dg = a[MT_LT_MLPWI_0], *du = a[MT_LT_MLPWI_1];
+    MT_TRY(be->ops->glu_bwd(be, dg, du, w0, dg, du, N * F, m->cfg.mlp_activation, m->dt));
+    MT_TRY(mtm_linear_grad(m, lp->gate, dg, nrm, N, D, F));
+    MT_TRY(mtm_linear_grad(m, lp->up, du, nrm, N, D, F));
+    /* up before gate: after down_proj's window the recomputed up_proj's is still there */
+    MT_TRY(mtm_param_open(m, lp->up));
+    MT_TRY(linear_bwd_x(m, d2, du, mtm_pw(m, lp->up), N, D, F, 0.0f));
+    MT_TRY(mtm_param_open(m, lp->gate));
+    return linear_bwd_x(m, d2, dg, mtm_pw(m, lp->gate), N, D, F, 1.0f);
+}
+
 /* Backward of layer l (phase 2L + 1 - l): on entry G = dloss/d(layer output), on exit
  * G = dloss/d(layer input); parameter gradients accumulated. */
 mt_status mtm_layer_backward(mt_model *m, int64_t l) {
@@ -297,19 +317,7 @@ mt_status mtm_layer_backward(mt_model *m, int64_t l) {
         dmlp = d1;
     }
     mtm_sp_gather(m, d1);
-    MT_TRY(be->ops->glu_fwd(be, w0, a[MT_LT_MLPWI_0], a[MT_LT_MLPWI_1], N * F, m->cfg.mlp_activation, m->dt));
-    MT_TRY(mtm_row_bwd_w(m, lp->down, dmlp, w0, F, m->tp.Fg));
-    MT_TRY(mtm_row_bwd_x(m, w0, dmlp, lp->down, F, m->tp.Fg, 0.0f)); /* d(act(g) u) */
-    /* dg, du in place of g, u: this is their last use (ops.h glu_bwd allows it) */
-    void *dg = a[MT_LT_MLPWI_0], *du = a[MT_LT_MLPWI_1];
-    MT_TRY(be->ops->glu_bwd(be, dg, du, w0, dg, du, N * F, m->cfg.mlp_activation, m->dt));
-    MT_TRY(mtm_linear_grad(m, lp->gate, dg, nrm, N, D, F));
-    MT_TRY(mtm_linear_grad(m, lp->up, du, nrm, N, D, F));
-    /* up before gate: after down_proj's window the recomputed up_proj's is still there */
-    MT_TRY(mtm_param_open(m, lp->up));
-    MT_TRY(linear_bwd_x(m, d2, du, mtm_pw(m, lp->up), N, D, F, 0.0f));
-    MT_TRY(mtm_param_open(m, lp->gate));
-    MT_TRY(linear_bwd_x(m, d2, dg, mtm_pw(m, lp->gate), N, D, F, 1.0f));
+    MT_TRY(mtm_mlp_backward(m, l, a, dmlp, nrm, w0, d2, F, m->tp.Fg));
     /* column-parallel gate/up: partial input gradient (d1 is free again) */
     const void *dn2 = mtm_tp_sum_input_grad(m, d2, d1);
     MT_TRY(mtm_grad_open(m, lp->pre_mlp_norm));
@@ -383,11 +391,7 @@ int mtm_layer_param_order(const mt_model *m, int64_t l, int backward, int *out) 
     const layer_params *lp = &m->par.layer[l];
     const mt_model_config *c = &m->cfg;
     int n = 0;
-#define OPEN(i) \
-    do { \
-        assert(n < MTM_LAYER_OPENS_MAX); \
-        if (n == 0 || out[n - 1] != (i)) out[n++] = (i); \
-    } while (0)
+#define OPEN(i) mtm_order_push(out, &n, (i))
     if (!backward) {
         OPEN(lp->in_norm);
         OPEN(lp->q);
