@@ -427,7 +427,7 @@ static mt_status g4_ple_bwd(mt_model *m, int64_t l, void *a[MT_LT_COUNT], void *
     const int64_t N = seq_rows(m), D = m->D, P = m->g4.P; /* this rank's residual rows */
     void *ymid = G4B(m, G4_YMID), *o = G4B(m, G4_O);
     void *pa = G4B(m, G4_PLE_A), *pb = G4B(m, G4_PLE_B), *pc = G4B(m, G4_PLE_C);
-    void *pd = G4B(m, G4_PLE_D), *pe = G4B(m, G4_PLE_E);
+    void *pd = pa, *pe = pb; /* d(gate), d(input) written over the gate and input (glu_bwd in place) */
     /* recompute y1 = h + post_feedforward_layernorm(mlpwo), then the gate, input, product, projection */
     MT_TRY(mtm_param_open(m, lp->post_ffw_norm));
     MT_TRY(be->ops->rmsnorm_fwd(be, d2, a[MT_LT_POST_FFW_NORM_RSTD], a[MT_LT_MLPWO], mtm_pw(m, lp->post_ffw_norm), N, D,

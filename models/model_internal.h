@@ -290,7 +290,8 @@ enum {
     G4_PLE_DALL,     /* [N, L*P] their gradient (forward: the scaled-embedding temporary) */
     G4_PLE_TMP,      /* [N, L*P] backward temporary (the projection's gradient) */
     G4_PLE_ROWRSTD,  /* [N*L] fp32 per_layer_projection_norm statistics */
-    G4_PLE_A, G4_PLE_B, G4_PLE_C, G4_PLE_D, G4_PLE_E, /* [N, P] a layer's gate / input / product temporaries */
+    G4_PLE_A, G4_PLE_B, G4_PLE_C, /* [N, P] a layer's gate / input / product temporaries (the backward writes the
+                                   * gate's and the input's gradients over A and B: glu_bwd in place) */
     G4_YMID,         /* [N, D] the layer output before the per-layer input (backward) */
     G4_O,            /* [N, D] per_layer_projection output */
     G4_RSTD,         /* [N] fp32 post_per_layer_input_norm statistics */

@@ -514,8 +514,6 @@ static mt_status add_gemma4(mt_model *m, mt_plan *plan) {
         {G4_PLE_A, "gemma4.ple_gate", (size_t)(N * P) * es, 0, last},
         {G4_PLE_B, "gemma4.ple_input", (size_t)(N * P) * es, 0, last},
         {G4_PLE_C, "gemma4.ple_product", (size_t)(N * P) * es, 0, last},
-        {G4_PLE_D, "gemma4.ple_gate_grad", (size_t)(N * P) * es, 0, last},
-        {G4_PLE_E, "gemma4.ple_input_grad", (size_t)(N * P) * es, 0, last},
         {G4_YMID, "gemma4.layer_output_before_ple", (size_t)(N * D) * es * (P > 0), 0, last},
         {G4_O, "gemma4.ple_projection", (size_t)(N * D) * es * (P > 0), 0, last},
         {G4_RSTD, "gemma4.ple_norm_rstd", (size_t)N * f4 * (P > 0), 0, last},
