@@ -67,8 +67,8 @@ enum { MT_PWIN_LAYER0 = 0, MT_PWIN_LAYER1, MT_PWIN_GLOBAL, MT_PWIN_VOCAB_EMBED, 
  * lm_head's gradients go to the sink one chunk at a time from the two vocabulary
  * windows ---- */
 /* Gradient windows. A decoder layer's gradient goes to the sink one parameter at a
- * time: MT_GWIN_LAYER holds one layer parameter's gradient (the largest such tensor:
- * par.weight_numel floats), opened before its first write in the layer's backward
+ * time: MT_GWIN_LAYER holds one layer parameter's gradient (the largest such tensor,
+ * or with grad_window_chunks its largest row block: mtm_grad_window_numel), opened before its first write in the layer's backward
  * (mtm_grad_open) and handed over when the next one opens or the layer ends
  * (mtm_grad_layer_end); with an asynchronous sink the parameters alternate between it
  * and MT_GWIN_LAYER1, so that one's reduce-scatter overlaps the next one's backward. */
@@ -128,7 +128,7 @@ typedef struct mtm_param_table {
     layer_params *layer;   /* [L] */
     int *layer_of;         /* [count]: the parameter's layer, -1 for embed / final norm / head */
     int64_t layer_numel;   /* floats of the largest layer (input_layernorm .. mlp.down_proj, contiguous) */
-    int64_t weight_numel;  /* floats of the largest single layer parameter (the layer gradient windows) */
+    int64_t weight_numel;  /* floats of the largest single layer parameter (the weight windows' segment cap) */
     int64_t tail_off;      /* flat offset of model.norm: [tail_off, numel) is the tail */
 } mtm_param_table;
 
@@ -164,7 +164,7 @@ typedef struct mtm_host_pool {
 } mtm_host_pool;
 
 /* The two layer slots of param_window_unit=weight: the segment (its flat start) each
- * holds, -1 none, and the slot opened last (model_windows.c mtm_wslots_take). */
+ * holds, -1 none, and the slot opened last (model_windows.c wslots_take). */
 typedef struct mtm_wslots {
     int64_t held[MT_PWIN_LAYER_SLOTS];
     int cur;
@@ -207,7 +207,6 @@ typedef struct mtm_grad_sink {
     int64_t open_r0, open_r1; /* the rows of it the window holds (all but with grad_window_chunks) */
     float *open_win;   /* its window */
     int64_t chunks;    /* grad_window_chunks: a 2-D layer weight's gradient in this many row blocks */
-    int64_t win_numel; /* elements of a layer gradient window (the largest block) */
     uint64_t done;     /* bit i - in_norm: parameter i of the layer handed over (a layer has < 64: layer_params) */
     int64_t handed;    /* layer parameters handed over this backward (the slot of the next: handed % 2) */
 } mtm_grad_sink;
@@ -391,6 +390,11 @@ static inline int64_t mtm_layer_f(const mt_model *m, int64_t l) {
 /* Floats of layer l's parameters (input_layernorm .. mlp.down_proj, contiguous): the
  * same for every layer but gemma4's, whose par.layer_numel is the largest (it sizes the
  * layer windows). */
+/* Rows and columns of parameter p as the gradient windows cut it: [shape[0], shape[1]],
+ * a 1-D parameter one row of numel. */
+static inline int64_t mtm_param_rows(const mt_param_info *p) { return p->ndim == 2 ? p->shape[0] : 1; }
+static inline int64_t mtm_param_cols(const mt_param_info *p) { return p->numel / mtm_param_rows(p); }
+
 static inline int64_t mtm_layer_numel(const mt_model *m, int64_t l) {
     const layer_params *lp = &m->par.layer[l];
     return m->par.info[lp->down].offset + m->par.info[lp->down].numel - m->par.info[lp->in_norm].offset;
@@ -554,10 +558,6 @@ mt_status MT_MUST_CHECK mtm_param_pass_begin(mt_model *m, int backward);
  * remat policy is known (planning), the passes' orders. Errors: MT_ERR_OOM. */
 mt_status MT_MUST_CHECK mtm_weight_segments(mt_model *m);
 mt_status MT_MUST_CHECK mtm_weight_orders(mt_model *m);
-/* The slot segment a (flat start) is opened in: the one holding it, else the slot not
- * opened last, then holding a (*fill = 1: it must be filled). Shared by the windows
- * and the gather count, so that both make the same choices. */
-int mtm_wslots_take(mtm_wslots *w, int64_t a, int *fill);
 /* Floats this rank gathers for the layer segments in one forward and backward
  * (param_window_unit=weight), per mtm_layer_param_order with the windows' choices;
  * own(m, r, a, b) the elements of [a, b) in rank r's shard. */

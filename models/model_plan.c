@@ -325,12 +325,12 @@ static mt_status add_weights(mt_model *m, mt_plan *plan) {
         MT_TRY(mtm_plan_add(m, plan, GB_GRADS, "grads", MT_MEM_GRADS, (size_t)m->par.numel * f4, 0, last));
     } else { /* gradient sink: windows live while their gradients are written (mt_model_set_grad_sink) */
         m->plan.gid[GB_GRADS] = -1;
-        m->sink.win_numel = mtm_grad_window_numel(m);
-        MT_TRY(mt_plan_add(plan, "grads.window.layer", MT_MEM_GRADS, (size_t)m->sink.win_numel * f4, bwd0, bwd1,
+        const size_t gwin = (size_t)mtm_grad_window_numel(m) * f4;
+        MT_TRY(mt_plan_add(plan, "grads.window.layer", MT_MEM_GRADS, gwin, bwd0, bwd1,
                            &m->sink.id[MT_GWIN_LAYER]));
         m->sink.id[MT_GWIN_LAYER1] = -1;
         if (m->sink.wait) /* asynchronous sink: the second, alternating window (mt_model_set_grad_sink_wait) */
-            MT_TRY(mt_plan_add(plan, "grads.window.layer.overlap", MT_MEM_GRADS, (size_t)m->sink.win_numel * f4, bwd0,
+            MT_TRY(mt_plan_add(plan, "grads.window.layer.overlap", MT_MEM_GRADS, gwin, bwd0,
                                bwd1, &m->sink.id[MT_GWIN_LAYER1]));
         if (mtm_vocab_grad_windows(m)) { /* the embedding's and lm_head's gradients a chunk at a time */
             const size_t chunk = (size_t)(mtm_vocab_chunk_rows(m) * m->D) * f4;

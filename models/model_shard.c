@@ -471,12 +471,13 @@ int64_t mt_model_fsdp_gather_floats(const mt_model *m) {
     }
     if (m->pwin.weights) /* a segment at a time, in the layer code's order (model_windows.c) */
         f += mtm_weight_gather_floats(m, fsdp_own);
-    for (int64_t l = 0; l < L && !m->pwin.weights; l++) { /* each layer's own size (gemma4's differ) */
-        const int64_t a = m->par.info[m->par.layer[l].in_norm].offset, ln = mtm_layer_numel(m, l),
-                      n = ln - fsdp_own(m, r, a, a + ln);
-        f += n;                 /* forward */
-        if (l + 2 < L) f += n;  /* backward: slot l % 2 was reused by layer l + 2 */
-    }
+    else
+        for (int64_t l = 0; l < L; l++) { /* each layer's own size (gemma4's differ) */
+            const int64_t a = m->par.info[m->par.layer[l].in_norm].offset, ln = mtm_layer_numel(m, l),
+                          n = ln - fsdp_own(m, r, a, a + ln);
+            f += n;                 /* forward */
+            if (l + 2 < L) f += n;  /* backward: slot l % 2 was reused by layer l + 2 */
+        }
     int64_t pa, pn; /* gemma4's per-layer-input globals: their window, once per forward */
     mtm_g4_ple_range(m, &pa, &pn);
     return f + (pn - fsdp_own(m, r, pa, pa + pn));

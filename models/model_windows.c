@@ -128,9 +128,11 @@ mt_status mtm_fetch_global(mt_model *m) {
  * remat the backward reads a layer's weights twice (recompute, then the input
  * gradients), so segments that left the slots between are gathered again: the price of
  * the smaller windows, counted by mtm_weight_gather_floats from the same order and the
- * same slot choices (mtm_wslots_take). */
+ * same slot choices (wslots_step). */
 
-int mtm_wslots_take(mtm_wslots *w, int64_t a, int *fill) {
+/* The slot segment a (flat start) is opened in: the one holding it, else the slot not
+ * opened last, then holding a (*fill = 1: it must be filled). */
+static int wslots_take(mtm_wslots *w, int64_t a, int *fill) {
     *fill = 0;
     for (int s = 0; s < MT_PWIN_LAYER_SLOTS; s++)
         if (w->held[s] == a) return s;
@@ -205,13 +207,13 @@ static void wslots_step(const mt_model *m, mtm_wslots *w, int p, int64_t k, int 
     int64_t a = -1;
     if (k >= 0) {
         a = m->pwin.seg_a[o[k]];
-        *open_slot = mtm_wslots_take(w, a, open_fill);
+        *open_slot = wslots_take(w, a, open_fill);
         w->cur = *open_slot;
     }
     const int next = k < 0 ? (m->pwin.order_n[p] > 0 ? o[0] : -1) : (int)next_segment(m, p, k + 1, a);
     if (next < 0 || m->fsdp.size == 1) return; /* parameter offload alone: each open copies */
     int fill;
-    const int s = mtm_wslots_take(w, m->pwin.seg_a[next], &fill);
+    const int s = wslots_take(w, m->pwin.seg_a[next], &fill);
     if (!fill) return;
     *pre = next;
     *pre_slot = s;
@@ -322,9 +324,8 @@ static mt_status grad_hand_over(mt_model *m) {
     const int i = m->sink.open;
     if (i < 0) return MT_OK;
     m->sink.open = -1;
-    const int64_t rows = m->par.info[i].ndim == 2 ? m->par.info[i].shape[0] : 1,
-                  cols = m->par.info[i].numel / rows;
-    if (m->sink.open_r1 == rows) m->sink.done |= 1ull << (i - m->par.layer[m->sink.layer].in_norm);
+    const int64_t cols = mtm_param_cols(&m->par.info[i]);
+    if (m->sink.open_r1 == mtm_param_rows(&m->par.info[i])) m->sink.done |= 1ull << (i - m->par.layer[m->sink.layer].in_norm);
     m->sink.handed++;
     MT_TRY(mtm_comm_status(m));
     return m->sink.fn(m->sink.ctx, m->par.info[i].offset + m->sink.open_r0 * cols,
@@ -332,18 +333,15 @@ static mt_status grad_hand_over(mt_model *m) {
 }
 
 int64_t mtm_grad_block_rows(const mt_model *m, int i) {
-    const mt_param_info *p = &m->par.info[i];
-    if (p->ndim != 2) return 1;
-    if (!m->sink.fn || m->sink.chunks <= 1) return p->shape[0];
-    return (p->shape[0] + m->sink.chunks - 1) / m->sink.chunks;
+    const int64_t rows = mtm_param_rows(&m->par.info[i]);
+    return !m->sink.fn || m->sink.chunks <= 1 ? rows : (rows + m->sink.chunks - 1) / m->sink.chunks;
 }
 
 int64_t mtm_grad_window_numel(const mt_model *m) {
     int64_t n = 1;
     for (int i = 0; i < m->par.count; i++)
         if (m->par.layer_of[i] >= 0)
-            n = max64(n, mtm_grad_block_rows(m, i) * (m->par.info[i].ndim == 2 ? m->par.info[i].shape[1]
-                                                                               : m->par.info[i].numel));
+            n = max64(n, mtm_grad_block_rows(m, i) * mtm_param_cols(&m->par.info[i]));
     return n;
 }
 
@@ -365,8 +363,7 @@ static mt_status grad_open_rows(mt_model *m, int i, int64_t r0, int64_t r1) {
      * last read it is complete), zeroed */
     float *win = m->sink.ptr[m->sink.wait && m->sink.handed % 2 ? MT_GWIN_LAYER1 : MT_GWIN_LAYER];
     if (m->sink.wait) MT_TRY(m->sink.wait(m->sink.ctx, win));
-    const int64_t cols = m->par.info[i].ndim == 2 ? m->par.info[i].shape[1] : m->par.info[i].numel;
-    MT_TRY(m->be->ops->zero(m->be, win, (size_t)((r1 - r0) * cols) * sizeof(float)));
+    MT_TRY(m->be->ops->zero(m->be, win, (size_t)((r1 - r0) * mtm_param_cols(&m->par.info[i])) * sizeof(float)));
     m->sink.open = i;
     m->sink.open_r0 = r0;
     m->sink.open_r1 = r1;
@@ -376,14 +373,15 @@ static mt_status grad_open_rows(mt_model *m, int i, int64_t r0, int64_t r1) {
 
 mt_status mtm_grad_open(mt_model *m, int i) {
     if (!m->sink.fn || m->par.layer_of[i] < 0 || (m->sink.open == i && m->sink.open_r0 == 0)) return MT_OK;
-    assert(mtm_grad_block_rows(m, i) == (m->par.info[i].ndim == 2 ? m->par.info[i].shape[0] : 1));
-    return grad_open_rows(m, i, 0, m->par.info[i].ndim == 2 ? m->par.info[i].shape[0] : 1);
+    const int64_t rows = mtm_param_rows(&m->par.info[i]);
+    assert(mtm_grad_block_rows(m, i) == rows); /* blocks: mtm_weight_grad */
+    return grad_open_rows(m, i, 0, rows);
 }
 
 mt_status mtm_weight_grad(mt_model *m, int i, const void *dy, int64_t lda, const void *x, int64_t N, int64_t rows,
                           int64_t cols, int64_t ldw) {
     const int64_t R = mtm_grad_block_rows(m, i);
-    if (R >= rows || !m->sink.fn || m->par.layer_of[i] < 0) { /* whole */
+    if (R >= rows) { /* whole (no sink, or no blocks) */
         MT_TRY(mtm_grad_open(m, i));
         return m->be->ops->gemm(m->be, 1, 0, rows, cols, N, 1.0f, dy, lda, x, cols, m->dt, 1.0f, mtm_gw(m, i),
                                 ldw, MT_F32);
@@ -425,7 +423,7 @@ mt_status mtm_grad_layer_end(mt_model *m, mt_status backward) {
     const layer_params *lp = &m->par.layer[m->sink.layer];
     for (int i = lp->in_norm; st == MT_OK && i <= lp->down; i++) /* not written by this backward: zeros */
         if (!(m->sink.done >> (i - lp->in_norm) & 1)) {
-            const int64_t rows = m->par.info[i].ndim == 2 ? m->par.info[i].shape[0] : 1, R = mtm_grad_block_rows(m, i);
+            const int64_t rows = mtm_param_rows(&m->par.info[i]), R = mtm_grad_block_rows(m, i);
             for (int64_t r0 = 0; st == MT_OK && r0 < rows; r0 += R) /* each block's open hands the last over */
                 st = grad_open_rows(m, i, r0, r0 + R < rows ? r0 + R : rows);
             if (st == MT_OK) st = grad_hand_over(m);

@@ -178,7 +178,7 @@ static const mt_config_key mt_keys[] = {
               "with fsdp or parameter_memory_host_offload, what the device's two parameter windows hold: "
               "layer = a decoder layer each (gathered once per forward and once per backward); weight = a "
               "weight each (the largest parameter's size, ~1/4 of a Llama layer's: for llama3.1-405b in bf16 "
-              "the two windows are 3.49 GB instead of 12.7 GB per device), gathered in the order the layer "
+              "the two windows are 3.49 GB instead of 12.75 GB per device), gathered in the order the layer "
               "reads them, so with remat the backward gathers some again (llama3.1-405b on fsdp 1024 with "
               "remat_policy=full: +11.6% of the step's collective bytes; more with few layers)"),
     RKEY_INT(grad_window_chunks, "1", 0,
